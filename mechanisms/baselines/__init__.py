@@ -1,0 +1,49 @@
+"""Baseline mechanisms the CorBin-FL experiments compare against.
+
+Every function clips ``w`` into ``[c - r, c + r]`` first (per element or per layer ``c, r``;
+sensitivity ``2 r`` per parameter), runs in ``float32`` on the tensors' device, and draws its
+randomness from an injected ``torch.Generator`` (a CSPRNG-seeded one when ``None``).
+
+========================  ==================================================================
+module                    mechanism
+========================  ==================================================================
+:mod:`.gaussian`          ``w + N(0, sigma^2)``, analytic Gaussian (Balle & Wang 2018)
+:mod:`.laplace`           ``w + Laplace(2 r / eps)`` (Dwork et al. 2006)
+:mod:`.vanilla`           identity, FedAvg (no clipping by default)
+:mod:`.cq`                one-bit correlated quantization without privacy (Suresh et al. 2022)
+:mod:`.ternary`           ternary stochastic compressor (f-DP paper, Definition 6)
+:mod:`.fedcad`            Fed-CAD correlated Gaussian noise on updates (stateful)
+========================  ==================================================================
+"""
+
+from mechanisms.baselines.cq import cq, cq_decode, cq_shared_randomness
+from mechanisms.baselines.fedcad import FedCAD
+from mechanisms.baselines.gaussian import (
+    analytic_gaussian_sigma,
+    gaussian,
+    gaussian_delta,
+    gaussian_epsilon,
+    log_ndtr,
+)
+from mechanisms.baselines.laplace import laplace, laplace_scale
+from mechanisms.baselines.ternary import ternary, ternary_decode, ternary_params, ternary_tradeoff
+from mechanisms.baselines.vanilla import vanilla
+
+__all__ = [
+    "FedCAD",
+    "analytic_gaussian_sigma",
+    "cq",
+    "cq_decode",
+    "cq_shared_randomness",
+    "gaussian",
+    "gaussian_delta",
+    "gaussian_epsilon",
+    "laplace",
+    "laplace_scale",
+    "log_ndtr",
+    "ternary",
+    "ternary_decode",
+    "ternary_params",
+    "ternary_tradeoff",
+    "vanilla",
+]
