@@ -1,0 +1,571 @@
+"""Models of the paper's experiments and the flat-vector view the mechanisms work on.
+
+Models (paper, Sec. V-2): "ResNet18 [...] for experiments over the CIFAR10 dataset and small
+(two-layers) VGG [...] for experiments over the MNIST dataset."
+
+* :class:`SmallCNN` -- two VGG blocks (3x3 conv, ReLU, 2x2 max-pool; 32 and 64 channels), then
+  FC 128, ReLU, FC ``num_classes``. An adaptive average pool to 7 x 7 before the classifier (as in
+  VGG) makes it accept 28 x 28 and 32 x 32 inputs alike; for 28 x 28 it is the identity.
+* :class:`ResNet18` -- the CIFAR variant of He et al. (2016): 3x3 stem convolution with stride 1
+  and no max-pool, BasicBlocks ``[2, 2, 2, 2]`` with 64, 128, 256, 512 channels, BatchNorm,
+  global average pool, FC. 11,173,962 parameters for 3 channels and 10 classes.
+
+Seeded initialisation. :func:`build_model` constructs the module on the ``meta`` device (no
+memory, no random draws) and then initialises every parameter and buffer on the CPU from an
+explicit ``torch.Generator`` (:func:`init_parameters`), so the global RNG is never touched and the
+server and every client obtain bit-identical initial weights from the run seed. All draws are
+float32 uniforms (24-bit integers times ``2**-24``, exact) mapped to ``[-b, b)`` with a single
+rounding, which does not depend on the CPU's vector unit.
+
+Flat view. The mechanisms quantize one float32 vector ``w`` of length ``m``: the model's
+floating-point ``state_dict`` entries (parameters and float buffers such as BatchNorm running
+statistics; integer buffers such as ``num_batches_tracked`` are skipped), flattened in
+``state_dict`` order. A *layer* is one such entry; the paper's center/radius are layer-wise (Sec.
+V-2: "The center and radius are shared by the server at each round based on the layer-wise minimum
+and maximum parameter values in the previous round"), see :func:`layer_center_radius`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MODEL_NAMES",
+    "BasicBlock",
+    "ParamLayout",
+    "ResNet18",
+    "SmallCNN",
+    "build_model",
+    "expand_per_element",
+    "flatten",
+    "init_parameters",
+    "layer_center_radius",
+    "layer_ids",
+    "layout_of",
+    "load_flat",
+]
+
+#: Names accepted by :func:`build_model`.
+MODEL_NAMES: tuple[str, ...] = ("cnn", "resnet18")
+
+
+# --------------------------------------------------------------------------- models
+class SmallCNN(nn.Module):
+    """Small two-block VGG-style CNN (the paper's MNIST model).
+
+    ``x -> [conv3x3(C->32), ReLU, maxpool2] -> [conv3x3(32->64), ReLU, maxpool2]
+    -> adaptive avg-pool 7x7 -> flatten(64*7*7) -> FC(3136->128), ReLU -> FC(128->K)``.
+    421,642 parameters for ``C = 1``, ``K = 10``.
+
+    Parameters
+    ----------
+    in_channels : int
+        Input channels ``C``.
+    num_classes : int
+        Output logits ``K``.
+    widths : tuple of int
+        Channels of the two convolution blocks.
+    hidden : int
+        Width of the hidden fully connected layer.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        widths: tuple[int, int] = (32, 64),
+        hidden: int = 128,
+    ) -> None:
+        super().__init__()
+        c1, c2 = widths
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, c1, kernel_size=3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, kernel_size=3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(7)
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(c2 * 7 * 7, hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``N x K`` of images ``N x C x H x W`` (``H, W >= 4``)."""
+        h = self.features(x)
+        if h.shape[-2:] != (7, 7):  # 28 x 28 inputs are already 7 x 7: skip the no-op pool
+            h = self.pool(h)
+        return self.classifier(h)
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: ``relu(bn(conv3x3(relu(bn(conv3x3(x))))) + shortcut(x))``.
+
+    The shortcut is the identity, or ``bn(conv1x1(x, stride))`` when the stride or the number of
+    channels changes (option B of He et al., 2016).
+
+    Parameters
+    ----------
+    in_planes, planes : int
+        Input and output channels.
+    stride : int
+        Stride of the first convolution and of the projection shortcut.
+    """
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut: nn.Module = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(planes),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Block output, ``planes`` channels, spatial size divided by ``stride``."""
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """CIFAR-style ResNet18 (the paper's CIFAR-10 model).
+
+    Stem ``conv3x3(C->64, stride 1) -> BN -> ReLU`` (no max-pool), four stages of two
+    :class:`BasicBlock` each (64, 128, 256, 512 channels; strides 1, 2, 2, 2), global average
+    pool, ``FC(512->K)``.
+
+    Parameters
+    ----------
+    in_channels : int
+        Input channels ``C``.
+    num_classes : int
+        Output logits ``K``.
+    """
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        stages: list[nn.Sequential] = []
+        in_planes = 64
+        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages.append(
+                nn.Sequential(BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1))
+            )
+            in_planes = planes
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``N x K`` of images ``N x C x H x W``."""
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
+        return self.fc(torch.flatten(self.pool(out), 1))
+
+
+# --------------------------------------------------------------------------- initialisation
+def _uniform_(t: torch.Tensor, bound: float, generator: torch.Generator) -> None:
+    """Fill ``t`` with ``U(-bound, bound)`` as ``(2u - 1) * bound``.
+
+    ``u = k * 2**-24`` with ``k`` a 24-bit integer from the CPU generator (exact in float32), so
+    ``2u - 1`` is exact too and only the final product rounds, once, under IEEE 754: the result
+    is the same on every machine.
+    """
+    u = torch.rand(t.shape, generator=generator, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        t.copy_(u.mul_(2.0).sub_(1.0).mul_(bound))
+
+
+def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
+    """(Re-)initialise every parameter and buffer of ``model`` from ``generator``.
+
+    * ``Conv2d`` weight: ``U(-b, b)``, ``b = sqrt(6 / fan_out)``, i.e. variance
+      ``2 / fan_out`` (He et al. 2015 with the ReLU gain, ``fan_out = out_ch * kh * kw``, the
+      rule torchvision's ResNet uses); bias: 0.
+    * ``Linear`` weight and bias: ``U(-b, b)``, ``b = 1 / sqrt(fan_in)`` (PyTorch's default law).
+    * BatchNorm: weight 1, bias 0, running mean 0, running variance 1, batch count 0.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Its tensors must live on the CPU (build on CPU, move afterwards).
+    generator : torch.Generator
+        A CPU generator; consumed in module order.
+
+    Raises
+    ------
+    TypeError
+        ``generator`` is not a CPU ``torch.Generator``, or the model contains a module with
+        parameters or buffers of a type this function does not know how to initialise.
+    ValueError
+        A tensor of the model is not on the CPU.
+    """
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise TypeError(f"generator must be a CPU generator, got one on {generator.device}")
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.device.type != "cpu":
+            raise ValueError(f"init_parameters needs CPU tensors, found one on {t.device}")
+    for name, module in model.named_modules():
+        own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if isinstance(module, nn.Conv2d):
+            fan_out = module.out_channels * math.prod(module.kernel_size)
+            _uniform_(module.weight, math.sqrt(6.0 / fan_out), generator)
+            if module.bias is not None:
+                with torch.no_grad():
+                    module.bias.zero_()
+        elif isinstance(module, nn.Linear):
+            bound = 1.0 / math.sqrt(module.in_features)
+            _uniform_(module.weight, bound, generator)
+            if module.bias is not None:
+                _uniform_(module.bias, bound, generator)
+        elif isinstance(module, _BatchNorm):
+            module.reset_parameters()
+        elif own:
+            raise TypeError(
+                f"init_parameters does not know how to initialise {name or 'the model'} "
+                f"({type(module).__name__})"
+            )
+
+
+def build_model(
+    name: str,
+    in_channels: int,
+    num_classes: int,
+    *,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> nn.Module:
+    """Build a model with a reproducible initialisation.
+
+    Parameters
+    ----------
+    name : {"cnn", "resnet18"}
+        :class:`SmallCNN` or :class:`ResNet18`.
+    in_channels : int
+        Image channels (1 for MNIST, 3 for CIFAR-10).
+    num_classes : int
+        ``>= 2``.
+    seed : int, optional
+        Initialisation seed (``0 <= seed < 2**64``); the same seed gives bit-identical weights
+        in every process. Mutually exclusive with ``generator``.
+    generator : torch.Generator, optional
+        A CPU generator to draw the initialisation from instead of ``seed``.
+    device : torch.device or str, optional
+        Where to put the model afterwards (default: CPU).
+
+    Returns
+    -------
+    torch.nn.Module
+        In training mode. With neither ``seed`` nor ``generator`` the seed is drawn from the
+        operating system's CSPRNG (``secrets``) and logged.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Unknown name, non-integer or out-of-range sizes or seed, both ``seed`` and ``generator``.
+    """
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
+    for arg, value, low in (("in_channels", in_channels, 1), ("num_classes", num_classes, 2)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{arg} must be an int, got {type(value).__name__}")
+        if value < low:
+            raise ValueError(f"{arg} must be >= {low}, got {value}")
+    if seed is not None and generator is not None:
+        raise ValueError("pass either seed or generator, not both")
+    if generator is None:
+        if seed is None:
+            seed = secrets.randbits(63)
+            logger.info("build_model(%s): no seed given, drew %d from the OS CSPRNG", name, seed)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(seed)
+    cls = SmallCNN if name == "cnn" else ResNet18
+    with torch.device("meta"):
+        model = cls(in_channels=in_channels, num_classes=num_classes)
+    model = model.to_empty(device="cpu")
+    init_parameters(model, generator)
+    if device is not None:
+        model = model.to(torch.device(device))
+    return model
+
+
+# --------------------------------------------------------------------------- flat view
+@dataclass(frozen=True)
+class ParamLayout:
+    """Where each floating-point ``state_dict`` entry lives in the flat vector.
+
+    Attributes
+    ----------
+    names : tuple of str
+        ``state_dict`` keys, in order.
+    shapes : tuple of tuple of int
+        Their shapes.
+    offsets : tuple of int
+        Start of each entry in the flat vector (``offsets[0] = 0``).
+    sizes : tuple of int
+        Number of elements of each entry.
+    m : int
+        Total length ``sum(sizes)``.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    m: int
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        if n == 0:
+            raise ValueError("a ParamLayout needs at least one layer")
+        if not len(self.shapes) == len(self.offsets) == len(self.sizes) == n:
+            raise ValueError("names, shapes, offsets and sizes must have the same length")
+        if len(set(self.names)) != n:
+            raise ValueError("layer names must be unique")
+        expected = 0
+        for name, shape, off, size in zip(
+            self.names, self.shapes, self.offsets, self.sizes, strict=True
+        ):
+            if size != math.prod(shape) or size < 1:
+                raise ValueError(f"layer {name!r}: size {size} does not match shape {shape}")
+            if off != expected:
+                raise ValueError(f"layer {name!r}: offset {off}, expected {expected}")
+            expected += size
+        if self.m != expected:
+            raise ValueError(f"m = {self.m} but the layers hold {expected} elements")
+
+    @property
+    def num_layers(self) -> int:
+        """Number of entries (layers) ``L``."""
+        return len(self.names)
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of the names and shapes: equal layouts have equal fingerprints."""
+        h = hashlib.sha256()
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            h.update(f"{name}:{','.join(map(str, shape))};".encode())
+        return h.hexdigest()
+
+
+def _float_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    return [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
+
+
+def layout_of(model: nn.Module) -> ParamLayout:
+    """The :class:`ParamLayout` of ``model``'s floating-point ``state_dict`` entries.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    ParamLayout
+    """
+    entries = _float_entries(model)
+    if not entries:
+        raise ValueError("the model has no floating-point parameters or buffers")
+    sizes = tuple(int(v.numel()) for _, v in entries)
+    offsets, total = [], 0
+    for s in sizes:
+        offsets.append(total)
+        total += s
+    return ParamLayout(
+        names=tuple(k for k, _ in entries),
+        shapes=tuple(tuple(int(d) for d in v.shape) for _, v in entries),
+        offsets=tuple(offsets),
+        sizes=sizes,
+        m=total,
+    )
+
+
+def flatten(model: nn.Module) -> torch.Tensor:
+    """The model's floating-point ``state_dict`` as one float32 vector ``w`` of length ``m``.
+
+    ``w[offsets[l] : offsets[l] + sizes[l]] = state_dict[names[l]].reshape(-1)`` for every layer
+    ``l`` of :func:`layout_of`.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    torch.Tensor
+        float32, shape ``(m,)``, on the model's device, detached (a copy).
+    """
+    entries = _float_entries(model)
+    if not entries:
+        raise ValueError("the model has no floating-point parameters or buffers")
+    return torch.cat([v.detach().reshape(-1).to(torch.float32) for _, v in entries])
+
+
+def _check_vec(vec: object, layout: ParamLayout, what: str = "vec") -> torch.Tensor:
+    if not isinstance(vec, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(vec).__name__}")
+    if not vec.is_floating_point():
+        raise TypeError(f"{what} must be a floating-point tensor, got {vec.dtype}")
+    if vec.ndim != 1 or vec.numel() != layout.m:
+        raise ValueError(f"{what} must have shape ({layout.m},), got {tuple(vec.shape)}")
+    return vec
+
+
+def load_flat(model: nn.Module, vec: torch.Tensor) -> None:
+    """Copy a flat vector into the model's floating-point ``state_dict`` (inverse of flatten).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Updated in place; integer buffers are left unchanged.
+    vec : torch.Tensor
+        Floating-point, shape ``(m,)``, all finite; any device (copied to the model's).
+
+    Raises
+    ------
+    TypeError
+        ``vec`` is not a floating-point tensor.
+    ValueError
+        Wrong length or non-finite entries (the model is then left unchanged).
+    """
+    layout = layout_of(model)
+    _check_vec(vec, layout)
+    if not bool(torch.isfinite(vec).all()):
+        bad = int((~torch.isfinite(vec)).sum())
+        raise ValueError(f"vec has {bad} non-finite entries")
+    state = dict(_float_entries(model))
+    with torch.no_grad():
+        for name, shape, off, size in zip(
+            layout.names, layout.shapes, layout.offsets, layout.sizes, strict=True
+        ):
+            state[name].copy_(vec[off : off + size].reshape(shape))
+
+
+def layer_ids(layout: ParamLayout, device: torch.device | str | None = None) -> torch.Tensor:
+    """Layer index of every element of the flat vector.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+    device : torch.device or str, optional
+
+    Returns
+    -------
+    torch.Tensor
+        int64, shape ``(m,)``: ``ids[j] = l`` for ``offsets[l] <= j < offsets[l] + sizes[l]``.
+    """
+    sizes = torch.tensor(layout.sizes, dtype=torch.int64, device=device)
+    return torch.repeat_interleave(torch.arange(layout.num_layers, device=device), sizes)
+
+
+def layer_center_radius(
+    vec: torch.Tensor,
+    layout: ParamLayout,
+    margin: float = 0.0,
+    min_radius: float = 1e-3,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer-wise center and radius of a flat vector (paper, Sec. V-2).
+
+    For layer ``l`` with values ``v_l``: ``c_l = (max v_l + min v_l) / 2`` and
+    ``r_l = max((max v_l - min v_l) / 2 * (1 + margin), min_radius)``, so every value of the
+    layer lies in ``[c_l - r_l, c_l + r_l]`` (the interval the quantizers of Alg. 1 and 2 need).
+
+    Parameters
+    ----------
+    vec : torch.Tensor
+        Floating-point, shape ``(m,)``, finite.
+    layout : ParamLayout
+    margin : float
+        Relative enlargement of the radius, ``>= 0`` (room for the local updates to move).
+    min_radius : float
+        Lower bound on the radius, ``> 0`` (a constant layer gets ``min_radius``).
+
+    Returns
+    -------
+    (c_layer, r_layer) : tuple of torch.Tensor
+        float32, shape ``(L,)`` each, on ``vec``'s device.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Wrong type, length, non-finite values, negative margin or non-positive min_radius.
+    """
+    _check_vec(vec, layout)
+    if isinstance(margin, bool) or not isinstance(margin, int | float):
+        raise TypeError(f"margin must be a float, got {type(margin).__name__}")
+    if isinstance(min_radius, bool) or not isinstance(min_radius, int | float):
+        raise TypeError(f"min_radius must be a float, got {type(min_radius).__name__}")
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin must be finite and >= 0, got {margin}")
+    if not (math.isfinite(min_radius) and min_radius > 0):
+        raise ValueError(f"min_radius must be finite and > 0, got {min_radius}")
+    if not bool(torch.isfinite(vec).all()):
+        raise ValueError("vec has non-finite entries")
+    v = vec.to(torch.float32)
+    mins, maxs = [], []
+    for off, size in zip(layout.offsets, layout.sizes, strict=True):
+        lo, hi = torch.aminmax(v[off : off + size])
+        mins.append(lo)
+        maxs.append(hi)
+    lo_t, hi_t = torch.stack(mins), torch.stack(maxs)
+    center = (hi_t + lo_t) / 2
+    radius = ((hi_t - lo_t) / 2 * (1.0 + float(margin))).clamp_min(float(min_radius))
+    return center, radius
+
+
+def expand_per_element(
+    values_per_layer: torch.Tensor | Sequence[float], layout: ParamLayout
+) -> torch.Tensor:
+    """Repeat one value per layer over that layer's elements.
+
+    Parameters
+    ----------
+    values_per_layer : torch.Tensor or sequence of float
+        Shape ``(L,)``.
+    layout : ParamLayout
+
+    Returns
+    -------
+    torch.Tensor
+        Shape ``(m,)``, ``out[j] = values_per_layer[layer_ids(layout)[j]]``, same dtype and
+        device as the input tensor.
+    """
+    vals = values_per_layer
+    if not isinstance(vals, torch.Tensor):
+        vals = torch.as_tensor(vals, dtype=torch.float32)
+    if vals.ndim != 1 or vals.numel() != layout.num_layers:
+        raise ValueError(
+            f"values_per_layer must have shape ({layout.num_layers},), got {tuple(vals.shape)}"
+        )
+    sizes = torch.tensor(layout.sizes, dtype=torch.int64, device=vals.device)
+    return torch.repeat_interleave(vals, sizes, output_size=layout.m)
