@@ -997,6 +997,39 @@ def client_dataset(
     TypeError, ValueError
         Bad arguments, or a client would get no (or too little) data.
     """
+    rows = client_rows(
+        dataset,
+        partition_id,
+        num_partitions,
+        partitioner=partitioner,
+        dirichlet_alpha=dirichlet_alpha,
+        data_seed=data_seed,
+        data_dir=data_dir,
+        use_official_test=use_official_test,
+        min_partition_size=min_partition_size,
+    )
+    return dataset_rows(dataset, rows, data_dir=data_dir)
+
+
+def client_rows(
+    dataset: str,
+    partition_id: int,
+    num_partitions: int,
+    *,
+    partitioner: str = "iid",
+    dirichlet_alpha: float = 0.5,
+    data_seed: int = 0,
+    data_dir: str | Path | None = None,
+    use_official_test: bool = False,
+    min_partition_size: int = 1,
+) -> np.ndarray:
+    """The row indices (into :func:`load_source`'s arrays) of one client's partition.
+
+    Same arguments as :func:`client_dataset`. This is the only step that needs the
+    ``flwr_datasets`` partitioners (and so imports Hugging Face ``datasets``, pandas and
+    pyarrow, several seconds per fresh process): a ClientApp keeps the rows in its
+    ``context.state`` and rebuilds the dataset with :func:`dataset_rows` in later rounds.
+    """
     name = _check_dataset_name(dataset)
     k = _check_int("num_partitions", num_partitions, 1)
     pid = _check_int("partition_id", partition_id, 0)
@@ -1006,10 +1039,35 @@ def client_dataset(
     seed = _check_int("data_seed", data_seed, 0)
     min_size = _check_int("min_partition_size", min_partition_size, 1)
     folder = _resolve_dir(data_dir)
-    rows = _partitions_cached(
+    return _partitions_cached(
         name, folder, seed, bool(use_official_test), k, part_name, alpha, min_size
     )[pid]
-    return _tensor_dataset(_load_raw(name, folder), rows)
+
+
+def dataset_rows(
+    dataset: str, rows: np.ndarray, *, data_dir: str | Path | None = None
+) -> TensorDataset:
+    """The normalised examples at ``rows`` of a source (see :func:`client_rows`).
+
+    Raises
+    ------
+    ValueError
+        ``rows`` is not a 1-D integer array of valid, distinct indices.
+    """
+    name = _check_dataset_name(dataset)
+    folder = _resolve_dir(data_dir)
+    raw = _load_raw(name, folder)
+    idx = np.asarray(rows)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"rows must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+    if idx.size == 0:
+        raise ValueError("rows is empty: a client needs at least one example")
+    n = len(raw.labels)
+    if int(idx.min()) < 0 or int(idx.max()) >= n:
+        raise ValueError(f"rows must lie in [0, {n}), got [{int(idx.min())}, {int(idx.max())}]")
+    if np.unique(idx).size != idx.size:
+        raise ValueError("rows must be distinct")
+    return _tensor_dataset(raw, idx.astype(np.int64, copy=False))
 
 
 def server_datasets(

@@ -1,0 +1,416 @@
+"""The run configuration: parsed once from Flower's ``run_config``, validated, frozen.
+
+Every Flower ``run_config`` key of this app is one field of :class:`RunConfig`; the Flower key is
+the field name in kebab-case (``num-rounds`` <-> ``num_rounds``). The defaults here are the ones
+in ``pyproject.toml`` ``[tool.flwr.app.config]`` (a test keeps both in step).
+
+:meth:`RunConfig.from_flower` is the only boundary: it rejects unknown keys (with a did-you-mean),
+wrong types and out-of-range values, and reports ALL bad keys in one :class:`ConfigError`, so a bad
+run fails at start with one clear message instead of in round 7.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+logger = logging.getLogger(__name__)
+
+MECHANISMS: Final[tuple[str, ...]] = (
+    "corbin",
+    "augcorbin",
+    "ldpfl",
+    "gaussian",
+    "laplace",
+    "fedavg",
+    "cq",
+    "ternary",
+    "fedcad",
+)
+"""Mechanisms the round loop runs (paper Alg. 3 and the baselines of its Section V)."""
+
+PAIRED_MECHANISMS: Final[frozenset[str]] = frozenset({"corbin", "augcorbin"})
+"""Mechanisms that pair clients and share common randomness (Alg. 3 lines 1-17)."""
+
+CR_MODES: Final[tuple[str, ...]] = ("relay", "derived", "exact")
+"""How a pair gets its common randomness: an encrypted ``Y || seed`` blob relayed by the server,
+a seed derived from the X25519 secret, or the lead's ``d*m`` raw bits (Alg. 3 line 17)."""
+
+DATASETS: Final[tuple[str, ...]] = ("mnist", "mnist-idx", "cifar10")
+"""Dataset names of ``corbin_fl.data`` (``hf:<hub-id>`` is accepted too)."""
+PARTITIONERS: Final[tuple[str, ...]] = ("iid", "dirichlet")
+MODELS: Final[tuple[str, ...]] = ("cnn", "resnet18")
+OPTIMIZERS: Final[tuple[str, ...]] = ("adam", "sgd")
+DEVICES: Final[tuple[str, ...]] = ("auto", "cpu", "cuda")
+TERNARY_ENCODINGS: Final[tuple[str, ...]] = ("bits", "int8")
+
+
+APP_LOGGERS: Final[tuple[str, ...]] = ("server", "client", "corbin_fl", "mechanisms")
+"""Loggers of this app (module loggers are children of these)."""
+
+
+def configure_app_logging(level: int = logging.INFO) -> None:
+    """Make this app's log lines visible in the ServerApp / ClientApp process output.
+
+    Flower configures only its ``flwr`` logger; without a handler Python prints WARNING lines
+    and drops INFO ones (such as the one line per round). If the root logger already has a
+    handler (pytest, an embedding application) only the level is set and records propagate
+    there; otherwise one stderr handler is added to each app logger. Idempotent.
+    """
+    has_root_handler = bool(logging.getLogger().handlers)
+    for name in APP_LOGGERS:
+        log = logging.getLogger(name)
+        log.setLevel(level)
+        if has_root_handler or any(getattr(h, "_corbin_fl", False) for h in log.handlers):
+            continue
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler._corbin_fl = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+        log.propagate = False
+
+
+class ConfigError(ValueError):
+    """A run configuration with one or more bad keys.
+
+    Parameters
+    ----------
+    errors : Mapping[str, str]
+        Bad key -> reason. The message lists every one of them.
+    """
+
+    def __init__(self, errors: Mapping[str, str]) -> None:
+        self.errors: dict[str, str] = dict(errors)
+        lines = "\n".join(f"  - {key}: {why}" for key, why in sorted(self.errors.items()))
+        super().__init__(f"invalid run config ({len(self.errors)} bad key(s)):\n{lines}")
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _number(key: str, value: Any, *, integer: bool) -> int | float:
+    """Coerce a TOML scalar to int/float, refusing bools and lossy conversions."""
+    if isinstance(value, bool):
+        raise TypeError(f"expected {'an integer' if integer else 'a number'}, got a bool")
+    if integer:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise TypeError(f"expected an integer, got {type(value).__name__} {value!r}")
+    if isinstance(value, int | float):
+        out = float(value)
+        if not math.isfinite(out):
+            raise ValueError(f"expected a finite number, got {value!r}")
+        return out
+    raise TypeError(f"expected a number, got {type(value).__name__} {value!r}")
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise TypeError(f"expected a bool, got {type(value).__name__} {value!r}")
+    if kind is int:
+        return _number(key, value, integer=True)
+    if kind is float:
+        return _number(key, value, integer=False)
+    if kind is str:
+        if isinstance(value, str):
+            return value
+        raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
+    raise AssertionError(f"unsupported field type {kind!r}")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Validated run configuration of a CorBin-FL run (Flower keys are kebab-case).
+
+    Attributes
+    ----------
+    mechanism : str
+        One of :data:`MECHANISMS`.
+    num_rounds : int
+        Communication rounds ``T``.
+    epsilon : float
+        Per-parameter PLDP budget ``eps_p`` of Alg. 1/2 (also the budget of the Laplace,
+        Gaussian, ternary and FedCAD baselines).
+    delta : float
+        ``delta`` of the Gaussian and FedCAD baselines and of the (eps, delta) accounting.
+    d : int
+        Shared random bits per parameter (Alg. 3 line 15), ``1 <= d <= 16``.
+    gamma : float
+        AugCorBin-FL fraction of clients quantizing independently (paper Thm. 3), in [0, 1].
+    p_x : float
+        Bias of the codebook coin (CoQ-FL biased codebook), in (0, 1); 0.5 is the paper's
+        unbiased codebook.
+    cr_mode : str
+        Common-randomness mode, one of :data:`CR_MODES`.
+    global_lr : float
+        Global learning rate ``lambda`` of paper eq. (6), ``w <- (1-lambda) w + lambda w_new``.
+    radius_margin : float
+        Relative margin added to the layer-wise range: ``r = (1+margin)(max-min)/2``.
+    min_radius : float
+        Lower bound on every layer radius (a constant layer still gets a usable range).
+    dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
+        Data (``corbin_fl.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10`` or
+        ``hf:<hub-id>``; folder with the files; keep the source's own test split; seed of the
+        split; partition scheme and its Dirichlet concentration.
+    model : str
+        ``cnn`` (small VGG-style, MNIST) or ``resnet18`` (CIFAR-10).
+    local_epochs, batch_size, optimizer, lr, weight_decay, max_steps
+        Local training; ``max_steps`` caps the optimizer steps per round (0 = no cap).
+    seed : int
+        Seed of everything public: model init, pairing, AugCorBin split, batch order.
+        Cryptographic keys, seeds and quantization noise never derive from it.
+    min_clients : int
+        The run waits for this many connected nodes before round 1, and a round with fewer
+        sampled nodes is skipped.
+    clients_per_round : int
+        Nodes sampled per round (0 = all connected nodes).
+    stage_timeout, first_stage_timeout : float
+        Seconds a stage waits for replies; the first run of each stage (keygen, pair, update)
+        waits ``max(first-stage-timeout, stage-timeout)`` (process start-up, imports, data).
+    poll_interval : float
+        Seconds between two pulls of replies while a stage waits.
+    wait_for_nodes : float
+        Seconds to wait for ``min_clients`` nodes to connect before the run fails.
+    out_dir : str
+        Where ``events.jsonl``, ``metrics.jsonl`` and ``summary.json`` go ("" = no files).
+    checkpoint_patience : int
+        Reload the best-validation model if validation accuracy has not improved for this many
+        rounds (paper Section V.3 uses 5; 0 = off).
+    test_z_digest : bool
+        Test only: clients report ``sha256(prefix || z)`` so tests can check a pair's z matched
+        (ignored by the mechanisms that do not pair).
+    ternary_sparsity : float
+        Probability ``p0 = 1 - A/B`` of a zero output of the ternary stochastic compressor
+        (fdp paper Def. 6, ``A = r alpha(eps)``), in [0, 1).
+    ternary_encoding : str
+        ``bits`` (2 bits per parameter) or ``int8``.
+    fedcad_clip : float
+        FedCAD L2 clip threshold ``C`` of the update (Fed-CAD Alg. 1 line 9).
+    fedcad_gamma : float
+        FedCAD obsolete factor ``gamma`` of the ``E[Diff]`` momentum (Alg. 1 line 25), in [0, 1].
+    fedcad_sigma_diff : float
+        FedCAD noise on the measured difference norm (Sec. V-B), ``>= 0``.
+    fedcad_diff_init, fedcad_diff_floor : float
+        Initial and smallest ``E[Diff]`` as fractions of ``C``, ``0 < floor <= init < 1``.
+    dropout_prob : float
+        Probability that a client fails a message on purpose (simulated dropout), in [0, 1).
+    device : str
+        ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
+    eval_batch_size : int
+        Batch size of server-side evaluation.
+    """
+
+    mechanism: str = "corbin"
+    num_rounds: int = 3
+    epsilon: float = 1.0
+    delta: float = 1e-5
+    d: int = 5
+    gamma: float = 0.2
+    p_x: float = 0.5
+    cr_mode: str = "relay"
+    global_lr: float = 1.0
+    radius_margin: float = 0.0
+    min_radius: float = 1e-3
+    dataset: str = "mnist"
+    data_dir: str = ""
+    use_official_test: bool = False
+    data_seed: int = 0
+    partitioner: str = "iid"
+    dirichlet_alpha: float = 0.5
+    model: str = "cnn"
+    local_epochs: int = 1
+    batch_size: int = 64
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 3e-3
+    max_steps: int = 0
+    seed: int = 0
+    min_clients: int = 2
+    clients_per_round: int = 0
+    stage_timeout: float = 120.0
+    first_stage_timeout: float = 300.0
+    poll_interval: float = 0.5
+    wait_for_nodes: float = 120.0
+    out_dir: str = ""
+    checkpoint_patience: int = 0
+    test_z_digest: bool = False
+    ternary_sparsity: float = 0.5
+    ternary_encoding: str = "bits"
+    fedcad_clip: float = 1.0
+    fedcad_gamma: float = 0.5
+    fedcad_sigma_diff: float = 0.01
+    fedcad_diff_init: float = 0.5
+    fedcad_diff_floor: float = 1e-3
+    dropout_prob: float = 0.0
+    device: str = "auto"
+    eval_batch_size: int = 512
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every valid Flower key (kebab-case), in field order."""
+        return tuple(_kebab(f.name) for f in dataclasses.fields(cls))
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """The default of every key, kebab-case (the ``pyproject.toml`` table)."""
+        return cls().to_flower()
+
+    @classmethod
+    def from_flower(cls, run_config: Mapping[str, Any]) -> RunConfig:
+        """Parse and validate Flower's ``context.run_config``.
+
+        Parameters
+        ----------
+        run_config : Mapping[str, Any]
+            Kebab-case keys to TOML scalars (bool, int, float, str). Missing keys take the
+            defaults.
+
+        Returns
+        -------
+        RunConfig
+            The frozen, validated configuration.
+
+        Raises
+        ------
+        TypeError
+            If ``run_config`` is not a mapping or has a non-string key.
+        ConfigError
+            Listing every unknown key (with a did-you-mean), wrongly typed or out-of-range
+            value, and inconsistent combination.
+        """
+        if not isinstance(run_config, Mapping):
+            raise TypeError(f"run_config must be a mapping, got {type(run_config).__name__}")
+        fields = {_kebab(f.name): f for f in dataclasses.fields(cls)}
+        errors: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        for key, raw in run_config.items():
+            if not isinstance(key, str):
+                raise TypeError(f"run_config keys must be strings, got {key!r}")
+            spec = fields.get(key)
+            if spec is None:
+                close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                errors[key] = f"unknown key{hint}"
+                continue
+            kind = type(getattr(cls, spec.name))
+            try:
+                values[spec.name] = _coerce(key, raw, kind)
+            except (TypeError, ValueError) as exc:
+                errors[key] = str(exc)
+        cfg = cls(**values)  # keys that failed to parse keep their (valid) defaults here
+        for key, why in cfg._check().items():
+            errors.setdefault(key, why)
+        if errors:
+            raise ConfigError(errors)
+        return cfg
+
+    def to_flower(self) -> dict[str, Any]:
+        """Kebab-case dict of every key (what ``summary.json`` records)."""
+        return {_kebab(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """Copy with ``changes`` (snake_case field names), validated like :meth:`from_flower`."""
+        return RunConfig.from_flower(
+            {**self.to_flower(), **{_kebab(k): v for k, v in changes.items()}}
+        )
+
+    # ------------------------------------------------------------------ derived views
+    @property
+    def paired(self) -> bool:
+        """Whether the mechanism pairs clients (CorBin-FL / AugCorBin-FL)."""
+        return self.mechanism in PAIRED_MECHANISMS
+
+    # ------------------------------------------------------------------ validation
+    def _check(self) -> dict[str, str]:
+        errors: dict[str, str] = {}
+
+        def choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+            if value not in allowed:
+                close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.5)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                errors[key] = f"must be one of {', '.join(allowed)}, got {value!r}{hint}"
+
+        def at_least(key: str, value: float, low: float) -> None:
+            if value < low:
+                errors[key] = f"must be >= {low}, got {value}"
+
+        def positive(key: str, value: float) -> None:
+            if not value > 0:
+                errors[key] = f"must be > 0, got {value}"
+
+        def interval(
+            key: str, value: float, low: float, high: float, *, lo_open: bool, hi_open: bool
+        ) -> None:
+            ok_low = value > low if lo_open else value >= low
+            ok_high = value < high if hi_open else value <= high
+            if not (ok_low and ok_high):
+                lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
+                errors[key] = f"must be in {lb}{low}, {high}{rb}, got {value}"
+
+        choice("mechanism", self.mechanism, MECHANISMS)
+        choice("cr-mode", self.cr_mode, CR_MODES)
+        if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
+            choice("dataset", self.dataset, DATASETS)
+        choice("partitioner", self.partitioner, PARTITIONERS)
+        choice("model", self.model, MODELS)
+        choice("optimizer", self.optimizer, OPTIMIZERS)
+        choice("device", self.device, DEVICES)
+        choice("ternary-encoding", self.ternary_encoding, TERNARY_ENCODINGS)
+        at_least("num-rounds", self.num_rounds, 1)
+        positive("epsilon", self.epsilon)
+        interval("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        if not 1 <= self.d <= 16:
+            errors["d"] = f"must be in [1, 16], got {self.d}"
+        interval("gamma", self.gamma, 0.0, 1.0, lo_open=False, hi_open=False)
+        interval("p-x", self.p_x, 0.0, 1.0, lo_open=True, hi_open=True)
+        interval("global-lr", self.global_lr, 0.0, 1.0, lo_open=True, hi_open=False)
+        at_least("radius-margin", self.radius_margin, 0.0)
+        positive("min-radius", self.min_radius)
+        at_least("data-seed", self.data_seed, 0)
+        positive("dirichlet-alpha", self.dirichlet_alpha)
+        at_least("local-epochs", self.local_epochs, 1)
+        at_least("batch-size", self.batch_size, 1)
+        positive("lr", self.lr)
+        at_least("weight-decay", self.weight_decay, 0.0)
+        at_least("max-steps", self.max_steps, 0)
+        at_least("seed", self.seed, 0)
+        at_least("min-clients", self.min_clients, 1)
+        at_least("clients-per-round", self.clients_per_round, 0)
+        if 0 < self.clients_per_round < self.min_clients:
+            errors["clients-per-round"] = (
+                f"must be 0 (all) or >= min-clients ({self.min_clients}), "
+                f"got {self.clients_per_round}"
+            )
+        positive("stage-timeout", self.stage_timeout)
+        positive("first-stage-timeout", self.first_stage_timeout)
+        positive("poll-interval", self.poll_interval)
+        at_least("wait-for-nodes", self.wait_for_nodes, 0.0)
+        at_least("checkpoint-patience", self.checkpoint_patience, 0)
+        interval("ternary-sparsity", self.ternary_sparsity, 0.0, 1.0, lo_open=False, hi_open=True)
+        positive("fedcad-clip", self.fedcad_clip)
+        interval("fedcad-gamma", self.fedcad_gamma, 0.0, 1.0, lo_open=False, hi_open=False)
+        at_least("fedcad-sigma-diff", self.fedcad_sigma_diff, 0.0)
+        interval("fedcad-diff-init", self.fedcad_diff_init, 0.0, 1.0, lo_open=True, hi_open=True)
+        interval("fedcad-diff-floor", self.fedcad_diff_floor, 0.0, 1.0, lo_open=True, hi_open=True)
+        if self.fedcad_diff_floor > self.fedcad_diff_init:
+            errors.setdefault(
+                "fedcad-diff-floor",
+                f"must be <= fedcad-diff-init ({self.fedcad_diff_init}), "
+                f"got {self.fedcad_diff_floor}",
+            )
+        interval("dropout-prob", self.dropout_prob, 0.0, 1.0, lo_open=False, hi_open=True)
+        at_least("eval-batch-size", self.eval_batch_size, 1)
+        return errors

@@ -1,0 +1,384 @@
+"""The wire format of CorBin-FL: message types, record names, keys, and their checks.
+
+This module is the ONE definition of what travels between ServerApp and ClientApp (the pattern of
+``flwr/common/secure_aggregation/secaggplus_constants.py``). Both sides import it; neither spells
+a key or a message type anywhere else.
+
+One round (paper Alg. 3, see docs/DESIGN.md "One round on the wire")::
+
+    query.keygen  S->C  cfg{round}                                  (only nodes without a key)
+                  C->S  keys{round, pubkey}
+    query.pair    S->C  cfg{round, partner, partner-pubkey, cr-mode[, num-params]}  (relay/exact)
+                  C->S  pair{round, blob}            blob = nonce || AES-GCM(Y || seed or z)
+    train.update  S->C  cfg{round, mechanism, assignment, ...}, model{weights, center, radius}
+                  C->S  reply{round[, next-pubkey][, z-digest]}, update{bits | values},
+                        metrics{...}
+
+Every instruction carries the round both in ``Message.metadata.group_id`` and in its config
+record, and every reply repeats it; a reply for another round is rejected.
+
+Validation helpers raise :class:`WireError` with a short reason string that names the offending
+record or key; the server logs it next to the node id and drops the node for the round, the client
+answers it as an error reply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+PROTOCOL_VERSION: Final[str] = "corbin-fl/v1"
+"""Bound into every HKDF ``info`` and AEAD AAD."""
+
+KEY_BYTES: Final[int] = 32
+"""Length of an X25519 private or public key, and of a pair key (AES-256)."""
+SEED_BYTES: Final[int] = 32
+"""Length of a common-randomness seed (expanded to ``z`` by ``mechanisms.randomness``)."""
+NONCE_BYTES: Final[int] = 12
+"""AES-GCM nonce length (random, prefixed to the ciphertext)."""
+TAG_BYTES: Final[int] = 16
+"""AES-GCM authentication tag length."""
+CQ_SEED_BYTES: Final[int] = 8
+"""Length of the CQ baseline's shared seed (a 64-bit integer, big-endian)."""
+
+# ----------------------------------------------------------------------------- message types
+KEYGEN: Final[str] = "query.keygen"
+PAIR: Final[str] = "query.pair"
+UPDATE: Final[str] = "train.update"
+MESSAGE_TYPES: Final[tuple[str, ...]] = (KEYGEN, PAIR, UPDATE)
+
+STAGE_OF: Final[dict[str, str]] = {KEYGEN: "keygen", PAIR: "pair", UPDATE: "update"}
+"""Stage name (used in events/metrics) of each message type."""
+
+# ----------------------------------------------------------------------------- record names
+CFG: Final[str] = "cfg"  # ConfigRecord, server -> client instruction
+MODEL: Final[str] = "model"  # ArrayRecord, global model and per-layer center/radius
+KEYS: Final[str] = "keys"  # ConfigRecord, keygen reply
+PAIR_REC: Final[str] = "pair"  # ConfigRecord, pair reply
+REPLY: Final[str] = "reply"  # ConfigRecord, update reply header
+UPDATE_REC: Final[str] = "update"  # ArrayRecord, the encoded update
+METRICS: Final[str] = "metrics"  # MetricRecord, client metrics
+
+# ----------------------------------------------------------------------------- config keys
+ROUND: Final[str] = "round"
+PUBKEY: Final[str] = "pubkey"
+PARTNER: Final[str] = "partner"
+PARTNER_PUBKEY: Final[str] = "partner-pubkey"
+PARTNER_BLOB: Final[str] = "partner-blob"
+CR_MODE: Final[str] = "cr-mode"
+NUM_PARAMS: Final[str] = "num-params"
+BLOB: Final[str] = "blob"
+MECHANISM: Final[str] = "mechanism"
+ASSIGNMENT: Final[str] = "assignment"
+CQ_SEED: Final[str] = "cq-seed"
+CQ_RANK: Final[str] = "cq-rank"
+CQ_CLIENTS: Final[str] = "cq-clients"
+NEXT_PUBKEY: Final[str] = "next-pubkey"
+Z_DIGEST: Final[str] = "z-digest"
+
+# ----------------------------------------------------------------------------- array keys
+WEIGHTS: Final[str] = "weights"  # float32 [m]
+CENTER: Final[str] = "center"  # float32 [L], per layer
+RADIUS: Final[str] = "radius"  # float32 [L], per layer
+BITS: Final[str] = "bits"  # uint8 packed bits
+VALUES: Final[str] = "values"  # float32 [m] or int8 [m]
+
+# ----------------------------------------------------------------------------- assignments
+PAIRED: Final[str] = "paired"  # corbinq with the pair's z
+PARTNER_GONE: Final[str] = "partner-gone"  # partner dropped before its blob: ldpq
+UNPAIRED: Final[str] = "unpaired"  # odd one out of the pairing: ldpq
+INDEPENDENT: Final[str] = "independent"  # AugCorBin gamma-fraction: ldpq
+SOLO: Final[str] = "solo"  # mechanisms that never pair
+ASSIGNMENTS: Final[tuple[str, ...]] = (PAIRED, PARTNER_GONE, UNPAIRED, INDEPENDENT, SOLO)
+
+# ----------------------------------------------------------------------------- metric keys
+M_TRAIN_LOSS: Final[str] = "train-loss"
+M_NUM_EXAMPLES: Final[str] = "num-examples"
+M_CLIP_FRACTION: Final[str] = "clip-fraction"
+M_PAIRED: Final[str] = "paired"  # 1 if corbinq was used with the pair's z
+M_FALLBACK: Final[str] = "fallback"  # 1 if the node meant to pair but used ldpq
+M_FALLBACK_CODE: Final[str] = "fallback-code"  # index into FALLBACK_REASONS (0 = none)
+M_IS_LEAD: Final[str] = "is-lead"  # never sent (roles stay hidden); listed to forbid it
+M_ENCODE_SECONDS: Final[str] = "encode-seconds"
+M_TRAIN_SECONDS: Final[str] = "train-seconds"
+M_STEPS: Final[str] = "steps"
+METRIC_KEYS: Final[frozenset[str]] = frozenset(
+    {
+        M_TRAIN_LOSS,
+        M_NUM_EXAMPLES,
+        M_CLIP_FRACTION,
+        M_PAIRED,
+        M_FALLBACK,
+        M_FALLBACK_CODE,
+        M_ENCODE_SECONDS,
+        M_TRAIN_SECONDS,
+        M_STEPS,
+    }
+)
+
+FALLBACK_REASONS: Final[tuple[str, ...]] = (
+    "none",
+    "unpaired",
+    "independent",
+    "partner-gone",
+    "blob-auth-failed",
+    "blob-invalid",
+    "no-pair-state",
+)
+"""Why a node that could have paired quantized with ``ldpq`` (the code is the index)."""
+
+ERROR_CODE_REJECTED: Final[int] = 1000
+"""Flower ``Error.code`` of a client that refused an instruction (reason in ``Error.reason``).
+Flower's own codes are 0-8."""
+
+BITS_MECHANISMS: Final[frozenset[str]] = frozenset({"corbin", "augcorbin", "ldpfl", "cq"})
+"""Mechanisms whose update is one packed bit per parameter."""
+FLOAT_MECHANISMS: Final[frozenset[str]] = frozenset({"gaussian", "laplace", "fedavg", "fedcad"})
+"""Mechanisms whose update is float32 per parameter."""
+
+
+class WireError(ValueError):
+    """A message does not follow the wire format; ``str(err)`` is the reason."""
+
+
+# ----------------------------------------------------------------------------- helpers
+def blob_len(secret_len: int) -> int:
+    """Bytes of a pair blob: ``nonce || AES-GCM(Y || secret)``, i.e. ``12 + 1 + len + 16``."""
+    return NONCE_BYTES + 1 + secret_len + TAG_BYTES
+
+
+def check_pubkey(value: object, what: str = "public key") -> bytes:
+    """Require a usable X25519 public key: 32 bytes and not a low-order point.
+
+    A low-order point makes every shared secret all-zero; ``cryptography`` refuses that
+    exchange, which is what this check runs (against a throwaway key).
+    """
+    from cryptography.hazmat.primitives.asymmetric.x25519 import (
+        X25519PrivateKey,
+        X25519PublicKey,
+    )
+
+    if not isinstance(value, bytes):
+        raise WireError(f"{what} must be bytes, got {type(value).__name__}")
+    if len(value) != KEY_BYTES:
+        raise WireError(f"{what} must be {KEY_BYTES} bytes, got {len(value)}")
+    try:
+        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(value))
+    except ValueError as exc:
+        raise WireError(f"{what} is not a valid X25519 key ({exc})") from exc
+    return value
+
+
+def packed_len(num_bits: int) -> int:
+    """Bytes of ``num_bits`` bits packed 8 to a byte: ``ceil(num_bits / 8)``."""
+    return (num_bits + 7) // 8
+
+
+def ternary_update_spec(num_params: int, encoding: str) -> tuple[str, np.dtype[Any], int]:
+    """Array key, dtype and length of a ternary update (2 bits or one int8 per parameter)."""
+    if encoding == "bits":
+        return BITS, np.dtype(np.uint8), packed_len(2 * num_params)
+    return VALUES, np.dtype(np.int8), num_params
+
+
+def encode_ternary(t: np.ndarray, encoding: str) -> np.ndarray:
+    """Wire form of ternary symbols: ``int8`` as is, or 2 bits per symbol.
+
+    ``bits``: the first ``m`` bits say ``t != 0``, the next ``m`` say ``t > 0``, packed MSB-first
+    with ``np.packbits`` (``2m`` bits, ``ceil(2m/8)`` bytes).
+    """
+    if encoding == "int8":
+        return t.astype(np.int8, copy=False)
+    return np.packbits(np.concatenate([t != 0, t > 0]))
+
+
+def decode_ternary(values: np.ndarray, m: int, encoding: str) -> np.ndarray:
+    """Inverse of :func:`encode_ternary`; rejects symbols outside {-1, 0, 1} (WireError)."""
+    if encoding == "int8":
+        if values.size and (values.min() < -1 or values.max() > 1):
+            raise WireError("ternary symbols must be in {-1, 0, 1}")
+        return values.astype(np.int8)
+    bits = np.unpackbits(values, count=2 * m)
+    if np.unpackbits(values)[2 * m :].any():
+        raise WireError("update has non-zero padding bits")
+    nonzero, positive = bits[:m].astype(bool), bits[m:].astype(bool)
+    if (positive & ~nonzero).any():
+        raise WireError("ternary sign bit set on a zero symbol")
+    return np.where(nonzero, np.where(positive, 1, -1), 0).astype(np.int8)
+
+
+def update_spec(
+    mechanism: str, num_params: int, ternary_encoding: str = "bits"
+) -> tuple[str, np.dtype[Any], int]:
+    """Array key, dtype and length of the update of ``mechanism`` for ``num_params``."""
+    if mechanism in BITS_MECHANISMS:
+        return BITS, np.dtype(np.uint8), packed_len(num_params)
+    if mechanism in FLOAT_MECHANISMS:
+        return VALUES, np.dtype(np.float32), num_params
+    if mechanism == "ternary":
+        return ternary_update_spec(num_params, ternary_encoding)
+    raise WireError(f"unknown mechanism {mechanism!r}")
+
+
+def update_cfg_keys(mechanism: str, assignment: str, cr_mode: str) -> frozenset[str]:
+    """The exact key set of the ``cfg`` record of a ``train.update`` instruction."""
+    keys = {ROUND, MECHANISM, ASSIGNMENT}
+    if assignment == PAIRED:
+        keys |= {PARTNER, PARTNER_PUBKEY if cr_mode == "derived" else PARTNER_BLOB}
+    elif assignment == PARTNER_GONE:
+        keys.add(PARTNER)
+    if mechanism == "cq":
+        keys |= {CQ_SEED, CQ_RANK, CQ_CLIENTS}
+    return frozenset(keys)
+
+
+def pair_cfg_keys(cr_mode: str) -> frozenset[str]:
+    """The exact key set of the ``cfg`` record of a ``query.pair`` instruction."""
+    keys = {ROUND, PARTNER, PARTNER_PUBKEY, CR_MODE}
+    if cr_mode == "exact":
+        keys.add(NUM_PARAMS)
+    return frozenset(keys)
+
+
+def round_of(msg: Message) -> int:
+    """The round in ``msg.metadata.group_id`` (the protocol always sets it)."""
+    group = msg.metadata.group_id
+    if not group.isdigit():
+        raise WireError(f"group_id {group!r} is not a round number")
+    return int(group)
+
+
+def check_records(content: RecordDict, expected: Mapping[str, type]) -> None:
+    """Require exactly the records ``expected`` (name -> record class), nothing missing or extra."""
+    names = set(content.keys())
+    missing = sorted(set(expected) - names)
+    extra = sorted(names - set(expected))
+    if missing or extra:
+        raise WireError(f"records: missing {missing}, unexpected {extra}")
+    for name, kind in expected.items():
+        if not isinstance(content[name], kind):
+            raise WireError(
+                f"record {name!r} must be a {kind.__name__}, got {type(content[name]).__name__}"
+            )
+
+
+def check_keys(
+    record: Mapping[str, Any], required: Iterable[str], optional: Iterable[str] = (), what: str = ""
+) -> None:
+    """Require every key of ``required``, allow those of ``optional``, refuse the rest."""
+    req, opt = set(required), set(optional)
+    keys = set(record.keys())
+    missing = sorted(req - keys)
+    extra = sorted(keys - req - opt)
+    if missing or extra:
+        raise WireError(f"{what or 'record'} keys: missing {missing}, unexpected {extra}")
+
+
+def get_int(record: Mapping[str, Any], key: str, *, low: int | None = None) -> int:
+    """``record[key]`` as an int (not a bool), at least ``low``."""
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(f"{key!r} must be an int, got {type(value).__name__}")
+    if low is not None and value < low:
+        raise WireError(f"{key!r} must be >= {low}, got {value}")
+    return value
+
+
+def get_str(record: Mapping[str, Any], key: str, allowed: Iterable[str] | None = None) -> str:
+    """``record[key]`` as a str, one of ``allowed`` when given."""
+    value = record[key]
+    if not isinstance(value, str):
+        raise WireError(f"{key!r} must be a str, got {type(value).__name__}")
+    if allowed is not None and value not in set(allowed):
+        raise WireError(f"{key!r} has unknown value {value!r}")
+    return value
+
+
+def get_bytes(record: Mapping[str, Any], key: str, length: int | None = None) -> bytes:
+    """``record[key]`` as bytes, of exactly ``length`` bytes when given."""
+    value = record[key]
+    if not isinstance(value, bytes):
+        raise WireError(f"{key!r} must be bytes, got {type(value).__name__}")
+    if length is not None and len(value) != length:
+        raise WireError(f"{key!r} must be {length} bytes, got {len(value)}")
+    return value
+
+
+def check_round(msg: Message, record: Mapping[str, Any], expected: int | None = None) -> int:
+    """Check that ``record[round]`` equals the message's group id (and ``expected``)."""
+    rnd = get_int(record, ROUND, low=1)
+    if rnd != round_of(msg):
+        raise WireError(f"round {rnd} in the record but {round_of(msg)} in group_id")
+    if expected is not None and rnd != expected:
+        raise WireError(f"reply for round {rnd}, expected round {expected}")
+    return rnd
+
+
+def to_array(values: np.ndarray) -> Array:
+    """A 1-D numpy array as a Flower ``Array`` (``np.save`` bytes, never pickled)."""
+    return Array(np.ascontiguousarray(values))
+
+
+def read_array(
+    record: ArrayRecord, key: str, dtype: np.dtype[Any] | type, length: int, *, finite: bool = False
+) -> np.ndarray:
+    """Decode ``record[key]`` and check it is 1-D, of ``dtype`` and ``length`` (and finite).
+
+    The declared dtype and shape are checked before the bytes are parsed, and the byte count is
+    bounded, so a hostile array cannot make the reader allocate more than the expected size.
+    """
+    want = np.dtype(dtype)
+    if key not in record:
+        raise WireError(f"array {key!r} missing")
+    arr = record[key]
+    if not isinstance(arr, Array):
+        raise WireError(f"array {key!r} is a {type(arr).__name__}, not an Array")
+    if arr.dtype != str(want) or tuple(arr.shape) != (length,):
+        raise WireError(f"array {key!r} must be {want}[{length}], got {arr.dtype}{list(arr.shape)}")
+    if len(arr.data) > want.itemsize * length + 4096:
+        raise WireError(f"array {key!r} carries {len(arr.data)} bytes, too many for its shape")
+    try:
+        out = arr.numpy()
+    except (ValueError, TypeError, OSError) as exc:
+        raise WireError(f"array {key!r} does not decode: {exc}") from exc
+    if out.dtype != want or out.shape != (length,):
+        raise WireError(f"array {key!r} decodes to {out.dtype}{list(out.shape)}, not its header")
+    if finite and out.dtype.kind == "f" and not np.isfinite(out).all():
+        raise WireError(f"array {key!r} has NaN or inf")
+    return out
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """Bytes of payload a message carries: array data, config values and metric values.
+
+    This counts what we serialise (``np.save`` bytes of arrays, raw bytes/str of configs, 8 bytes
+    per number), not Flower's protobuf framing.
+    """
+    total = 0
+    for record in content.values():
+        if isinstance(record, ArrayRecord):
+            total += sum(len(arr.data) for arr in record.values())
+        elif isinstance(record, ConfigRecord | MetricRecord):
+            total += sum(_scalar_bytes(value) for value in record.values())
+    return total
+
+
+def _scalar_bytes(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_scalar_bytes(v) for v in value)
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, bool):
+        return 1
+    return 8
+
+
+def finite_metric(value: Any) -> bool:
+    """Whether a metric value is a finite number (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,123 @@
+"""What the server writes to ``out-dir``: ``events.jsonl``, ``metrics.jsonl``, ``summary.json``.
+
+The files are the contract with the ``corbin-fl local`` launcher, which shows progress from them:
+
+- ``events.jsonl``: one JSON object per line, appended and flushed as it happens:
+  ``{"event": "run_start", ...}``, ``{"event": "round_start", "round": t, "time": unix}``,
+  ``{"event": "stage_end", "round": t, "stage": name, "seconds": s, "replies": k,
+  "dropped": [...]}``, ``{"event": "round_end", "round": t, ...}``, ``{"event": "run_end"}``.
+- ``metrics.jsonl``: one JSON object per round (see :class:`server.round.RoundRecord`).
+- ``summary.json``: written once at the end (atomically: temp file + rename).
+
+With ``out-dir = ""`` nothing is written and every method is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import IO, Any
+
+logger = logging.getLogger(__name__)
+
+EVENTS_FILE = "events.jsonl"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def jsonable(value: Any) -> Any:
+    """Turn ``value`` into plain JSON: dict keys to str, tuples/sets to lists, NaN/inf to None,
+    numpy scalars to Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        seq = sorted(value) if isinstance(value, set | frozenset) else value
+        return [jsonable(v) for v in seq]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item"):  # numpy / torch scalar
+        return jsonable(value.item())
+    return str(value)
+
+
+class RunFiles:
+    """Append-only writers of the run's output files.
+
+    Parameters
+    ----------
+    out_dir : str
+        Output folder (created if missing); ``""`` disables all output.
+    """
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir: Path | None = Path(out_dir) if out_dir else None
+        self._events: IO[str] | None = None
+        self._metrics: IO[str] | None = None
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._events = open(self.out_dir / EVENTS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+            self._metrics = open(self.out_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+
+    @property
+    def enabled(self) -> bool:
+        """Whether files are written."""
+        return self.out_dir is not None
+
+    @staticmethod
+    def _write(stream: IO[str] | None, obj: dict[str, Any]) -> None:
+        if stream is None:
+            return
+        stream.write(json.dumps(jsonable(obj), allow_nan=False) + "\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Append ``{"event": name, **fields}`` to ``events.jsonl`` and flush."""
+        self._write(self._events, {"event": name, **fields})
+
+    def round_start(self, rnd: int) -> None:
+        """``{"event": "round_start", "round": t, "time": unix}``."""
+        self.event("round_start", round=rnd, time=time.time())
+
+    def stage_end(
+        self, rnd: int, stage: str, seconds: float, replies: int, dropped: list[int]
+    ) -> None:
+        """``{"event": "stage_end", "round", "stage", "seconds", "replies", "dropped"}``."""
+        self.event(
+            "stage_end",
+            round=rnd,
+            stage=stage,
+            seconds=seconds,
+            replies=replies,
+            dropped=sorted(dropped),
+        )
+
+    def metrics(self, record: dict[str, Any]) -> None:
+        """Append one round's metrics to ``metrics.jsonl`` and flush."""
+        self._write(self._metrics, record)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        """Write ``summary.json`` atomically (temp file, fsync, rename)."""
+        if self.out_dir is None:
+            return
+        tmp = self.out_dir / (SUMMARY_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(jsonable(summary), fh, indent=2, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(self.out_dir / SUMMARY_FILE)
+
+    def close(self) -> None:
+        """Close the streams (idempotent)."""
+        for stream in (self._events, self._metrics):
+            if stream is not None and not stream.closed:
+                stream.close()

@@ -1,0 +1,296 @@
+"""Stages of a CorBin-FL round: send one instruction per node, collect replies with a timeout.
+
+The pattern is Flower's SecAgg+ workflow: every stage works on ONE explicit state object
+(:class:`RoundState`), waits at most its timeout, treats no reply, an error reply and an invalid
+reply alike, and removes a node that failed from every later stage of the round
+(:meth:`RoundState.drop`). What each stage sends and how it checks each reply lives in
+``server/round.py`` (the round, top to bottom); this module is the transport and the bookkeeping.
+
+A reply is accepted only if it answers an instruction of this stage that is still pending, comes
+from the node the instruction went to, has the instruction's message type, carries a message id
+never seen before in this run, is the only reply to its instruction in its batch, and passes the
+stage's validator. Anything else is one log line naming the node and the reason, and the node is
+dropped for the round. Replies are validated (and, for the update stage, aggregated) as they
+arrive, so the server never holds all updates at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from corbin_fl.wire import STAGE_OF, WireError, payload_bytes
+from server.metrics import RunFiles
+
+logger = logging.getLogger(__name__)
+
+ReplyHandler = Callable[[int, Message], None]
+"""Validates (and consumes) one reply of node ``nid``; raises :class:`WireError` to reject it."""
+
+
+@dataclass
+class RoundState:
+    """Everything the stages of one round share.
+
+    Attributes
+    ----------
+    round : int
+        Round ``t``.
+    run_id : int
+        Flower run id.
+    sampled : list[int]
+        Nodes sampled for the round, in sampling order.
+    active : set[int]
+        Nodes still in the round (sampled minus dropped).
+    dropped : dict[int, str]
+        Node -> reason it left the round.
+    seen_message_ids : set[str]
+        Message ids of every reply received in the run (shared across rounds; replay check).
+    pubkeys : dict[int, bytes]
+        X25519 public keys for this round.
+    next_pubkeys : dict[int, bytes]
+        Public keys for round ``t+1``, from the update replies.
+    partner : dict[int, int]
+        Pairing: node -> partner (both directions).
+    pairs : list[tuple[int, int]]
+        The pairs formed this round.
+    unpaired : list[int]
+        Odd one out of the pairing (and paired nodes without a usable partner key).
+    independent : set[int]
+        AugCorBin-FL nodes told to quantize independently.
+    blobs : dict[int, bytes]
+        Relay/exact: the blob each node sent for its partner (opaque ciphertext).
+    client_metrics : dict[int, dict[str, float]]
+        Metrics of each accepted update.
+    z_digests : dict[int, bytes]
+        Test-only z digests reported by paired nodes.
+    stage_seconds : dict[str, float]
+        Wall time of each stage.
+    stage_replies : dict[str, int]
+        Accepted replies of each stage.
+    bytes_up, bytes_down : dict[str, int]
+        Payload bytes received / sent per stage (:func:`corbin_fl.wire.payload_bytes`).
+    round_trips : int
+        Stages that sent at least one message.
+    max_radius : float
+        Largest layer radius sent this round (for the privacy report).
+    """
+
+    round: int
+    run_id: int
+    sampled: list[int]
+    active: set[int] = field(default_factory=set)
+    dropped: dict[int, str] = field(default_factory=dict)
+    seen_message_ids: set[str] = field(default_factory=set)
+    pubkeys: dict[int, bytes] = field(default_factory=dict)
+    next_pubkeys: dict[int, bytes] = field(default_factory=dict)
+    partner: dict[int, int] = field(default_factory=dict)
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+    unpaired: list[int] = field(default_factory=list)
+    independent: set[int] = field(default_factory=set)
+    blobs: dict[int, bytes] = field(default_factory=dict)
+    client_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    z_digests: dict[int, bytes] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    stage_replies: dict[str, int] = field(default_factory=dict)
+    bytes_up: dict[str, int] = field(default_factory=dict)
+    bytes_down: dict[str, int] = field(default_factory=dict)
+    round_trips: int = 0
+    max_radius: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.active:
+            self.active = set(self.sampled)
+
+    def drop(self, nid: int, reason: str, stage: str) -> None:
+        """Remove ``nid`` from the round (all later stages) and log one line with the reason."""
+        if nid in self.active:
+            self.active.discard(nid)
+            self.dropped[nid] = f"{stage}: {reason}"
+            logger.warning(
+                "round %d, stage %s: node %d dropped: %s", self.round, stage, nid, reason
+            )
+
+
+def exchange(
+    grid: Grid,
+    state: RoundState,
+    messages: dict[int, Message],
+    on_reply: ReplyHandler,
+    *,
+    timeout: float,
+    poll_interval: float,
+    files: RunFiles | None = None,
+) -> list[int]:
+    """Send one instruction per node and collect the replies of one stage.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower grid (``push_messages`` / ``pull_messages``).
+    state : RoundState
+        Round state; nodes that fail are dropped from it.
+    messages : dict[int, Message]
+        Node -> instruction, all of one message type. Nodes must be active.
+    on_reply : ReplyHandler
+        Validates/consumes a reply; raise :class:`WireError` to reject it (node dropped).
+    timeout : float
+        Seconds to wait for all replies; nodes still silent are dropped.
+    poll_interval : float
+        Seconds between two pulls.
+    files : RunFiles, optional
+        Receives the ``stage_end`` event.
+
+    Returns
+    -------
+    list[int]
+        Nodes whose reply was accepted, in arrival order.
+    """
+    if not messages:
+        return []
+    types = {msg.metadata.message_type for msg in messages.values()}
+    if len(types) != 1:
+        raise ValueError(f"one stage sends one message type, got {sorted(types)}")
+    msg_type = types.pop()
+    stage = STAGE_OF[msg_type]
+    t0 = time.monotonic()
+    state.round_trips += 1
+    state.bytes_down[stage] = state.bytes_down.get(stage, 0) + sum(
+        payload_bytes(msg.content) for msg in messages.values()
+    )
+    before = set(state.dropped)
+
+    nodes = list(messages)
+    try:
+        ids = list(grid.push_messages([messages[nid] for nid in nodes]))
+    except Exception as exc:  # a failed push drops the nodes, not the run
+        logger.exception("round %d, stage %s: push failed", state.round, stage)
+        ids = [None] * len(nodes)
+        for nid in nodes:
+            state.drop(nid, f"could not push the instruction ({exc})", stage)
+    if len(ids) != len(nodes):
+        raise RuntimeError(f"push_messages returned {len(ids)} ids for {len(nodes)} messages")
+    pending: dict[str, int] = {}
+    for nid, mid in zip(nodes, ids, strict=True):
+        if mid:
+            pending[mid] = nid
+        else:
+            state.drop(nid, "could not push the instruction (node gone?)", stage)
+
+    accepted: list[int] = []
+    deadline = t0 + timeout
+    while pending:
+        batch = list(grid.pull_messages(list(pending)))
+        _screen_batch(state, stage, batch, pending)
+        for reply in batch:
+            _handle(state, stage, msg_type, reply, pending, on_reply, accepted)
+        if not pending:
+            break
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        time.sleep(min(poll_interval, deadline - now))
+    for nid in pending.values():
+        state.drop(nid, f"no reply within {timeout:g} s", stage)
+
+    seconds = time.monotonic() - t0
+    state.stage_seconds[stage] = state.stage_seconds.get(stage, 0.0) + seconds
+    state.stage_replies[stage] = state.stage_replies.get(stage, 0) + len(accepted)
+    newly_dropped = sorted(set(state.dropped) - before)
+    if files is not None:
+        files.stage_end(state.round, stage, seconds, len(accepted), newly_dropped)
+    logger.debug(
+        "round %d, stage %s: %d replies, %d dropped, %.2f s",
+        state.round,
+        stage,
+        len(accepted),
+        len(newly_dropped),
+        seconds,
+    )
+    return accepted
+
+
+def _screen_batch(
+    state: RoundState, stage: str, batch: list[Message], pending: dict[str, int]
+) -> None:
+    """Drop nodes with replayed replies or several replies to one instruction in ``batch``."""
+    mids = Counter(r.metadata.message_id for r in batch)
+    rids = Counter(r.metadata.reply_to_message_id for r in batch)
+    for reply in batch:
+        meta = reply.metadata
+        nid = pending.get(meta.reply_to_message_id, meta.src_node_id)
+        mid = meta.message_id  # empty for error replies the SuperLink makes up itself
+        if mid and (mid in state.seen_message_ids or mids[mid] > 1):
+            _forget(pending, nid)
+            state.drop(nid, f"replayed reply (message id {mid[:16]}...)", stage)
+        elif rids[meta.reply_to_message_id] > 1:
+            _forget(pending, nid)
+            state.drop(nid, "more than one reply to one instruction", stage)
+
+
+def _forget(pending: dict[str, int], nid: int) -> None:
+    for mid in [m for m, n in pending.items() if n == nid]:
+        del pending[mid]
+
+
+def _handle(
+    state: RoundState,
+    stage: str,
+    msg_type: str,
+    reply: Message,
+    pending: dict[str, int],
+    on_reply: ReplyHandler,
+    accepted: list[int],
+) -> None:
+    meta = reply.metadata
+    if meta.message_id:
+        state.seen_message_ids.add(meta.message_id)
+    nid = pending.pop(meta.reply_to_message_id, None)
+    if nid is None:
+        if meta.src_node_id in state.active and meta.src_node_id not in accepted:
+            _forget(pending, meta.src_node_id)
+            state.drop(meta.src_node_id, "reply to an instruction it was not sent", stage)
+        elif meta.src_node_id not in state.dropped:
+            logger.warning(
+                "round %d, stage %s: ignored an unexpected reply from node %d",
+                state.round,
+                stage,
+                meta.src_node_id,
+            )
+        return
+    if reply.has_content():
+        state.bytes_up[stage] = state.bytes_up.get(stage, 0) + payload_bytes(reply.content)
+    if nid not in state.active:
+        return
+    if reply.has_error():  # from the node, or from the SuperLink on its behalf (unavailable)
+        err = reply.error
+        reason = (err.reason or "").strip().splitlines()
+        state.drop(nid, f"error reply (code {err.code}): {reason[-1] if reason else ''}", stage)
+        return
+    if meta.src_node_id != nid:
+        state.drop(nid, f"reply came from node {meta.src_node_id}", stage)
+        return
+    if meta.message_type != msg_type:
+        state.drop(nid, f"wrong message type {meta.message_type!r}, expected {msg_type!r}", stage)
+        return
+    try:
+        on_reply(nid, reply)
+    except WireError as exc:
+        state.drop(nid, f"invalid reply: {exc}", stage)
+        return
+    except Exception as exc:  # a bad reply must never crash the round
+        logger.exception("round %d, stage %s: reply of node %d", state.round, stage, nid)
+        state.drop(nid, f"invalid reply ({type(exc).__name__}: {exc})", stage)
+        return
+    accepted.append(nid)
+
+
+def active_of(state: RoundState, nodes: Iterable[int]) -> list[int]:
+    """The nodes of ``nodes`` still active, in order."""
+    return [nid for nid in nodes if nid in state.active]

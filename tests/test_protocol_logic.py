@@ -1,0 +1,771 @@
+"""The CorBin-FL protocol without network: server stages and client handlers in one process.
+
+An :class:`InProcessGrid` implements Flower's ``Grid`` by calling the ClientApp handlers
+directly (each node has its own ``Context`` with a persistent ``state``), assigns message ids like
+the SuperLink does, records every message, and lets a test drop, delay, replay or rewrite any
+reply or instruction. This drives the real ``server.round`` code and the real ``client`` code.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from client import app as client_app
+from client import handlers, pair_crypto
+from corbin_fl import wire
+from corbin_fl.config import RunConfig
+from server import round as server_round
+from server.aggregation import apply_global_lr, make_aggregator
+from server.metrics import RunFiles
+from server.stages import RoundState, exchange
+
+RUN_ID = 4242
+SERVER_NODE = 1
+
+
+@pytest.fixture(autouse=True)
+def _task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Flower's ServerApp runtime sets before ``main`` runs (Message() needs it)."""
+    monkeypatch.setattr(TaskIdentity, "_run_id", RUN_ID)
+    monkeypatch.setattr(TaskIdentity, "_node_id", SERVER_NODE)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+
+FAST: dict[str, Any] = {
+    "max-steps": 1,
+    "batch-size": 16,
+    "eval-batch-size": 1000,
+    "stage-timeout": 0.3,
+    "first-stage-timeout": 0.3,
+    "poll-interval": 0.01,
+    "wait-for-nodes": 1.0,
+    "min-clients": 1,
+    "device": "cpu",
+}
+
+Hook = Callable[[int, Message, Message | None], list[Message] | None]
+"""``hook(node, instruction, reply)`` -> replies to deliver (None: deliver ``reply`` as is)."""
+
+
+# ============================================================================ harness
+class InProcessGrid(Grid):
+    """A Flower Grid whose nodes are ClientApp handler calls in this process."""
+
+    def __init__(self, run_config: dict[str, Any], num_nodes: int, *, first_id: int = 101) -> None:
+        self._run = Run.create_empty(RUN_ID)
+        self.node_ids = [first_id + 7 * i for i in range(num_nodes)]
+        self.contexts = {
+            nid: Context(
+                run_id=RUN_ID,
+                node_id=nid,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for i, nid in enumerate(self.node_ids)
+        }
+        self.sent: list[Message] = []
+        self.received: list[Message] = []
+        self.hooks: list[Hook] = []
+        self.instruction_hooks: list[Callable[[int, Message], Message | None]] = []
+        self._outbox: dict[str, list[Message]] = {}
+
+    # --- Grid API
+    def set_run(self, run: Run) -> None:  # pragma: no cover - not used by the ServerApp
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # pragma: no cover
+        raise NotImplementedError("the ServerApp uses the Message constructor")
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids: list[str] = []
+        for msg in messages:
+            nid = msg.metadata.dst_node_id
+            if nid not in self.contexts:
+                ids.append("")
+                continue
+            mid = uuid.uuid4().hex
+            msg.metadata.__dict__["_message_id"] = mid
+            self.sent.append(msg)
+            delivered = msg
+            for ihook in self.instruction_hooks:
+                delivered = ihook(nid, delivered) or delivered
+            try:
+                reply: Message | None = client_app.app(delivered, self.contexts[nid])
+            except Exception as exc:  # what Flower does with a raising ClientApp
+                reply = Message(Error(code=2, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+            outs: list[Message] | None = None
+            for hook in self.hooks:
+                outs = hook(nid, msg, reply)
+                if outs is not None:
+                    break
+            if outs is None:
+                outs = [reply] if reply is not None else []
+            for out in outs:
+                if not out.metadata.message_id and not out.__dict__.get("_keep_empty_id"):
+                    out.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            self._outbox[mid] = outs
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        out: list[Message] = []
+        for mid in message_ids:
+            out.extend(self._outbox.pop(mid, []))
+        self.received.extend(out)
+        return out
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        return self.pull_messages(list(self.push_messages(messages)))
+
+
+def make_cfg(**overrides: Any) -> dict[str, Any]:
+    return {**FAST, **{k.replace("_", "-"): v for k, v in overrides.items()}}
+
+
+def run(grid: InProcessGrid, **overrides: Any) -> dict[str, Any]:
+    cfg = RunConfig.from_flower({**grid.contexts[grid.node_ids[0]].run_config, **overrides})
+    return server_round.run_training(grid, cfg)
+
+
+def payload_blobs(msg: Message) -> list[bytes]:
+    """Every bytes-like payload of a message (config bytes and raw array data)."""
+    if not msg.has_content():
+        return [(msg.error.reason or "").encode()]
+    out: list[bytes] = []
+    for rec in msg.content.values():
+        if isinstance(rec, ConfigRecord):
+            for v in rec.values():
+                if isinstance(v, bytes):
+                    out.append(v)
+                elif isinstance(v, str):
+                    out.append(v.encode())
+        elif isinstance(rec, ArrayRecord):
+            out.extend(arr.data for arr in rec.values())
+    return out
+
+
+def reply_hook(
+    msg_type: str, node: int, action: Callable[[Message, Message], list[Message]]
+) -> Hook:
+    def hook(nid: int, instruction: Message, reply: Message | None) -> list[Message] | None:
+        if nid == node and instruction.metadata.message_type == msg_type and reply is not None:
+            return action(instruction, reply)
+        return None
+
+    return hook
+
+
+def rebuild(reply: Message, instruction: Message, mutate: Callable[[RecordDict], None]) -> Message:
+    content = copy.deepcopy(reply.content)
+    mutate(content)
+    return Message(content, reply_to=instruction)
+
+
+# ============================================================================ fixtures
+REAL_TRAINING = {"test_real_training_and_evaluation_in_process"}
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+
+
+@pytest.fixture(autouse=True)
+def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Protocol tests need neither SGD nor a real model: the model is a 7,850-parameter linear
+    layer, local training adds seeded noise to it, the data is 64 random images and evaluation a
+    fixed score (one test keeps the real CNN, data, training and evaluation)."""
+    if request.node.originalname in REAL_TRAINING:
+        from client import encode
+
+        monkeypatch.setattr(encode.LocalTask, "_cache", {})
+        return
+    import corbin_fl.data
+    import corbin_fl.models
+    import corbin_fl.training
+    from client import encode
+    from corbin_fl.training import EvalResult, TrainResult
+
+    def fake_data(dataset: str, partition_id: int, num_partitions: int, **_: Any) -> Any:
+        gen = torch.Generator().manual_seed(partition_id)
+        x = torch.randn(64, 1, 28, 28, generator=gen)
+        return torch.utils.data.TensorDataset(x, torch.randint(0, 10, (64,), generator=gen))
+
+    def fake_train(model: torch.nn.Module, dataset: Any, *, seed: int, **_: Any) -> TrainResult:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1e-3 * torch.randn(p.shape, generator=gen))
+        return TrainResult(loss=1.0, num_examples=64, steps=1, seconds=0.0, examples_seen=64)
+
+    def fake_eval(model: torch.nn.Module, dataset: Any, **_: Any) -> EvalResult:
+        return EvalResult(loss=2.0, accuracy=0.5, num_examples=10)
+
+    def tiny_model(name: str, in_channels: int, num_classes: int, **kw: Any) -> torch.nn.Module:
+        gen = torch.Generator().manual_seed(int(kw.get("seed") or 0))
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, num_classes))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+        return model
+
+    monkeypatch.setattr(corbin_fl.models, "build_model", tiny_model)
+    monkeypatch.setattr(encode.LocalTask, "_cache", {})
+    monkeypatch.setattr(corbin_fl.data, "client_dataset", fake_data)
+    monkeypatch.setattr(corbin_fl.data, "server_datasets", lambda *a, **k: (None, None))
+    monkeypatch.setattr(corbin_fl.training, "train_local", fake_train)
+    monkeypatch.setattr(corbin_fl.training, "evaluate", fake_eval)
+
+
+# ============================================================================ full rounds
+def test_real_training_and_evaluation_in_process(tmp_path: Any) -> None:
+    """Real local training on MNIST partitions and real server evaluation, 2 nodes, 1 round."""
+    import json
+
+    grid = InProcessGrid(make_cfg(num_rounds=1, out_dir=str(tmp_path), test_z_digest=True), 2)
+    summary = run(grid)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row["participants"] == 2 and row["pairs"] == 1 and row["z_matched_pairs"] == 1
+    assert 0.0 <= row["test_accuracy"] <= 1.0 and row["test_loss"] > 0
+    assert summary["final_test_accuracy"] == row["test_accuracy"]
+    assert row["train_loss"] > 0 and 0.0 <= row["clip_fraction"] <= 1.0
+
+
+def test_relay_run_no_secret_in_the_clear(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Relay mode, 5 nodes (one odd): z matches in every pair and no seed, key or Y leaks."""
+    secrets_drawn: list[bytes] = []
+    real_seed, real_y = pair_crypto.draw_seed, pair_crypto.draw_y
+    ys: list[int] = []
+
+    def spy_seed() -> bytes:
+        secrets_drawn.append(real_seed())
+        return secrets_drawn[-1]
+
+    def spy_y() -> int:
+        ys.append(real_y())
+        return ys[-1]
+
+    monkeypatch.setattr(handlers, "draw_seed", spy_seed)
+    monkeypatch.setattr(handlers, "draw_y", spy_y)
+    grid = InProcessGrid(make_cfg(test_z_digest=True, num_rounds=2, out_dir=str(tmp_path)), 5)
+    summary = run(grid)
+
+    assert summary["round_trips_per_round"] == [3, 2]  # keygen only in round 1
+    assert summary["participants_per_round"] == [5, 5]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    import json
+
+    rows = [json.loads(line) for line in lines]
+    for row in rows:
+        assert row["pairs"] == 2 and row["unpaired"] == 1
+        assert row["z_matched_pairs"] == 2 and row["z_mismatched_pairs"] == 0
+        assert row["fallbacks"] == 0 and row["dropped"] == {}
+        assert row["paired_updates"] == 4
+    # nothing secret in any message: seeds, private keys, pair keys
+    secret_values = list(secrets_drawn)
+    for ctx in grid.contexts.values():
+        key_rec = ctx.state.config_records.get(handlers.STATE_KEY)
+        assert key_rec is not None
+        secret_values.append(key_rec["sk"])  # type: ignore[arg-type]
+    assert len(secrets_drawn) == 8 and len(ys) == 8  # 2 pairs x 2 nodes x 2 rounds
+    everything = [p for m in grid.sent + grid.received for p in payload_blobs(m)]
+    for secret in secret_values:
+        assert not any(secret in blob for blob in everything)
+    # the two blobs of every pair have the same size; no role-like key anywhere
+    pair_replies = [m for m in grid.received if m.metadata.message_type == wire.PAIR]
+    assert {len(m.content.config_records[wire.PAIR_REC][wire.BLOB]) for m in pair_replies} == {
+        wire.blob_len(wire.SEED_BYTES)
+    }
+    for msg in grid.sent + grid.received:
+        if msg.has_content():
+            for rec in msg.content.values():
+                assert not any(k in ("y", "lead", "is-lead", "seed", "role") for k in rec)
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "run_start" and events[-1]["event"] == "run_end"
+    assert [e["stage"] for e in events if e["event"] == "stage_end"] == [
+        "keygen",
+        "pair",
+        "update",
+        "pair",
+        "update",
+    ]
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["privacy"]["eps_p"] == pytest.approx(1.0)
+    assert saved["best_val_round"] in (0, 1, 2)
+
+
+@pytest.mark.parametrize(("mode", "trips"), [("derived", [2, 1]), ("exact", [3, 2])])
+def test_derived_and_exact_modes_share_z(mode: str, trips: list[int]) -> None:
+    grid = InProcessGrid(make_cfg(test_z_digest=True, num_rounds=2, cr_mode=mode), 4)
+    records: list[dict[str, Any]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RunFiles, "metrics", lambda self, rec: records.append(rec))
+        summary = run(grid)
+    assert summary["round_trips_per_round"] == trips
+    assert all(r["z_matched_pairs"] == 2 and r["z_mismatched_pairs"] == 0 for r in records)
+    if mode == "exact":
+        m = summary["num_params"]
+        blobs = [
+            m_.content.config_records[wire.PAIR_REC][wire.BLOB]
+            for m_ in grid.received
+            if m_.metadata.message_type == wire.PAIR
+        ]
+        assert {len(b) for b in blobs} == {wire.blob_len(wire.packed_len(5 * m))}
+
+
+@pytest.mark.parametrize(
+    "mechanism", ["ldpfl", "gaussian", "laplace", "fedavg", "cq", "ternary", "fedcad", "augcorbin"]
+)
+def test_every_mechanism_runs_through_the_same_loop(mechanism: str) -> None:
+    grid = InProcessGrid(make_cfg(mechanism=mechanism, num_rounds=2, gamma=0.5), 4)
+    summary = run(grid)
+    assert summary["participants_per_round"] == [4, 4]
+    expected = {"augcorbin": [3, 2]}.get(mechanism, [1, 1])
+    assert summary["round_trips_per_round"] == expected
+    assert 0.0 <= summary["final_test_accuracy"] <= 1.0
+    if mechanism == "fedcad":  # the FedCAD state survives across rounds in context.state
+        assert all("corbin.fedcad" in c.state.config_records for c in grid.contexts.values())
+
+
+# ============================================================================ dropout
+def test_partner_silent_in_pair_stage_gets_partner_gone(caplog: pytest.LogCaptureFixture) -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=1), 4)
+    victim = grid.node_ids[0]
+    grid.hooks.append(reply_hook(wire.PAIR, victim, lambda i, r: []))  # never answers
+    records = _capture_metrics(grid)
+    row = records[0]
+    assert set(row["dropped"]) == {str(victim)}
+    assert "no reply" in row["dropped"][str(victim)]
+    assert row["participants"] == 3
+    assert row["fallbacks"] == 1  # the victim's partner used ldpq (partner-gone)
+    assert any(f"node {victim} dropped" in rec.message for rec in caplog.records)
+
+
+def test_update_lost_after_pairing_partner_still_counts() -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=1, test_z_digest=True), 4)
+    victim = grid.node_ids[1]
+    grid.hooks.append(
+        reply_hook(wire.UPDATE, victim, lambda i, r: [Message(Error(5, "node gone"), reply_to=i)])
+    )
+    row = _capture_metrics(grid)[0]
+    assert row["participants"] == 3 and row["fallbacks"] == 0
+    assert "error reply (code 5)" in row["dropped"][str(victim)]
+    assert row["paired_updates"] == 3  # the victim's partner used corbinq and counted
+
+
+def test_superlink_error_replies_without_message_id_are_not_replays() -> None:
+    """Errors the SuperLink makes up for unavailable nodes all carry an empty message id."""
+    grid = InProcessGrid(make_cfg(num_rounds=1, mechanism="ldpfl"), 3)
+
+    def unavailable(i: Message, r: Message) -> list[Message]:
+        err = Message(Error(5, "Node unavailable"), reply_to=i)
+        err.__dict__["_keep_empty_id"] = True
+        return [err]
+
+    for nid in grid.node_ids[:2]:
+        grid.hooks.append(reply_hook(wire.UPDATE, nid, unavailable))
+    row = _capture_metrics(grid)[0]
+    assert row["participants"] == 1
+    assert all("error reply (code 5): Node unavailable" in why for why in row["dropped"].values())
+
+
+def test_simulated_dropout_raises_and_the_round_goes_on() -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=2, dropout_prob=0.5, seed=3), 6)
+    records = _capture_metrics(grid)
+    dropped = [len(r["dropped"]) for r in records]
+    assert sum(dropped) > 0
+    for r in records:
+        assert r["participants"] == 6 - len(r["dropped"])
+        assert all("SimulatedDropoutError" in why for why in r["dropped"].values())
+
+
+def test_round_without_any_valid_update_keeps_the_model() -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=1, mechanism="ldpfl"), 2)
+    for nid in grid.node_ids:
+        grid.hooks.append(reply_hook(wire.UPDATE, nid, lambda i, r: []))
+    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    rt = _runtime(grid, cfg)
+    before = rt.weights.clone()
+    state = server_round.run_round(rt, 1)
+    assert len(state.dropped) == 2 and not state.client_metrics
+    assert torch.equal(rt.weights, before)
+
+
+# ============================================================================ bad replies
+def _mutate_update(
+    mutate: Callable[[RecordDict], None],
+) -> Callable[[Message, Message], list[Message]]:
+    return lambda i, r: [rebuild(r, i, mutate)]
+
+
+def _set_array(key: str, arr: np.ndarray) -> Callable[[RecordDict], None]:
+    def f(c: RecordDict) -> None:
+        c.array_records[wire.UPDATE_REC] = ArrayRecord({key: Array(arr)})
+
+    return f
+
+
+BAD_UPDATES: dict[str, tuple[Callable[[RecordDict], None], str]] = {
+    "extra record": (
+        lambda c: c.__setitem__("junk", ConfigRecord({"a": 1})),
+        "unexpected ['junk']",
+    ),
+    "missing record": (lambda c: c.__delitem__(wire.METRICS), "missing ['metrics']"),
+    "wrong array key": (_set_array("values", np.zeros(10, np.uint8)), "update keys"),
+    "wrong length": (_set_array(wire.BITS, np.zeros(3, np.uint8)), "must be uint8"),
+    "wrong dtype": (_set_array(wire.BITS, np.zeros(3, np.float32)), "must be uint8"),
+    "other round": (
+        lambda c: c.config_records[wire.REPLY].__setitem__(wire.ROUND, 9),
+        "round 9 in the record",
+    ),
+    "bad next key": (
+        lambda c: c.config_records[wire.REPLY].__setitem__(wire.NEXT_PUBKEY, bytes(32)),
+        "not a valid X25519 key",
+    ),
+    "short next key": (
+        lambda c: c.config_records[wire.REPLY].__setitem__(wire.NEXT_PUBKEY, b"k"),
+        "32 bytes",
+    ),
+    "nan metric": (
+        lambda c: c.metric_records[wire.METRICS].__setitem__(wire.M_TRAIN_LOSS, float("nan")),
+        "not a finite number",
+    ),
+    "extra metric": (
+        lambda c: c.metric_records[wire.METRICS].__setitem__("is-lead", 1.0),
+        "unexpected ['is-lead']",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_UPDATES))
+def test_bad_update_reply_is_dropped_with_reason(
+    case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    mutate, reason = BAD_UPDATES[case]
+    grid = InProcessGrid(make_cfg(num_rounds=1), 4)
+    victim = grid.node_ids[2]
+    grid.hooks.append(reply_hook(wire.UPDATE, victim, _mutate_update(mutate)))
+    row = _capture_metrics(grid)[0]
+    assert list(row["dropped"]) == [str(victim)]
+    assert reason in row["dropped"][str(victim)]
+    assert row["participants"] == 3
+    lines = [r.message for r in caplog.records if f"node {victim} dropped" in r.message]
+    assert len(lines) == 1 and reason in lines[0]
+
+
+def test_nan_in_float_update_is_dropped() -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=1, mechanism="gaussian"), 3)
+    victim = grid.node_ids[0]
+
+    def poison(c: RecordDict) -> None:
+        arr = c.array_records[wire.UPDATE_REC][wire.VALUES].numpy().copy()
+        arr[5] = np.inf
+        c.array_records[wire.UPDATE_REC] = ArrayRecord({wire.VALUES: Array(arr)})
+
+    grid.hooks.append(reply_hook(wire.UPDATE, victim, _mutate_update(poison)))
+    row = _capture_metrics(grid)[0]
+    assert "NaN or inf" in row["dropped"][str(victim)]
+    assert row["participants"] == 2
+
+
+def test_wrong_message_type_and_replay_and_duplicate() -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=1, mechanism="ldpfl"), 4)
+    a, b, c = grid.node_ids[:3]
+
+    def wrong_type(i: Message, r: Message) -> list[Message]:
+        fake = Message(copy.deepcopy(r.content), reply_to=i)
+        fake.metadata.__dict__["_message_type"] = "query.other"
+        return [fake]
+
+    grid.hooks.append(reply_hook(wire.UPDATE, a, wrong_type))
+    grid.hooks.append(reply_hook(wire.UPDATE, b, lambda i, r: [r, r]))  # same message id twice
+    second = {}
+
+    def two_replies(i: Message, r: Message) -> list[Message]:
+        second["msg"] = rebuild(r, i, lambda content: None)
+        return [r, second["msg"]]
+
+    grid.hooks.append(reply_hook(wire.UPDATE, c, two_replies))
+    row = _capture_metrics(grid)[0]
+    assert "wrong message type" in row["dropped"][str(a)]
+    assert "replayed reply" in row["dropped"][str(b)]
+    assert "more than one reply" in row["dropped"][str(c)]
+    assert row["participants"] == 1
+
+
+def test_reply_replayed_from_an_earlier_round_is_rejected() -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=2, mechanism="ldpfl"), 3)
+    victim = grid.node_ids[0]
+    old: dict[str, Message] = {}
+
+    def replay(i: Message, r: Message) -> list[Message]:
+        if i.metadata.group_id == "1":
+            old["reply"] = r
+            return [r]
+        stale = old["reply"]  # same content, same message id, answers round 1
+        stale.metadata.__dict__["_reply_to_message_id"] = i.metadata.message_id
+        return [stale]
+
+    grid.hooks.append(reply_hook(wire.UPDATE, victim, replay))
+    rows = _capture_metrics(grid)
+    assert rows[0]["dropped"] == {}
+    assert "replayed reply" in rows[1]["dropped"][str(victim)]
+
+
+def test_bad_keygen_and_pair_replies() -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=1), 6)
+    a, b = grid.node_ids[:2]
+
+    def low_order_key(c: RecordDict) -> None:
+        c.config_records[wire.KEYS][wire.PUBKEY] = bytes(32)
+
+    def short_blob(c: RecordDict) -> None:
+        c.config_records[wire.PAIR_REC][wire.BLOB] = b"x" * 10
+
+    grid.hooks.append(reply_hook(wire.KEYGEN, a, lambda i, r: [rebuild(r, i, low_order_key)]))
+    grid.hooks.append(reply_hook(wire.PAIR, b, lambda i, r: [rebuild(r, i, short_blob)]))
+    row = _capture_metrics(grid)[0]
+    assert "keygen" in row["dropped"][str(a)] and "X25519" in row["dropped"][str(a)]
+    assert "pair" in row["dropped"][str(b)] and "bytes" in row["dropped"][str(b)]
+    assert row["participants"] == 4
+    # b's partner was told "partner gone": one fall-back
+    assert row["fallbacks"] == 1
+
+
+# ============================================================================ client side
+def test_tampered_or_misbound_blob_makes_the_client_fall_back() -> None:
+    grid = InProcessGrid(make_cfg(num_rounds=1, test_z_digest=True), 4)
+
+    def tamper(nid: int, msg: Message) -> Message | None:
+        if msg.metadata.message_type != wire.UPDATE or nid != grid.node_ids[0]:
+            return None
+        content = copy.deepcopy(msg.content)
+        blob = bytearray(content.config_records[wire.CFG][wire.PARTNER_BLOB])  # type: ignore[arg-type]
+        blob[-1] ^= 1
+        content.config_records[wire.CFG][wire.PARTNER_BLOB] = bytes(blob)
+        out = Message(content, dst_node_id=nid, message_type=wire.UPDATE, group_id="1")
+        out.metadata.__dict__["_message_id"] = msg.metadata.message_id
+        return out
+
+    grid.instruction_hooks.append(tamper)
+    row = _capture_metrics(grid)[0]
+    assert row["participants"] == 4 and row["dropped"] == {}
+    assert row["fallbacks"] == 1
+    assert row["z_matched_pairs"] == 1  # the intact pair still matched
+
+
+def test_blob_of_another_pair_fails_authentication() -> None:
+    """The server swaps the blobs of two pairs: all four clients detect it and use ldpq."""
+    grid = InProcessGrid(make_cfg(num_rounds=1), 4)
+    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    rt = _runtime(grid, cfg)
+    real = server_round.update_instruction
+
+    def swapped(state: RoundState, nid: int, *args: Any) -> Message:
+        (a, b), (c, d) = state.pairs
+        if not state.__dict__.get("_swapped"):
+            state.blobs[a], state.blobs[c] = state.blobs[c], state.blobs[a]
+            state.blobs[b], state.blobs[d] = state.blobs[d], state.blobs[b]
+            state.__dict__["_swapped"] = True
+        return real(state, nid, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(server_round, "update_instruction", swapped)
+        state = server_round.run_round(rt, 1)
+    codes = {m[wire.M_FALLBACK_CODE] for m in state.client_metrics.values()}
+    assert codes == {float(wire.FALLBACK_REASONS.index("blob-auth-failed"))}
+    assert len(state.client_metrics) == 4
+
+
+def _ctx(run_config: dict[str, Any], nid: int = 5) -> Context:
+    return Context(RUN_ID, nid, {"partition-id": 0, "num-partitions": 2}, RecordDict(), run_config)
+
+
+def _keygen(rnd: int = 1, group: str | None = None, **cfg: Any) -> Message:
+    msg = Message(
+        RecordDict({wire.CFG: ConfigRecord({wire.ROUND: rnd, **cfg})}),
+        dst_node_id=5,
+        message_type=wire.KEYGEN,
+        group_id=group if group is not None else str(rnd),
+    )
+    msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+    return msg
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"group": "2"}, "round 1 in the record but 2 in group_id"),
+        ({"extra": 1}, "unexpected ['extra']"),
+        ({"group": "x"}, "not a round number"),
+    ],
+)
+def test_client_answers_bad_instructions_with_an_error(kwargs: dict[str, Any], reason: str) -> None:
+    reply = client_app.app(_keygen(**kwargs), _ctx(make_cfg()))
+    assert reply.has_error() and reply.error.code == wire.ERROR_CODE_REJECTED
+    assert reason in (reply.error.reason or "")
+
+
+def test_client_rejects_pair_without_key_and_bad_partner_key() -> None:
+    ctx = _ctx(make_cfg())
+    _sk, pk = pair_crypto.generate_keypair()
+
+    def pair_msg(partner_pk: bytes, rnd: int = 1) -> Message:
+        content = {
+            wire.ROUND: rnd,
+            wire.PARTNER: 9,
+            wire.PARTNER_PUBKEY: partner_pk,
+            wire.CR_MODE: "relay",
+        }
+        msg = Message(
+            RecordDict({wire.CFG: ConfigRecord(content)}),
+            dst_node_id=5,
+            message_type=wire.PAIR,
+            group_id=str(rnd),
+        )
+        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        return msg
+
+    reply = client_app.app(pair_msg(pk), ctx)
+    assert reply.has_error() and "no private key for round 1" in (reply.error.reason or "")
+    assert not client_app.app(_keygen(), ctx).has_error()
+    reply = client_app.app(pair_msg(bytes(32)), ctx)
+    assert reply.has_error() and "invalid partner public key" in (reply.error.reason or "")
+    assert not client_app.app(pair_msg(pk), ctx).has_error()
+    reply = client_app.app(pair_msg(pk), ctx)  # the same stage again: a replay
+    assert reply.has_error() and "already answered" in (reply.error.reason or "")
+
+
+def test_client_rejects_a_bad_run_config_and_wrong_stage() -> None:
+    reply = client_app.app(_keygen(), _ctx({"epsilon": -1.0}))
+    assert reply.has_error() and "epsilon" in (reply.error.reason or "")
+    reply = client_app.app(_keygen(), _ctx(make_cfg(mechanism="fedavg")))
+    assert reply.has_error() and "does not pair" in (reply.error.reason or "")
+
+
+# ============================================================================ aggregation
+def test_bits_aggregation_matches_the_mean_of_decoded_updates() -> None:
+    from mechanisms.packing import pack_bits
+    from mechanisms.quantizers import decode, ldpq
+
+    cfg = RunConfig(mechanism="ldpfl", epsilon=2.0)
+    gen = torch.Generator().manual_seed(0)
+    m = 37
+    w_g = torch.randn(m, generator=gen)
+    c = torch.full((m,), 0.1)
+    r = torch.full((m,), 2.0)
+    agg = make_aggregator(cfg, w_g, c, r)
+    decoded = []
+    for _ in range(5):
+        bits = ldpq(torch.randn(m, generator=gen), c, r, cfg.epsilon, generator=gen)
+        decoded.append(decode(bits, c, r, cfg.epsilon))
+        agg.add(ArrayRecord({wire.BITS: Array(pack_bits(bits))}))
+    est = agg.estimate()
+    assert est is not None and agg.n == 5
+    torch.testing.assert_close(est, torch.stack(decoded).mean(0), rtol=0, atol=1e-5)
+    new = apply_global_lr(w_g, est, 0.3)
+    torch.testing.assert_close(new, 0.7 * w_g + 0.3 * est)
+
+
+def test_aggregators_reject_malformed_updates() -> None:
+    m = 13
+    w_g, c, r = torch.zeros(m), torch.zeros(m), torch.ones(m)
+    bits = make_aggregator(RunConfig(mechanism="corbin"), w_g, c, r)
+    with pytest.raises(wire.WireError, match="padding"):
+        bits.add(ArrayRecord({wire.BITS: Array(np.full(2, 255, np.uint8))}))
+    tern = make_aggregator(RunConfig(mechanism="ternary"), w_g, c, r)
+    bad = np.packbits(np.concatenate([np.zeros(m, bool), np.ones(m, bool)]))
+    with pytest.raises(wire.WireError, match="zero symbol"):
+        tern.add(ArrayRecord({wire.BITS: Array(bad)}))
+    assert bits.estimate() is None and bits.n == 0
+
+
+def test_exchange_drops_nodes_that_cannot_be_pushed() -> None:
+    grid = InProcessGrid(make_cfg(mechanism="ldpfl"), 2)
+    state = RoundState(round=1, run_id=RUN_ID, sampled=[999, grid.node_ids[0]])
+    msgs = {nid: server_round.instruction(wire.KEYGEN, nid, 1, {}) for nid in state.sampled}
+    accepted = exchange(grid, state, msgs, lambda n, r: None, timeout=0.1, poll_interval=0.01)
+    assert 999 in state.dropped and "could not push" in state.dropped[999]
+    assert accepted == [] and grid.node_ids[0] in state.dropped  # ldpfl rejects keygen
+    assert "does not pair" in state.dropped[grid.node_ids[0]]
+
+
+# ============================================================================ helpers
+def _runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
+    from corbin_fl.data import dataset_info
+    from corbin_fl.models import build_model, flatten, layout_of
+
+    info = dataset_info(cfg.dataset)
+    model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
+    return server_round.ServerRuntime(
+        grid=grid,
+        cfg=cfg,
+        run_id=RUN_ID,
+        weights=flatten(model),
+        layout=layout_of(model),
+        device=torch.device("cpu"),
+        files=RunFiles(""),
+    )
+
+
+def _capture_metrics(grid: InProcessGrid) -> list[dict[str, Any]]:
+    """Run the whole training loop and return its ``metrics.jsonl`` rows (in memory)."""
+    records: list[dict[str, Any]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RunFiles, "metrics", lambda self, rec: records.append(rec))
+        run(grid)
+    return records
+
+
+def test_checkpoint_rule_reloads_the_best_validation_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation never improves on round 0 (fixed fake score): patience 2 reloads at round 2."""
+    grid = InProcessGrid(make_cfg(num_rounds=3, mechanism="fedavg", checkpoint_patience=2), 2)
+    loaded: list[torch.Tensor] = []
+    import corbin_fl.models
+
+    real_load = corbin_fl.models.load_flat
+
+    def spy(model: torch.nn.Module, vec: torch.Tensor) -> None:
+        loaded.append(vec.clone())
+        real_load(model, vec)
+
+    monkeypatch.setattr(corbin_fl.models, "load_flat", spy)
+    records = _capture_metrics(grid)
+    assert [r["checkpoint_reloaded"] for r in records] == [False, True, False]
+    # server-side loads happen before each evaluation: initial, after rounds 1, 2, 3
+    server_loads = loaded[:: len(grid.node_ids) + 1]
+    assert not torch.equal(server_loads[1], server_loads[0])  # round 1 changed the model
+    # round 3 started from the reloaded round-0 model: what the clients received equals it
+    sent = [m for m in grid.sent if m.metadata.message_type == wire.UPDATE]
+    w3 = sent[-1].content.array_records[wire.MODEL][wire.WEIGHTS].numpy()
+    np.testing.assert_array_equal(w3, server_loads[0].numpy())

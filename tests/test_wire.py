@@ -1,0 +1,146 @@
+"""The wire format: record/key checks, array decoding, sizes, ternary codec, byte counting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from corbin_fl import wire
+
+
+def test_message_types_are_valid_flower_types() -> None:
+    from flwr.app.metadata import validate_message_type
+
+    for msg_type in wire.MESSAGE_TYPES:
+        assert validate_message_type(msg_type), msg_type
+    assert set(wire.STAGE_OF) == set(wire.MESSAGE_TYPES)
+
+
+def test_check_records_exact_set_and_types() -> None:
+    content = RecordDict({wire.CFG: ConfigRecord({"round": 1})})
+    wire.check_records(content, {wire.CFG: ConfigRecord})
+    with pytest.raises(wire.WireError, match=r"missing \['model'\]"):
+        wire.check_records(content, {wire.CFG: ConfigRecord, wire.MODEL: ArrayRecord})
+    with pytest.raises(wire.WireError, match=r"unexpected \['cfg'\]"):
+        wire.check_records(content, {})
+    with pytest.raises(wire.WireError, match="must be a ArrayRecord"):
+        wire.check_records(content, {wire.CFG: ArrayRecord})
+
+
+def test_check_keys_and_getters() -> None:
+    rec = ConfigRecord({"a": 1, "b": b"xy", "c": "s", "t": True})
+    wire.check_keys(rec, {"a", "b"}, {"c", "t"})
+    with pytest.raises(wire.WireError, match=r"missing \['z'\], unexpected \['t'\]"):
+        wire.check_keys(rec, {"a", "b", "c", "z"})
+    assert wire.get_int(rec, "a", low=1) == 1
+    with pytest.raises(wire.WireError, match=">= 2"):
+        wire.get_int(rec, "a", low=2)
+    with pytest.raises(wire.WireError, match="must be an int"):
+        wire.get_int(rec, "t")  # a bool is not an int here
+    assert wire.get_bytes(rec, "b", 2) == b"xy"
+    with pytest.raises(wire.WireError, match="3 bytes"):
+        wire.get_bytes(rec, "b", 3)
+    with pytest.raises(wire.WireError, match="unknown value"):
+        wire.get_str(rec, "c", ("x",))
+
+
+def test_read_array_checks_header_then_content() -> None:
+    rec = ArrayRecord({"v": Array(np.arange(5, dtype=np.float32))})
+    out = wire.read_array(rec, "v", np.float32, 5, finite=True)
+    np.testing.assert_array_equal(out, np.arange(5, dtype=np.float32))
+    with pytest.raises(wire.WireError, match=r"float32\[6\]"):
+        wire.read_array(rec, "v", np.float32, 6)
+    with pytest.raises(wire.WireError, match="uint8"):
+        wire.read_array(rec, "v", np.uint8, 5)
+    with pytest.raises(wire.WireError, match="missing"):
+        wire.read_array(rec, "w", np.float32, 5)
+    bad = np.array([0.0, np.nan], dtype=np.float32)
+    with pytest.raises(wire.WireError, match="NaN or inf"):
+        wire.read_array(ArrayRecord({"v": Array(bad)}), "v", np.float32, 2, finite=True)
+    # a header that lies about its content
+    liar = Array(dtype="float32", shape=(4,), stype="numpy.ndarray", data=rec["v"].data)
+    with pytest.raises(wire.WireError, match="decodes to"):
+        wire.read_array(ArrayRecord({"v": liar}), "v", np.float32, 4)
+    huge = Array(dtype="uint8", shape=(4,), stype="numpy.ndarray", data=b"\x00" * 100_000)
+    with pytest.raises(wire.WireError, match="too many"):
+        wire.read_array(ArrayRecord({"v": huge}), "v", np.uint8, 4)
+    junk = Array(dtype="uint8", shape=(4,), stype="numpy.ndarray", data=b"not npy")
+    with pytest.raises(wire.WireError, match="does not decode"):
+        wire.read_array(ArrayRecord({"v": junk}), "v", np.uint8, 4)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "key", "dtype", "length"),
+    [
+        ("corbin", wire.BITS, np.uint8, 13),
+        ("ldpfl", wire.BITS, np.uint8, 13),
+        ("cq", wire.BITS, np.uint8, 13),
+        ("gaussian", wire.VALUES, np.float32, 100),
+        ("fedcad", wire.VALUES, np.float32, 100),
+        ("ternary", wire.BITS, np.uint8, 25),
+    ],
+)
+def test_update_spec(mechanism: str, key: str, dtype: type, length: int) -> None:
+    assert wire.update_spec(mechanism, 100) == (key, np.dtype(dtype), length)
+
+
+def test_update_spec_ternary_int8_and_unknown() -> None:
+    assert wire.update_spec("ternary", 7, "int8") == (wire.VALUES, np.dtype(np.int8), 7)
+    with pytest.raises(wire.WireError):
+        wire.update_spec("nope", 7)
+
+
+@pytest.mark.parametrize("encoding", ["bits", "int8"])
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 100])
+def test_ternary_codec_round_trip(encoding: str, m: int) -> None:
+    t = np.random.default_rng(m).integers(-1, 2, size=m).astype(np.int8)
+    wire_form = wire.encode_ternary(t, encoding)
+    _key, dtype, length = wire.ternary_update_spec(m, encoding)
+    assert wire_form.dtype == dtype and wire_form.shape == (length,)
+    np.testing.assert_array_equal(wire.decode_ternary(wire_form, m, encoding), t)
+
+
+def test_ternary_codec_rejects_bad_symbols() -> None:
+    with pytest.raises(wire.WireError, match=r"\{-1, 0, 1\}"):
+        wire.decode_ternary(np.array([0, 2], np.int8), 2, "int8")
+    with pytest.raises(wire.WireError, match="padding"):
+        wire.decode_ternary(np.array([0b00000011], np.uint8), 3, "bits")
+
+
+def test_cfg_key_sets() -> None:
+    assert wire.update_cfg_keys("corbin", wire.PAIRED, "relay") == {
+        wire.ROUND,
+        wire.MECHANISM,
+        wire.ASSIGNMENT,
+        wire.PARTNER,
+        wire.PARTNER_BLOB,
+    }
+    assert wire.PARTNER_PUBKEY in wire.update_cfg_keys("corbin", wire.PAIRED, "derived")
+    assert wire.update_cfg_keys("cq", wire.SOLO, "relay") >= {wire.CQ_SEED, wire.CQ_RANK}
+    assert wire.NUM_PARAMS in wire.pair_cfg_keys("exact")
+    assert wire.NUM_PARAMS not in wire.pair_cfg_keys("relay")
+
+
+def test_blob_len_and_packed_len() -> None:
+    assert wire.blob_len(32) == 12 + 1 + 32 + 16
+    assert [wire.packed_len(n) for n in (0, 1, 8, 9)] == [0, 1, 1, 2]
+
+
+def test_payload_bytes_counts_what_we_serialise() -> None:
+    arr = np.zeros(100, np.float32)
+    content = RecordDict(
+        {
+            "a": ArrayRecord({"x": Array(arr)}),
+            "c": ConfigRecord({"k": b"12345", "s": "abc", "n": 3}),
+            "m": MetricRecord({"loss": 1.5}),
+        }
+    )
+    npy = len(Array(arr).data)
+    assert npy >= 400
+    assert wire.payload_bytes(content) == npy + 5 + 3 + 8 + 8
+
+
+def test_finite_metric() -> None:
+    assert wire.finite_metric(1) and wire.finite_metric(0.5)
+    assert not wire.finite_metric(float("nan")) and not wire.finite_metric(True)
