@@ -24,15 +24,19 @@ answers it as an error reply.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import SType
 
 PROTOCOL_VERSION: Final[str] = "corbin-fl/v1"
-"""Bound into every HKDF ``info`` and AEAD AAD."""
+"""Bound into every HKDF ``info`` and AEAD AAD. Must equal
+:data:`mechanisms.randomness.PROTOCOL_VERSION` (kept as a literal here so the torch-free key
+handlers do not import torch through :mod:`mechanisms`; ``tests/test_wire.py`` checks both)."""
 
 KEY_BYTES: Final[int] = 32
 """Length of an X25519 private or public key, and of a pair key (AES-256)."""
@@ -44,6 +48,9 @@ TAG_BYTES: Final[int] = 16
 """AES-GCM authentication tag length."""
 CQ_SEED_BYTES: Final[int] = 8
 """Length of the CQ baseline's shared seed (a 64-bit integer, big-endian)."""
+MAX_CQ_CLIENTS: Final[int] = 1_000_000
+"""Largest ``cq-clients`` a client accepts: it draws a permutation of that many ranks (8 bytes
+each), so an unbounded value would let an instruction exhaust the client's memory."""
 
 # ----------------------------------------------------------------------------- message types
 KEYGEN: Final[str] = "query.keygen"
@@ -244,11 +251,23 @@ def pair_cfg_keys(cr_mode: str) -> frozenset[str]:
     return frozenset(keys)
 
 
+MAX_ROUND_DIGITS: Final[int] = 18
+"""Longest decimal round number accepted in a ``group_id`` (fits a signed 64-bit integer)."""
+
+
 def round_of(msg: Message) -> int:
-    """The round in ``msg.metadata.group_id`` (the protocol always sets it)."""
+    """The round in ``msg.metadata.group_id`` (the protocol always sets it).
+
+    Only ASCII decimal digits are accepted (``str.isdigit`` alone also accepts e.g. ``"²"``,
+    which ``int`` refuses), at most :data:`MAX_ROUND_DIGITS` of them (``int`` refuses strings of
+    more than 4300 digits, and no run has that many rounds).
+    """
     group = msg.metadata.group_id
-    if not group.isdigit():
-        raise WireError(f"group_id {group!r} is not a round number")
+    if not isinstance(group, str) or not (
+        group.isascii() and group.isdigit() and len(group) <= MAX_ROUND_DIGITS
+    ):
+        shown = group[:32] if isinstance(group, str) else type(group).__name__
+        raise WireError(f"group_id {shown!r} is not a round number")
     return int(group)
 
 
@@ -280,6 +299,8 @@ def check_keys(
 
 def get_int(record: Mapping[str, Any], key: str, *, low: int | None = None) -> int:
     """``record[key]`` as an int (not a bool), at least ``low``."""
+    if key not in record:
+        raise WireError(f"{key!r} missing")
     value = record[key]
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(f"{key!r} must be an int, got {type(value).__name__}")
@@ -290,6 +311,8 @@ def get_int(record: Mapping[str, Any], key: str, *, low: int | None = None) -> i
 
 def get_str(record: Mapping[str, Any], key: str, allowed: Iterable[str] | None = None) -> str:
     """``record[key]`` as a str, one of ``allowed`` when given."""
+    if key not in record:
+        raise WireError(f"{key!r} missing")
     value = record[key]
     if not isinstance(value, str):
         raise WireError(f"{key!r} must be a str, got {type(value).__name__}")
@@ -300,6 +323,8 @@ def get_str(record: Mapping[str, Any], key: str, allowed: Iterable[str] | None =
 
 def get_bytes(record: Mapping[str, Any], key: str, length: int | None = None) -> bytes:
     """``record[key]`` as bytes, of exactly ``length`` bytes when given."""
+    if key not in record:
+        raise WireError(f"{key!r} missing")
     value = record[key]
     if not isinstance(value, bytes):
         raise WireError(f"{key!r} must be bytes, got {type(value).__name__}")
@@ -328,8 +353,13 @@ def read_array(
 ) -> np.ndarray:
     """Decode ``record[key]`` and check it is 1-D, of ``dtype`` and ``length`` (and finite).
 
-    The declared dtype and shape are checked before the bytes are parsed, and the byte count is
-    bounded, so a hostile array cannot make the reader allocate more than the expected size.
+    The ``Array``'s declared dtype, shape and serialisation type are checked first; then the
+    ``.npy`` header inside its bytes is parsed with ``numpy.lib.format`` (no pickle, header at
+    most 10,000 bytes) and must say the same dtype and shape, and the payload after the header
+    must be exactly ``itemsize * length`` bytes. Only then are the bytes decoded (one copy), so a
+    hostile array can make the reader neither allocate more than the expected size (an ``.npy``
+    header that claims a huge shape would make ``np.load`` allocate it) nor raise anything but
+    :class:`WireError`.
     """
     want = np.dtype(dtype)
     if key not in record:
@@ -337,19 +367,62 @@ def read_array(
     arr = record[key]
     if not isinstance(arr, Array):
         raise WireError(f"array {key!r} is a {type(arr).__name__}, not an Array")
-    if arr.dtype != str(want) or tuple(arr.shape) != (length,):
-        raise WireError(f"array {key!r} must be {want}[{length}], got {arr.dtype}{list(arr.shape)}")
-    if len(arr.data) > want.itemsize * length + 4096:
-        raise WireError(f"array {key!r} carries {len(arr.data)} bytes, too many for its shape")
     try:
-        out = arr.numpy()
-    except (ValueError, TypeError, OSError) as exc:
-        raise WireError(f"array {key!r} does not decode: {exc}") from exc
-    if out.dtype != want or out.shape != (length,):
-        raise WireError(f"array {key!r} decodes to {out.dtype}{list(out.shape)}, not its header")
+        shape = tuple(arr.shape)
+    except TypeError:
+        shape = None
+    if arr.dtype != str(want) or shape != (length,):
+        raise WireError(
+            f"array {key!r} must be {want}[{length}], got {str(arr.dtype)[:32]}"
+            f"{list(shape) if shape is not None else '?'}"
+        )
+    if arr.stype != SType.NUMPY:
+        raise WireError(f"array {key!r} has serialisation type {str(arr.stype)[:32]!r}")
+    data = arr.data
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(f"array {key!r} carries {type(data).__name__}, not bytes")
+    if len(data) > want.itemsize * length + 4096:
+        raise WireError(f"array {key!r} carries {len(data)} bytes, too many for its shape")
+    header_dtype, header_shape, offset = _npy_header(bytes(data), key)
+    if header_dtype != want or header_shape != (length,):
+        raise WireError(
+            f"array {key!r} decodes to {header_dtype}{list(header_shape)}, not its header"
+        )
+    if len(data) - offset != want.itemsize * length:
+        raise WireError(
+            f"array {key!r} carries {len(data) - offset} payload bytes, "
+            f"expected {want.itemsize * length}"
+        )
+    out = np.frombuffer(data, dtype=want, count=length, offset=offset).copy()
     if finite and out.dtype.kind == "f" and not np.isfinite(out).all():
         raise WireError(f"array {key!r} has NaN or inf")
     return out
+
+
+def _npy_header(data: bytes, key: str) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+    """``(dtype, shape, payload offset)`` of the ``.npy`` bytes ``data``.
+
+    Only what ``np.save`` writes for a 1-D array is accepted: format version 1.0, C order, no
+    object dtype. ``numpy.lib.format`` evaluates the header with ``ast.literal_eval`` (no code
+    runs) and refuses headers over 10,000 bytes; every failure becomes a :class:`WireError`.
+    """
+    from numpy.lib import format as npy_format
+
+    fp = io.BytesIO(data)
+    try:
+        version = npy_format.read_magic(fp)
+        if version != (1, 0):
+            raise WireError(f"array {key!r} uses .npy format {version}, expected (1, 0)")
+        shape, fortran_order, header_dtype = npy_format.read_array_header_1_0(fp)
+    except WireError:
+        raise
+    except (ValueError, TypeError, SyntaxError, EOFError, RecursionError, MemoryError) as exc:
+        raise WireError(f"array {key!r} does not decode: {str(exc)[:200]}") from exc
+    if header_dtype.hasobject:
+        raise WireError(f"array {key!r} has an object dtype")
+    if fortran_order is not False:
+        raise WireError(f"array {key!r} has a Fortran-order header")
+    return header_dtype, tuple(shape), fp.tell()
 
 
 def payload_bytes(content: RecordDict) -> int:
@@ -380,5 +453,14 @@ def _scalar_bytes(value: Any) -> int:
 
 
 def finite_metric(value: Any) -> bool:
-    """Whether a metric value is a finite number (not a bool)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """Whether a metric value is a finite number (not a bool) that converts to a float.
+
+    An int beyond the float range (``> 1.8e308``) is refused: ``math.isfinite`` and ``float``
+    raise ``OverflowError`` on it.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False

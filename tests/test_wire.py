@@ -144,3 +144,10 @@ def test_payload_bytes_counts_what_we_serialise() -> None:
 def test_finite_metric() -> None:
     assert wire.finite_metric(1) and wire.finite_metric(0.5)
     assert not wire.finite_metric(float("nan")) and not wire.finite_metric(True)
+
+
+def test_protocol_version_matches_common_randomness() -> None:
+    """One protocol version for the pair keys, the AADs and the z expansion."""
+    from mechanisms import randomness
+
+    assert randomness.PROTOCOL_VERSION.decode() == wire.PROTOCOL_VERSION
