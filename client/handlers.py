@@ -91,12 +91,15 @@ def handle(msg: Message, context: Context, handler: Handler) -> Message:
     nid = context.node_id
     try:
         cfg = RunConfig.from_flower(context.run_config)
-    except ConfigError as exc:
+    except (ConfigError, TypeError) as exc:
         logger.error("node %d: bad run config: %s", nid, exc)
         return _error(msg, f"bad run config: {exc}")
-    rnd_hint = msg.metadata.group_id
-    if cfg.dropout_prob > 0 and rnd_hint.isdigit() and _drops_out(cfg, context, int(rnd_hint)):
-        logger.info("node %d: simulated dropout in round %s", nid, rnd_hint)
+    try:
+        rnd_hint: int | None = wire.round_of(msg)
+    except wire.WireError:
+        rnd_hint = None  # not a round number: the handler rejects the instruction
+    if cfg.dropout_prob > 0 and rnd_hint is not None and _drops_out(cfg, context, rnd_hint):
+        logger.info("node %d: simulated dropout in round %d", nid, rnd_hint)
         raise SimulatedDropoutError(f"node {nid} drops out of round {rnd_hint} (dropout-prob)")
     try:
         return Message(handler(msg, context, cfg), reply_to=msg)
@@ -167,6 +170,8 @@ def _store_key(context: Context, rnd: int) -> bytes:
 
 def _partner_id(cfg_rec: ConfigRecord, context: Context) -> int:
     partner = wire.get_int(cfg_rec, wire.PARTNER, low=0)
+    if partner >= 2**64:
+        raise wire.WireError(f"partner {partner} is not a node id (unsigned 64-bit)")
     if partner == context.node_id:
         raise wire.WireError("partner is this node itself")
     return partner
@@ -219,6 +224,12 @@ def pair(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
     y = draw_y()
     if mode == "exact":
         num_params = wire.get_int(cfg_rec, wire.NUM_PARAMS, low=1)
+        from client import encode  # torch: exact mode expands z here anyway
+
+        expected = encode.LocalTask.get(cfg).layout.m
+        if num_params != expected:
+            # d * num-params bits are drawn: an unchecked value could exhaust the memory.
+            raise wire.WireError(f"num-params {num_params}, but the model has {expected}")
         secret = _exact_bits(cfg, ctx, num_params)
     else:
         secret = draw_seed()
@@ -321,6 +332,8 @@ def _cq_instruction(cfg_rec: ConfigRecord) -> tuple[int, int, int]:
     """``(shared seed, rank, clients)`` of the CQ baseline."""
     seed = int.from_bytes(wire.get_bytes(cfg_rec, wire.CQ_SEED, wire.CQ_SEED_BYTES), "big")
     clients = wire.get_int(cfg_rec, wire.CQ_CLIENTS, low=1)
+    if clients > wire.MAX_CQ_CLIENTS:
+        raise wire.WireError(f"cq-clients {clients} above the limit {wire.MAX_CQ_CLIENTS}")
     rank = wire.get_int(cfg_rec, wire.CQ_RANK, low=0)
     if rank >= clients:
         raise wire.WireError(f"cq-rank {rank} not below cq-clients {clients}")
@@ -338,6 +351,8 @@ def _resolve_common_randomness(
     the node's update still counts.
     """
     if assignment != wire.PAIRED:
+        if assignment == wire.PARTNER_GONE:
+            _partner_id(cfg_rec, context)  # unused, but the instruction must be well formed
         reason = _ASSIGNMENT_FALLBACK.get(assignment)
         return Fallback(reason) if reason else None
     from mechanisms.pairing import is_lead

@@ -10,7 +10,8 @@ local model ``(1/n) sum_i w_i`` (Alg. 3 line 23):
 - cq: the same counts, ``w_bar_j = c_j + r_j (2 k_j / n - 1)`` (``alpha = 1``, no privacy);
 - ternary: the sum of ``t_j`` in {-1, 0, 1}; ``w_bar_j = c_j + B_j (sum t_j) / n`` (fdp Def. 6);
 - float mechanisms (gaussian, laplace, fedavg): float64 sum of the released models / n;
-- fedcad: float64 sum of the released updates / n, added to the global model.
+- fedcad: float64 sum of the released updates / n, added to the global model;
+  a float release outside :func:`float_release_bounds` (or NaN/inf) is rejected, not averaged.
 
 :func:`apply_global_lr` is paper eq. (6): ``w_g <- (1 - lambda) w_g + lambda w_bar``.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from typing import Final
 
 import numpy as np
 import torch
@@ -126,17 +128,81 @@ class TernaryAggregator(Aggregator):
         return self.c + big_b * (self.total.to(torch.float64) / self.n)
 
 
+FLOAT_ABS_LIMIT: Final[float] = 1e6
+"""Largest magnitude accepted in a ``fedavg`` model or a ``fedcad`` update (no clip the server
+could check, no noise scale it knows). No weight of this project's models comes near it; it
+keeps one float32 near ``3.4e38`` from swamping the average. A sanity bound, not robustness:
+these two baselines let one client move the mean by up to ``2 FLOAT_ABS_LIMIT / n``."""
+GAUSS_TAIL_Z: Final[float] = 12.0
+"""Gaussian releases: at most ``GAUSS_TAIL_Z`` noise standard deviations outside the clip box;
+``P(|N(0, 1)| > 12) = erfc(12 / sqrt 2) < 4e-33`` per parameter."""
+LAPLACE_TAIL_K: Final[float] = 75.0
+"""Laplace releases: at most ``LAPLACE_TAIL_K`` noise scales outside the clip box;
+``P(|Lap(b)| > 75 b) = e^-75 < 3e-33`` per parameter."""
+
+
+def float_release_bounds(
+    cfg: RunConfig, c: torch.Tensor, r: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(reference, limit)`` of the admissible float releases: ``|v - reference| <= limit``.
+
+    - gaussian: ``v = clip(w) + N(0, sigma^2)``, ``clip(w)`` in ``[c - r, c + r]``,
+      ``sigma = 2 r sigma_1(eps, delta)`` (analytic Gaussian, unit sensitivity), so
+      ``limit = r + GAUSS_TAIL_Z * sigma``;
+    - laplace: ``v = clip(w) + Lap(b)``, ``b = 2 r / eps``, so ``limit = r + LAPLACE_TAIL_K * b``;
+    - fedavg, fedcad: ``reference = 0``, ``limit = FLOAT_ABS_LIMIT``.
+
+    Both limits get a relative slack of ``1e-5`` of ``|c| + limit`` for float32 rounding. An
+    honest release falls outside with probability below ``4e-33`` per parameter; what falls
+    outside is rejected, never averaged. The limits also bound what one malicious client can do
+    to the mean: replacing its honest release by any admissible one moves parameter ``j`` of the
+    mean by at most ``2 limit_j / n``.
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+        float64 tensors on ``c.device``, broadcastable to ``[m]``.
+    """
+    c64, r64 = c.to(torch.float64), r.to(torch.float64)
+    if cfg.mechanism == "gaussian":
+        from mechanisms.baselines.gaussian import analytic_gaussian_sigma
+
+        sigma = 2.0 * analytic_gaussian_sigma(cfg.epsilon, cfg.delta, 1.0) * r64
+        limit = r64 + GAUSS_TAIL_Z * sigma
+    elif cfg.mechanism == "laplace":
+        from mechanisms.baselines.laplace import laplace_scale
+
+        limit = r64 + LAPLACE_TAIL_K * laplace_scale(r64, cfg.epsilon)
+    else:
+        zero = torch.zeros((), dtype=torch.float64, device=c.device)
+        return zero, torch.full((), FLOAT_ABS_LIMIT, dtype=torch.float64, device=c.device)
+    return c64, limit + 1e-5 * (c64.abs() + limit)
+
+
 class FloatAggregator(Aggregator):
-    """float32 releases (gaussian, laplace, fedavg models; fedcad updates), float64 sum."""
+    """float32 releases (gaussian, laplace, fedavg models; fedcad updates), float64 sum.
+
+    Each release must be finite and within :func:`float_release_bounds`; one that is not is
+    rejected (:class:`corbin_fl.wire.WireError`) before anything is added.
+    """
 
     def __init__(
         self, cfg: RunConfig, w_global: torch.Tensor, c: torch.Tensor, r: torch.Tensor
     ) -> None:
         super().__init__(cfg, w_global, c, r)
         self.total = torch.zeros(self.m, dtype=torch.float64, device=c.device)
+        self.reference, self.limit = float_release_bounds(cfg, c, r)
 
     def _add(self, values: np.ndarray) -> None:
-        self.total += torch.from_numpy(values).to(self.total.device, torch.float64)
+        v = torch.from_numpy(values).to(self.total.device, torch.float64)
+        outside = (v - self.reference).abs() > self.limit
+        if bool(outside.any()):
+            j = int(torch.nonzero(outside)[0, 0])
+            raise wire.WireError(
+                f"update value {float(v[j]):.6g} at index {j} is outside the admissible range "
+                f"of {self.cfg.mechanism} releases ({int(outside.sum())} value(s) outside)"
+            )
+        self.total += v
 
     def _estimate(self) -> torch.Tensor:
         mean = self.total / self.n

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from flwr.app import Message
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 
 from corbin_fl.wire import STAGE_OF, WireError, payload_bytes
@@ -187,7 +188,7 @@ def exchange(
     deadline = t0 + timeout
     while pending:
         batch = list(grid.pull_messages(list(pending)))
-        _screen_batch(state, stage, batch, pending)
+        _screen_batch(state, stage, batch, pending, accepted)
         for reply in batch:
             _handle(state, stage, msg_type, reply, pending, on_reply, accepted)
         if not pending:
@@ -216,22 +217,59 @@ def exchange(
     return accepted
 
 
+def _recipient(reply: Message, pending: dict[str, int]) -> int | None:
+    """The node whose pending instruction ``reply`` answers, if the reply may speak for it.
+
+    That is the case when it comes from that node, or when it is an error reply the SuperLink
+    made up on the node's behalf (source ``SUPERLINK_NODE_ID``, e.g. "node unavailable"). A
+    reply of another node to this instruction is *misdirected*: it speaks for nobody.
+    """
+    meta = reply.metadata
+    nid = pending.get(meta.reply_to_message_id)
+    if nid is None:
+        return None
+    if meta.src_node_id == nid or (reply.has_error() and meta.src_node_id == SUPERLINK_NODE_ID):
+        return nid
+    return None
+
+
 def _screen_batch(
-    state: RoundState, stage: str, batch: list[Message], pending: dict[str, int]
+    state: RoundState,
+    stage: str,
+    batch: list[Message],
+    pending: dict[str, int],
+    accepted: list[int],
 ) -> None:
-    """Drop nodes with replayed replies or several replies to one instruction in ``batch``."""
+    """Drop nodes with replayed replies or several replies to one instruction in ``batch``.
+
+    Blame goes to the node a reply speaks for (:func:`_recipient`), else to its sender; a node
+    whose reply this stage already accepted only gets a warning (its counted reply stays valid,
+    and dropping it now would leave the round's books inconsistent).
+    """
+    owned = [(reply, _recipient(reply, pending)) for reply in batch]
     mids = Counter(r.metadata.message_id for r in batch)
-    rids = Counter(r.metadata.reply_to_message_id for r in batch)
-    for reply in batch:
+    rids = Counter(r.metadata.reply_to_message_id for r, nid in owned if nid is not None)
+    for reply, owner in owned:
         meta = reply.metadata
-        nid = pending.get(meta.reply_to_message_id, meta.src_node_id)
+        culprit = owner if owner is not None else meta.src_node_id
         mid = meta.message_id  # empty for error replies the SuperLink makes up itself
         if mid and (mid in state.seen_message_ids or mids[mid] > 1):
-            _forget(pending, nid)
-            state.drop(nid, f"replayed reply (message id {mid[:16]}...)", stage)
-        elif rids[meta.reply_to_message_id] > 1:
-            _forget(pending, nid)
-            state.drop(nid, "more than one reply to one instruction", stage)
+            why = f"replayed reply (message id {mid[:16]}...)"
+        elif owner is not None and rids[meta.reply_to_message_id] > 1:
+            why = "more than one reply to one instruction"
+        else:
+            continue
+        if culprit in accepted:
+            logger.warning(
+                "round %d, stage %s: ignored a %s from node %d after its accepted reply",
+                state.round,
+                stage,
+                why,
+                culprit,
+            )
+            continue
+        _forget(pending, culprit)
+        state.drop(culprit, why, stage)
 
 
 def _forget(pending: dict[str, int], nid: int) -> None:
@@ -251,6 +289,11 @@ def _handle(
     meta = reply.metadata
     if meta.message_id:
         state.seen_message_ids.add(meta.message_id)
+    if meta.reply_to_message_id in pending and _recipient(reply, pending) is None:
+        # Another node (or the SuperLink, with content) answered this node's instruction: the
+        # instruction stays pending for its own node, and the sender alone is to blame.
+        _misdirected(state, stage, reply, pending[meta.reply_to_message_id], pending, accepted)
+        return
     nid = pending.pop(meta.reply_to_message_id, None)
     if nid is None:
         if meta.src_node_id in state.active and meta.src_node_id not in accepted:
@@ -270,14 +313,15 @@ def _handle(
         return
     if reply.has_error():  # from the node, or from the SuperLink on its behalf (unavailable)
         err = reply.error
-        reason = (err.reason or "").strip().splitlines()
-        state.drop(nid, f"error reply (code {err.code}): {reason[-1] if reason else ''}", stage)
-        return
-    if meta.src_node_id != nid:
-        state.drop(nid, f"reply came from node {meta.src_node_id}", stage)
+        reason = (str(err.reason or "")).strip().splitlines()
+        state.drop(
+            nid, f"error reply (code {err.code}): {reason[-1][:500] if reason else ''}", stage
+        )
         return
     if meta.message_type != msg_type:
-        state.drop(nid, f"wrong message type {meta.message_type!r}, expected {msg_type!r}", stage)
+        state.drop(
+            nid, f"wrong message type {meta.message_type!r:.64}, expected {msg_type!r}", stage
+        )
         return
     try:
         on_reply(nid, reply)
@@ -289,6 +333,30 @@ def _handle(
         state.drop(nid, f"invalid reply ({type(exc).__name__}: {exc})", stage)
         return
     accepted.append(nid)
+
+
+def _misdirected(
+    state: RoundState,
+    stage: str,
+    reply: Message,
+    recipient: int,
+    pending: dict[str, int],
+    accepted: list[int],
+) -> None:
+    """A reply from ``src`` to the instruction of ``recipient``: drop ``src`` if it is in the
+    round (and not already accepted), otherwise log and ignore it."""
+    src = reply.metadata.src_node_id
+    if src in state.active and src not in accepted:
+        _forget(pending, src)
+        state.drop(src, f"reply to the instruction of node {recipient}", stage)
+    else:
+        logger.warning(
+            "round %d, stage %s: ignored a reply from node %d to the instruction of node %d",
+            state.round,
+            stage,
+            src,
+            recipient,
+        )
 
 
 def active_of(state: RoundState, nodes: Iterable[int]) -> list[int]:

@@ -216,7 +216,7 @@ def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     from client import encode
     from corbin_fl.training import EvalResult, TrainResult
 
-    def fake_data(dataset: str, partition_id: int, num_partitions: int, **_: Any) -> Any:
+    def fake_data(cfg: Any, context: Any, partition_id: int, num_partitions: int) -> Any:
         gen = torch.Generator().manual_seed(partition_id)
         x = torch.randn(64, 1, 28, 28, generator=gen)
         return torch.utils.data.TensorDataset(x, torch.randint(0, 10, (64,), generator=gen))
@@ -241,7 +241,7 @@ def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(corbin_fl.models, "build_model", tiny_model)
     monkeypatch.setattr(encode.LocalTask, "_cache", {})
-    monkeypatch.setattr(corbin_fl.data, "client_dataset", fake_data)
+    monkeypatch.setattr(encode, "local_dataset", fake_data)
     monkeypatch.setattr(corbin_fl.data, "server_datasets", lambda *a, **k: (None, None))
     monkeypatch.setattr(corbin_fl.training, "train_local", fake_train)
     monkeypatch.setattr(corbin_fl.training, "evaluate", fake_eval)
