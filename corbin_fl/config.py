@@ -184,7 +184,15 @@ class RunConfig:
     wait_for_nodes : float
         Seconds to wait for ``min_clients`` nodes to connect before the run fails.
     out_dir : str
-        Where ``events.jsonl``, ``metrics.jsonl`` and ``summary.json`` go ("" = no files).
+        Where ``events.jsonl``, ``metrics.jsonl`` and ``summary.json`` go ("" = no files), and
+        the checkpoint the server commits after every round (``<out-dir>/checkpoint/``, see
+        :mod:`server.checkpoint`).
+    resume : bool
+        Continue the run whose checkpoint is in ``out_dir`` (after a server crash) instead of
+        starting a new one: the global model, best-validation model, patience counter, metrics
+        rows and privacy ledger are restored, and the run goes on with the round after the
+        checkpoint (a round in flight at the crash is redone once). Needs ``out_dir``; fails if
+        there is no checkpoint or it was written with another configuration.
     checkpoint_patience : int
         Reload the best-validation model if validation accuracy has not improved for this many
         rounds (paper Section V.3 uses 5; 0 = off).
@@ -244,6 +252,7 @@ class RunConfig:
     poll_interval: float = 0.5
     wait_for_nodes: float = 120.0
     out_dir: str = ""
+    resume: bool = False
     checkpoint_patience: int = 0
     test_z_digest: bool = False
     ternary_sparsity: float = 0.5
@@ -398,6 +407,8 @@ class RunConfig:
         positive("first-stage-timeout", self.first_stage_timeout)
         positive("poll-interval", self.poll_interval)
         at_least("wait-for-nodes", self.wait_for_nodes, 0.0)
+        if self.resume and not self.out_dir:
+            errors["resume"] = "needs out-dir (the folder that holds the checkpoint)"
         at_least("checkpoint-patience", self.checkpoint_patience, 0)
         interval("ternary-sparsity", self.ternary_sparsity, 0.0, 1.0, lo_open=False, hi_open=True)
         positive("fedcad-clip", self.fedcad_clip)

@@ -5,8 +5,11 @@ The files are the contract with the ``corbin-fl local`` launcher, which shows pr
 - ``events.jsonl``: one JSON object per line, appended and flushed as it happens:
   ``{"event": "run_start", ...}``, ``{"event": "round_start", "round": t, "time": unix}``,
   ``{"event": "stage_end", "round": t, "stage": name, "seconds": s, "replies": k,
-  "dropped": [...]}``, ``{"event": "round_end", "round": t, ...}``, ``{"event": "run_end"}``.
-- ``metrics.jsonl``: one JSON object per round (see :class:`server.round.RoundRecord`).
+  "dropped": [...]}``, ``{"event": "checkpoint", "round": t, "time": unix}`` (the round is
+  durable in ``checkpoint/``), ``{"event": "round_end", "round": t, ...}``,
+  ``{"event": "resume", "from_round": t, ...}``, ``{"event": "run_end"}``.
+- ``metrics.jsonl``: one JSON object per round (see :func:`server.round.round_record`); after
+  a resume it holds exactly one row per completed round (:meth:`RunFiles.rewrite_metrics`).
 - ``summary.json``: written once at the end (atomically: temp file + rename).
 
 With ``out-dir = ""`` nothing is written and every method is a no-op.
@@ -103,6 +106,22 @@ class RunFiles:
     def metrics(self, record: dict[str, Any]) -> None:
         """Append one round's metrics to ``metrics.jsonl`` and flush."""
         self._write(self._metrics, record)
+
+    def rewrite_metrics(self, records: list[dict[str, Any]]) -> None:
+        """Replace ``metrics.jsonl`` by ``records`` (one row each) atomically, keep appending.
+
+        Used on resume: the file then holds exactly the checkpoint's rows ``1..t``; a row of a
+        round after the checkpoint (written before a crash) is dropped, and the round is redone.
+        """
+        if self.out_dir is None:
+            return
+        from server.checkpoint import atomic_write_text
+
+        if self._metrics is not None and not self._metrics.closed:
+            self._metrics.close()
+        text = "".join(json.dumps(jsonable(r), allow_nan=False) + "\n" for r in records)
+        atomic_write_text(self.out_dir / METRICS_FILE, text)
+        self._metrics = open(self.out_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
 
     def summary(self, summary: dict[str, Any]) -> None:
         """Write ``summary.json`` atomically (temp file, fsync, rename)."""

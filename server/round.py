@@ -15,7 +15,9 @@ whose partner vanished later still counts (each role's marginal is LDPQ's, Theor
 
 :func:`run_training` is the loop over rounds: evaluation on the server's validation and test
 sets, the paper's checkpoint rule (reload the best-validation model after ``P`` rounds without
-improvement), the output files and the privacy report.
+improvement), the privacy ledger (one event per released update), the output files, the privacy
+report, and the crash checkpoint committed after every round (:mod:`server.checkpoint`; a run with
+``resume = true`` continues from it).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +39,9 @@ from corbin_fl.config import RunConfig
 from server.aggregation import apply_global_lr, make_aggregator
 from server.metrics import RunFiles
 from server.stages import RoundState, active_of, exchange
+
+if TYPE_CHECKING:
+    from server.checkpoint import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +70,11 @@ class ServerRuntime:
         Node -> (round the key is for, X25519 public key).
     seen_message_ids : set[str]
         Every reply message id of the run (replay check).
+    stages_seen : set[str]
+        Stages that have run once (the first run of a stage gets ``first-stage-timeout``).
+    on_release : Callable[[int, int, dict[str, float]], None] or None
+        Called as ``on_release(round, node, metrics)`` right after an update is accepted (and
+        aggregated): the run journals the release for the privacy ledger before the round ends.
     """
 
     grid: Grid
@@ -76,6 +87,7 @@ class ServerRuntime:
     pubkeys: dict[int, tuple[int, bytes]] = field(default_factory=dict)
     seen_message_ids: set[str] = field(default_factory=set)
     stages_seen: set[str] = field(default_factory=set)
+    on_release: Callable[[int, int, dict[str, float]], None] | None = None
 
     def rng(self, rnd: int, purpose: int) -> np.random.Generator:
         """Public, reproducible generator for (run seed, round, purpose)."""
@@ -197,6 +209,12 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
     aggregator = make_aggregator(cfg, rt.weights, c, r)
     participants = active_of(state, state.sampled)
     cq_seed = secrets.token_bytes(wire.CQ_SEED_BYTES)
+
+    def on_update(nid: int, reply: Message) -> None:
+        accept_update(state, nid, reply, aggregator, cfg)
+        if rt.on_release is not None:
+            rt.on_release(rnd, nid, state.client_metrics[nid])
+
     exchange(
         grid,
         state,
@@ -204,11 +222,12 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
             nid: update_instruction(state, nid, rt, model_rec, participants, cq_seed)
             for nid in participants
         },
-        lambda nid, reply: accept_update(state, nid, reply, aggregator, cfg),
+        on_update,
         timeout=rt.timeout("update") if participants else 0.0,
         poll_interval=cfg.poll_interval,
         files=rt.files,
     )
+    del model_rec  # the serialized model (one float32 model copy): not needed to aggregate
     for nid in state.dropped:
         rt.pubkeys.pop(nid, None)  # its key state is unknown now: keygen next time
     for nid, pk in state.next_pubkeys.items():
@@ -423,6 +442,13 @@ def _mean(values: Any) -> float | None:
 def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     """The whole run: ``num-rounds`` rounds of :func:`run_round` with evaluation and outputs.
 
+    After every round the server evaluates the global model, applies the paper's checkpoint
+    rule (Sec. V.3), records one privacy-ledger event per accepted update, commits the crash
+    checkpoint (:class:`server.checkpoint.Checkpointer`, when ``out-dir`` is set) and only then
+    appends the round's ``metrics.jsonl`` row. With ``resume = true`` the run starts from that
+    checkpoint: ``metrics.jsonl`` is rewritten atomically to the checkpoint's rows ``1..t``
+    (dropping the row of a round that was in flight) and the loop goes on with round ``t + 1``.
+
     Parameters
     ----------
     grid : Grid
@@ -434,10 +460,17 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     -------
     dict
         The summary (also written to ``summary.json`` when ``out-dir`` is set).
+
+    Raises
+    ------
+    server.checkpoint.CheckpointError
+        ``resume = true`` without a usable checkpoint (missing, corrupt, other configuration),
+        or ``resume = false`` in an ``out-dir`` that holds the checkpoint of another run.
     """
     from corbin_fl.data import dataset_info, server_datasets
     from corbin_fl.models import build_model, flatten, layout_of, load_flat
     from corbin_fl.training import evaluate, pick_device
+    from server.checkpoint import Checkpointer, CheckpointError, TrainingState, release_event
 
     files = RunFiles(cfg.out_dir)
     device = pick_device(cfg.device)
@@ -477,6 +510,31 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
         device,
     )
     try:
+        ckpt = Checkpointer(cfg.out_dir, cfg, layout.m) if cfg.out_dir else None
+        resumed: TrainingState | None = None
+        if ckpt is not None and cfg.resume:
+            resumed = ckpt.load()
+            rt.weights = resumed.weights.to(device)
+            resumed.best_weights = resumed.best_weights.to(device)
+            files.rewrite_metrics(resumed.history)
+            files.event(
+                "resume",
+                time=time.time(),
+                from_round=resumed.round,
+                run_ids=resumed.run_ids,
+                aborted_releases=len(resumed.aborted_releases),
+            )
+            logger.info(
+                "resuming after round %d (checkpoint of run(s) %s)",
+                resumed.round,
+                ", ".join(str(r) for r in resumed.run_ids),
+            )
+        elif ckpt is not None and ckpt.exists():
+            raise CheckpointError(
+                f"out-dir {cfg.out_dir} holds the checkpoint of another run "
+                f"({ckpt.state_path}): set resume = true to continue it, or use a new out-dir"
+            )
+
         nodes = wait_for_nodes(grid, cfg)
         logger.info("%d node(s) connected", len(nodes))
 
@@ -491,36 +549,58 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
                 "test_loss": t.loss,
             }
 
-        history: list[dict[str, Any]] = []
-        best: dict[str, Any] = {"round": 0, **evaluate_now()}
-        best_weights = rt.weights.clone()
-        since_best = 0
-        for rnd in range(1, cfg.num_rounds + 1):
+        train = resumed or TrainingState(
+            round=0,
+            weights=rt.weights,
+            best={"round": 0, **evaluate_now()},
+            best_weights=rt.weights.clone(),
+        )
+        train.run_ids.append(run_id)
+
+        def journal(rnd: int, nid: int, metrics: dict[str, float]) -> None:
+            """Journal an accepted update at once (a crash later in the round keeps it)."""
+            if ckpt is None:
+                return
+            paired = metrics.get(wire.M_PAIRED, 0.0) > 0
+            try:
+                ckpt.journal_release(run_id, release_event(cfg, rnd, nid, layout.m, paired=paired))
+            except OSError:  # the round's ledger events are committed from the round state
+                logger.exception("round %d: could not journal the release of node %d", rnd, nid)
+
+        rt.on_release = journal
+        for rnd in range(train.round + 1, cfg.num_rounds + 1):
             files.round_start(rnd)
             t0 = time.monotonic()
             state = run_round(rt, rnd)
             evals = evaluate_now()
             record = round_record(state, time.monotonic() - t0, evals, cfg)
             # Checkpoints (paper Sec. V.3): model selection on validation only.
-            if evals["val_accuracy"] > best["val_accuracy"]:
-                best = {"round": rnd, **evals}
-                best_weights = rt.weights.clone()
-                since_best = 0
+            if evals["val_accuracy"] > train.best["val_accuracy"]:
+                train.best = {"round": rnd, **evals}
+                train.best_weights = rt.weights.clone()
+                train.since_best = 0
             else:
-                since_best += 1
+                train.since_best += 1
             record["checkpoint_reloaded"] = False
-            if cfg.checkpoint_patience and since_best >= cfg.checkpoint_patience:
+            if cfg.checkpoint_patience and train.since_best >= cfg.checkpoint_patience:
                 logger.info(
                     "round %d: validation accuracy has not improved for %d rounds; "
                     "reloading the model of round %d",
                     rnd,
-                    since_best,
-                    best["round"],
+                    train.since_best,
+                    train.best["round"],
                 )
-                rt.weights = best_weights.clone()
-                since_best = 0
+                rt.weights = train.best_weights.clone()
+                train.since_best = 0
                 record["checkpoint_reloaded"] = True
-            history.append(record)
+            for nid, metrics in sorted(state.client_metrics.items()):
+                paired = metrics.get(wire.M_PAIRED, 0.0) > 0
+                train.ledger.add(release_event(cfg, rnd, nid, layout.m, paired=paired))
+            train.history.append(record)
+            train.round, train.weights = rnd, rt.weights
+            if ckpt is not None:  # commit before the row: a visible row is a durable round
+                ckpt.save(train)
+                files.event("checkpoint", round=rnd, time=time.time())
             files.metrics(record)
             files.event(
                 "round_end",
@@ -543,7 +623,7 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
                 len(state.dropped),
                 record["round_seconds"],
             )
-        summary = build_summary(cfg, history, best, layout.m)
+        summary = build_summary(cfg, train.history, train.best, layout.m, train=train)
         files.summary(summary)
         files.event("run_end", time=time.time())
         return summary
@@ -555,12 +635,22 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
 
 
 def build_summary(
-    cfg: RunConfig, history: list[dict[str, Any]], best: dict[str, Any], num_params: int
+    cfg: RunConfig,
+    history: list[dict[str, Any]],
+    best: dict[str, Any],
+    num_params: int,
+    *,
+    train: TrainingState | None = None,
 ) -> dict[str, Any]:
-    """``summary.json``: config, final and best-validation accuracies, round trips, privacy."""
+    """``summary.json``: config, final and best-validation accuracies, round trips, privacy.
+
+    With ``train`` (a :class:`server.checkpoint.TrainingState`) the summary also counts the
+    privacy ledger's releases (per node), the releases of rounds a crash aborted, and lists the
+    Flower run ids that contributed rounds (more than one after a resume).
+    """
     final = history[-1] if history else {}
     participation = [int(r["participants"]) for r in history]
-    return {
+    summary: dict[str, Any] = {
         "config": cfg.to_flower(),
         "num_params": num_params,
         "rounds": len(history),
@@ -582,6 +672,15 @@ def build_summary(
             max((float(r["max_radius"]) for r in history), default=None),
         ),
     }
+    if train is not None:
+        from server.checkpoint import ledger_counts
+
+        summary["privacy_ledger"] = {
+            **ledger_counts(train.ledger),
+            "aborted_releases": len(train.aborted_releases),
+        }
+        summary["run_ids"] = list(train.run_ids)
+    return summary
 
 
 def privacy_summary(

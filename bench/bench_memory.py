@@ -1,0 +1,455 @@
+"""Peak memory of the server's aggregation and of the client's quantization step.
+
+Usage::
+
+    python bench/bench_memory.py [--clients 50 --eps 1.0 --d 5]
+
+Every scenario runs in a FRESH Python subprocess. The baseline is the resident set size right
+after the imports; peaks are the kernel's ``VmHWM`` (reset with ``/proc/self/clear_refs``, so they
+are exact and exclude the import transients), falling back to ``resource.getrusage`` ``ru_maxrss``
+(an upper bound) where that is unavailable. The model layout is ResNet18 for CIFAR-10 (11.2M
+parameters, 102 float tensors), computed once in the parent and passed to the children, which
+allocate only what the scenario needs.
+
+Server (budget: ``3 x`` the model's float32 size ``4m`` plus the packed updates alive). Figure:
+the peak RSS over the baseline DURING the aggregation, i.e. its inputs (the global model ``w`` and
+the per-element ``c``, ``r`` that ``make_aggregator`` takes) plus everything the aggregation
+allocates:
+
+- ``server-stream``: what ``server/round.py`` + ``server/aggregation.py`` do now when replies
+  are handled as they arrive: ``make_aggregator(cfg, w, c, r)``, then for each of the
+  ``--clients`` replies one Flower ``ArrayRecord`` holding the packed update (``np.save`` bytes,
+  as deserialized from the wire) validated, decoded and folded into the ``BitCounter`` (one
+  record alive at a time), then ``estimate()`` and ``apply_global_lr``;
+- ``server-batch``: the same with every reply's record alive before aggregation (what happens
+  when one ``grid.pull_messages`` call returns all replies: ``server/stages.py`` pulls every
+  pending reply at once);
+- ``server-stream-proposed``: the same math with per-layer ``c``, ``r`` (no model-sized
+  expansions), the estimate computed layer by layer into the counts buffer, no clone for
+  ``lambda = 1`` (see :func:`_proposed_bits_aggregation`).
+
+Client (budget: ``2 x 4m``). Figure: the peak of the quantization step over the RSS at its start
+(the trained model ``w`` and the per-layer ``c``, ``r`` received from the server are its inputs):
+``expand_seed`` (ChaCha20 -> ``z``, int16) + ``corbinq`` + ``pack_bits``:
+
+- ``client-per-element``: what ``client/encode.py`` does now: ``c`` and ``r`` expanded to one
+  float32 per parameter (``expand_per_element``), then ``corbinq`` on the whole model;
+- ``client-per-layer``: ``corbinq`` per layer with scalar ``c_l``, ``r_l`` (temporaries of one
+  layer at a time) into one preallocated bool vector, then ``pack_bits``; checked to give the
+  SAME bits as the per-element call for the same ``z`` and tie coins.
+
+Printed: model float32 bytes, packed bytes, peak RSS deltas, the ratio to the budget, and the
+RSS after each step of each scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+def _peak_bytes() -> int:
+    """Peak RSS of this process so far (``ru_maxrss`` is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def _status_bytes(field: str) -> int:
+    """``VmRSS`` / ``VmHWM`` of this process from ``/proc/self/status`` (0 where unavailable)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _reset_hwm() -> bool:
+    """Reset the kernel's peak-RSS mark ``VmHWM`` (Linux >= 4.0: ``clear_refs`` value 5)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class _Meter:
+    """Resident memory of this process relative to a baseline taken at construction.
+
+    The baseline is the current RSS after the imports. ``peak()`` is the kernel's ``VmHWM``
+    after a reset at the baseline (exact, Linux); where it cannot be reset, ``ru_maxrss``, which
+    cannot be reset either and so includes the import peak (an upper bound).
+    """
+
+    def __init__(self) -> None:
+        import gc
+
+        gc.collect()
+        self.hwm_ok = _reset_hwm()
+        self.base = _status_bytes("VmRSS") or _peak_bytes()
+        self.trace: list[tuple[str, int, int]] = []
+        self._earlier_peak = 0
+        self._phase_start = 0
+
+    def _abs_peak(self) -> int:
+        return _status_bytes("VmHWM") if self.hwm_ok else _peak_bytes()
+
+    def peak(self) -> int:
+        """Peak RSS since the baseline, over the baseline."""
+        return max(self._earlier_peak, self._abs_peak()) - self.base
+
+    def start_phase(self) -> None:
+        """Start measuring a phase: its peak will be taken over the RSS of this moment."""
+        import gc
+
+        gc.collect()
+        self._earlier_peak = max(self._earlier_peak, self._abs_peak())
+        if self.hwm_ok:
+            _reset_hwm()
+        self._phase_start = _status_bytes("VmRSS")
+
+    def phase_peak(self) -> int:
+        """Peak RSS since :meth:`start_phase`, over the RSS at its start (exact with VmHWM)."""
+        return self._abs_peak() - self._phase_start
+
+    def phase_total(self) -> int:
+        """Peak RSS since :meth:`start_phase`, over the baseline (the phase's inputs included)."""
+        return self._abs_peak() - self.base
+
+    def now(self) -> int:
+        return _status_bytes("VmRSS") - self.base
+
+    def mark(self, label: str) -> None:
+        self.trace.append((label, self.now(), self.peak()))
+
+
+# ============================================================================ children
+def _layout(spec: dict[str, Any]) -> Any:
+    from corbin_fl.models import ParamLayout
+
+    sizes = tuple(int(s) for s in spec["sizes"])
+    offsets, total = [], 0
+    for s in sizes:
+        offsets.append(total)
+        total += s
+    return ParamLayout(
+        names=tuple(spec["names"]),
+        shapes=tuple(tuple(int(x) for x in sh) for sh in spec["shapes"]),
+        offsets=tuple(offsets),
+        sizes=sizes,
+        m=total,
+    )
+
+
+def _all_finite(vec: Any, block: int = 1 << 20) -> bool:
+    """``torch.isfinite(vec).all()`` in blocks (the one-shot call has model-sized temporaries)."""
+    import torch
+
+    return all(bool(torch.isfinite(vec[i : i + block]).all()) for i in range(0, vec.numel(), block))
+
+
+def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one scenario in this (fresh) process and return its figures."""
+    import numpy as np
+    import torch
+    from flwr.app import ArrayRecord
+
+    from corbin_fl import wire
+    from corbin_fl.config import RunConfig
+    from corbin_fl.models import expand_per_element, layer_center_radius
+    from mechanisms.packing import BitCounter, mean_from_counts, pack_bits
+    from mechanisms.quantizers import corbinq
+    from mechanisms.randomness import context_label, expand_seed
+    from server.aggregation import apply_global_lr, make_aggregator
+
+    _ = (BitCounter, mean_from_counts)  # imported so that their import cost is in the baseline
+    torch.set_num_threads(1)
+    layout = _layout(spec)
+    m = layout.m
+    clients, eps, d = int(spec["clients"]), float(spec["eps"]), int(spec["d"])
+    cfg = RunConfig.from_flower({"mechanism": "corbin", "epsilon": eps, "d": d})
+    gen = np.random.default_rng(1)
+    nbytes = wire.packed_len(m)
+    pad = 8 * nbytes - m
+    tgen = torch.Generator().manual_seed(1)
+    meter = _Meter()
+    t0 = time.perf_counter()
+
+    def model_vector() -> torch.Tensor:
+        w = torch.empty(m, dtype=torch.float32)
+        torch.randn(m, generator=tgen, out=w)
+        return w.mul_(0.05)
+
+    def packed_record() -> ArrayRecord:
+        raw = gen.integers(0, 256, size=nbytes, dtype=np.uint8)
+        if pad:
+            raw[-1] &= np.uint8((0xFF << pad) & 0xFF)
+        return ArrayRecord({wire.BITS: wire.to_array(raw)})
+
+    mark = meter.mark
+    if scenario == "server-stream-proposed":
+        w = model_vector()
+        mark("inputs: global model w")
+        inputs = meter.now()
+        c_layer, r_layer = layer_center_radius(w, layout, 0.0, 1e-3)
+        mark("per-layer c, r (no expansion)")
+        meter.start_phase()
+        w_new = _proposed_bits_aggregation(
+            (packed_record() for _ in range(clients)), layout, c_layer, r_layer, eps
+        )
+        assert w_new.shape == (m,) and _all_finite(w_new)
+        mark("estimate = new global model (lambda = 1)")
+    elif scenario.startswith("server"):
+        w = model_vector()
+        mark("inputs: global model w")
+        inputs = meter.now()
+        c_layer, r_layer = layer_center_radius(w, layout, 0.0, 1e-3)
+        c = expand_per_element(c_layer, layout)
+        r = expand_per_element(r_layer, layout)
+        mark("per-element c, r (what make_aggregator takes)")
+        meter.start_phase()  # server/aggregation.py from here on
+        agg = make_aggregator(cfg, w, c, r)
+        mark("aggregator")
+        if scenario == "server-batch":
+            records = [packed_record() for _ in range(clients)]
+            mark(f"{clients} reply records held")
+            for rec in records:
+                agg.add(rec)
+            del records
+        else:
+            for _ in range(clients):
+                agg.add(packed_record())
+        mark(f"{clients} updates counted")
+        est = agg.estimate()
+        assert est is not None
+        mark("estimate")
+        w_new = apply_global_lr(w, est, cfg.global_lr)
+        assert w_new.shape == (m,) and _all_finite(w_new)
+        mark("new global model")
+    else:
+        w = model_vector()
+        # per-layer c, r as the client receives them (no model-sized temporaries here)
+        ends = [(lo, lo + size) for lo, size in zip(layout.offsets, layout.sizes, strict=True)]
+        lims = torch.tensor([[float(v) for v in torch.aminmax(w[a:b])] for a, b in ends])
+        c_layer = (lims[:, 0] + lims[:, 1]) / 2
+        r_layer = ((lims[:, 1] - lims[:, 0]) / 2).clamp_min(1e-3)
+        mark("inputs: trained model w, per-layer c, r")
+        inputs = meter.now()
+        meter.start_phase()  # the quantization step from here on
+        seed = secrets.token_bytes(32)
+        label = context_label(1, 1, 11, 12)
+        qgen = torch.Generator().manual_seed(7)
+        z = expand_seed(seed, label, m, d)
+        mark("z = expand_seed")
+        if scenario == "client-per-element":
+            c = expand_per_element(c_layer, layout)
+            r = expand_per_element(r_layer, layout)
+            mark("per-element c, r")
+            bits = corbinq(w, c, r, eps, z, d, lead=True, generator=qgen)
+        else:
+            bits = torch.empty(m, dtype=torch.bool)
+            for i, (lo, size) in enumerate(zip(layout.offsets, layout.sizes, strict=True)):
+                bits[lo : lo + size] = corbinq(
+                    w[lo : lo + size],
+                    float(c_layer[i]),
+                    float(r_layer[i]),
+                    eps,
+                    z[lo : lo + size],
+                    d,
+                    lead=True,
+                    generator=qgen,
+                )
+        mark("bits = corbinq")
+        packed = pack_bits(bits)
+        assert packed.shape == (nbytes,)
+        mark("pack_bits")
+    seconds = time.perf_counter() - t0
+    return {
+        "scenario": scenario,
+        "m": m,
+        "baseline": meter.base,
+        "inputs_delta": inputs,
+        "peak_delta": meter.peak(),
+        "phase_peak": meter.phase_peak(),
+        "phase_total": meter.phase_total(),
+        "seconds": seconds,
+        "exact_peak": meter.hwm_ok,
+        "trace": meter.trace,
+    }
+
+
+def _proposed_bits_aggregation(
+    replies: Any, layout: Any, c_layer: Any, r_layer: Any, eps: float
+) -> Any:
+    """A memory-lean version of what ``BitsAggregator`` + ``apply_global_lr`` (lambda = 1) do.
+
+    Same math (Alg. 3 line 23: ``w_bar = c + r alpha (2k/n - 1)``, via ``mean_from_counts``),
+    three changes: ``c``, ``r`` stay per layer (scalars per layer, no two model-sized
+    expansions); the estimate is computed layer by layer and written over the int32 counts
+    buffer viewed as float32 (same size, no second model-sized vector); with ``lambda = 1`` the
+    estimate IS the new model (no clone). Replies are decoded and counted one at a time.
+    """
+    import numpy as np
+    import torch
+
+    from corbin_fl import wire
+    from mechanisms.packing import BitCounter, mean_from_counts
+
+    nbytes = wire.packed_len(layout.m)
+    counter = BitCounter(layout.m)
+    for rec in replies:
+        counter.add(wire.read_array(rec, wire.BITS, np.uint8, nbytes))
+    counts = counter.counts()  # int32 [m]
+    n = counter.n
+    del counter
+    out = counts.view(np.float32)  # the estimate overwrites the counts, block by block
+    for i, (lo, size) in enumerate(zip(layout.offsets, layout.sizes, strict=True)):
+        k = torch.from_numpy(counts[lo : lo + size].copy())
+        est = mean_from_counts(k, n, float(c_layer[i]), float(r_layer[i]), eps)
+        out[lo : lo + size] = est.numpy()
+    return torch.from_numpy(out)
+
+
+def _run_child(scenario: str, spec_path: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", scenario, "--spec", str(spec_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"scenario {scenario} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ============================================================================ parent
+def _resnet18_spec() -> dict[str, Any]:
+    from corbin_fl.models import build_model, layout_of
+
+    layout = layout_of(build_model("resnet18", 3, 10, seed=0))
+    return {"names": layout.names, "shapes": layout.shapes, "sizes": layout.sizes}
+
+
+def _check_per_layer_equals_per_element(spec: dict[str, Any]) -> bool:
+    """Same ``z`` and the same tie coins: per-layer scalars give the per-element bits exactly."""
+    import torch
+
+    from corbin_fl.models import expand_per_element, layer_center_radius
+    from mechanisms.quantizers import corbinq
+
+    small = {"names": spec["names"][:6], "shapes": spec["shapes"][:6], "sizes": spec["sizes"][:6]}
+    layout = _layout(small)
+    g = torch.Generator().manual_seed(3)
+    w = 0.05 * torch.randn(layout.m, generator=g)
+    c_l, r_l = layer_center_radius(w, layout, 0.0, 1e-3)
+    z = torch.randint(0, 32, (layout.m,), generator=g, dtype=torch.int16)
+    full = corbinq(
+        w,
+        expand_per_element(c_l, layout),
+        expand_per_element(r_l, layout),
+        1.0,
+        z,
+        5,
+        lead=False,
+        generator=torch.Generator().manual_seed(9),
+    )
+    q = torch.Generator().manual_seed(9)
+    parts = [
+        corbinq(w[o : o + s], float(c_l[i]), float(r_l[i]), 1.0, z[o : o + s], 5, lead=False,
+                generator=q)
+        for i, (o, s) in enumerate(zip(layout.offsets, layout.sizes, strict=True))
+    ]  # fmt: skip
+    return bool(torch.equal(full, torch.cat(parts)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments; as parent run every scenario in a subprocess and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--eps", type=float, default=1.0)
+    parser.add_argument("--d", type=int, default=5)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        spec = json.loads(Path(args.spec).read_text())
+        sys.stdout.write(json.dumps(_child(args.child, spec)) + "\n")
+        return 0
+    if args.clients < 1:
+        parser.error("--clients must be >= 1")
+
+    import tempfile
+
+    spec = {**_resnet18_spec(), "clients": args.clients, "eps": args.eps, "d": args.d}
+    m = sum(spec["sizes"])
+    model_bytes = 4 * m
+    packed_bytes = (m + 7) // 8
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        results = {
+            s: _run_child(s, spec_path)
+            for s in (
+                "server-stream",
+                "server-batch",
+                "server-stream-proposed",
+                "client-per-element",
+                "client-per-layer",
+            )
+        }
+    lines = [
+        f"model: ResNet18 / CIFAR-10, m = {m:,} parameters, {len(spec['sizes'])} layers",
+        f"model float32 bytes (4m): {model_bytes:,} ({model_bytes / MIB:.1f} MiB)",
+        f"one packed update (ceil(m/8)): {packed_bytes:,} ({packed_bytes / MIB:.2f} MiB); "
+        f"{args.clients} of them: {args.clients * packed_bytes / MIB:.1f} MiB",
+        "",
+        "measured: server = peak RSS during the aggregation over the after-imports baseline",
+        "(inputs w, c, r included); client = peak of the quantization step over its start.",
+        "",
+        f"{'scenario':<23} {'measured':>10} {'budget':>10} {'ratio':>6} {'seconds':>8}",
+    ]
+    verdict: dict[str, float] = {}
+    for name, res in results.items():
+        if name.startswith("server-stream"):  # 3 x 4m + the one update being decoded
+            budget, measured = 3 * model_bytes + packed_bytes, res["phase_total"]
+        elif name == "server-batch":  # 3 x 4m + every reply's packed update alive at once
+            budget, measured = 3 * model_bytes + args.clients * packed_bytes, res["phase_total"]
+        else:  # the quantization step against 2 x 4m
+            budget, measured = 2 * model_bytes, res["phase_peak"]
+        verdict[name] = measured / budget
+        lines.append(
+            f"{name:<23} {measured / MIB:>6.1f} MiB {budget / MIB:>6.1f} MiB "
+            f"{verdict[name]:>6.2f} {res['seconds']:>8.2f}"
+        )
+    for name, res in results.items():
+        lines += ["", f"{name}: RSS over the baseline after each step (now / peak so far)"]
+        lines += [
+            f"  {label:<40} {now / MIB:>7.1f} MiB / {peak / MIB:>7.1f} MiB"
+            for label, now, peak in res["trace"]
+        ]
+    lines += [
+        "",
+        "peak = kernel VmHWM reset at the baseline (exact)"
+        if all(r["exact_peak"] for r in results.values())
+        else "peak = ru_maxrss (includes the import peak: an upper bound)",
+        "within budget: "
+        + ", ".join(f"{k} {'yes' if v <= 1.0 else 'NO'}" for k, v in verdict.items()),
+        "per-layer c/r gives the same bits as per-element c/r (same z, same tie coins): "
+        f"{_check_per_layer_equals_per_element(spec)}",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,469 @@
+"""Run a whole experiment: plan, execute with resume and progress, then write every output.
+
+Layout of ``<results>/<experiment>/``::
+
+    runs/<run-id>/        one folder per federated run (see corbin_fl.experiments.runner)
+    runs.csv              one row per run (all lambdas)
+    groups.csv            one row per setting at its validation-chosen lambda
+    figures/*.png         the figures listed in [plots]
+    report.md             tables, figures, privacy, target checks
+    mse_grid.npz, mse_grid.csv, mse_real.npz, mse_real_weights.csv   (kind = "mse")
+
+Resume: a run whose folder holds a complete ``summary.json`` (see
+:func:`corbin_fl.experiments.sweep.run_state`) is skipped; anything else is redone from scratch.
+Interrupting (Ctrl-C, SIGTERM) stops the current run's processes; the next invocation of the
+same command continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corbin_fl.experiments import plots
+from corbin_fl.experiments.report import Target, write_federated_report, write_mse_report
+from corbin_fl.experiments.results import (
+    RunResult,
+    group_results,
+    load_run,
+    varying_keys,
+    write_groups_csv,
+    write_runs_csv,
+)
+from corbin_fl.experiments.runner import (
+    Backend,
+    DeploymentBackend,
+    RunFailedError,
+    SimulationBackend,
+    check_app_accepts,
+    execute_run,
+    find_app_dir,
+)
+from corbin_fl.experiments.spec import ExperimentSpec
+from corbin_fl.experiments.sweep import Run, RunState, expand_runs, run_state
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExperimentPaths:
+    """Where an experiment's outputs go (``<results>/<name>/``)."""
+
+    root: Path
+
+    @property
+    def runs_dir(self) -> Path:
+        """``runs/``: one folder per run."""
+        return self.root / "runs"
+
+    @property
+    def figures_dir(self) -> Path:
+        """``figures/``: the PNGs."""
+        return self.root / "figures"
+
+    @property
+    def runs_csv(self) -> Path:
+        """``runs.csv``."""
+        return self.root / "runs.csv"
+
+    @property
+    def groups_csv(self) -> Path:
+        """``groups.csv``."""
+        return self.root / "groups.csv"
+
+    @property
+    def report_md(self) -> Path:
+        """``report.md``."""
+        return self.root / "report.md"
+
+    def run_dir(self, run: Run) -> Path:
+        """Folder of one run."""
+        return self.runs_dir / run.run_id
+
+    @classmethod
+    def of(cls, spec: ExperimentSpec, results_root: Path) -> ExperimentPaths:
+        """Paths of ``spec`` under ``results_root``."""
+        return cls(Path(results_root) / spec.name)
+
+
+@dataclass
+class Outcome:
+    """What one invocation did."""
+
+    total: int = 0
+    skipped: int = 0
+    executed: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+    report: Path | None = None
+    interrupted: bool = False
+
+
+class ExperimentProgress:
+    """Runs done / current round / ETA, drawn with :mod:`rich` (or nothing when disabled)."""
+
+    def __init__(self, enabled: bool, total_runs: int, console: object | None = None) -> None:
+        self.enabled = enabled
+        self._progress = None
+        self._runs = None
+        self._round = None
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self._progress = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=console,  # type: ignore[arg-type]
+                transient=False,
+            )
+            self._runs = self._progress.add_task("runs to do", total=total_runs)
+            self._round = self._progress.add_task("round", total=1, visible=False)
+
+    @contextmanager
+    def live(self) -> Iterator[ExperimentProgress]:
+        """Show the display while the block runs."""
+        if self._progress is None:
+            yield self
+            return
+        with self._progress:
+            yield self
+
+    def start_run(self, label: str, rounds: int) -> None:
+        """A run begins: show its round counter."""
+        if self._progress is not None:
+            self._progress.update(
+                self._round, description=label, total=rounds, completed=0, visible=True
+            )
+
+    def rounds(self, done: int) -> None:
+        """Rounds finished in the current run."""
+        if self._progress is not None:
+            self._progress.update(self._round, completed=done)
+
+    def run_finished(self) -> None:
+        """One more run executed (finished or failed)."""
+        if self._progress is not None:
+            self._progress.advance(self._runs)
+
+    def step(self, description: str, done: int, total: int) -> None:
+        """Generic step counter (MSE experiment)."""
+        if self._progress is not None:
+            self._progress.update(self._runs, description=description, completed=done, total=total)
+
+
+def _command(spec: ExperimentSpec, results_root: Path) -> str:
+    src = spec.source if spec.source is not None else "<spec.toml>"
+    extra = f" --results {results_root}" if Path(results_root) != Path("results") else ""
+    return f"corbin-fl experiment run {src}{extra}"
+
+
+# --------------------------------------------------------------------------- federated
+
+
+def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]:
+    """Every run of ``spec`` with its resume state (done runs are skipped by :func:`run`)."""
+    paths = ExperimentPaths.of(spec, results_root)
+    return [(r, run_state(paths.run_dir(r), r)) for r in expand_runs(spec)]
+
+
+def make_backend(spec: ExperimentSpec, app_dir: Path) -> Backend:
+    """The backend named by ``[experiment] backend`` of ``spec``."""
+    if spec.backend == "deployment":
+        assert spec.connection is not None
+        return DeploymentBackend(app_dir, spec.connection)
+    return SimulationBackend(
+        app_dir,
+        num_cpus_per_client=spec.num_cpus_per_client,
+        num_gpus_per_client=spec.num_gpus_per_client,
+    )
+
+
+def load_finished(spec: ExperimentSpec, results_root: Path) -> list[RunResult]:
+    """The finished runs of ``spec``, in sweep order."""
+    paths = ExperimentPaths.of(spec, results_root)
+    out = []
+    for run, state in plan(spec, results_root):
+        if state is RunState.DONE:
+            out.append(load_run(paths.run_dir(run)))
+    return out
+
+
+def finalize_federated(
+    spec: ExperimentSpec,
+    results_root: Path,
+    *,
+    failures: dict[str, str] | None = None,
+) -> tuple[list[Target], Path | None]:
+    """Write ``runs.csv``, ``groups.csv``, the figures and ``report.md`` from finished runs.
+
+    Returns the target checks and the report path (``None`` if no run has finished).
+    """
+    paths = ExperimentPaths.of(spec, results_root)
+    expected = len(expand_runs(spec))
+    results = load_finished(spec, results_root)
+    if not results:
+        logger.warning("%s: no finished run yet; nothing to report", spec.name)
+        return [], None
+    groups = group_results(results)
+    keys = varying_keys(results)
+    write_runs_csv(paths.runs_csv, results, groups)
+    write_groups_csv(paths.groups_csv, groups, keys)
+    figures: dict[str, Path] = {}
+    title = spec.description or spec.name
+    for name in spec.figures:
+        out = paths.figures_dir / f"{name}.png"
+        if name == "accuracy-vs-round":
+            figures[name] = plots.plot_accuracy_vs_round(groups, keys, out, title=title)
+        elif name == "accuracy-bar":
+            figures[name] = plots.plot_accuracy_bar(groups, keys, out, title=title)
+        elif name in plots.X_KEY_OF_FIGURE:
+            x_key = plots.X_KEY_OF_FIGURE[name]
+            if x_key not in keys:
+                logger.warning(
+                    "figure %s skipped: %s does not vary in this experiment", name, x_key
+                )
+                continue
+            figures[name] = plots.plot_accuracy_vs(groups, x_key, keys, out, title=title)
+    targets = write_federated_report(
+        paths.report_md,
+        spec,
+        results,
+        groups,
+        keys,
+        figures,
+        command=_command(spec, results_root),
+        expected_runs=expected,
+        failures=failures,
+    )
+    return targets, paths.report_md
+
+
+def run_federated(
+    spec: ExperimentSpec,
+    results_root: Path,
+    *,
+    app_dir: Path | None = None,
+    backend: Backend | None = None,
+    max_runs: int | None = None,
+    progress: bool = True,
+    console: object | None = None,
+    on_run_done: Callable[[Run, str], None] | None = None,
+) -> Outcome:
+    """Execute the runs of ``spec`` that are not done yet, then write every output.
+
+    Parameters
+    ----------
+    spec
+        A federated spec.
+    results_root
+        Parent of the experiment folder.
+    app_dir
+        Flower app folder (default: this checkout, :func:`find_app_dir`).
+    backend
+        Override the backend the spec names (tests).
+    max_runs
+        Execute at most this many runs in this invocation (the rest stay for the next one).
+    progress
+        Show the rich progress display.
+    console
+        A :class:`rich.console.Console` for the display.
+    on_run_done
+        Called with ``(run, "done" | "failed: ...")`` after each executed run.
+
+    Raises
+    ------
+    ValueError
+        If the app does not declare every run-config key the runs use.
+    """
+    if spec.kind != "federated":
+        raise ValueError(f"run_federated needs kind = 'federated', got {spec.kind!r}")
+    if max_runs is not None and max_runs < 0:
+        raise ValueError(f"max_runs must be >= 0, got {max_runs}")
+    app = Path(app_dir) if app_dir is not None else find_app_dir()
+    planned = plan(spec, results_root)
+    check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
+    paths = ExperimentPaths.of(spec, results_root)
+    paths.runs_dir.mkdir(parents=True, exist_ok=True)
+    outcome = Outcome(total=len(planned))
+    own_backend = backend is None
+    be = backend if backend is not None else make_backend(spec, app)
+    todo = sum(1 for _, state in planned if state is not RunState.DONE)
+    if max_runs is not None:
+        todo = min(todo, max_runs)
+    # the bar counts only runs executed now, so its ETA is not fooled by skipped ones
+    view = ExperimentProgress(progress, todo, console)
+    try:
+        with view.live():
+            for run, state in planned:
+                if state is RunState.DONE:
+                    outcome.skipped += 1
+                    continue
+                if max_runs is not None and outcome.executed + len(outcome.failed) >= max_runs:
+                    break
+                if state is RunState.PARTIAL:
+                    logger.info("run %s is partial: redoing it", run.run_id)
+                view.start_run(run.run_id, int(run.run_config["num-rounds"]))
+                t0 = time.monotonic()
+                error: RunFailedError | None = None
+                for attempt in range(1 + spec.retries):
+                    if attempt:
+                        logger.warning(
+                            "run %s failed (%s); attempt %d of %d in %.0f s",
+                            run.run_id,
+                            str(error).splitlines()[0],
+                            attempt + 1,
+                            1 + spec.retries,
+                            spec.retry_delay_s,
+                        )
+                        time.sleep(spec.retry_delay_s)
+                    try:
+                        execute_run(
+                            run,
+                            be,
+                            paths.run_dir(run),
+                            experiment=spec.name,
+                            timeout_s=spec.run_timeout_s,
+                            on_round=view.rounds,
+                        )
+                    except RunFailedError as exc:
+                        error = exc
+                    else:
+                        error = None
+                        break
+                if error is not None:
+                    outcome.failed[run.run_id] = str(error)
+                    logger.error("%s", error)
+                    if on_run_done is not None:
+                        on_run_done(run, f"failed: {error}")
+                else:
+                    outcome.executed += 1
+                    logger.info("run %s done in %.1f s", run.run_id, time.monotonic() - t0)
+                    if on_run_done is not None:
+                        on_run_done(run, "done")
+                view.run_finished()
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        logger.warning("interrupted; run the same command again to resume")
+    finally:
+        if own_backend:
+            be.close()
+    outcome.targets, outcome.report = finalize_federated(
+        spec, results_root, failures=outcome.failed
+    )
+    return outcome
+
+
+# --------------------------------------------------------------------------- mse
+
+
+def run_mse(
+    spec: ExperimentSpec,
+    results_root: Path,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    console: object | None = None,
+) -> Outcome:
+    """Run the quantizer-MSE experiment and write its CSVs, figures and report.
+
+    The measurements are saved (``mse_grid.npz``, ``mse_real.npz``) so
+    :func:`finalize_mse` can redraw without sampling again.
+    """
+    from corbin_fl.experiments import mse
+
+    if spec.kind != "mse" or spec.mse is None:
+        raise ValueError(f"run_mse needs kind = 'mse', got {spec.kind!r}")
+    paths = ExperimentPaths.of(spec, results_root)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    view = ExperimentProgress(progress, 1, console)
+    outcome = Outcome(total=1)
+    with view.live():
+        grid = mse.measure_grid(
+            spec.mse,
+            spec.seeds,
+            device=device,
+            on_step=lambda d, t: view.step("grid (eps x seed)", d, t),
+        )
+        mse.save_measurement(paths.root / "mse_grid.npz", grid)
+        if spec.mse.real_weights is not None:
+            real = mse.measure_real_weights(
+                spec.mse,
+                spec.seeds[0],
+                device=device,
+                on_step=lambda d, t: view.step("real weights (train, eps)", d, t),
+            )
+            mse.save_measurement(paths.root / "mse_real.npz", real)
+    outcome.executed = 1
+    outcome.targets, outcome.report = finalize_mse(spec, results_root)
+    return outcome
+
+
+def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target], Path | None]:
+    """Write the MSE CSVs, figures and report from the saved measurements."""
+    from corbin_fl.experiments import mse
+
+    paths = ExperimentPaths.of(spec, results_root)
+    grid_path = paths.root / "mse_grid.npz"
+    if not grid_path.is_file():
+        logger.warning("%s: no measurement yet; nothing to report", spec.name)
+        return [], None
+    grid = mse.load_measurement(grid_path)
+    assert isinstance(grid, mse.GridMSE)
+    real_path = paths.root / "mse_real.npz"
+    real = mse.load_measurement(real_path) if real_path.is_file() else None
+    assert real is None or isinstance(real, mse.RealWeightsMSE)
+    mse.write_grid_csv(paths.root / "mse_grid.csv", grid)
+    if real is not None:
+        mse.write_real_csv(paths.root / "mse_real_weights.csv", real)
+    figures: dict[str, Path] = {}
+    assert spec.mse is not None
+    for name in spec.figures:
+        out = paths.figures_dir / f"{name}.png"
+        if name == "mse-heatmap":
+            figures[name] = plots.plot_mse_heatmaps(grid, spec.mse.heatmap_epsilons, out)
+        elif name == "mse-vs-epsilon":
+            figures[name] = plots.plot_mse_vs_epsilon(grid, out)
+        elif name == "mse-real-weights" and real is not None:
+            figures[name] = plots.plot_mse_real_weights(real, out)
+    targets = write_mse_report(
+        paths.report_md, spec, grid, real, figures, command=_command(spec, results_root)
+    )
+    return targets, paths.report_md
+
+
+def remove_experiment(spec: ExperimentSpec, results_root: Path) -> None:
+    """Delete ``<results>/<name>/`` (``--fresh``)."""
+    root = ExperimentPaths.of(spec, results_root).root
+    if root.exists():
+        logger.warning("removing %s (--fresh)", root)
+        shutil.rmtree(root)
+
+
+def summary_lines(outcome: Outcome) -> Sequence[str]:
+    """Short text summary of an outcome (for the CLI)."""
+    lines = [
+        f"runs: {outcome.total} planned, {outcome.skipped} already done, "
+        f"{outcome.executed} executed, {len(outcome.failed)} failed"
+        + (" (interrupted)" if outcome.interrupted else "")
+    ]
+    if outcome.report is not None:
+        lines.append(f"report: {outcome.report}")
+    for t in outcome.targets:
+        lines.append(f"[{t.status}] {t.name}: {t.detail}")
+    return lines

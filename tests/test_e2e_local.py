@@ -1,0 +1,164 @@
+"""End-to-end runs of the real CorBin-FL app on real Flower processes (``corbin-fl local``).
+
+Each test starts one SuperLink and four SuperNodes on loopback through the launcher's Python API
+(the same code path as the ``corbin-fl local`` console script), runs two rounds of the app in this
+repository, and checks the ServerApp's ``metrics.jsonl``/``events.jsonl``/``summary.json`` plus
+that no process is left behind. Full runs are expensive (start-up, ~5-7 s per round trip because
+SuperNodes poll every 3 s, a fresh ClientApp process per message), so each run combines several
+checks:
+
+* relay run: accuracy clearly above chance, every pair's common randomness ``z`` matched on both
+  sides (``test-z-digest``), 2 round trips in the steady round, one bit per parameter on the
+  uplink, the privacy report in ``summary.json``;
+* derived run with a SIGKILLed SuperNode in round 2: both rounds complete, the dead node is
+  recorded as dropped in round 2, 1 round trip per steady round.
+
+Tampered and replayed pair blobs are rejected by the client/server logic, covered by
+``tests/test_pair_crypto.py`` and ``tests/test_protocol_logic.py`` (the app offers no run-config
+hook to inject a tampered blob into a real deployment).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corbin_fl.cli import repo_root, total_bytes
+from corbin_fl.launcher import KillSpec, LocalRunOptions, RunResult, alive_matching, run_local
+
+pytestmark = [pytest.mark.e2e]
+
+NUM_CLIENTS = 4
+ROUNDS = 2
+EPSILON = 2.0
+"""Per-parameter budget eps_p of the runs (alpha(2) = 1.31: moderate quantization noise)."""
+MAX_STEPS = 50
+"""Local optimizer steps per round: enough to learn MNIST well above chance in two rounds, few
+enough that a round measures the protocol rather than training."""
+STAGE_TIMEOUT = 600.0
+MIN_ROUND2_ACCURACY = 0.3
+"""Round-2 test accuracy bound (chance is 0.1): three times chance. The quantization noise comes
+from the CSPRNG (not seeded), so the accuracy varies from run to run; 0.3 leaves a wide margin
+below what two rounds reach with these settings."""
+
+
+def _options(tmp_path: Path, run_config: dict[str, Any], **kw: Any) -> LocalRunOptions:
+    return LocalRunOptions(
+        app_dir=repo_root(),
+        out_dir=tmp_path / "out",
+        num_clients=NUM_CLIENTS,
+        run_config={
+            "num-rounds": ROUNDS,
+            "mechanism": "corbin",
+            "max-steps": MAX_STEPS,
+            "epsilon": EPSILON,
+            "seed": 0,
+            # A stage ends when every node has answered; the timeouts only bound a stuck run and
+            # are generous because a busy shared 2-core machine can be 5-10x slower than idle.
+            "stage-timeout": STAGE_TIMEOUT,
+            "first-stage-timeout": STAGE_TIMEOUT,
+            **run_config,
+        },
+        timeout=900,
+        ready_timeout=180,
+        keep_logs=True,  # so that a failure here can be diagnosed from tmp_path/out/logs
+        **kw,
+    )
+
+
+def _explain(result: RunResult) -> str:
+    rows = [
+        {k: r.get(k) for k in ("round", "test_accuracy", "participants", "dropped", "round_trips")}
+        for r in result.metrics
+    ]
+    return f"{result.reason}; metrics: {rows}; logs: {result.logs_dir}"
+
+
+def _assert_nothing_left(result: RunResult) -> None:
+    assert result.processes, "the launcher recorded no process"
+    assert result.leftover_processes() == []
+    ports: set[str] = set()
+    assert result.logs_dir is not None
+    for log in result.logs_dir.glob("*.log"):
+        ports.update(re.findall(r"--port (\d+)", log.read_text().splitlines()[0]))
+    assert len(ports) == NUM_CLIENTS + 1  # one SuperLink, one Runtime API port per SuperNode
+    assert alive_matching([f"127.0.0.1:{p}" for p in ports]) == []
+
+
+@pytest.mark.timeout(900)
+def test_relay_run_learns_and_pairs_share_z(tmp_path: Path) -> None:
+    result = run_local(_options(tmp_path, {"cr-mode": "relay", "test-z-digest": True}))
+    assert result.ok, _explain(result)
+    rows = result.metrics
+    assert [r["round"] for r in rows] == [1, 2], _explain(result)
+    for row in rows:
+        assert row["participants"] == NUM_CLIENTS and not row["dropped"], _explain(result)
+        assert row["pairs"] == NUM_CLIENTS // 2
+        # Both partners of every pair expanded the same z (sha256 digests compared server-side).
+        assert row["z_matched_pairs"] == NUM_CLIENTS // 2, row
+        assert row["z_mismatched_pairs"] == 0, row
+    assert rows[1]["round_trips"] == 2  # steady relay round: query.pair -> train.update
+    assert rows[0]["round_trips"] == 3  # round 1 adds the key exchange
+    assert rows[1]["test_accuracy"] > MIN_ROUND2_ACCURACY, _explain(result)
+
+    summary = result.summary
+    assert summary is not None
+    m = summary["num_params"]
+    # One bit per parameter on the uplink: m/8 bytes per client plus small framing.
+    per_client = total_bytes(rows[1]["bytes_up"]) / NUM_CLIENTS
+    assert m / 8 <= per_client <= m / 8 * 1.02 + 4096, (per_client, m)
+    privacy = summary["privacy"]
+    assert privacy["mechanism"] == "corbin" and privacy["eps_p"] == EPSILON
+    assert privacy["rounds"] == ROUNDS and privacy["m"] == m
+    assert math.isfinite(privacy["run"]["epsilon"]) and privacy["run"]["epsilon"] > 0
+    assert result.events[0]["event"] == "run_start"
+    assert result.events[-1]["event"] == "run_end"
+    _assert_nothing_left(result)
+
+
+@pytest.mark.timeout(900)
+def test_derived_run_survives_a_killed_supernode(tmp_path: Path) -> None:
+    result = run_local(
+        _options(
+            tmp_path,
+            # No short stage timeout is needed: 40-60 s after the SIGKILL the SuperLink answers
+            # for the dead node with a NODE_UNAVAILABLE error reply (missed heartbeats), which
+            # ends the stage as soon as the live clients have answered.
+            {"cr-mode": "derived", "test-z-digest": True, "max-steps": 10},
+            kills=(KillSpec(partition=1, round=2),),
+            kill_delay=1.0,
+        )
+    )
+    assert result.ok, _explain(result)
+    rows = result.metrics
+    assert [r["round"] for r in rows] == [1, 2], _explain(result)
+
+    assert len(result.killed) == 1
+    killed = result.killed[0]
+    assert (killed.partition, killed.round) == (1, 2)
+    assert killed.node_id is not None and killed.node_id == result.node_ids[1]
+
+    assert rows[0]["participants"] == NUM_CLIENTS and not rows[0]["dropped"], _explain(result)
+    dropped = {str(k): v for k, v in rows[1]["dropped"].items()}
+    assert list(dropped) == [str(killed.node_id)], _explain(result)
+    assert rows[1]["participants"] == NUM_CLIENTS - 1, _explain(result)
+    stage_drops = [
+        str(n)
+        for e in result.events
+        if e.get("event") == "stage_end" and e.get("round") == 2
+        for n in e.get("dropped", [])
+    ]
+    assert str(killed.node_id) in stage_drops
+
+    # derived: the partner's public key rides with the model, one round trip per steady round
+    assert rows[1]["round_trips"] == 1, _explain(result)
+    assert rows[0]["round_trips"] == 2  # round 1: key exchange + update
+    for row in rows:
+        assert row["z_mismatched_pairs"] == 0, row
+    assert rows[0]["z_matched_pairs"] == NUM_CLIENTS // 2
+    assert rows[1]["test_accuracy"] > 0.1, _explain(result)  # it kept learning without node 1
+    _assert_nothing_left(result)
