@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="corbin-fl",
         description="Run the CorBin-FL Flower app on this machine.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{local,simulate}")
+    sub = parser.add_subparsers(dest="command", metavar="{local,simulate,experiment}")
     local = sub.add_parser(
         "local",
         help="real SuperLink + SuperNode processes on loopback, then `flwr run`",
@@ -517,7 +517,16 @@ def _configure_logging(verbose: bool, console: Console) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``corbin-fl``; returns the exit code (see module docstring)."""
+    """Console script ``corbin-fl``; returns the exit code (see module docstring).
+
+    ``corbin-fl experiment ...`` is handed whole to :func:`corbin_fl.experiments.cli.main`
+    (TOML-driven sweeps; it has its own sub-commands and ``--help``).
+    """
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["experiment"]:
+        from corbin_fl.experiments.cli import main as experiment_main
+
+        return experiment_main(words[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
