@@ -21,6 +21,8 @@ import json
 import logging
 import os
 import re
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,8 @@ pytestmark = [pytest.mark.load, pytest.mark.e2e]
 logger = logging.getLogger(__name__)
 
 NUM_NODES = int(os.environ.get("CORBIN_LOAD_NODES", "30"))
+PER_ROUND = int(os.environ.get("CORBIN_LOAD_PER_ROUND", "0"))
+"""Clients sampled per round (``clients-per-round``; 0 = every SuperNode)."""
 ROUNDS = 3
 GIB = 1024**3
 MIB = 1024**2
@@ -89,54 +93,97 @@ def _tree(root: int, procs: dict[int, tuple[int, str, int]]) -> list[int]:
 
 
 @dataclass
-class MemoryWatch:
-    """What the poller saw (bytes)."""
+class Peaks:
+    """Largest values seen by the poller over one phase (bytes, counts)."""
 
     clientapp_max: int = 0
-    clientapps_alive_max: int = 0
-    clientapps_sum_max: int = 0
-    clientapps_seen: set[tuple[int, int]] = field(default_factory=set)
-    nodes_sum_max: int = 0
-    server_sum_max: int = 0
-    total_max: int = 0
-    available_min: int = 1 << 62
+    clientapps_alive: int = 0
+    clientapps_sum: int = 0
+    nodes_sum: int = 0
+    server_sum: int = 0
+    total: int = 0
 
-    def poll(self, dep: Any) -> None:
+    def update(self, apps: list[int], nodes_sum: int, server_sum: int) -> None:
+        self.clientapp_max = max(self.clientapp_max, max(apps, default=0))
+        self.clientapps_alive = max(self.clientapps_alive, len(apps))
+        self.clientapps_sum = max(self.clientapps_sum, sum(apps))
+        self.nodes_sum = max(self.nodes_sum, nodes_sum)
+        self.server_sum = max(self.server_sum, server_sum)
+        self.total = max(self.total, sum(apps) + nodes_sum + server_sum)
+
+
+@dataclass
+class MemoryWatch:
+    """Resident memory of the deployment, per phase (``start-up``, ``round t``)."""
+
+    phases: dict[str, Peaks] = field(default_factory=dict)
+    clientapps_seen: set[tuple[int, int]] = field(default_factory=set)
+
+    def poll(self, dep: Any, phase: str) -> None:
         procs = _processes()
-        clientapps: list[int] = []
+        apps: list[int] = []
         nodes_sum = 0
-        for proc in dep.supernodes.values():
+        for proc in list(dep.supernodes.values()):
             for pid in _tree(proc.pid, procs):
                 _, cmd, rss = procs[pid]
                 if "flwr-clientapp" in cmd:
-                    clientapps.append(rss)
+                    apps.append(rss)
                     self.clientapps_seen.add((pid, hash(cmd)))
                 else:
                     nodes_sum += rss
         server_sum = 0
         if dep.superlink is not None:
             server_sum = sum(procs[pid][2] for pid in _tree(dep.superlink.pid, procs))
-        apps = sum(clientapps)
-        self.clientapp_max = max(self.clientapp_max, max(clientapps, default=0))
-        self.clientapps_alive_max = max(self.clientapps_alive_max, len(clientapps))
-        self.clientapps_sum_max = max(self.clientapps_sum_max, apps)
-        self.nodes_sum_max = max(self.nodes_sum_max, nodes_sum)
-        self.server_sum_max = max(self.server_sum_max, server_sum)
-        self.total_max = max(self.total_max, apps + nodes_sum + server_sum)
-        self.available_min = min(self.available_min, _meminfo("MemAvailable"))
+        self.phases.setdefault(phase, Peaks()).update(apps, nodes_sum, server_sum)
 
-    def report(self, nodes: int) -> str:
-        g = GIB
-        return (
-            f"memory ({nodes} SuperNodes): SuperNodes+SuperExecs peak {self.nodes_sum_max / g:.2f}"
-            f" GiB ({self.nodes_sum_max / nodes / MIB:.0f} MiB per node); ServerApp side peak "
-            f"{self.server_sum_max / g:.2f} GiB; ClientApps: {len(self.clientapps_seen)} "
-            f"processes, largest {self.clientapp_max / MIB:.0f} MiB, at most "
-            f"{self.clientapps_alive_max} alive at once, peak sum "
-            f"{self.clientapps_sum_max / g:.2f} GiB; deployment peak {self.total_max / g:.2f} GiB;"
-            f" MemAvailable min {self.available_min / g:.2f} GiB of "
-            f"{_meminfo('MemTotal') / g:.1f} GiB"
-        )
+    def report(self, nodes: int) -> list[str]:
+        out = [
+            f"memory of the deployment ({nodes} SuperNodes, "
+            f"{len(self.clientapps_seen)} ClientApp processes seen), per phase:"
+        ]
+        for phase, pk in self.phases.items():
+            out.append(
+                f"  {phase:<9} SuperNodes+SuperExecs {pk.nodes_sum / GIB:5.2f} GiB "
+                f"({pk.nodes_sum / nodes / MIB:4.0f} MiB/node), ServerApp side "
+                f"{pk.server_sum / MIB:4.0f} MiB, ClientApps: largest "
+                f"{pk.clientapp_max / MIB:4.0f} MiB, {pk.clientapps_alive:2d} alive at once, sum "
+                f"{pk.clientapps_sum / GIB:5.2f} GiB; total {pk.total / GIB:5.2f} GiB"
+            )
+        return out
+
+
+class MemoryGuard(threading.Thread):
+    """Kills the deployment (SIGKILL, every process tree) when ``MemAvailable`` gets low.
+
+    Runs in its own thread and reads only ``/proc/meminfo`` (cheap), five times a second, so it
+    reacts even when the machine is so loaded that the main loop is late; once tripped it keeps
+    killing whatever the deployment (re)starts until it is stopped.
+    """
+
+    def __init__(self, dep: Any, floor: int) -> None:
+        super().__init__(daemon=True)
+        self.dep, self.floor = dep, floor
+        self.available_min = _meminfo("MemAvailable")
+        self.tripped: str | None = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.2):
+            avail = _meminfo("MemAvailable")
+            self.available_min = min(self.available_min, avail)
+            if avail < self.floor and self.tripped is None:
+                self.tripped = (
+                    f"MemAvailable fell to {avail / GIB:.2f} GiB (floor {self.floor / GIB:.2f} "
+                    "GiB): the deployment was killed"
+                )
+            if self.tripped is not None:  # and whatever a start-up retry starts afterwards
+                for proc in list(self.dep.registry.processes):
+                    if proc.running():
+                        self.dep.registry.kill_tree(proc, signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -149,7 +196,13 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 @pytest.mark.timeout(5400)
 def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
     from corbin_fl.cli import repo_root
-    from corbin_fl.launcher import CONNECTION_NAME, LocalDeployment, flower_executable
+    from corbin_fl.launcher import (
+        CONNECTION_NAME,
+        JsonlTail,
+        LauncherError,
+        LocalDeployment,
+        flower_executable,
+    )
 
     out = tmp_path / "out"
     logs = tmp_path / "logs"
@@ -160,61 +213,79 @@ def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
         "max-steps": 1,
         "batch-size": 32,
         "seed": 0,
-        "min-clients": NUM_NODES,
+        "min-clients": min(NUM_NODES, PER_ROUND or NUM_NODES),
+        "clients-per-round": PER_ROUND,
         "wait-for-nodes": 600.0,
         "stage-timeout": 1800.0,
         "first-stage-timeout": 1800.0,
         "poll-interval": 1.0,
         "out-dir": str(out),
     }
+    floor = max(MEMORY_FLOOR, int(0.08 * _meminfo("MemTotal")))
     watch = MemoryWatch()
     t0 = time.monotonic()
-    dep = LocalDeployment(NUM_NODES, logs, tmp_path / "flwr-home", ready_timeout=900)
-    with dep:
-        startup = time.monotonic() - t0
-        path = tmp_path / "run-config.toml"
-        path.write_text(tomli_w.dumps(run_config))
-        cmd = [flower_executable("flwr"), "run", str(repo_root()), CONNECTION_NAME, "--stream"]
-        run = dep.registry.start("flwr-run", [*cmd, "--run-config", str(path)], logs / "run.log")
-        stopped: str | None = None
-        last_snapshot = 0.0
-        while run.running():
-            watch.poll(dep)
-            if time.monotonic() - last_snapshot > 5.0:  # for the clean-up at the end
-                dep.registry.snapshot()
-                last_snapshot = time.monotonic()
-            if watch.available_min < MEMORY_FLOOR:
-                stopped = (
-                    f"stopped: MemAvailable fell to {watch.available_min / GIB:.2f} GiB with "
-                    f"{watch.clientapps_alive_max} ClientApps alive at most"
-                )
-                break
-            time.sleep(0.5)
-        run_seconds = time.monotonic() - t0 - startup
-        rc = run.popen.poll()
-        tail = run.log_tail(30)
-        run_id = re.search(r"Successfully started run (\d+)", run.log_text())
-        status = dep.run_status(int(run_id.group(1)))[0] if run_id and not stopped else None
+    dep = LocalDeployment(NUM_NODES, logs, tmp_path / "flwr-home", ready_timeout=1200)
+    guard = MemoryGuard(dep, floor)
+    guard.start()
+    startup = run_seconds = 0.0
+    rc: int | None = None
+    status: str | None = None
+    tail = ""
+    try:
+        with dep:
+            startup = time.monotonic() - t0
+            path = tmp_path / "run-config.toml"
+            path.write_text(tomli_w.dumps(run_config))
+            cmd = [flower_executable("flwr"), "run", str(repo_root()), CONNECTION_NAME, "--stream"]
+            run = dep.registry.start(
+                "flwr-run", [*cmd, "--run-config", str(path)], logs / "run.log"
+            )
+            events = JsonlTail(out / "events.jsonl")
+            phase, last_snapshot = "start-up", 0.0
+            while run.running() and guard.tripped is None:
+                for ev in events.read_new():
+                    if ev.get("event") == "round_start":
+                        phase = f"round {ev['round']}"
+                watch.poll(dep, phase)
+                if time.monotonic() - last_snapshot > 5.0:  # for the clean-up at the end
+                    dep.registry.snapshot()
+                    last_snapshot = time.monotonic()
+                time.sleep(1.0)
+            run_seconds = time.monotonic() - t0 - startup
+            rc = run.popen.poll()
+            tail = run.log_tail(30)
+            run_id = re.search(r"Successfully started run (\d+)", run.log_text())
+            if run_id and guard.tripped is None:
+                status = dep.run_status(int(run_id.group(1)))[0]
+    except LauncherError as exc:
+        if guard.tripped is None:
+            raise
+        tail = str(exc)[-2000:]
+    finally:
+        guard.stop()
 
     rows = _jsonl(out / "metrics.jsonl")
-    events = _jsonl(out / "events.jsonl")
+    events_all = _jsonl(out / "events.jsonl")
     lines = [
-        f"{NUM_NODES} SuperNodes: start-up {startup:.0f} s, run {run_seconds:.0f} s",
+        f"{NUM_NODES} SuperNodes ({PER_ROUND or NUM_NODES} per round): start-up {startup:.0f} s, "
+        f"run {run_seconds:.0f} s",
         *(
             f"round {r['round']}: {r['round_seconds']:.1f} s, {r['participants']}/{r['sampled']}"
             f" clients, stages "
             + ", ".join(f"{k} {v:.1f} s" for k, v in r["stage_seconds"].items())
             for r in rows
         ),
-        watch.report(NUM_NODES),
+        *watch.report(NUM_NODES),
+        f"MemAvailable: min {guard.available_min / GIB:.2f} GiB of "
+        f"{_meminfo('MemTotal') / GIB:.1f} GiB (guard floor {floor / GIB:.2f} GiB)",
     ]
     report = "\n".join(lines)
     logger.info("%s", report)
     print("\n" + report)  # the figures are the point of this test (run with -s)
-    assert stopped is None, f"{stopped}\n{report}"
+    assert guard.tripped is None, f"{guard.tripped}\n{report}\n{tail}"
     assert rc == 0 and status == "finished:completed", f"rc {rc}, status {status}\n{tail}"
     assert [r["round"] for r in rows] == [1, 2, 3], report
     for r in rows:
-        assert r["participants"] == NUM_NODES and not r["dropped"], (r["dropped"], report)
-        assert r["pairs"] == NUM_NODES // 2
-    assert events[-1]["event"] == "run_end" and "error" not in events[-1]
+        assert r["participants"] == r["sampled"] == (PER_ROUND or NUM_NODES), report
+        assert not r["dropped"] and r["pairs"] == r["sampled"] // 2, report
+    assert events_all[-1]["event"] == "run_end" and "error" not in events_all[-1]
