@@ -137,6 +137,29 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def in_namespace(pid: int, ns: str) -> bool:
+    """Whether process ``pid`` has already entered network namespace ``ns``.
+
+    ``ip netns exec`` starts in the caller's namespace and calls ``setns`` before it execs the
+    command, so right after :func:`subprocess.Popen` returns the new PID may still see the
+    parent's network. Compares the nsfs inodes of ``/proc/<pid>/ns/net`` and ``/run/netns/<ns>``.
+    """
+    try:
+        mine, theirs = os.stat(f"/proc/{pid}/ns/net"), os.stat(f"/run/netns/{ns}")
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
+def wait_in_namespace(pid: int, ns: str, timeout: float = 10.0) -> None:
+    """Block until :func:`in_namespace` holds for ``pid``; raise :class:`NetnsError` on timeout."""
+    deadline = time.monotonic() + timeout
+    while not in_namespace(pid, ns):
+        if time.monotonic() > deadline or not _pid_alive(pid):
+            raise NetnsError(f"pid {pid} did not enter network namespace {ns} in {timeout:g} s")
+        time.sleep(0.02)
+
+
 def netdev_counters(pid: int, ifname: str = HOST_IFNAME) -> dict[str, int]:
     """Byte and packet counters of ``ifname`` in the network namespace of process ``pid``.
 
@@ -1006,6 +1029,14 @@ class FlowerHosts:
         """
         proc = self.supernodes[name]
         tree = self.registry.kill_tree(proc, signal.SIGKILL)
+        # Like `docker kill` of a container: nothing on that host survives. A ClientApp forked
+        # while the tree was being walked, or one still exiting, is SIGKILLed here and waited for.
+        ns, deadline = self.topology.host(name).ns, time.monotonic() + 15.0
+        while (left := namespace_pids(ns)) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
         logger.info("killed SuperNode on %s (%d processes)", name, len(tree))
         return tree
 

@@ -39,6 +39,7 @@ from netns import (
     netdev_counters,
     netns_unavailable_reason,
     sweep_stale,
+    wait_in_namespace,
 )
 
 from corbin_fl.launcher import ManagedProcess, ProcessRef, ProcessRegistry
@@ -192,6 +193,7 @@ def test_hosts_reach_each_other_and_an_unplugged_host_cannot(
     # The counters of c3's eth0, read through any process inside c3 (no process started),
     # agree with `ip -s link` there and show at least the payload that left.
     idle = process_registry.start("idle-c3", topology.argv("c3", ["sleep", "60"]), tmp_path / "i")
+    wait_in_namespace(idle.pid, topology.host("c3").ns)
     via_proc, via_ip = netdev_counters(idle.pid), topology.link_stats("c3")
     assert via_proc["tx_bytes"] >= 100_000
     for key in ("tx_bytes", "rx_bytes"):
