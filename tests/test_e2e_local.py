@@ -1,17 +1,15 @@
 """End-to-end runs of the real CorBin-FL app on real Flower processes (``corbin-fl local``).
 
-Each test starts one SuperLink and four SuperNodes on loopback through the launcher's Python API
+The test starts one SuperLink and four SuperNodes on loopback through the launcher's Python API
 (the same code path as the ``corbin-fl local`` console script), runs two rounds of the app in this
 repository, and checks the ServerApp's ``metrics.jsonl``/``events.jsonl``/``summary.json`` plus
 that no process is left behind. Full runs are expensive (start-up, ~5-7 s per round trip because
-SuperNodes poll every 3 s, a fresh ClientApp process per message), so each run combines several
-checks:
-
-* relay run: accuracy clearly above chance, every pair's common randomness ``z`` matched on both
-  sides (``test-z-digest``), 2 round trips in the steady round, one bit per parameter on the
-  uplink, the privacy report in ``summary.json``;
-* derived run with a SIGKILLed SuperNode in round 2: both rounds complete, the dead node is
-  recorded as dropped in round 2, 1 round trip per steady round.
+SuperNodes poll every 3 s, a fresh ClientApp process per message), so one relay run combines the
+checks: accuracy clearly above chance, every pair's common randomness ``z`` matched on both sides
+(``test-z-digest``), one bit per parameter on the uplink, 3 then 2 round trips, the privacy
+report in ``summary.json``, and a SuperNode SIGKILLed in round 2 recorded as dropped while the
+round completes. ``cr-mode = "derived"`` (1 round trip per steady round) runs on real processes
+in ``tests/test_resume.py`` (crash of the whole server side, then resume).
 
 Tampered and replayed pair blobs are rejected by the client/server logic, covered by
 ``tests/test_pair_crypto.py`` and ``tests/test_protocol_logic.py`` (the app offers no run-config
@@ -90,45 +88,17 @@ def _assert_nothing_left(result: RunResult) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_relay_run_learns_and_pairs_share_z(tmp_path: Path) -> None:
-    result = run_local(_options(tmp_path, {"cr-mode": "relay", "test-z-digest": True}))
-    assert result.ok, _explain(result)
-    rows = result.metrics
-    assert [r["round"] for r in rows] == [1, 2], _explain(result)
-    for row in rows:
-        assert row["participants"] == NUM_CLIENTS and not row["dropped"], _explain(result)
-        assert row["pairs"] == NUM_CLIENTS // 2
-        # Both partners of every pair expanded the same z (sha256 digests compared server-side).
-        assert row["z_matched_pairs"] == NUM_CLIENTS // 2, row
-        assert row["z_mismatched_pairs"] == 0, row
-    assert rows[1]["round_trips"] == 2  # steady relay round: query.pair -> train.update
-    assert rows[0]["round_trips"] == 3  # round 1 adds the key exchange
-    assert rows[1]["test_accuracy"] > MIN_ROUND2_ACCURACY, _explain(result)
+def test_relay_run_learns_pairs_share_z_and_survives_a_killed_supernode(tmp_path: Path) -> None:
+    """One run, two rounds: round 1 with all four clients, round 2 with partition 1 SIGKILLed.
 
-    summary = result.summary
-    assert summary is not None
-    m = summary["num_params"]
-    # One bit per parameter on the uplink: m/8 bytes per client plus small framing.
-    per_client = total_bytes(rows[1]["bytes_up"]) / NUM_CLIENTS
-    assert m / 8 <= per_client <= m / 8 * 1.02 + 4096, (per_client, m)
-    privacy = summary["privacy"]
-    assert privacy["mechanism"] == "corbin" and privacy["eps_p"] == EPSILON
-    assert privacy["rounds"] == ROUNDS and privacy["m"] == m
-    assert math.isfinite(privacy["run"]["epsilon"]) and privacy["run"]["epsilon"] > 0
-    assert result.events[0]["event"] == "run_start"
-    assert result.events[-1]["event"] == "run_end"
-    _assert_nothing_left(result)
-
-
-@pytest.mark.timeout(900)
-def test_derived_run_survives_a_killed_supernode(tmp_path: Path) -> None:
+    No short stage timeout is needed: 40-60 s after the SIGKILL the SuperLink answers for the dead
+    node with a NODE_UNAVAILABLE error reply (missed heartbeats), which ends the stage as soon as
+    the live clients have answered.
+    """
     result = run_local(
         _options(
             tmp_path,
-            # No short stage timeout is needed: 40-60 s after the SIGKILL the SuperLink answers
-            # for the dead node with a NODE_UNAVAILABLE error reply (missed heartbeats), which
-            # ends the stage as soon as the live clients have answered.
-            {"cr-mode": "derived", "test-z-digest": True, "max-steps": 10},
+            {"cr-mode": "relay", "test-z-digest": True},
             kills=(KillSpec(partition=1, round=2),),
             kill_delay=1.0,
         )
@@ -137,15 +107,30 @@ def test_derived_run_survives_a_killed_supernode(tmp_path: Path) -> None:
     rows = result.metrics
     assert [r["round"] for r in rows] == [1, 2], _explain(result)
 
+    # Round 1: everybody, two pairs, and both partners of every pair expanded the same z
+    # (sha256 digests compared server-side).
+    first = rows[0]
+    assert first["participants"] == NUM_CLIENTS and not first["dropped"], _explain(result)
+    assert first["pairs"] == NUM_CLIENTS // 2
+    assert first["z_matched_pairs"] == NUM_CLIENTS // 2, first
+    assert first["z_mismatched_pairs"] == 0, first
+    assert first["round_trips"] == 3  # round 1 adds the key exchange to query.pair -> train.update
+    # One bit per parameter on the uplink: m/8 bytes per client plus small framing.
+    summary = result.summary
+    assert summary is not None
+    m = summary["num_params"]
+    per_client = total_bytes(first["bytes_up"]) / NUM_CLIENTS
+    assert m / 8 <= per_client <= m / 8 * 1.02 + 4096, (per_client, m)
+
+    # Round 2: the killed node is dropped, the round completes with the other three.
     assert len(result.killed) == 1
     killed = result.killed[0]
     assert (killed.partition, killed.round) == (1, 2)
     assert killed.node_id is not None and killed.node_id == result.node_ids[1]
-
-    assert rows[0]["participants"] == NUM_CLIENTS and not rows[0]["dropped"], _explain(result)
-    dropped = {str(k): v for k, v in rows[1]["dropped"].items()}
+    second = rows[1]
+    dropped = {str(k): v for k, v in second["dropped"].items()}
     assert list(dropped) == [str(killed.node_id)], _explain(result)
-    assert rows[1]["participants"] == NUM_CLIENTS - 1, _explain(result)
+    assert second["participants"] == NUM_CLIENTS - 1, _explain(result)
     stage_drops = [
         str(n)
         for e in result.events
@@ -153,12 +138,15 @@ def test_derived_run_survives_a_killed_supernode(tmp_path: Path) -> None:
         for n in e.get("dropped", [])
     ]
     assert str(killed.node_id) in stage_drops
+    assert second["round_trips"] == 2  # steady relay round: query.pair -> train.update
+    assert second["z_mismatched_pairs"] == 0, second
+    # It learned, and kept learning without node 1.
+    assert second["test_accuracy"] > MIN_ROUND2_ACCURACY, _explain(result)
 
-    # derived: the partner's public key rides with the model, one round trip per steady round
-    assert rows[1]["round_trips"] == 1, _explain(result)
-    assert rows[0]["round_trips"] == 2  # round 1: key exchange + update
-    for row in rows:
-        assert row["z_mismatched_pairs"] == 0, row
-    assert rows[0]["z_matched_pairs"] == NUM_CLIENTS // 2
-    assert rows[1]["test_accuracy"] > 0.1, _explain(result)  # it kept learning without node 1
+    privacy = summary["privacy"]
+    assert privacy["mechanism"] == "corbin" and privacy["eps_p"] == EPSILON
+    assert privacy["rounds"] == ROUNDS and privacy["m"] == m
+    assert math.isfinite(privacy["run"]["epsilon"]) and privacy["run"]["epsilon"] > 0
+    assert result.events[0]["event"] == "run_start"
+    assert result.events[-1]["event"] == "run_end"
     _assert_nothing_left(result)

@@ -473,6 +473,8 @@ def test_server_side_sigkill_and_resume_on_real_processes(tmp_path: Path) -> Non
     run_config: dict[str, Any] = {
         "num-rounds": E2E_ROUNDS,
         "mechanism": "corbin",
+        # derived: one round trip per steady round; this is also the real-process run of that mode
+        "cr-mode": "derived",
         "max-steps": 2,
         "seed": 0,
         "min-clients": E2E_CLIENTS,
