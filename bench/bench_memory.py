@@ -13,30 +13,23 @@ allocate only what the scenario needs.
 
 Server (budget: ``3 x`` the model's float32 size ``4m`` plus the packed updates alive). Figure:
 the peak RSS over the baseline DURING the aggregation, i.e. its inputs (the global model ``w`` and
-the per-element ``c``, ``r`` that ``make_aggregator`` takes) plus everything the aggregation
-allocates:
+the per-layer ``c``, ``r``) plus everything the aggregation allocates, exactly as
+``server/round.py`` calls ``server/aggregation.py``:
 
-- ``server-stream``: what ``server/round.py`` + ``server/aggregation.py`` do now when replies
-  are handled as they arrive: ``make_aggregator(cfg, w, c, r)``, then for each of the
+- ``server-stream``: ``make_aggregator(cfg, w, c_layer, r_layer, layout)``, then for each of the
   ``--clients`` replies one Flower ``ArrayRecord`` holding the packed update (``np.save`` bytes,
   as deserialized from the wire) validated, decoded and folded into the ``BitCounter`` (one
-  record alive at a time), then ``estimate()`` and ``apply_global_lr``;
+  record alive at a time), then ``estimate()`` (written over the int32 counts) and
+  ``apply_global_lr(..., inplace=True)``;
 - ``server-batch``: the same with every reply's record alive before aggregation (what happens
-  when one ``grid.pull_messages`` call returns all replies: ``server/stages.py`` pulls every
-  pending reply at once);
-- ``server-stream-proposed``: the same math with per-layer ``c``, ``r`` (no model-sized
-  expansions), the estimate computed layer by layer into the counts buffer, no clone for
-  ``lambda = 1`` (see :func:`_proposed_bits_aggregation`).
+  when one ``grid.pull_messages`` call returns all replies at once).
 
 Client (budget: ``2 x 4m``). Figure: the peak of the quantization step over the RSS at its start
-(the trained model ``w`` and the per-layer ``c``, ``r`` received from the server are its inputs):
-``expand_seed`` (ChaCha20 -> ``z``, int16) + ``corbinq`` + ``pack_bits``:
-
-- ``client-per-element``: what ``client/encode.py`` does now: ``c`` and ``r`` expanded to one
-  float32 per parameter (``expand_per_element``), then ``corbinq`` on the whole model;
-- ``client-per-layer``: ``corbinq`` per layer with scalar ``c_l``, ``r_l`` (temporaries of one
-  layer at a time) into one preallocated bool vector, then ``pack_bits``; checked to give the
-  SAME bits as the per-element call for the same ``z`` and tie coins.
+(the trained model ``w``, the global model and the per-layer ``c``, ``r`` received from the
+server are its inputs): ``client.encode.encode`` of a paired CorBin client, i.e. ``expand_seed``
+(ChaCha20 -> ``z``, int16), ``corbinq`` layer by layer with scalar ``c_l``, ``r_l`` into one bool
+vector, ``pack_bits``. A check also confirms that the layer-by-layer call gives the SAME bits as
+one call on the per-element expansion of ``c``, ``r`` (same ``z``, same tie coins).
 
 Printed: model float32 bytes, packed bytes, peak RSS deltas, the ratio to the budget, and the
 RSS after each step of each scenario.
@@ -166,13 +159,14 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
 
     from corbin_fl import wire
     from corbin_fl.config import RunConfig
-    from corbin_fl.models import expand_per_element, layer_center_radius
+    from corbin_fl.models import layer_center_radius
     from mechanisms.packing import BitCounter, mean_from_counts, pack_bits
     from mechanisms.quantizers import corbinq
-    from mechanisms.randomness import context_label, expand_seed
+    from mechanisms.randomness import expand_seed
     from server.aggregation import apply_global_lr, make_aggregator
 
-    _ = (BitCounter, mean_from_counts)  # imported so that their import cost is in the baseline
+    # imported so that their import cost is in the baseline, not in a phase
+    _ = (BitCounter, mean_from_counts, pack_bits, corbinq, expand_seed)
     torch.set_num_threads(1)
     layout = _layout(spec)
     m = layout.m
@@ -197,28 +191,14 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
         return ArrayRecord({wire.BITS: wire.to_array(raw)})
 
     mark = meter.mark
-    if scenario == "server-stream-proposed":
-        w = model_vector()
+    w = model_vector()
+    if scenario.startswith("server"):
         mark("inputs: global model w")
         inputs = meter.now()
         c_layer, r_layer = layer_center_radius(w, layout, 0.0, 1e-3)
-        mark("per-layer c, r (no expansion)")
-        meter.start_phase()
-        w_new = _proposed_bits_aggregation(
-            (packed_record() for _ in range(clients)), layout, c_layer, r_layer, eps
-        )
-        assert w_new.shape == (m,) and _all_finite(w_new)
-        mark("estimate = new global model (lambda = 1)")
-    elif scenario.startswith("server"):
-        w = model_vector()
-        mark("inputs: global model w")
-        inputs = meter.now()
-        c_layer, r_layer = layer_center_radius(w, layout, 0.0, 1e-3)
-        c = expand_per_element(c_layer, layout)
-        r = expand_per_element(r_layer, layout)
-        mark("per-element c, r (what make_aggregator takes)")
+        mark("per-layer c, r")
         meter.start_phase()  # server/aggregation.py from here on
-        agg = make_aggregator(cfg, w, c, r)
+        agg = make_aggregator(cfg, w, c_layer, r_layer, layout)
         mark("aggregator")
         if scenario == "server-batch":
             records = [packed_record() for _ in range(clients)]
@@ -232,47 +212,40 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
         mark(f"{clients} updates counted")
         est = agg.estimate()
         assert est is not None
-        mark("estimate")
-        w_new = apply_global_lr(w, est, cfg.global_lr)
+        mark("estimate (over the counts buffer)")
+        w_new = apply_global_lr(w, est, cfg.global_lr, inplace=True)
         assert w_new.shape == (m,) and _all_finite(w_new)
         mark("new global model")
     else:
-        w = model_vector()
-        # per-layer c, r as the client receives them (no model-sized temporaries here)
-        ends = [(lo, lo + size) for lo, size in zip(layout.offsets, layout.sizes, strict=True)]
-        lims = torch.tensor([[float(v) for v in torch.aminmax(w[a:b])] for a, b in ends])
-        c_layer = (lims[:, 0] + lims[:, 1]) / 2
-        r_layer = ((lims[:, 1] - lims[:, 0]) / 2).clamp_min(1e-3)
-        mark("inputs: trained model w, per-layer c, r")
+        from flwr.app import Context, RecordDict
+
+        from client.encode import encode
+        from client.shared import Shared
+
+        w_global = model_vector()
+        c_layer, r_layer = layer_center_radius(w_global, layout, 0.0, 1e-3)
+        mark("inputs: trained model w, global model, per-layer c, r")
         inputs = meter.now()
+        context = Context(
+            run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={}
+        )
+        shared = Shared(partner=12, lead=True, secret=secrets.token_bytes(32))
         meter.start_phase()  # the quantization step from here on
-        seed = secrets.token_bytes(32)
-        label = context_label(1, 1, 11, 12)
-        qgen = torch.Generator().manual_seed(7)
-        z = expand_seed(seed, label, m, d)
-        mark("z = expand_seed")
-        if scenario == "client-per-element":
-            c = expand_per_element(c_layer, layout)
-            r = expand_per_element(r_layer, layout)
-            mark("per-element c, r")
-            bits = corbinq(w, c, r, eps, z, d, lead=True, generator=qgen)
-        else:
-            bits = torch.empty(m, dtype=torch.bool)
-            for i, (lo, size) in enumerate(zip(layout.offsets, layout.sizes, strict=True)):
-                bits[lo : lo + size] = corbinq(
-                    w[lo : lo + size],
-                    float(c_layer[i]),
-                    float(r_layer[i]),
-                    eps,
-                    z[lo : lo + size],
-                    d,
-                    lead=True,
-                    generator=qgen,
-                )
-        mark("bits = corbinq")
-        packed = pack_bits(bits)
-        assert packed.shape == (nbytes,)
-        mark("pack_bits")
+        key, packed, _, _ = encode(
+            cfg,
+            context,
+            w=w,
+            w_global=w_global,
+            c=c_layer,
+            r=r_layer,
+            layout=layout,
+            rnd=1,
+            assignment=wire.PAIRED,
+            shared=shared,
+            cq=None,
+        )
+        assert key == wire.BITS and packed.shape == (nbytes,)
+        mark("encode: z, corbinq per layer, pack_bits")
     seconds = time.perf_counter() - t0
     return {
         "scenario": scenario,
@@ -286,38 +259,6 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
         "exact_peak": meter.hwm_ok,
         "trace": meter.trace,
     }
-
-
-def _proposed_bits_aggregation(
-    replies: Any, layout: Any, c_layer: Any, r_layer: Any, eps: float
-) -> Any:
-    """A memory-lean version of what ``BitsAggregator`` + ``apply_global_lr`` (lambda = 1) do.
-
-    Same math (Alg. 3 line 23: ``w_bar = c + r alpha (2k/n - 1)``, via ``mean_from_counts``),
-    three changes: ``c``, ``r`` stay per layer (scalars per layer, no two model-sized
-    expansions); the estimate is computed layer by layer and written over the int32 counts
-    buffer viewed as float32 (same size, no second model-sized vector); with ``lambda = 1`` the
-    estimate IS the new model (no clone). Replies are decoded and counted one at a time.
-    """
-    import numpy as np
-    import torch
-
-    from corbin_fl import wire
-    from mechanisms.packing import BitCounter, mean_from_counts
-
-    nbytes = wire.packed_len(layout.m)
-    counter = BitCounter(layout.m)
-    for rec in replies:
-        counter.add(wire.read_array(rec, wire.BITS, np.uint8, nbytes))
-    counts = counter.counts()  # int32 [m]
-    n = counter.n
-    del counter
-    out = counts.view(np.float32)  # the estimate overwrites the counts, block by block
-    for i, (lo, size) in enumerate(zip(layout.offsets, layout.sizes, strict=True)):
-        k = torch.from_numpy(counts[lo : lo + size].copy())
-        est = mean_from_counts(k, n, float(c_layer[i]), float(r_layer[i]), eps)
-        out[lo : lo + size] = est.numpy()
-    return torch.from_numpy(out)
 
 
 def _run_child(scenario: str, spec_path: Path) -> dict[str, Any]:
@@ -399,13 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         spec_path.write_text(json.dumps(spec))
         results = {
             s: _run_child(s, spec_path)
-            for s in (
-                "server-stream",
-                "server-batch",
-                "server-stream-proposed",
-                "client-per-element",
-                "client-per-layer",
-            )
+            for s in ("server-stream", "server-batch", "client")
         }
     lines = [
         f"model: ResNet18 / CIFAR-10, m = {m:,} parameters, {len(spec['sizes'])} layers",
@@ -420,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     verdict: dict[str, float] = {}
     for name, res in results.items():
-        if name.startswith("server-stream"):  # 3 x 4m + the one update being decoded
+        if name == "server-stream":  # 3 x 4m + the one update being decoded
             budget, measured = 3 * model_bytes + packed_bytes, res["phase_total"]
         elif name == "server-batch":  # 3 x 4m + every reply's packed update alive at once
             budget, measured = 3 * model_bytes + args.clients * packed_bytes, res["phase_total"]
@@ -444,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         else "peak = ru_maxrss (includes the import peak: an upper bound)",
         "within budget: "
         + ", ".join(f"{k} {'yes' if v <= 1.0 else 'NO'}" for k, v in verdict.items()),
-        "per-layer c/r gives the same bits as per-element c/r (same z, same tie coins): "
+        "corbinq layer by layer gives the same bits as on per-element c, r (same z, same coins): "
         f"{_check_per_layer_equals_per_element(spec)}",
     ]
     sys.stdout.write("\n".join(lines) + "\n")

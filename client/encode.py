@@ -28,8 +28,9 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -39,6 +40,9 @@ from client.pair_crypto import z_digest
 from client.shared import Fallback, Shared
 from corbin_fl import wire
 from corbin_fl.config import RunConfig
+
+if TYPE_CHECKING:
+    from corbin_fl.models import ParamLayout
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +201,7 @@ def train_and_encode(
     -------
     EncodeResult
     """
-    from corbin_fl.models import expand_per_element, flatten, load_flat
+    from corbin_fl.models import flatten, load_flat
     from corbin_fl.training import train_local
 
     dev = task.device
@@ -219,8 +223,7 @@ def train_and_encode(
         max_steps=cfg.max_steps or None,
     )
     w = flatten(model).to(dev)
-    c = expand_per_element(torch.from_numpy(center).to(dev), task.layout)
-    r = expand_per_element(torch.from_numpy(radius).to(dev), task.layout)
+    c, r = torch.from_numpy(center), torch.from_numpy(radius)  # per layer: never expanded
 
     t0 = time.perf_counter()
     key, array, extra, digest = encode(
@@ -230,6 +233,7 @@ def train_and_encode(
         w_global=w_global,
         c=c,
         r=r,
+        layout=task.layout,
         rnd=rnd,
         assignment=assignment,
         shared=shared,
@@ -238,7 +242,7 @@ def train_and_encode(
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     encode_seconds = time.perf_counter() - t0
-    outside = ((w < c - r) | (w > c + r)).float().mean().item()
+    outside = clip_fraction(w, c, r, task.layout)
     metrics: dict[str, float] = {
         wire.M_TRAIN_LOSS: float(trained.loss),
         wire.M_NUM_EXAMPLES: float(trained.num_examples),
@@ -249,6 +253,48 @@ def train_and_encode(
         **extra,
     }
     return EncodeResult(array_key=key, array=array, metrics=metrics, z_digest=digest)
+
+
+def clip_fraction(
+    w: torch.Tensor, c: torch.Tensor, r: torch.Tensor, layout: ParamLayout | None = None
+) -> float:
+    """Fraction of the entries of ``w`` outside ``[c - r, c + r]`` (clipped by the mechanism)."""
+    from corbin_fl.models import range_blocks
+
+    outside = 0
+    for b in range_blocks(c, r, w.numel(), layout):
+        part = w[b.lo : b.hi]
+        c_b, r_b = _on(b.c, part), _on(b.r, part)
+        outside += int(((part < c_b - r_b) | (part > c_b + r_b)).sum())
+    return outside / max(w.numel(), 1)
+
+
+def _on(v: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor | float:
+    return v.to(like.device) if isinstance(v, torch.Tensor) else v
+
+
+def by_block(
+    w: torch.Tensor,
+    c: torch.Tensor,
+    r: torch.Tensor,
+    layout: ParamLayout | None,
+    fn: Callable[[slice, torch.Tensor | float, torch.Tensor | float], torch.Tensor],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """``out[lo:hi] = fn(slice(lo, hi), c_b, r_b)`` over the range blocks of ``c``, ``r``.
+
+    With per-layer ``c``, ``r`` (and ``layout``) the quantizers see one layer at a time with
+    scalar ``c_l``, ``r_l``, so their temporaries are layer-sized and no model-sized ``c`` or
+    ``r`` is ever built (client memory stays within 2x the float32 model; see
+    ``bench/bench_memory.py``). The math is elementwise, so the result equals one call on the
+    expanded per-element ``c``, ``r``.
+    """
+    from corbin_fl.models import range_blocks
+
+    out = torch.empty(w.numel(), dtype=dtype, device=w.device)
+    for b in range_blocks(c, r, w.numel(), layout):
+        out[b.lo : b.hi] = fn(slice(b.lo, b.hi), _on(b.c, w), _on(b.r, w))
+    return out
 
 
 def encode(
@@ -263,8 +309,12 @@ def encode(
     assignment: str,
     shared: Shared | Fallback | None,
     cq: tuple[int, int, int] | None,
+    layout: ParamLayout | None = None,
 ) -> tuple[str, np.ndarray, dict[str, float], bytes | None]:
     """Encode the local model ``w`` with ``cfg.mechanism`` (no training; used by tests too).
+
+    ``c`` and ``r`` are per layer (``[L]``, with ``layout``; what the server sends) or per
+    element (``[m]``, without ``layout``).
 
     Returns
     -------
@@ -282,8 +332,17 @@ def encode(
         digest = None
         if isinstance(shared, Shared):
             z = shared_z(cfg, context, rnd, shared, w.numel(), w.device)
-            bits = corbinq(
-                w, c, r, cfg.epsilon, z, cfg.d, shared.lead, generator=gen, p_x=realized_px(cfg.p_x)
+            p_x = realized_px(cfg.p_x)
+            lead = shared.lead
+            bits = by_block(
+                w,
+                c,
+                r,
+                layout,
+                lambda s, c_b, r_b: corbinq(
+                    w[s], c_b, r_b, cfg.epsilon, z[s], cfg.d, lead, generator=gen, p_x=p_x
+                ),
+                torch.bool,
             )
             flags[wire.M_PAIRED] = 1.0
             if cfg.test_z_digest:
@@ -302,10 +361,17 @@ def encode(
                         rnd,
                         shared.reason,
                     )
-            bits = ldpq(w, c, r, cfg.epsilon, generator=gen)
+            bits = by_block(
+                w,
+                c,
+                r,
+                layout,
+                lambda s, c_b, r_b: ldpq(w[s], c_b, r_b, cfg.epsilon, generator=gen),
+                torch.bool,
+            )
         return wire.BITS, pack_bits(bits), flags, digest
     return _encode_baseline(
-        cfg, context, w=w, w_global=w_global, c=c, r=r, gen=gen, cq=cq, flags=flags
+        cfg, context, w=w, w_global=w_global, c=c, r=r, layout=layout, gen=gen, cq=cq, flags=flags
     )
 
 
@@ -333,6 +399,7 @@ def _encode_baseline(
     w_global: torch.Tensor,
     c: torch.Tensor,
     r: torch.Tensor,
+    layout: ParamLayout | None,
     gen: torch.Generator,
     cq: tuple[int, int, int] | None,
     flags: dict[str, float],
@@ -344,12 +411,27 @@ def _encode_baseline(
     if mech == "gaussian":
         from mechanisms.baselines.gaussian import gaussian
 
-        out = gaussian(w, c, r, cfg.epsilon, cfg.delta, generator=gen)
+        out = by_block(
+            w,
+            c,
+            r,
+            layout,
+            lambda s, c_b, r_b: gaussian(w[s], c_b, r_b, cfg.epsilon, cfg.delta, generator=gen),
+            torch.float32,
+        )
         return wire.VALUES, _np(out), flags, None
     if mech == "laplace":
         from mechanisms.baselines.laplace import laplace
 
-        return wire.VALUES, _np(laplace(w, c, r, cfg.epsilon, generator=gen)), flags, None
+        out = by_block(
+            w,
+            c,
+            r,
+            layout,
+            lambda s, c_b, r_b: laplace(w[s], c_b, r_b, cfg.epsilon, generator=gen),
+            torch.float32,
+        )
+        return wire.VALUES, _np(out), flags, None
     if mech == "fedavg":
         from mechanisms.baselines.vanilla import vanilla
 
@@ -362,12 +444,29 @@ def _encode_baseline(
             raise ValueError("cq needs the shared seed, rank and client count")
         seed, rank, n = cq
         _, offsets = cq_shared_randomness(seed, n, (w.numel(),), device=w.device)
-        bits = cq_quantize(w, c, r, rank, n, shared_offset=offsets, generator=gen)
+        bits = by_block(
+            w,
+            c,
+            r,
+            layout,
+            lambda s, c_b, r_b: cq_quantize(
+                w[s], c_b, r_b, rank, n, shared_offset=offsets[s], generator=gen
+            ),
+            torch.bool,
+        )
         return wire.BITS, pack_bits(bits), flags, None
     if mech == "ternary":
         from mechanisms.baselines.ternary import ternary
 
-        t = ternary(w, c, r, cfg.epsilon, cfg.ternary_sparsity, generator=gen)
+        sparsity = cfg.ternary_sparsity
+        t = by_block(
+            w,
+            c,
+            r,
+            layout,
+            lambda s, c_b, r_b: ternary(w[s], c_b, r_b, cfg.epsilon, sparsity, generator=gen),
+            torch.int8,
+        )
         key, _, _ = wire.ternary_update_spec(w.numel(), cfg.ternary_encoding)
         return key, wire.encode_ternary(_np(t), cfg.ternary_encoding), flags, None
     if mech == "fedcad":

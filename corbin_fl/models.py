@@ -54,6 +54,7 @@ __all__ = [
     "layer_ids",
     "layout_of",
     "load_flat",
+    "range_blocks",
 ]
 
 #: Names accepted by :func:`build_model`.
@@ -541,6 +542,55 @@ def layer_center_radius(
     center = (hi_t + lo_t) / 2
     radius = ((hi_t - lo_t) / 2 * (1.0 + float(margin))).clamp_min(float(min_radius))
     return center, radius
+
+
+@dataclass(frozen=True)
+class RangeBlock:
+    """A contiguous run ``[lo, hi)`` of the flat model that shares one center and radius.
+
+    ``c`` and ``r`` are Python floats (one layer of a per-layer range) or tensors of length
+    ``hi - lo`` (a per-element range). Every quantizer and baseline of ``mechanisms`` accepts
+    both, so code that walks the blocks never builds a model-sized ``c`` or ``r``.
+    """
+
+    lo: int
+    hi: int
+    c: torch.Tensor | float
+    r: torch.Tensor | float
+
+
+def range_blocks(
+    c: torch.Tensor, r: torch.Tensor, m: int, layout: ParamLayout | None = None
+) -> list[RangeBlock]:
+    """Split a center/radius pair into :class:`RangeBlock` s over a flat model of ``m`` entries.
+
+    With ``layout``, ``c`` and ``r`` are per layer (shape ``(L,)``, paper Sec. V-2: one interval
+    ``[c_l - r_l, c_l + r_l]`` per layer) and each layer is one block with scalar ``c_l``, ``r_l``:
+    the memory of ``c`` and ``r`` stays ``O(L)`` instead of two model-sized vectors. Without it,
+    ``c`` and ``r`` are per element (shape ``(m,)``) and form a single block.
+
+    Raises
+    ------
+    ValueError
+        If the shapes do not match.
+    """
+    if layout is None:
+        if c.shape != (m,) or r.shape != (m,):
+            got = f"{tuple(c.shape)}, {tuple(r.shape)}"
+            raise ValueError(f"per-element c and r must have shape ({m},), got {got}")
+        return [RangeBlock(0, m, c, r)]
+    if layout.m != m:
+        raise ValueError(f"layout has {layout.m} parameters, the model {m}")
+    shape = (layout.num_layers,)
+    if c.shape != shape or r.shape != shape:
+        raise ValueError(
+            f"per-layer c and r must have shape {shape}, got {tuple(c.shape)}, {tuple(r.shape)}"
+        )
+    cs, rs = c.tolist(), r.tolist()
+    return [
+        RangeBlock(off, off + size, float(cs[i]), float(rs[i]))
+        for i, (off, size) in enumerate(zip(layout.offsets, layout.sizes, strict=True))
+    ]
 
 
 def expand_per_element(

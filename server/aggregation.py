@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from typing import Final
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ from flwr.app import ArrayRecord
 
 from corbin_fl import wire
 from corbin_fl.config import RunConfig
+
+if TYPE_CHECKING:
+    from corbin_fl.models import ParamLayout, RangeBlock
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +46,29 @@ class Aggregator(ABC):
     w_global : torch.Tensor
         The global model sent this round, float32 ``[m]``.
     c, r : torch.Tensor
-        Per-element center and radius sent this round, float32 ``[m]``.
+        Center and radius sent this round: per layer (``[L]``, with ``layout``; what the
+        deployment uses) or per element (``[m]``, without).
+    layout : ParamLayout, optional
+        The model's layer layout when ``c`` and ``r`` are per layer.
+
+    Memory: the accumulator is the only model-sized state (int32 counts, float64 sums); ``c`` and
+    ``r`` are walked layer by layer (:func:`corbin_fl.models.range_blocks`), never expanded.
     """
 
     def __init__(
-        self, cfg: RunConfig, w_global: torch.Tensor, c: torch.Tensor, r: torch.Tensor
+        self,
+        cfg: RunConfig,
+        w_global: torch.Tensor,
+        c: torch.Tensor,
+        r: torch.Tensor,
+        layout: ParamLayout | None = None,
     ) -> None:
+        from corbin_fl.models import range_blocks
+
         self.cfg = cfg
         self.m = int(w_global.numel())
         self.w_global = w_global
-        self.c = c
-        self.r = r
+        self.blocks = range_blocks(_cpu(c), _cpu(r), self.m, layout)
         self.n = 0
         self.key, self.dtype, self.length = wire.update_spec(
             cfg.mechanism, self.m, cfg.ternary_encoding
@@ -72,12 +88,16 @@ class Aggregator(ABC):
     def _estimate(self) -> torch.Tensor: ...
 
     def estimate(self) -> torch.Tensor | None:
-        """The estimate of the mean local model (float32 ``[m]``), or None if no update came."""
+        """The estimate of the mean local model (float32 ``[m]``, CPU), or None if no update came.
+
+        May reuse the accumulator's memory: call it once, after the last :meth:`add`.
+        """
         if self.n == 0:
             return None
         out = self._estimate().to(torch.float32)
-        if not bool(torch.isfinite(out).all()):
-            raise FloatingPointError("the aggregate has non-finite entries")
+        for lo in range(0, self.m, CHUNK):
+            if not bool(torch.isfinite(out[lo : lo + CHUNK]).all()):
+                raise FloatingPointError("the aggregate has non-finite entries")
         return out
 
 
@@ -85,11 +105,16 @@ class BitsAggregator(Aggregator):
     """One bit per parameter (corbin, augcorbin, ldpfl, cq), counted by a ``BitCounter``."""
 
     def __init__(
-        self, cfg: RunConfig, w_global: torch.Tensor, c: torch.Tensor, r: torch.Tensor
+        self,
+        cfg: RunConfig,
+        w_global: torch.Tensor,
+        c: torch.Tensor,
+        r: torch.Tensor,
+        layout: ParamLayout | None = None,
     ) -> None:
         from mechanisms.packing import BitCounter
 
-        super().__init__(cfg, w_global, c, r)
+        super().__init__(cfg, w_global, c, r, layout)
         self.counter = BitCounter(self.m)
         pad = 8 * self.length - self.m
         self._pad_mask = np.uint8((1 << pad) - 1) if pad else None
@@ -100,22 +125,39 @@ class BitsAggregator(Aggregator):
         self.counter.add(values)
 
     def _estimate(self) -> torch.Tensor:
+        """``w_bar = c + r alpha (2 k / n - 1)`` per block (``alpha = 1`` for cq).
+
+        The int32 counts ``k`` are overwritten block by block with the float32 estimate (same
+        size), so the estimate needs no second model-sized buffer.
+        """
         from mechanisms.packing import mean_from_counts
 
-        counts = torch.as_tensor(np.asarray(self.counter.counts()), device=self.c.device)
-        if self.cfg.mechanism == "cq":
-            return self.c + self.r * (2.0 * counts.to(torch.float64) / self.n - 1.0)
-        return mean_from_counts(counts, self.n, self.c, self.r, self.cfg.epsilon)
+        counts = np.ascontiguousarray(self.counter.counts(), dtype=np.int32)
+        self.counter = None  # type: ignore[assignment]  # its bit planes are not needed any more
+        out = counts.view(np.float32)
+        for lo, hi, c, r in _chunks(self.blocks):
+            k = torch.from_numpy(counts[lo:hi].copy())
+            if self.cfg.mechanism == "cq":
+                est = c + r * (2.0 * k.to(torch.float64) / self.n - 1.0)
+            else:
+                est = mean_from_counts(k, self.n, c, r, self.cfg.epsilon)
+            out[lo:hi] = est.numpy()
+        return torch.from_numpy(out)
 
 
 class TernaryAggregator(Aggregator):
     """Ternary compressor: sum of ``t`` in {-1, 0, 1}; decode ``c + B * mean(t)``."""
 
     def __init__(
-        self, cfg: RunConfig, w_global: torch.Tensor, c: torch.Tensor, r: torch.Tensor
+        self,
+        cfg: RunConfig,
+        w_global: torch.Tensor,
+        c: torch.Tensor,
+        r: torch.Tensor,
+        layout: ParamLayout | None = None,
     ) -> None:
-        super().__init__(cfg, w_global, c, r)
-        self.total = torch.zeros(self.m, dtype=torch.int32, device=c.device)
+        super().__init__(cfg, w_global, c, r, layout)
+        self.total = torch.zeros(self.m, dtype=torch.int32)
 
     def _add(self, values: np.ndarray) -> None:
         t = wire.decode_ternary(values, self.m, self.cfg.ternary_encoding)
@@ -124,8 +166,11 @@ class TernaryAggregator(Aggregator):
     def _estimate(self) -> torch.Tensor:
         from mechanisms.baselines.ternary import ternary_params
 
-        _, big_b = ternary_params(self.r, self.cfg.epsilon, self.cfg.ternary_sparsity)
-        return self.c + big_b * (self.total.to(torch.float64) / self.n)
+        out = torch.empty(self.m, dtype=torch.float32)
+        for lo, hi, c, r in _chunks(self.blocks):
+            _, big_b = ternary_params(r, self.cfg.epsilon, self.cfg.ternary_sparsity)
+            out[lo:hi] = c + big_b * (self.total[lo:hi].to(torch.float64) / self.n)
+        return out
 
 
 FLOAT_ABS_LIMIT: Final[float] = 1e6
@@ -142,7 +187,7 @@ LAPLACE_TAIL_K: Final[float] = 75.0
 
 
 def float_release_bounds(
-    cfg: RunConfig, c: torch.Tensor, r: torch.Tensor
+    cfg: RunConfig, c: torch.Tensor | float, r: torch.Tensor | float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(reference, limit)`` of the admissible float releases: ``|v - reference| <= limit``.
 
@@ -161,9 +206,10 @@ def float_release_bounds(
     Returns
     -------
     tuple[torch.Tensor, torch.Tensor]
-        float64 tensors on ``c.device``, broadcastable to ``[m]``.
+        float64 tensors on ``c``'s device, broadcastable to ``c`` (scalars for scalar ``c``, ``r``).
     """
-    c64, r64 = c.to(torch.float64), r.to(torch.float64)
+    c64 = torch.as_tensor(c).to(torch.float64)
+    r64 = torch.as_tensor(r).to(device=c64.device, dtype=torch.float64)
     if cfg.mechanism == "gaussian":
         from mechanisms.baselines.gaussian import analytic_gaussian_sigma
 
@@ -174,8 +220,8 @@ def float_release_bounds(
 
         limit = r64 + LAPLACE_TAIL_K * laplace_scale(r64, cfg.epsilon)
     else:
-        zero = torch.zeros((), dtype=torch.float64, device=c.device)
-        return zero, torch.full((), FLOAT_ABS_LIMIT, dtype=torch.float64, device=c.device)
+        zero = torch.zeros((), dtype=torch.float64, device=c64.device)
+        return zero, torch.full((), FLOAT_ABS_LIMIT, dtype=torch.float64, device=c64.device)
     return c64, limit + 1e-5 * (c64.abs() + limit)
 
 
@@ -187,42 +233,77 @@ class FloatAggregator(Aggregator):
     """
 
     def __init__(
-        self, cfg: RunConfig, w_global: torch.Tensor, c: torch.Tensor, r: torch.Tensor
+        self,
+        cfg: RunConfig,
+        w_global: torch.Tensor,
+        c: torch.Tensor,
+        r: torch.Tensor,
+        layout: ParamLayout | None = None,
     ) -> None:
-        super().__init__(cfg, w_global, c, r)
-        self.total = torch.zeros(self.m, dtype=torch.float64, device=c.device)
-        self.reference, self.limit = float_release_bounds(cfg, c, r)
+        super().__init__(cfg, w_global, c, r, layout)
+        self.total = torch.zeros(self.m, dtype=torch.float64)
+        self.bounds = [float_release_bounds(cfg, b.c, b.r) for b in self.blocks]
 
     def _add(self, values: np.ndarray) -> None:
-        v = torch.from_numpy(values).to(self.total.device, torch.float64)
-        outside = (v - self.reference).abs() > self.limit
-        if bool(outside.any()):
-            j = int(torch.nonzero(outside)[0, 0])
-            raise wire.WireError(
-                f"update value {float(v[j]):.6g} at index {j} is outside the admissible range "
-                f"of {self.cfg.mechanism} releases ({int(outside.sum())} value(s) outside)"
-            )
+        v = torch.from_numpy(values)
+        for b, (reference, limit) in zip(self.blocks, self.bounds, strict=True):
+            part = v[b.lo : b.hi].to(torch.float64)
+            outside = (part - reference).abs() > limit
+            if bool(outside.any()):
+                j = b.lo + int(torch.nonzero(outside)[0, 0])
+                raise wire.WireError(
+                    f"update value {float(v[j]):.6g} at index {j} is outside the admissible "
+                    f"range of {self.cfg.mechanism} releases "
+                    f"({int(outside.sum())} value(s) outside in [{b.lo}, {b.hi}))"
+                )
         self.total += v
 
     def _estimate(self) -> torch.Tensor:
         mean = self.total / self.n
         if self.cfg.mechanism == "fedcad":
-            return self.w_global.to(torch.float64) + mean
+            return self.w_global.to("cpu", torch.float64) + mean
         return mean
 
 
 def make_aggregator(
-    cfg: RunConfig, w_global: torch.Tensor, c: torch.Tensor, r: torch.Tensor
+    cfg: RunConfig,
+    w_global: torch.Tensor,
+    c: torch.Tensor,
+    r: torch.Tensor,
+    layout: ParamLayout | None = None,
 ) -> Aggregator:
-    """The aggregator of ``cfg.mechanism``."""
+    """The aggregator of ``cfg.mechanism`` (``c``, ``r`` per layer with ``layout``)."""
     if cfg.mechanism in wire.BITS_MECHANISMS:
-        return BitsAggregator(cfg, w_global, c, r)
+        return BitsAggregator(cfg, w_global, c, r, layout)
     if cfg.mechanism == "ternary":
-        return TernaryAggregator(cfg, w_global, c, r)
-    return FloatAggregator(cfg, w_global, c, r)
+        return TernaryAggregator(cfg, w_global, c, r, layout)
+    return FloatAggregator(cfg, w_global, c, r, layout)
 
 
-def apply_global_lr(w_global: torch.Tensor, estimate: torch.Tensor, lam: float) -> torch.Tensor:
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu()
+
+
+CHUNK: Final[int] = 1 << 18
+"""Elements decoded at a time: the temporaries of the estimate stay a few MiB, whatever ``m``."""
+
+
+def _chunks(
+    blocks: Sequence[RangeBlock],
+) -> Iterator[tuple[int, int, torch.Tensor | float, torch.Tensor | float]]:
+    """``(lo, hi, c, r)`` over ``blocks`` cut into runs of at most :data:`CHUNK` elements."""
+    for b in blocks:
+        for lo in range(b.lo, b.hi, CHUNK):
+            hi = min(lo + CHUNK, b.hi)
+            if isinstance(b.c, torch.Tensor):
+                yield lo, hi, b.c[lo - b.lo : hi - b.lo], b.r[lo - b.lo : hi - b.lo]  # type: ignore[index]
+            else:
+                yield lo, hi, b.c, b.r
+
+
+def apply_global_lr(
+    w_global: torch.Tensor, estimate: torch.Tensor, lam: float, *, inplace: bool = False
+) -> torch.Tensor:
     """Paper eq. (6): ``w_g <- (1 - lambda) w_{g,init} + lambda w_{g,final}``.
 
     Parameters
@@ -233,6 +314,9 @@ def apply_global_lr(w_global: torch.Tensor, estimate: torch.Tensor, lam: float) 
         ``w_{g,final}``, the aggregate of the round, float32 ``[m]``.
     lam : float
         Global learning rate ``lambda`` in (0, 1].
+    inplace : bool
+        Write the result into ``estimate`` when it is float32 on ``w_global``'s device (the
+        server does: no third model-sized vector); otherwise ``estimate`` is left untouched.
 
     Returns
     -------
@@ -244,6 +328,8 @@ def apply_global_lr(w_global: torch.Tensor, estimate: torch.Tensor, lam: float) 
     if estimate.shape != w_global.shape:
         raise ValueError(f"estimate shape {tuple(estimate.shape)} != {tuple(w_global.shape)}")
     est = estimate.to(w_global.device, torch.float32)
+    if not inplace and est is estimate:
+        est = est.clone()
     if lam == 1.0:
-        return est.clone()
-    return ((1.0 - lam) * w_global + lam * est).to(torch.float32)
+        return est
+    return est.mul_(lam).add_(w_global.to(torch.float32), alpha=1.0 - lam)

@@ -121,7 +121,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
     RoundState
         The round's bookkeeping (participants, drops, pairs, bytes, stage times).
     """
-    from corbin_fl.models import expand_per_element, layer_center_radius
+    from corbin_fl.models import layer_center_radius
 
     cfg, grid = rt.cfg, rt.grid
     state = RoundState(
@@ -197,8 +197,6 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
     # 5. Update stage (Alg. 3 lines 3-4, 9-21): model, center/radius, partner blob or key.
     c_layer, r_layer = layer_center_radius(rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius)
     state.max_radius = float(r_layer.max())
-    c = expand_per_element(c_layer, rt.layout)
-    r = expand_per_element(r_layer, rt.layout)
     model_rec = ArrayRecord(
         {
             wire.WEIGHTS: wire.to_array(rt.weights.cpu().numpy()),
@@ -206,7 +204,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
             wire.RADIUS: wire.to_array(r_layer.cpu().numpy()),
         }
     )
-    aggregator = make_aggregator(cfg, rt.weights, c, r)
+    aggregator = make_aggregator(cfg, rt.weights, c_layer, r_layer, rt.layout)
     participants = active_of(state, state.sampled)
     cq_seed = secrets.token_bytes(wire.CQ_SEED_BYTES)
 
@@ -238,7 +236,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
     if estimate is None:
         logger.warning("round %d: no valid update; the global model is kept", rnd)
     else:
-        rt.weights = apply_global_lr(rt.weights, estimate.to(rt.device), cfg.global_lr)
+        rt.weights = apply_global_lr(rt.weights, estimate, cfg.global_lr, inplace=True)
     return state
 
 

@@ -119,7 +119,14 @@ class Attack:
         real = encode.encode
 
         def spy(cfg: RunConfig, context: Any, **kw: Any) -> Any:
-            self.local[context.node_id] = {k: kw[k].detach().clone() for k in ("w", "c", "r")}
+            c, r, layout = kw["c"], kw["r"], kw.get("layout")
+            if layout is not None:  # per-layer c, r as the client got them: expand to compare
+                c, r = expand_per_element(c, layout), expand_per_element(r, layout)
+            self.local[context.node_id] = {
+                "w": kw["w"].detach().clone(),
+                "c": c.detach().clone(),
+                "r": r.detach().clone(),
+            }
             return real(cfg, context, **kw)
 
         monkeypatch.setattr(encode, "encode", spy)

@@ -697,6 +697,76 @@ def test_bits_aggregation_matches_the_mean_of_decoded_updates() -> None:
     torch.testing.assert_close(new, 0.7 * w_g + 0.3 * est)
 
 
+@pytest.mark.parametrize(
+    "mechanism", ["corbin", "cq", "ternary", "gaussian", "laplace", "fedavg", "fedcad"]
+)
+@pytest.mark.parametrize("lam", [1.0, 0.4])
+def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, lam: float) -> None:
+    """The server keeps c, r per layer (no model-sized expansion); same estimate and model."""
+    from corbin_fl.models import ParamLayout, expand_per_element
+
+    layout = ParamLayout(
+        names=("a", "b", "c"),
+        shapes=((3, 4), (5,), (2, 2)),
+        offsets=(0, 12, 17),
+        sizes=(12, 5, 4),
+        m=21,
+    )
+    m = layout.m
+    cfg = RunConfig(mechanism=mechanism, epsilon=1.5, global_lr=lam)
+    gen = np.random.default_rng(5)
+    w_g = torch.from_numpy(gen.normal(0, 0.3, m).astype(np.float32))
+    c_l = torch.tensor([0.1, -0.2, 0.0])
+    r_l = torch.tensor([0.5, 1.0, 0.25])
+    key, dtype, length = wire.update_spec(mechanism, m, cfg.ternary_encoding)
+    updates = []
+    for _ in range(4):
+        if dtype == np.uint8 and mechanism != "ternary":
+            raw = gen.integers(0, 256, length, dtype=np.uint8)
+            raw[-1] &= np.uint8((0xFF << (8 * length - m)) & 0xFF)
+        elif mechanism == "ternary":
+            raw = wire.encode_ternary(gen.integers(-1, 2, m).astype(np.int8), cfg.ternary_encoding)
+        else:
+            raw = gen.normal(0, 0.1, m).astype(np.float32)
+        updates.append(ArrayRecord({key: Array(raw)}))
+    per_layer = make_aggregator(cfg, w_g, c_l, r_l, layout)
+    per_element = make_aggregator(
+        cfg, w_g, expand_per_element(c_l, layout), expand_per_element(r_l, layout)
+    )
+    for rec in updates:
+        per_layer.add(rec)
+        per_element.add(rec)
+    a, b = per_layer.estimate(), per_element.estimate()
+    assert a is not None and b is not None
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        apply_global_lr(w_g, a, lam, inplace=True), apply_global_lr(w_g, b, lam), rtol=0, atol=1e-6
+    )
+    with pytest.raises(ValueError, match="per-layer c and r"):
+        make_aggregator(cfg, w_g, c_l[:2], r_l[:2], layout)
+
+
+def test_client_by_block_equals_one_call_on_expanded_ranges() -> None:
+    from client.encode import by_block, clip_fraction
+    from corbin_fl.models import ParamLayout, expand_per_element
+    from mechanisms.quantizers import ldpq
+
+    layout = ParamLayout(
+        names=("a", "b"), shapes=((7,), (9,)), offsets=(0, 7), sizes=(7, 9), m=16
+    )
+    w = torch.linspace(-1.5, 1.5, layout.m)
+    c_l, r_l = torch.tensor([0.0, 0.5]), torch.tensor([1.0, 0.5])
+    c, r = expand_per_element(c_l, layout), expand_per_element(r_l, layout)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    blocks = by_block(
+        w, c_l, r_l, layout, lambda s, cb, rb: ldpq(w[s], cb, rb, 1.0, generator=g1), torch.bool
+    )
+    assert torch.equal(blocks, ldpq(w, c, r, 1.0, generator=g2))
+    outside = ((w < c - r) | (w > c + r)).float().mean().item()
+    assert clip_fraction(w, c_l, r_l, layout) == pytest.approx(outside)
+    assert clip_fraction(w, c, r) == pytest.approx(outside)
+
+
 def test_aggregators_reject_malformed_updates() -> None:
     m = 13
     w_g, c, r = torch.zeros(m), torch.zeros(m), torch.ones(m)
