@@ -73,6 +73,7 @@ class Aggregator(ABC):
         self.key, self.dtype, self.length = wire.update_spec(
             cfg.mechanism, self.m, cfg.ternary_encoding
         )
+        self._start()
 
     def add(self, record: ArrayRecord) -> None:
         """Validate one update record and fold it in (raises :class:`WireError`)."""
@@ -80,6 +81,10 @@ class Aggregator(ABC):
         values = wire.read_array(record, self.key, self.dtype, self.length, finite=True)
         self._add(values)
         self.n += 1
+
+    @abstractmethod
+    def _start(self) -> None:
+        """Allocate the accumulator (called once by ``__init__``)."""
 
     @abstractmethod
     def _add(self, values: np.ndarray) -> None: ...
@@ -104,17 +109,9 @@ class Aggregator(ABC):
 class BitsAggregator(Aggregator):
     """One bit per parameter (corbin, augcorbin, ldpfl, cq), counted by a ``BitCounter``."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        w_global: torch.Tensor,
-        c: torch.Tensor,
-        r: torch.Tensor,
-        layout: ParamLayout | None = None,
-    ) -> None:
+    def _start(self) -> None:
         from mechanisms.packing import BitCounter
 
-        super().__init__(cfg, w_global, c, r, layout)
         self.counter = BitCounter(self.m)
         pad = 8 * self.length - self.m
         self._pad_mask = np.uint8((1 << pad) - 1) if pad else None
@@ -148,15 +145,7 @@ class BitsAggregator(Aggregator):
 class TernaryAggregator(Aggregator):
     """Ternary compressor: sum of ``t`` in {-1, 0, 1}; decode ``c + B * mean(t)``."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        w_global: torch.Tensor,
-        c: torch.Tensor,
-        r: torch.Tensor,
-        layout: ParamLayout | None = None,
-    ) -> None:
-        super().__init__(cfg, w_global, c, r, layout)
+    def _start(self) -> None:
         self.total = torch.zeros(self.m, dtype=torch.int32)
 
     def _add(self, values: np.ndarray) -> None:
@@ -232,17 +221,9 @@ class FloatAggregator(Aggregator):
     rejected (:class:`corbin_fl.wire.WireError`) before anything is added.
     """
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        w_global: torch.Tensor,
-        c: torch.Tensor,
-        r: torch.Tensor,
-        layout: ParamLayout | None = None,
-    ) -> None:
-        super().__init__(cfg, w_global, c, r, layout)
+    def _start(self) -> None:
         self.total = torch.zeros(self.m, dtype=torch.float64)
-        self.bounds = [float_release_bounds(cfg, b.c, b.r) for b in self.blocks]
+        self.bounds = [float_release_bounds(self.cfg, b.c, b.r) for b in self.blocks]
 
     def _add(self, values: np.ndarray) -> None:
         v = torch.from_numpy(values)

@@ -42,6 +42,7 @@ from test_protocol_logic import (  # noqa: F401
     _stub_training,
     _task_identity,
     make_cfg,
+    runtime,
 )
 
 import mechanisms.pairing
@@ -51,7 +52,6 @@ from corbin_fl import wire
 from corbin_fl.config import APP_LOGGERS, RunConfig
 from corbin_fl.launcher import ProcessRegistry, flower_executable
 from server import round as server_round
-from server.metrics import RunFiles
 
 REPO = Path(__file__).resolve().parents[1]
 MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
@@ -269,7 +269,7 @@ def test_a_third_node_cannot_open_another_pairs_blob(monkeypatch: pytest.MonkeyP
     grid = InProcessGrid(make_cfg(num_rounds=1, cr_mode="relay"), 6)
     keys = KeySpy(monkeypatch)
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
-    rt = _runtime(grid, cfg)
+    rt = runtime(grid, cfg)
     state = server_round.run_round(rt, 1)
     assert len(state.pairs) == 3 and not state.dropped
     assert {m[wire.M_PAIRED] for m in state.client_metrics.values()} == {1.0}
@@ -324,23 +324,6 @@ def test_a_third_node_cannot_open_another_pairs_blob(monkeypatch: pytest.MonkeyP
             partner = state.partner[msg.metadata.dst_node_id]
             assert rec[wire.PARTNER] == partner
             assert rec[wire.PARTNER_PUBKEY] == state.pubkeys[partner]
-
-
-def _runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
-    from corbin_fl.data import dataset_info
-    from corbin_fl.models import build_model, flatten, layout_of
-
-    info = dataset_info(cfg.dataset)
-    model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
-    return server_round.ServerRuntime(
-        grid=grid,
-        cfg=cfg,
-        run_id=RUN_ID,
-        weights=flatten(model),
-        layout=layout_of(model),
-        device=torch.device("cpu"),
-        files=RunFiles(""),
-    )
 
 
 # ============================================================================ 3. logs, files

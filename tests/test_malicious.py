@@ -57,6 +57,7 @@ from test_protocol_logic import (  # noqa: F401
     _task_identity,
     make_cfg,
     reply_hook,
+    runtime,
 )
 
 from client import encode
@@ -66,7 +67,6 @@ from corbin_fl.models import expand_per_element
 from mechanisms.quantizers import alpha
 from server import round as server_round
 from server.aggregation import apply_global_lr, float_release_bounds, make_aggregator
-from server.metrics import RunFiles
 
 N_NODES = 4
 
@@ -75,24 +75,6 @@ N_NODES = 4
 def _no_client_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stub training ignores the data: skip loading the node's partition."""
     monkeypatch.setattr(encode, "local_dataset", lambda *args, **kwargs: None)
-
-
-def runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
-    """The server's state before round 1 (as ``run_training`` builds it)."""
-    from corbin_fl.data import dataset_info
-    from corbin_fl.models import build_model, flatten, layout_of
-
-    info = dataset_info(cfg.dataset)
-    model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
-    return server_round.ServerRuntime(
-        grid=grid,
-        cfg=cfg,
-        run_id=RUN_ID,
-        weights=flatten(model),
-        layout=layout_of(model),
-        device=torch.device("cpu"),
-        files=RunFiles(""),
-    )
 
 
 class Attack:

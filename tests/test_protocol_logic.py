@@ -414,7 +414,7 @@ def test_round_without_any_valid_update_keeps_the_model() -> None:
     for nid in grid.node_ids:
         grid.hooks.append(reply_hook(wire.UPDATE, nid, lambda i, r: []))
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
-    rt = _runtime(grid, cfg)
+    rt = runtime(grid, cfg)
     before = rt.weights.clone()
     state = server_round.run_round(rt, 1)
     assert len(state.dropped) == 2 and not state.client_metrics
@@ -588,7 +588,7 @@ def test_blob_of_another_pair_fails_authentication() -> None:
     """The server swaps the blobs of two pairs: all four clients detect it and use ldpq."""
     grid = InProcessGrid(make_cfg(num_rounds=1), 4)
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
-    rt = _runtime(grid, cfg)
+    rt = runtime(grid, cfg)
     real = server_round.update_instruction
 
     def swapped(state: RoundState, nid: int, *args: Any) -> Message:
@@ -791,7 +791,8 @@ def test_exchange_drops_nodes_that_cannot_be_pushed() -> None:
 
 
 # ============================================================================ helpers
-def _runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
+def runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
+    """The server's state before round 1 (as ``run_training`` builds it)."""
     from corbin_fl.data import dataset_info
     from corbin_fl.models import build_model, flatten, layout_of
 
