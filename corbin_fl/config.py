@@ -160,6 +160,12 @@ class RunConfig:
         Relative margin added to the layer-wise range: ``r = (1+margin)(max-min)/2``.
     min_radius : float
         Lower bound on every layer radius (a constant layer still gets a usable range).
+    range_quantile : float
+        ``q`` in (0.5, 1]: each layer's range is ``[Q_{1-q}, Q_q]`` of the global model's values
+        (``corbin_fl.models.layer_center_radius``). ``1`` is the paper's min/max (the default).
+        With few clients the decoded one-bit average reaches ``c +- r alpha``, so the next min/max
+        range grows by up to ``1 + lambda (alpha - 1)`` per round from the noise alone; an inner
+        quantile keeps the range on the bulk of the weights.
     dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
         Data (``corbin_fl.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10`` or
         ``hf:<hub-id>``; folder with the files; keep the source's own test split; seed of the
@@ -231,6 +237,7 @@ class RunConfig:
     global_lr: float = 1.0
     radius_margin: float = 0.0
     min_radius: float = 1e-3
+    range_quantile: float = 1.0
     dataset: str = "mnist"
     data_dir: str = ""
     use_official_test: bool = False
@@ -388,6 +395,7 @@ class RunConfig:
         interval("global-lr", self.global_lr, 0.0, 1.0, lo_open=True, hi_open=False)
         at_least("radius-margin", self.radius_margin, 0.0)
         positive("min-radius", self.min_radius)
+        interval("range-quantile", self.range_quantile, 0.5, 1.0, lo_open=True, hi_open=False)
         at_least("data-seed", self.data_seed, 0)
         positive("dirichlet-alpha", self.dirichlet_alpha)
         at_least("local-epochs", self.local_epochs, 1)

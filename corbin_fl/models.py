@@ -494,12 +494,16 @@ def layer_center_radius(
     layout: ParamLayout,
     margin: float = 0.0,
     min_radius: float = 1e-3,
+    quantile: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer-wise center and radius of a flat vector (paper, Sec. V-2).
 
-    For layer ``l`` with values ``v_l``: ``c_l = (max v_l + min v_l) / 2`` and
-    ``r_l = max((max v_l - min v_l) / 2 * (1 + margin), min_radius)``, so every value of the
-    layer lies in ``[c_l - r_l, c_l + r_l]`` (the interval the quantizers of Alg. 1 and 2 need).
+    For layer ``l`` with values ``v_l``, ``lo_l = Q_{1-q}(v_l)`` and ``hi_l = Q_q(v_l)`` (with the
+    default ``q = 1``: ``min v_l`` and ``max v_l``, the paper's rule), ``c_l = (hi_l + lo_l) / 2``
+    and ``r_l = max((hi_l - lo_l) / 2 * (1 + margin), min_radius)``. With ``q = 1`` every value of
+    the layer lies in ``[c_l - r_l, c_l + r_l]`` (the interval the quantizers of Alg. 1 and 2
+    need); with ``q < 1`` the outer ``1 - q`` tails on each side are left out (and clipped by the
+    clients).
 
     Parameters
     ----------
@@ -510,6 +514,8 @@ def layer_center_radius(
         Relative enlargement of the radius, ``>= 0`` (room for the local updates to move).
     min_radius : float
         Lower bound on the radius, ``> 0`` (a constant layer gets ``min_radius``).
+    quantile : float
+        ``q`` in (0.5, 1]; ``1`` is min/max.
 
     Returns
     -------
@@ -532,10 +538,20 @@ def layer_center_radius(
         raise ValueError(f"min_radius must be finite and > 0, got {min_radius}")
     if not bool(torch.isfinite(vec).all()):
         raise ValueError("vec has non-finite entries")
+    if isinstance(quantile, bool) or not isinstance(quantile, int | float):
+        raise TypeError(f"quantile must be a float, got {type(quantile).__name__}")
+    if not 0.5 < quantile <= 1.0:
+        raise ValueError(f"quantile must be in (0.5, 1], got {quantile}")
     v = vec.to(torch.float32)
     mins, maxs = [], []
     for off, size in zip(layout.offsets, layout.sizes, strict=True):
-        lo, hi = torch.aminmax(v[off : off + size])
+        layer = v[off : off + size]
+        if quantile < 1.0:
+            k_lo = max(1, math.floor((1.0 - quantile) * size) + 1)  # order statistics, 1-based
+            k_hi = min(size, math.ceil(quantile * size))
+            lo, hi = torch.kthvalue(layer, k_lo).values, torch.kthvalue(layer, k_hi).values
+        else:
+            lo, hi = torch.aminmax(layer)
         mins.append(lo)
         maxs.append(hi)
     lo_t, hi_t = torch.stack(mins), torch.stack(maxs)

@@ -195,7 +195,9 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
         )
 
     # 5. Update stage (Alg. 3 lines 3-4, 9-21): model, center/radius, partner blob or key.
-    c_layer, r_layer = layer_center_radius(rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius)
+    c_layer, r_layer = layer_center_radius(
+        rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius, cfg.range_quantile
+    )
     state.max_radius = float(r_layer.max())
     model_rec = ArrayRecord(
         {

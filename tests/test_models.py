@@ -256,6 +256,26 @@ def test_layer_center_radius_hand_made() -> None:
         models.layer_center_radius(vec[:5], layout)
 
 
+def test_layer_center_radius_inner_quantile_ignores_outliers() -> None:
+    """``quantile = q`` uses the order statistics ``floor((1-q) n) + 1`` and ``ceil(q n)``."""
+    layout = models.ParamLayout(names=("a",), shapes=((100,),), offsets=(0,), sizes=(100,), m=100)
+    vec = torch.linspace(-1.0, 1.0, 100)
+    vec[0], vec[99] = -40.0, 25.0  # two noise outliers
+    c, r = models.layer_center_radius(vec, layout)
+    assert float(c[0]) == pytest.approx(-7.5) and float(r[0]) == pytest.approx(32.5)
+    cq, rq = models.layer_center_radius(vec, layout, quantile=0.98)
+    ordered = torch.sort(vec).values
+    lo, hi = float(ordered[2]), float(ordered[97])  # 3rd smallest and 98th smallest
+    assert float(cq[0]) == pytest.approx((lo + hi) / 2)
+    assert float(rq[0]) == pytest.approx((hi - lo) / 2)
+    assert float(rq[0]) < 1.0
+    same = models.layer_center_radius(vec, layout, quantile=1.0)
+    assert torch.equal(same[0], c) and torch.equal(same[1], r)
+    for bad in (0.5, 1.01):
+        with pytest.raises(ValueError, match="quantile"):
+            models.layer_center_radius(vec, layout, quantile=bad)
+
+
 def test_layer_center_radius_matches_model_layers() -> None:
     model = models.build_model("cnn", 1, 10, seed=4)
     layout = models.layout_of(model)
