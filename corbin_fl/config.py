@@ -187,6 +187,9 @@ class RunConfig:
         waits ``max(first-stage-timeout, stage-timeout)`` (process start-up, imports, data).
     poll_interval : float
         Seconds between two pulls of replies while a stage waits.
+    max_inflight : int
+        Instructions outstanding at once per stage (0 = all nodes at once); see
+        ``server.stages.exchange``. Each one starts a ClientApp process on its SuperNode.
     wait_for_nodes : float
         Seconds to wait for ``min_clients`` nodes to connect before the run fails.
     out_dir : str
@@ -257,6 +260,7 @@ class RunConfig:
     stage_timeout: float = 120.0
     first_stage_timeout: float = 300.0
     poll_interval: float = 0.5
+    max_inflight: int = 0
     wait_for_nodes: float = 120.0
     out_dir: str = ""
     resume: bool = False
@@ -414,6 +418,7 @@ class RunConfig:
         positive("stage-timeout", self.stage_timeout)
         positive("first-stage-timeout", self.first_stage_timeout)
         positive("poll-interval", self.poll_interval)
+        at_least("max-inflight", self.max_inflight, 0)
         at_least("wait-for-nodes", self.wait_for_nodes, 0.0)
         if self.resume and not self.out_dir:
             errors["resume"] = "needs out-dir (the folder that holds the checkpoint)"

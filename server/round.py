@@ -165,6 +165,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
             lambda nid, reply: accept_pubkey(state, nid, reply),
             timeout=rt.timeout("keygen") if need else 0.0,
             poll_interval=cfg.poll_interval,
+            max_inflight=cfg.max_inflight,
             files=rt.files,
         )
 
@@ -191,6 +192,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
             lambda nid, reply: accept_blob(state, nid, reply, wire.blob_len(secret_len)),
             timeout=rt.timeout("pair"),
             poll_interval=cfg.poll_interval,
+            max_inflight=cfg.max_inflight,
             files=rt.files,
         )
 
@@ -225,6 +227,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
         on_update,
         timeout=rt.timeout("update") if participants else 0.0,
         poll_interval=cfg.poll_interval,
+        max_inflight=cfg.max_inflight,
         files=rt.files,
     )
     del model_rec  # the serialized model (one float32 model copy): not needed to aggregate

@@ -119,6 +119,31 @@ class RoundState:
             )
 
 
+def _push(
+    grid: Grid,
+    state: RoundState,
+    stage: str,
+    msgs: list[Message],
+    nodes: list[int],
+    pending: dict[str, int],
+) -> None:
+    """Push ``msgs`` (one per node of ``nodes``); record the ids, drop the nodes that failed."""
+    try:
+        ids = list(grid.push_messages(msgs))
+    except Exception as exc:  # a failed push drops the nodes, not the run
+        logger.exception("round %d, stage %s: push failed", state.round, stage)
+        for nid in nodes:
+            state.drop(nid, f"could not push the instruction ({exc})", stage)
+        return
+    if len(ids) != len(nodes):
+        raise RuntimeError(f"push_messages returned {len(ids)} ids for {len(nodes)} messages")
+    for nid, mid in zip(nodes, ids, strict=True):
+        if mid:
+            pending[mid] = nid
+        else:
+            state.drop(nid, "could not push the instruction (node gone?)", stage)
+
+
 def exchange(
     grid: Grid,
     state: RoundState,
@@ -128,6 +153,7 @@ def exchange(
     timeout: float,
     poll_interval: float,
     files: RunFiles | None = None,
+    max_inflight: int = 0,
 ) -> list[int]:
     """Send one instruction per node and collect the replies of one stage.
 
@@ -147,6 +173,11 @@ def exchange(
         Seconds between two pulls.
     files : RunFiles, optional
         Receives the ``stage_end`` event.
+    max_inflight : int
+        At most this many instructions outstanding at once (``0``: all at once). The next node's
+        instruction is pushed when a reply (or a drop) frees a slot; ``timeout`` bounds the whole
+        stage. Each instruction makes its SuperNode start a ClientApp process, so on a small
+        machine with many SuperNodes this keeps the stage from starting them all together.
 
     Returns
     -------
@@ -167,31 +198,27 @@ def exchange(
     )
     before = set(state.dropped)
 
-    nodes = list(messages)
-    try:
-        ids = list(grid.push_messages([messages[nid] for nid in nodes]))
-    except Exception as exc:  # a failed push drops the nodes, not the run
-        logger.exception("round %d, stage %s: push failed", state.round, stage)
-        ids = [None] * len(nodes)
-        for nid in nodes:
-            state.drop(nid, f"could not push the instruction ({exc})", stage)
-    if len(ids) != len(nodes):
-        raise RuntimeError(f"push_messages returned {len(ids)} ids for {len(nodes)} messages")
+    if max_inflight < 0:
+        raise ValueError(f"max_inflight must be >= 0, got {max_inflight}")
+    queue = list(messages)
     pending: dict[str, int] = {}
-    for nid, mid in zip(nodes, ids, strict=True):
-        if mid:
-            pending[mid] = nid
-        else:
-            state.drop(nid, "could not push the instruction (node gone?)", stage)
+
+    def push_more() -> None:
+        room = len(queue) if max_inflight == 0 else max(0, max_inflight - len(pending))
+        nodes, queue[:room] = queue[:room], []
+        if nodes:
+            _push(grid, state, stage, [messages[nid] for nid in nodes], nodes, pending)
 
     accepted: list[int] = []
     deadline = t0 + timeout
-    while pending:
-        batch = list(grid.pull_messages(list(pending)))
+    push_more()
+    while pending or queue:
+        batch = list(grid.pull_messages(list(pending))) if pending else []
         _screen_batch(state, stage, batch, pending, accepted)
         for reply in batch:
             _handle(state, stage, msg_type, reply, pending, on_reply, accepted)
-        if not pending:
+        push_more()
+        if not pending and not queue:
             break
         now = time.monotonic()
         if now >= deadline:
@@ -199,6 +226,8 @@ def exchange(
         time.sleep(min(poll_interval, deadline - now))
     for nid in pending.values():
         state.drop(nid, f"no reply within {timeout:g} s", stage)
+    for nid in queue:
+        state.drop(nid, f"not reached within the stage timeout of {timeout:g} s", stage)
 
     seconds = time.monotonic() - t0
     state.stage_seconds[stage] = state.stage_seconds.get(stage, 0.0) + seconds

@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 
 NUM_NODES = int(os.environ.get("CORBIN_LOAD_NODES", "30"))
 PER_ROUND = int(os.environ.get("CORBIN_LOAD_PER_ROUND", "0"))
+MAX_INFLIGHT = int(os.environ.get("CORBIN_LOAD_MAX_INFLIGHT", "6"))
+"""Instructions outstanding at once per stage (``max-inflight``). With all 30 at once, 2 cores
+start ClientApp processes so slowly that the SuperExecs start more for the same messages: one
+unwindowed run had 284 ClientApp processes alive at once (22 GiB) and hit the memory guard."""
 """Clients sampled per round (``clients-per-round``; 0 = every SuperNode)."""
 ROUNDS = 3
 GIB = 1024**3
@@ -219,6 +223,7 @@ def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
         "stage-timeout": 1800.0,
         "first-stage-timeout": 1800.0,
         "poll-interval": 1.0,
+        "max-inflight": MAX_INFLIGHT,
         "out-dir": str(out),
     }
     floor = max(MEMORY_FLOOR, int(0.08 * _meminfo("MemTotal")))
@@ -267,7 +272,8 @@ def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
     rows = _jsonl(out / "metrics.jsonl")
     events_all = _jsonl(out / "events.jsonl")
     lines = [
-        f"{NUM_NODES} SuperNodes ({PER_ROUND or NUM_NODES} per round): start-up {startup:.0f} s, "
+        f"{NUM_NODES} SuperNodes ({PER_ROUND or NUM_NODES} per round, max-inflight "
+        f"{MAX_INFLIGHT}): start-up {startup:.0f} s, "
         f"run {run_seconds:.0f} s",
         *(
             f"round {r['round']}: {r['round_seconds']:.1f} s, {r['participants']}/{r['sampled']}"

@@ -780,6 +780,36 @@ def test_aggregators_reject_malformed_updates() -> None:
     assert bits.estimate() is None and bits.n == 0
 
 
+def test_exchange_keeps_at_most_max_inflight_instructions_outstanding() -> None:
+    grid = InProcessGrid(make_cfg(mechanism="corbin"), 5)
+    state = RoundState(round=1, run_id=RUN_ID, sampled=list(grid.node_ids))
+    msgs = {nid: server_round.instruction(wire.KEYGEN, nid, 1, {}) for nid in state.sampled}
+    outstanding: set[str] = set()
+    most = 0
+    push, pull = grid.push_messages, grid.pull_messages
+
+    def counting_push(batch: Any) -> list[str]:
+        nonlocal most
+        ids = list(push(batch))
+        outstanding.update(ids)
+        most = max(most, len(outstanding))
+        return ids
+
+    def counting_pull(ids: Any) -> list[Message]:
+        replies = list(pull(ids))
+        outstanding.difference_update(r.metadata.reply_to_message_id for r in replies)
+        return replies
+
+    grid.push_messages, grid.pull_messages = counting_push, counting_pull  # type: ignore[method-assign]
+    accepted = exchange(
+        grid, state, msgs, lambda n, r: None, timeout=30.0, poll_interval=0.01, max_inflight=2
+    )
+    assert sorted(accepted) == sorted(grid.node_ids) and not state.dropped
+    assert most == 2 and len(grid.sent) == 5
+    with pytest.raises(ValueError, match="max_inflight"):
+        exchange(grid, state, msgs, lambda n, r: None, timeout=1, poll_interval=0, max_inflight=-1)
+
+
 def test_exchange_drops_nodes_that_cannot_be_pushed() -> None:
     grid = InProcessGrid(make_cfg(mechanism="ldpfl"), 2)
     state = RoundState(round=1, run_id=RUN_ID, sampled=[999, grid.node_ids[0]])
