@@ -602,7 +602,14 @@ def test_ctrl_c_stops_every_process(tiny_app: Path, tmp_path: Path) -> None:
     cmd = ["corbin-fl", "local", "--app", str(tiny_app), "--clients", "1", "-q"]
     cmd += ["--run-config", "hang=true", "--rounds", "1", "--out", str(out)]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        # Ctrl-C in a terminal: SIGINT at its default disposition. A suite started as a background
+        # job of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python then never
+        # raises KeyboardInterrupt (seen once: the launcher ran on for 60 s after the SIGINT).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         _wait_for(lambda: (out / "events.jsonl").exists() or proc.poll() is not None, 150)
