@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -42,7 +42,7 @@ from corbin_fl import wire
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
-    from corbin_fl.models import ParamLayout
+    from corbin_fl.models import ParamLayout, RangeBlock
 
 logger = logging.getLogger(__name__)
 
@@ -275,13 +275,11 @@ def _on(v: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor | float:
 
 def by_block(
     w: torch.Tensor,
-    c: torch.Tensor,
-    r: torch.Tensor,
-    layout: ParamLayout | None,
+    blocks: Sequence[RangeBlock],
     fn: Callable[[slice, torch.Tensor | float, torch.Tensor | float], torch.Tensor],
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """``out[lo:hi] = fn(slice(lo, hi), c_b, r_b)`` over the range blocks of ``c``, ``r``.
+    """``out[lo:hi] = fn(slice(lo, hi), c_b, r_b)`` over ``blocks`` (:func:`range_blocks`).
 
     With per-layer ``c``, ``r`` (and ``layout``) the quantizers see one layer at a time with
     scalar ``c_l``, ``r_l``, so their temporaries are layer-sized and no model-sized ``c`` or
@@ -289,10 +287,8 @@ def by_block(
     ``bench/bench_memory.py``). The math is elementwise, so the result equals one call on the
     expanded per-element ``c``, ``r``.
     """
-    from corbin_fl.models import range_blocks
-
     out = torch.empty(w.numel(), dtype=dtype, device=w.device)
-    for b in range_blocks(c, r, w.numel(), layout):
+    for b in blocks:
         out[b.lo : b.hi] = fn(slice(b.lo, b.hi), _on(b.c, w), _on(b.r, w))
     return out
 
@@ -321,12 +317,14 @@ def encode(
     tuple
         ``(array key, numpy array, extra metrics, z digest or None)``.
     """
+    from corbin_fl.models import range_blocks
     from mechanisms.packing import pack_bits
     from mechanisms.quantizers import corbinq, ldpq
     from mechanisms.randomness import realized_px
 
     mech = cfg.mechanism
     gen = quantization_generator(w.device)
+    blocks = range_blocks(c, r, w.numel(), layout)
     flags: dict[str, float] = {wire.M_PAIRED: 0.0, wire.M_FALLBACK: 0.0, wire.M_FALLBACK_CODE: 0.0}
     if mech in ("corbin", "augcorbin", "ldpfl"):
         digest = None
@@ -336,9 +334,7 @@ def encode(
             lead = shared.lead
             bits = by_block(
                 w,
-                c,
-                r,
-                layout,
+                blocks,
                 lambda s, c_b, r_b: corbinq(
                     w[s], c_b, r_b, cfg.epsilon, z[s], cfg.d, lead, generator=gen, p_x=p_x
                 ),
@@ -363,15 +359,13 @@ def encode(
                     )
             bits = by_block(
                 w,
-                c,
-                r,
-                layout,
+                blocks,
                 lambda s, c_b, r_b: ldpq(w[s], c_b, r_b, cfg.epsilon, generator=gen),
                 torch.bool,
             )
         return wire.BITS, pack_bits(bits), flags, digest
     return _encode_baseline(
-        cfg, context, w=w, w_global=w_global, c=c, r=r, layout=layout, gen=gen, cq=cq, flags=flags
+        cfg, context, w=w, w_global=w_global, blocks=blocks, gen=gen, cq=cq, flags=flags
     )
 
 
@@ -397,9 +391,7 @@ def _encode_baseline(
     *,
     w: torch.Tensor,
     w_global: torch.Tensor,
-    c: torch.Tensor,
-    r: torch.Tensor,
-    layout: ParamLayout | None,
+    blocks: Sequence[RangeBlock],
     gen: torch.Generator,
     cq: tuple[int, int, int] | None,
     flags: dict[str, float],
@@ -413,9 +405,7 @@ def _encode_baseline(
 
         out = by_block(
             w,
-            c,
-            r,
-            layout,
+            blocks,
             lambda s, c_b, r_b: gaussian(w[s], c_b, r_b, cfg.epsilon, cfg.delta, generator=gen),
             torch.float32,
         )
@@ -425,9 +415,7 @@ def _encode_baseline(
 
         out = by_block(
             w,
-            c,
-            r,
-            layout,
+            blocks,
             lambda s, c_b, r_b: laplace(w[s], c_b, r_b, cfg.epsilon, generator=gen),
             torch.float32,
         )
@@ -446,9 +434,7 @@ def _encode_baseline(
         _, offsets = cq_shared_randomness(seed, n, (w.numel(),), device=w.device)
         bits = by_block(
             w,
-            c,
-            r,
-            layout,
+            blocks,
             lambda s, c_b, r_b: cq_quantize(
                 w[s], c_b, r_b, rank, n, shared_offset=offsets[s], generator=gen
             ),
@@ -461,9 +447,7 @@ def _encode_baseline(
         sparsity = cfg.ternary_sparsity
         t = by_block(
             w,
-            c,
-            r,
-            layout,
+            blocks,
             lambda s, c_b, r_b: ternary(w[s], c_b, r_b, cfg.epsilon, sparsity, generator=gen),
             torch.int8,
         )

@@ -748,7 +748,7 @@ def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, l
 
 def test_client_by_block_equals_one_call_on_expanded_ranges() -> None:
     from client.encode import by_block, clip_fraction
-    from corbin_fl.models import ParamLayout, expand_per_element
+    from corbin_fl.models import ParamLayout, expand_per_element, range_blocks
     from mechanisms.quantizers import ldpq
 
     layout = ParamLayout(
@@ -759,7 +759,10 @@ def test_client_by_block_equals_one_call_on_expanded_ranges() -> None:
     c, r = expand_per_element(c_l, layout), expand_per_element(r_l, layout)
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     blocks = by_block(
-        w, c_l, r_l, layout, lambda s, cb, rb: ldpq(w[s], cb, rb, 1.0, generator=g1), torch.bool
+        w,
+        range_blocks(c_l, r_l, layout.m, layout),
+        lambda s, cb, rb: ldpq(w[s], cb, rb, 1.0, generator=g1),
+        torch.bool,
     )
     assert torch.equal(blocks, ldpq(w, c, r, 1.0, generator=g2))
     outside = ((w < c - r) | (w > c + r)).float().mean().item()
