@@ -468,6 +468,48 @@ def test_resume_skips_done_runs_and_redoes_partial_ones(tmp_path: Path) -> None:
     assert all(s is RunState.DONE for _, s in ex.plan(spec, results))
 
 
+def test_runs_done_in_another_experiment_are_reused_not_rerun(tmp_path: Path) -> None:
+    app = fake_app_dir(tmp_path)
+    results = tmp_path / "results"
+    first = spec_from(TINY)
+    ex.run_federated(first, results, app_dir=app, backend=FakeBackend(), progress=False)
+    done = ex.ExperimentPaths.of(first, results)
+    # a model file the copy must leave behind
+    shared = next(r for r in expand_runs(first) if r.run_config["mechanism"] == "fedavg")
+    (done.run_dir(shared) / "app" / "checkpoint").mkdir()
+    (done.run_dir(shared) / "app" / "checkpoint" / "model-000004.npy").write_bytes(b"x" * 64)
+    # a run that is only partial over there is not taken
+    partial = next(r for r in expand_runs(first) if r.run_config["epsilon"] == 0.5)
+    (done.run_dir(partial) / "summary.json").unlink()
+
+    # same base, a wider epsilon grid: eps 0.5 and 1 (and fedavg) are runs of the first spec
+    second = spec_from(
+        TINY.replace('name = "tiny"', 'name = "wider"').replace(
+            "epsilon = [0.5, 1.0]", "epsilon = [0.5, 1.0, 3.0]"
+        )
+    )
+    backend = FakeBackend()
+    out = ex.run_federated(second, results, app_dir=app, backend=backend, progress=False)
+    firsts = {r.run_id for r in expand_runs(first)}
+    seconds = {r.run_id for r in expand_runs(second)}
+    assert firsts < seconds
+    assert sorted(backend.calls) == sorted((seconds - firsts) | {partial.run_id})
+    assert out.reused == len(firsts) - 1 and out.executed == len(seconds) - len(firsts) + 1
+    assert "19 reused from other experiments" in ex.summary_lines(out)[0]
+    assert all(s is RunState.DONE for _, s in ex.plan(second, results))
+    copy = ex.ExperimentPaths.of(second, results).run_dir(shared)
+    record = json.loads((copy / "summary.json").read_text())["run"]
+    assert record["reused_from"] == f"tiny/runs/{shared.run_id}"
+    assert record["experiment"] == "tiny"
+    assert (copy / "metrics.jsonl").read_bytes() == (
+        done.run_dir(shared) / "metrics.jsonl"
+    ).read_bytes()
+    assert not (copy / "app" / "checkpoint").exists()
+    # the second experiment's outputs cover all of its runs, reused ones included
+    with ex.ExperimentPaths.of(second, results).runs_csv.open(newline="") as fh:
+        assert len(list(csv.DictReader(fh))) == len(seconds)
+
+
 def test_failed_and_truncated_runs_are_recorded_and_retried(tmp_path: Path) -> None:
     spec = spec_from(TINY)
     app = fake_app_dir(tmp_path)

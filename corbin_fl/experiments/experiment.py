@@ -11,12 +11,16 @@ Layout of ``<results>/<experiment>/``::
 
 Resume: a run whose folder holds a complete ``summary.json`` (see
 :func:`corbin_fl.experiments.sweep.run_state`) is skipped; anything else is redone from scratch.
+A run that is done in another experiment of the same results folder (same run id, hence the same
+configuration hash) is copied from there instead of being run again (:func:`reuse_finished_run`;
+its summary's ``"run"`` record gets ``"reused_from"``).
 Interrupting (Ctrl-C, SIGTERM) stops the current run's processes; the next invocation of the
 same command continues where it stopped.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corbin_fl.experiments import plots
+from corbin_fl.experiments.fsio import atomic_write_json
 from corbin_fl.experiments.report import Target, write_federated_report, write_mse_report
 from corbin_fl.experiments.results import (
     RunResult,
@@ -45,7 +50,14 @@ from corbin_fl.experiments.runner import (
     find_app_dir,
 )
 from corbin_fl.experiments.spec import ExperimentSpec
-from corbin_fl.experiments.sweep import Run, RunState, expand_runs, run_state
+from corbin_fl.experiments.sweep import (
+    RUN_RECORD_KEY,
+    SUMMARY_FILE,
+    Run,
+    RunState,
+    expand_runs,
+    run_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +110,7 @@ class Outcome:
     total: int = 0
     skipped: int = 0
     executed: int = 0
+    reused: int = 0
     failed: dict[str, str] = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)
     report: Path | None = None
@@ -180,6 +193,36 @@ def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]
     """Every run of ``spec`` with its resume state (done runs are skipped by :func:`run`)."""
     paths = ExperimentPaths.of(spec, results_root)
     return [(r, run_state(paths.run_dir(r), r)) for r in expand_runs(spec)]
+
+
+def reuse_finished_run(run: Run, paths: ExperimentPaths, results_root: Path) -> Path | None:
+    """Copy ``run`` from another experiment of ``results_root`` where it is done; return the source.
+
+    A run id ends in the hash of the run's whole configuration and number of clients, and
+    :func:`corbin_fl.experiments.sweep.run_state` checks both, so a done folder with the same id
+    in ``<results_root>/<other>/runs/`` is the same run. The copy leaves out the app's
+    ``checkpoint/`` (model files; a done run never resumes) and writes ``summary.json`` last and
+    atomically, with ``"reused_from": "<other>/runs/<run-id>"`` in its ``"run"`` record, so an
+    interrupted copy is a partial run. Returns ``None`` when no other experiment has it done.
+    """
+    target = paths.run_dir(run)
+    for source in sorted(Path(results_root).glob(f"*/runs/{run.run_id}")):
+        if source.resolve() == target.resolve() or run_state(source, run) is not RunState.DONE:
+            continue
+        if target.exists():
+            shutil.rmtree(target)
+        top = str(source)
+
+        def skip(folder: str, names: list[str], top: str = top) -> list[str]:
+            return [n for n in names if n == "checkpoint" or (folder == top and n == SUMMARY_FILE)]
+
+        shutil.copytree(source, target, ignore=skip)
+        summary = json.loads((source / SUMMARY_FILE).read_text(encoding="utf-8"))
+        rel = source.relative_to(Path(results_root)).as_posix()
+        summary[RUN_RECORD_KEY] = {**summary[RUN_RECORD_KEY], "reused_from": rel}
+        atomic_write_json(target / SUMMARY_FILE, summary)
+        return source
+    return None
 
 
 def make_backend(spec: ExperimentSpec, app_dir: Path) -> Backend:
@@ -316,6 +359,11 @@ def run_federated(
                     continue
                 if max_runs is not None and outcome.executed + len(outcome.failed) >= max_runs:
                     break
+                source = reuse_finished_run(run, paths, results_root)
+                if source is not None:
+                    outcome.reused += 1
+                    logger.info("run %s reused from %s", run.run_id, source)
+                    continue
                 if state is RunState.PARTIAL:
                     logger.info("run %s is partial: redoing it", run.run_id)
                 view.start_run(run.run_id, int(run.run_config["num-rounds"]))
@@ -459,6 +507,7 @@ def summary_lines(outcome: Outcome) -> Sequence[str]:
     """Short text summary of an outcome (for the CLI)."""
     lines = [
         f"runs: {outcome.total} planned, {outcome.skipped} already done, "
+        f"{outcome.reused} reused from other experiments, "
         f"{outcome.executed} executed, {len(outcome.failed)} failed"
         + (" (interrupted)" if outcome.interrupted else "")
     ]
