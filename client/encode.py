@@ -223,6 +223,8 @@ def train_and_encode(
         max_steps=cfg.max_steps or None,
     )
     w = flatten(model).to(dev)
+    if cfg.quantizes_update:
+        w.sub_(w_global)  # range-mode "update": encode w_i - w_g in [-R, R] (c = 0, r = R)
     c, r = torch.from_numpy(center), torch.from_numpy(radius)  # per layer: never expanded
 
     t0 = time.perf_counter()

@@ -38,6 +38,7 @@ PAIRED_MECHANISMS: Final[frozenset[str]] = frozenset({"corbin", "augcorbin"})
 """Mechanisms that pair clients and share common randomness (Alg. 3 lines 1-17)."""
 
 CR_MODES: Final[tuple[str, ...]] = ("relay", "derived", "exact")
+RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
 """How a pair gets its common randomness: an encrypted ``Y || seed`` blob relayed by the server,
 a seed derived from the X25519 secret, or the lead's ``d*m`` raw bits (Alg. 3 line 17)."""
 
@@ -166,6 +167,18 @@ class RunConfig:
         With few clients the decoded one-bit average reaches ``c +- r alpha``, so the next min/max
         range grows by up to ``1 + lambda (alpha - 1)`` per round from the noise alone; an inner
         quantile keeps the range on the bulk of the weights.
+    range_mode : str
+        What the clients quantize, one of :data:`RANGE_MODES`. ``"layer"`` (the paper, Sec. V-2):
+        the trained weights ``w_i`` in the layer ranges ``[c_l - r_l, c_l + r_l]`` of the global
+        model above. ``"update"``: the paper's footnote 2 taken per parameter, ``c_j = w_{g,j}``
+        (the global weight every client starts from) and ``r_j = update-radius``, i.e. the clients
+        quantize ``w_i - w_g`` in ``[-R, R]`` and the server adds the decoded mean back to
+        ``w_g``. The quantization noise then scales with the local update, not with the spread
+        of the weights (``Var = r^2 alpha^2 - ...``, Thm. 1); updates beyond ``R`` are clipped.
+        Every mechanism but ``fedcad`` (which always perturbs the update, with ``fedcad-clip``).
+    update_radius : float
+        ``R > 0`` of ``range-mode = "update"`` (same units as the weights; Adam moves a weight by
+        about ``lr`` per step, so one epoch of ``s`` steps stays within about ``s * lr``).
     dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
         Data (``corbin_fl.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10`` or
         ``hf:<hub-id>``; folder with the files; keep the source's own test split; seed of the
@@ -241,6 +254,8 @@ class RunConfig:
     radius_margin: float = 0.0
     min_radius: float = 1e-3
     range_quantile: float = 1.0
+    range_mode: str = "layer"
+    update_radius: float = 0.01
     dataset: str = "mnist"
     data_dir: str = ""
     use_official_test: bool = False
@@ -353,6 +368,12 @@ class RunConfig:
         """Whether the mechanism pairs clients (CorBin-FL / AugCorBin-FL)."""
         return self.mechanism in PAIRED_MECHANISMS
 
+    @property
+    def quantizes_update(self) -> bool:
+        """Whether clients encode ``w_i - w_g`` in ``[-R, R]`` (``range-mode = "update"``; not
+        ``fedcad``, which perturbs the update with its own clip in either mode)."""
+        return self.range_mode == "update" and self.mechanism != "fedcad"
+
     # ------------------------------------------------------------------ validation
     def _check(self) -> dict[str, str]:
         errors: dict[str, str] = {}
@@ -382,6 +403,7 @@ class RunConfig:
 
         choice("mechanism", self.mechanism, MECHANISMS)
         choice("cr-mode", self.cr_mode, CR_MODES)
+        choice("range-mode", self.range_mode, RANGE_MODES)
         if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
             choice("dataset", self.dataset, DATASETS)
         choice("partitioner", self.partitioner, PARTITIONERS)
@@ -400,6 +422,7 @@ class RunConfig:
         at_least("radius-margin", self.radius_margin, 0.0)
         positive("min-radius", self.min_radius)
         interval("range-quantile", self.range_quantile, 0.5, 1.0, lo_open=True, hi_open=False)
+        positive("update-radius", self.update_radius)
         at_least("data-seed", self.data_seed, 0)
         positive("dirichlet-alpha", self.dirichlet_alpha)
         at_least("local-epochs", self.local_epochs, 1)

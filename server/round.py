@@ -197,9 +197,13 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
         )
 
     # 5. Update stage (Alg. 3 lines 3-4, 9-21): model, center/radius, partner blob or key.
-    c_layer, r_layer = layer_center_radius(
-        rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius, cfg.range_quantile
-    )
+    if cfg.quantizes_update:  # clients encode w_i - w_g in [-R, R]
+        c_layer = torch.zeros(rt.layout.num_layers, dtype=torch.float32)
+        r_layer = torch.full((rt.layout.num_layers,), cfg.update_radius, dtype=torch.float32)
+    else:
+        c_layer, r_layer = layer_center_radius(
+            rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius, cfg.range_quantile
+        )
     state.max_radius = float(r_layer.max())
     model_rec = ArrayRecord(
         {
@@ -241,6 +245,8 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
     if estimate is None:
         logger.warning("round %d: no valid update; the global model is kept", rnd)
     else:
+        if cfg.quantizes_update:  # the decoded mean update, back on the global model
+            estimate = estimate.to(rt.weights.device, torch.float32).add_(rt.weights)
         rt.weights = apply_global_lr(rt.weights, estimate, cfg.global_lr, inplace=True)
     return state
 

@@ -697,6 +697,42 @@ def test_bits_aggregation_matches_the_mean_of_decoded_updates() -> None:
     torch.testing.assert_close(new, 0.7 * w_g + 0.3 * est)
 
 
+@pytest.mark.parametrize("mechanism", ["corbin", "ldpfl", "laplace", "fedavg"])
+def test_range_mode_update_quantizes_the_local_update_around_the_global_model(
+    mechanism: str,
+) -> None:
+    """``range-mode = "update"``: every client sees c = 0 and r = R in every layer, encodes
+    ``w_i - w_g``, and the server adds the decoded mean back: with lambda = 1 no weight moves by
+    more than ``R alpha`` (the extreme one-bit level), whatever the layer ranges. FedAvg gives
+    the same model in both modes (it does not clip)."""
+    from mechanisms.quantizers import alpha
+
+    radius = 0.004
+    models = {}
+    for mode in ("layer", "update"):
+        grid = InProcessGrid(
+            make_cfg(mechanism=mechanism, range_mode=mode, update_radius=radius, num_rounds=1), 4
+        )
+        rt = runtime(grid, RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
+        before = rt.weights.clone()
+        state = server_round.run_round(rt, 1)
+        assert len(state.client_metrics) == 4 and not state.dropped
+        sent = [m for m in grid.sent if m.metadata.message_type == wire.UPDATE]
+        rec = sent[0].content.array_records[wire.MODEL]
+        center = rec[wire.CENTER].numpy()
+        spread = float((rt.weights - before).abs().max())
+        models[mode] = rt.weights
+        if mode == "update":
+            assert (center == 0).all() and (rec[wire.RADIUS].numpy() == radius).all()
+            assert state.max_radius == pytest.approx(radius)
+            if mechanism in ("corbin", "ldpfl"):
+                assert 0 < spread <= radius * alpha(1.0) * (1 + 1e-5)
+        else:
+            assert state.max_radius > 10 * radius  # the layer ranges of the 0.05-scale model
+    if mechanism == "fedavg":
+        torch.testing.assert_close(models["update"], models["layer"], atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize(
     "mechanism", ["corbin", "cq", "ternary", "gaussian", "laplace", "fedavg", "fedcad"]
 )
@@ -751,9 +787,7 @@ def test_client_by_block_equals_one_call_on_expanded_ranges() -> None:
     from corbin_fl.models import ParamLayout, expand_per_element, range_blocks
     from mechanisms.quantizers import ldpq
 
-    layout = ParamLayout(
-        names=("a", "b"), shapes=((7,), (9,)), offsets=(0, 7), sizes=(7, 9), m=16
-    )
+    layout = ParamLayout(names=("a", "b"), shapes=((7,), (9,)), offsets=(0, 7), sizes=(7, 9), m=16)
     w = torch.linspace(-1.5, 1.5, layout.m)
     c_l, r_l = torch.tensor([0.0, 0.5]), torch.tensor([1.0, 0.5])
     c, r = expand_per_element(c_l, layout), expand_per_element(r_l, layout)
