@@ -226,9 +226,7 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
         c_layer, r_layer = layer_center_radius(w_global, layout, 0.0, 1e-3)
         mark("inputs: trained model w, global model, per-layer c, r")
         inputs = meter.now()
-        context = Context(
-            run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={}
-        )
+        context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
         shared = Shared(partner=12, lead=True, secret=secrets.token_bytes(32))
         meter.start_phase()  # the quantization step from here on
         key, packed, _, _ = encode(
@@ -338,10 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        results = {
-            s: _run_child(s, spec_path)
-            for s in ("server-stream", "server-batch", "client")
-        }
+        results = {s: _run_child(s, spec_path) for s in ("server-stream", "server-batch", "client")}
     lines = [
         f"model: ResNet18 / CIFAR-10, m = {m:,} parameters, {len(spec['sizes'])} layers",
         f"model float32 bytes (4m): {model_bytes:,} ({model_bytes / MIB:.1f} MiB)",
