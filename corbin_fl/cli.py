@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_CLIENTS: Final[int] = 4
 DEFAULT_ROUNDS: Final[int] = 3
 DEFAULT_MECHANISM: Final[str] = "corbin"
+DEFAULT_RANGE_MODE: Final[str] = "update"
+"""What ``local`` / ``simulate`` quantize unless told otherwise: the update around the global
+model (the app's own default, for ``flwr run``, is the paper's layer range; see
+docs/results/quick/range/report.md for the comparison on validation data)."""
 EXIT_OK: Final[int] = 0
 EXIT_FAILED: Final[int] = 1
 EXIT_USAGE: Final[int] = 2
@@ -127,6 +131,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--cr-mode",
         default=None,
         help="common-randomness mode: relay (2 round trips) or derived (1 round trip)",
+    )
+    parser.add_argument(
+        "--range-mode",
+        choices=("layer", "update"),
+        default=None,
+        help="quantize the update w_i - w_g in [-R, R] (update) or the weights in the layer "
+        f"range of the global model (layer, the paper) (default: {DEFAULT_RANGE_MODE})",
     )
     parser.add_argument("--model", default=None, help="model: cnn (MNIST) or resnet18 (CIFAR-10)")
     parser.add_argument("--dataset", default=None, help="dataset: mnist (embedded) or cifar10")
@@ -234,7 +245,11 @@ def merge_run_config(args: argparse.Namespace) -> dict[str, Any]:
     dict[str, Any]
         Kebab-case run-config overrides (without ``out-dir``; the launcher sets it).
     """
-    merged: dict[str, Any] = {"num-rounds": DEFAULT_ROUNDS, "mechanism": DEFAULT_MECHANISM}
+    merged: dict[str, Any] = {
+        "num-rounds": DEFAULT_ROUNDS,
+        "mechanism": DEFAULT_MECHANISM,
+        "range-mode": DEFAULT_RANGE_MODE,
+    }
     for extra in args.run_config:
         merged.update(extra)
     flags = {
@@ -243,6 +258,7 @@ def merge_run_config(args: argparse.Namespace) -> dict[str, Any]:
         "epsilon": args.epsilon,
         "d": args.d,
         "cr-mode": args.cr_mode,
+        "range-mode": args.range_mode,
         "model": args.model,
         "dataset": args.dataset,
     }

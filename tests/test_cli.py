@@ -222,7 +222,11 @@ def test_config_string_round_trip(tmp_path: Path) -> None:
 def test_merge_run_config_precedence() -> None:
     parser = cli.build_parser()
     args = parser.parse_args(["local"])
-    assert cli.merge_run_config(args) == {"num-rounds": 3, "mechanism": "corbin"}
+    assert cli.merge_run_config(args) == {
+        "num-rounds": 3,
+        "mechanism": "corbin",
+        "range-mode": "update",
+    }
     args = parser.parse_args(
         [
             "local",
@@ -236,6 +240,8 @@ def test_merge_run_config_precedence() -> None:
             "derived",
             "--d",
             "3",
+            "--range-mode",
+            "layer",
             "--model",
             "resnet18",
         ]
@@ -246,6 +252,7 @@ def test_merge_run_config_precedence() -> None:
         "mechanism": "corbin",
         "epsilon": 0.25,  # a later --run-config wins over an earlier one
         "cr-mode": "derived",
+        "range-mode": "layer",
         "d": 3,
         "model": "resnet18",
     }  # out-dir is the launcher's (from --out), never passed through

@@ -734,6 +734,25 @@ def test_lambda_is_chosen_on_validation_and_test_is_read_at_that_point(tmp_path:
     assert choose_lambda(tie_copy)[0] == 1.0
 
 
+def test_a_run_config_key_added_later_does_not_split_a_setting(tmp_path: Path) -> None:
+    """Runs made before a key existed (their app config lacks it) group with runs that recorded
+    its default; a run with another value is another setting."""
+    base = {"mechanism": "ldpfl", "epsilon": 1.0, "num-rounds": 2}
+    rows = rows_of([(0.5, 0.5), (0.6, 0.6)])
+    old = {**base, "global-lr": 1.0, "seed": 0}
+    write_run(tmp_path / "old", old, rows)  # its app config has no range-mode
+    new = {**base, "global-lr": 1.0, "seed": 1}
+    write_run(tmp_path / "new", new, rows)
+    summary = json.loads((tmp_path / "new" / "summary.json").read_text())
+    summary["config"] = {**summary["config"], "range-mode": "layer", "update-radius": 0.01}
+    (tmp_path / "new" / "summary.json").write_text(json.dumps(summary))
+    other = {**base, "global-lr": 1.0, "seed": 0, "range-mode": "update"}
+    write_run(tmp_path / "other", other, rows)
+    groups = group_results([load_run(tmp_path / n) for n in ("old", "new", "other")])
+    assert sorted(len(g.runs) for g in groups) == [1, 2]
+    assert {g.setting["range-mode"] for g in groups} == {"layer", "update"}
+
+
 def test_stat_formatting() -> None:
     assert Stat.of([0.5, 0.7]).fmt() == f"60.00 ± {100 * np.std([0.5, 0.7], ddof=1):.2f}"
     assert Stat.of([0.5]).fmt() == "50.00 (n=1)"
@@ -826,10 +845,11 @@ def test_targets_report_miss_and_not_applicable(tmp_path: Path) -> None:
 
 def test_plot_accuracy_vs_requires_the_key(tmp_path: Path) -> None:
     d = tmp_path / "r"
-    write_run(d, {"mechanism": "corbin", "global-lr": 1.0, "seed": 0}, rows_of([(0.5, 0.5)]))
+    run_config = {"mechanism": "corbin", "global-lr": 1.0, "seed": 0}
+    write_run(d, run_config, rows_of([(0.5, 0.5)]), clients=None)  # type: ignore[arg-type]
     groups = group_results([load_run(d)])
-    with pytest.raises(ValueError, match="no run sets 'epsilon'"):
-        plots.plot_accuracy_vs(groups, "epsilon", [], tmp_path / "x.png")
+    with pytest.raises(ValueError, match="no run sets 'clients'"):
+        plots.plot_accuracy_vs(groups, "clients", [], tmp_path / "x.png")
 
 
 # --------------------------------------------------------------------------- mse

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from corbin_fl.config import RunConfig
 from corbin_fl.experiments.fsio import atomic_write_text
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
 from corbin_fl.experiments.sweep import (
@@ -297,6 +298,10 @@ def load_run(run_dir: Path) -> RunResult:
     if not rows:
         raise ValueError(f"{run_dir}: {METRICS_FILE} is empty")
     app_config = summary.get("config") if isinstance(summary.get("config"), Mapping) else {}
+    if app_config:
+        # A run-config key added after this run was made has, by construction, the default that
+        # keeps the old behaviour: fill it in, so old and new runs of a setting group together.
+        app_config = {**RunConfig.defaults(), **app_config}
     setting: dict[str, RunValue] = {
         k: v
         for k, v in {**app_config, **run_config}.items()
