@@ -818,6 +818,13 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
     # fake accuracies: corbin > ldpfl by ~20 points, fedavg ~3 points above corbin at eps 1
     assert [t.status for t in out.targets] == ["PASS", "PASS", "PASS"]
     assert "**PASS**" in report and "CorBin 8" in report
+    assert "## Discussion" not in report
+    # a hand-written discussion next to the report is embedded, and kept on regeneration
+    (root / "discussion.md").write_text("Why the figure looks like this.\n")
+    ex.finalize_federated(spec, results)
+    report = (root / "report.md").read_text()
+    assert "## Discussion" in report and "Why the figure looks like this." in report
+    assert (root / "discussion.md").read_text() == "Why the figure looks like this.\n"
 
 
 def test_targets_report_miss_and_not_applicable(tmp_path: Path) -> None:

@@ -363,6 +363,11 @@ def _header(spec: ExperimentSpec, command: str) -> list[str]:
     return lines
 
 
+DISCUSSION_FILE = "discussion.md"
+"""Hand-written analysis next to ``report.md`` (why a target is missed, what a figure shows):
+embedded in the report, never overwritten by it."""
+
+
 def write_federated_report(
     path: Path,
     spec: ExperimentSpec,
@@ -464,6 +469,17 @@ def write_federated_report(
     lines += ["", "## Privacy", "", privacy_section(groups, keys), ""]
     targets = federated_targets(groups)
     lines += ["## Quick-scale targets", "", render_targets(targets), ""]
+    discussion = base / DISCUSSION_FILE
+    if discussion.is_file():
+        lines += [
+            "## Discussion",
+            "",
+            f"(Written by hand in `{DISCUSSION_FILE}` next to this report; kept when the report "
+            "is regenerated.)",
+            "",
+            discussion.read_text(encoding="utf-8").strip(),
+            "",
+        ]
     if failures:
         lines += ["## Failed runs (redone on the next invocation)", ""]
         lines += [
