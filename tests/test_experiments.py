@@ -744,7 +744,8 @@ def test_a_run_config_key_added_later_does_not_split_a_setting(tmp_path: Path) -
     new = {**base, "global-lr": 1.0, "seed": 1}
     write_run(tmp_path / "new", new, rows)
     summary = json.loads((tmp_path / "new" / "summary.json").read_text())
-    summary["config"] = {**summary["config"], "range-mode": "layer", "update-radius": 0.01}
+    # (update-radius has no effect in the layer mode: a changed default does not split either)
+    summary["config"] = {**summary["config"], "range-mode": "layer", "update-radius": 0.02}
     (tmp_path / "new" / "summary.json").write_text(json.dumps(summary))
     other = {**base, "global-lr": 1.0, "seed": 0, "range-mode": "update"}
     write_run(tmp_path / "other", other, rows)
