@@ -237,19 +237,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def merge_run_config(args: argparse.Namespace) -> dict[str, Any]:
+def merge_run_config(args: argparse.Namespace, *, this_app: bool = True) -> dict[str, Any]:
     """Defaults < ``--run-config`` (in order) < explicit flags.
+
+    ``this_app``: whether the app is this repository's (only then is ``range-mode`` defaulted to
+    :data:`DEFAULT_RANGE_MODE`; another app need not declare the key).
 
     Returns
     -------
     dict[str, Any]
         Kebab-case run-config overrides (without ``out-dir``; the launcher sets it).
     """
-    merged: dict[str, Any] = {
-        "num-rounds": DEFAULT_ROUNDS,
-        "mechanism": DEFAULT_MECHANISM,
-        "range-mode": DEFAULT_RANGE_MODE,
-    }
+    merged: dict[str, Any] = {"num-rounds": DEFAULT_ROUNDS, "mechanism": DEFAULT_MECHANISM}
+    if this_app:
+        merged["range-mode"] = DEFAULT_RANGE_MODE
     for extra in args.run_config:
         merged.update(extra)
     flags = {
@@ -306,7 +307,7 @@ def options_from_args(args: argparse.Namespace) -> LocalRunOptions:
         On an invalid combination (unknown run-config key, kill of a missing partition, ...).
     """
     app_dir = (args.app or repo_root()).expanduser().resolve()
-    run_config = merge_run_config(args)
+    run_config = merge_run_config(args, this_app=app_dir == repo_root())
     validate_run_config(app_dir, run_config)
     node_config: dict[str, Any] = {}
     for extra in getattr(args, "node_config", []):

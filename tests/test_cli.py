@@ -227,6 +227,8 @@ def test_merge_run_config_precedence() -> None:
         "mechanism": "corbin",
         "range-mode": "update",
     }
+    # another app need not declare range-mode: no default for it there
+    assert cli.merge_run_config(args, this_app=False) == {"num-rounds": 3, "mechanism": "corbin"}
     args = parser.parse_args(
         [
             "local",
