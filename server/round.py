@@ -198,8 +198,9 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
 
     # 5. Update stage (Alg. 3 lines 3-4, 9-21): model, center/radius, partner blob or key.
     if cfg.quantizes_update:  # clients encode w_i - w_g in [-R, R]
-        c_layer = torch.zeros(rt.layout.num_layers, dtype=torch.float32)
-        r_layer = torch.full((rt.layout.num_layers,), cfg.update_radius, dtype=torch.float32)
+        shape, dev = (rt.layout.num_layers,), rt.weights.device  # as layer_center_radius
+        c_layer = torch.zeros(shape, dtype=torch.float32, device=dev)
+        r_layer = torch.full(shape, cfg.update_radius, dtype=torch.float32, device=dev)
     else:
         c_layer, r_layer = layer_center_radius(
             rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius, cfg.range_quantile
