@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -53,6 +54,7 @@ from corbin_fl.experiments.spec import (
     MSESpec,
     RealWeightsSpec,
     SpecError,
+    load_app_defaults,
     load_spec,
     parse_spec,
 )
@@ -468,6 +470,44 @@ def test_resume_skips_done_runs_and_redoes_partial_ones(tmp_path: Path) -> None:
     assert all(s is RunState.DONE for _, s in ex.plan(spec, results))
 
 
+def test_runs_made_under_other_app_defaults_are_stale_and_redone(tmp_path: Path) -> None:
+    """Run ids hash the spec's keys only; a changed app default that changes what a run computes
+    makes its finished runs stale (redone, left out of the report); one that changes only how it
+    executes, or has no effect on it, does not."""
+    spec = spec_from(TINY)
+    app = fake_app_dir(tmp_path)
+    results = tmp_path / "results"
+    ex.run_federated(spec, results, app_dir=app, backend=FakeBackend(), progress=False)
+    pyproject = app / "pyproject.toml"
+    original = pyproject.read_text()
+
+    def states_with(key: str, value: Any) -> set[RunState]:
+        line = f"{key} = {json.dumps(value)}"
+        pyproject.write_text(re.sub(rf"^{key} = .*$", line, original, flags=re.MULTILINE))
+        return {s for _, s in ex.plan(spec, results, load_app_defaults(app))}
+
+    assert states_with("lr", RunConfig().lr) == {RunState.DONE}
+    assert states_with("poll-interval", 2.0) == {RunState.DONE}  # how it runs, not what
+    assert states_with("update-radius", 0.5) == {RunState.DONE}  # no effect in the layer mode
+    assert states_with("lr", 0.01) == {RunState.STALE}
+    assert ex.finalize_federated(spec, results, app_defaults=load_app_defaults(app)) == ([], None)
+    backend = FakeBackend()
+    out = ex.run_federated(spec, results, app_dir=app, backend=backend, progress=False)
+    assert (out.executed, out.skipped, len(backend.calls)) == (20, 0, 20)
+
+    # a run recorded before a key existed has that key's default, the behaviour it kept
+    run_dir = ex.ExperimentPaths.of(spec, results).run_dir(expand_runs(spec)[0])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    del summary["config"]["range-mode"]
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    run = expand_runs(spec)[0]
+    pyproject.write_text(original)
+    assert run_state(run_dir, run, load_app_defaults(app)) is RunState.DONE
+    states_with("range-mode", "update")
+    assert run_state(run_dir, run, load_app_defaults(app)) is RunState.STALE
+    assert run_state(run_dir, run) is RunState.DONE  # without the app, ids alone decide
+
+
 def test_runs_done_in_another_experiment_are_reused_not_rerun(tmp_path: Path) -> None:
     app = fake_app_dir(tmp_path)
     results = tmp_path / "results"
@@ -754,6 +794,18 @@ def test_a_run_config_key_added_later_does_not_split_a_setting(tmp_path: Path) -
     assert {g.setting["range-mode"] for g in groups} == {"layer", "update"}
 
 
+def test_a_run_with_an_invalid_recorded_config_is_not_a_finished_run(tmp_path: Path) -> None:
+    """A tampered or foreign ``summary.json`` (d out of range) is refused by name."""
+    write_run(
+        tmp_path / "bad", {"mechanism": "ldpfl", "global-lr": 1.0, "seed": 0}, rows_of([(0.5, 0.5)])
+    )
+    summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
+    summary["config"] = {**summary["config"], "d": 99}
+    (tmp_path / "bad" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="recorded run config is not valid"):
+        load_run(tmp_path / "bad")
+
+
 def test_stat_formatting() -> None:
     assert Stat.of([0.5, 0.7]).fmt() == f"60.00 ± {100 * np.std([0.5, 0.7], ddof=1):.2f}"
     assert Stat.of([0.5]).fmt() == "50.00 (n=1)"
@@ -952,7 +1004,7 @@ def test_cli_plan_report_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     spec_path = tmp_path / "tiny.toml"
     spec_path.write_text(TINY)
     assert exp_cli.main(["plan", str(spec_path), "--results", str(tmp_path / "r")]) == 0
-    assert "tiny: 20 runs (0 done, 0 partial, 20 to do)" in capsys.readouterr().out
+    assert "tiny: 20 runs (0 done, 0 partial, 0 stale, 20 to do)" in capsys.readouterr().out
     bad = tmp_path / "bad.toml"
     bad.write_text("[experiment]\nname='x'\nbogus=1\n")
     assert exp_cli.main(["run", str(bad)]) == 2

@@ -42,10 +42,10 @@ def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
             default=Path("results"),
             help="parent folder of the experiment folders (default: ./results)",
         )
+        p.add_argument("--app", type=Path, default=None, help="Flower app folder (default: repo)")
 
     run = sub.add_parser("run", help="run what is not done yet, then write the outputs")
     common(run)
-    run.add_argument("--app", type=Path, default=None, help="Flower app folder (default: repo)")
     run.add_argument("--fresh", action="store_true", help="delete previous results first")
     run.add_argument(
         "--max-runs", type=int, default=None, help="execute at most N runs in this invocation"
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out.print(f"{spec.name}: mse experiment (no federated runs)")
                 continue
             try:
-                planned = ex.plan(spec, args.results)
+                planned = ex.plan(spec, args.results, ex.current_app_defaults(args.app))
             except SpecError as exc:
                 console.print(f"[red]error:[/red] {exc}")
                 return 2
@@ -119,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.print(
                 f"[bold]{spec.name}[/bold]: {len(planned)} runs "
                 f"({counts[RunState.DONE]} done, {counts[RunState.PARTIAL]} partial, "
+                f"{counts[RunState.STALE]} stale, "
                 f"{counts[RunState.MISSING]} to do)"
             )
             for run, state in planned:
@@ -130,7 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if spec.kind == "mse":
                 targets, report = ex.finalize_mse(spec, args.results)
             else:
-                targets, report = ex.finalize_federated(spec, args.results)
+                targets, report = ex.finalize_federated(
+                    spec, args.results, app_defaults=ex.current_app_defaults(args.app)
+                )
             out.print(f"{spec.name}: report {report}")
             for t in targets:
                 out.print(f"  [{t.status}] {t.name}: {t.detail}")

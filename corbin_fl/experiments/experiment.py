@@ -24,10 +24,11 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from corbin_fl.experiments import plots
 from corbin_fl.experiments.fsio import atomic_write_json
@@ -49,7 +50,7 @@ from corbin_fl.experiments.runner import (
     execute_run,
     find_app_dir,
 )
-from corbin_fl.experiments.spec import ExperimentSpec
+from corbin_fl.experiments.spec import ExperimentSpec, load_app_defaults
 from corbin_fl.experiments.sweep import (
     RUN_RECORD_KEY,
     SUMMARY_FILE,
@@ -189,13 +190,26 @@ def _command(spec: ExperimentSpec, results_root: Path) -> str:
 # --------------------------------------------------------------------------- federated
 
 
-def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]:
-    """Every run of ``spec`` with its resume state (done runs are skipped by :func:`run`)."""
+def plan(
+    spec: ExperimentSpec,
+    results_root: Path,
+    app_defaults: Mapping[str, Any] | None = None,
+) -> list[tuple[Run, RunState]]:
+    """Every run of ``spec`` with its resume state (done runs are skipped by :func:`run`).
+
+    With ``app_defaults`` (the app's ``[tool.flwr.app.config]``), a done run made under other
+    app defaults is :attr:`RunState.STALE` (see :func:`corbin_fl.experiments.sweep.run_state`).
+    """
     paths = ExperimentPaths.of(spec, results_root)
-    return [(r, run_state(paths.run_dir(r), r)) for r in expand_runs(spec)]
+    return [(r, run_state(paths.run_dir(r), r, app_defaults)) for r in expand_runs(spec)]
 
 
-def reuse_finished_run(run: Run, paths: ExperimentPaths, results_root: Path) -> Path | None:
+def reuse_finished_run(
+    run: Run,
+    paths: ExperimentPaths,
+    results_root: Path,
+    app_defaults: Mapping[str, Any] | None = None,
+) -> Path | None:
     """Copy ``run`` from another experiment of ``results_root`` where it is done; return the source.
 
     A run id ends in the hash of the run's whole configuration and number of clients, and
@@ -207,7 +221,10 @@ def reuse_finished_run(run: Run, paths: ExperimentPaths, results_root: Path) -> 
     """
     target = paths.run_dir(run)
     for source in sorted(Path(results_root).glob(f"*/runs/{run.run_id}")):
-        if source.resolve() == target.resolve() or run_state(source, run) is not RunState.DONE:
+        if (
+            source.resolve() == target.resolve()
+            or run_state(source, run, app_defaults) is not RunState.DONE
+        ):
             continue
         if target.exists():
             shutil.rmtree(target)
@@ -237,11 +254,25 @@ def make_backend(spec: ExperimentSpec, app_dir: Path) -> Backend:
     )
 
 
-def load_finished(spec: ExperimentSpec, results_root: Path) -> list[RunResult]:
-    """The finished runs of ``spec``, in sweep order."""
+def current_app_defaults(app_dir: Path | None = None) -> dict[str, Any] | None:
+    """The ``[tool.flwr.app.config]`` of ``app_dir`` (default: this project's app), against which
+    finished runs are checked for staleness; ``None`` (no check, a warning) when there is none."""
+    try:
+        return load_app_defaults(Path(app_dir) if app_dir is not None else find_app_dir())
+    except (FileNotFoundError, ValueError) as exc:
+        logger.warning("finished runs not checked against the app's defaults: %s", exc)
+        return None
+
+
+def load_finished(
+    spec: ExperimentSpec,
+    results_root: Path,
+    app_defaults: Mapping[str, Any] | None = None,
+) -> list[RunResult]:
+    """The finished runs of ``spec``, in sweep order (not the stale ones: see :func:`plan`)."""
     paths = ExperimentPaths.of(spec, results_root)
     out = []
-    for run, state in plan(spec, results_root):
+    for run, state in plan(spec, results_root, app_defaults):
         if state is RunState.DONE:
             out.append(load_run(paths.run_dir(run)))
     return out
@@ -252,14 +283,16 @@ def finalize_federated(
     results_root: Path,
     *,
     failures: dict[str, str] | None = None,
+    app_defaults: Mapping[str, Any] | None = None,
 ) -> tuple[list[Target], Path | None]:
     """Write ``runs.csv``, ``groups.csv``, the figures and ``report.md`` from finished runs.
 
-    Returns the target checks and the report path (``None`` if no run has finished).
+    Returns the target checks and the report path (``None`` if no run has finished). With
+    ``app_defaults``, runs made under other app defaults (stale) are left out.
     """
     paths = ExperimentPaths.of(spec, results_root)
     expected = len(expand_runs(spec))
-    results = load_finished(spec, results_root)
+    results = load_finished(spec, results_root, app_defaults)
     if not results:
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
         return [], None
@@ -339,7 +372,8 @@ def run_federated(
     if max_runs is not None and max_runs < 0:
         raise ValueError(f"max_runs must be >= 0, got {max_runs}")
     app = Path(app_dir) if app_dir is not None else find_app_dir()
-    planned = plan(spec, results_root)
+    app_defaults = load_app_defaults(app)
+    planned = plan(spec, results_root, app_defaults)
     check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
     paths = ExperimentPaths.of(spec, results_root)
     paths.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -359,13 +393,13 @@ def run_federated(
                     continue
                 if max_runs is not None and outcome.executed + len(outcome.failed) >= max_runs:
                     break
-                source = reuse_finished_run(run, paths, results_root)
+                source = reuse_finished_run(run, paths, results_root, app_defaults)
                 if source is not None:
                     outcome.reused += 1
                     logger.info("run %s reused from %s", run.run_id, source)
                     continue
-                if state is RunState.PARTIAL:
-                    logger.info("run %s is partial: redoing it", run.run_id)
+                if state is not RunState.MISSING:
+                    logger.info("run %s is %s: redoing it", run.run_id, state.value)
                 view.start_run(run.run_id, int(run.run_config["num-rounds"]))
                 t0 = time.monotonic()
                 error: RunFailedError | None = None
@@ -412,7 +446,7 @@ def run_federated(
         if own_backend:
             be.close()
     outcome.targets, outcome.report = finalize_federated(
-        spec, results_root, failures=outcome.failed
+        spec, results_root, failures=outcome.failed, app_defaults=app_defaults
     )
     return outcome
 

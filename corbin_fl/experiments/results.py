@@ -37,6 +37,7 @@ from corbin_fl.experiments.sweep import (
     RUN_RECORD_KEY,
     SUMMARY_FILE,
     canonical_json,
+    inert_keys,
     read_metrics,
 )
 
@@ -277,14 +278,6 @@ class RunResult:
         return self.setting.get(key)
 
 
-def inert_keys(config: Mapping[str, Any]) -> set[str]:
-    """Run-config keys that have no effect on a run with ``config`` (left out of its setting
-    unless the spec sets them): ``update-radius`` outside ``range-mode = "update"``."""
-    if config.get("range-mode", "layer") != "update" or config.get("mechanism") == "fedcad":
-        return {"update-radius"}
-    return set()
-
-
 def load_run(run_dir: Path) -> RunResult:
     """Read a finished run folder (``summary.json`` with the runner record, ``metrics.jsonl``).
 
@@ -310,7 +303,11 @@ def load_run(run_dir: Path) -> RunResult:
         # A run-config key added after this run was made has, by construction, the default that
         # keeps the old behaviour: fill it in, so old and new runs of a setting group together.
         app_config = {**RunConfig.defaults(), **app_config}
-        for key in inert_keys({**app_config, **run_config}):
+        try:
+            inert = inert_keys({**app_config, **run_config})
+        except ValueError as exc:
+            raise ValueError(f"{run_dir}: the recorded run config is not valid ({exc})") from exc
+        for key in inert:
             if key not in run_config:
                 app_config.pop(key, None)
     setting: dict[str, RunValue] = {

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from corbin_fl.config import RunConfig
 from corbin_fl.experiments.spec import (
     CLIENTS_KEY,
     ExperimentSpec,
@@ -224,7 +225,55 @@ class RunState(enum.Enum):
 
     MISSING = "missing"
     PARTIAL = "partial"
+    STALE = "stale"
     DONE = "done"
+
+
+#: Run-config keys that say how a run executes, not what it computes: a finished run is not
+#: stale when only these differ from what the app would run now.
+EXECUTION_KEYS = frozenset(
+    {
+        "out-dir",
+        "device",
+        "resume",
+        "poll-interval",
+        "stage-timeout",
+        "first-stage-timeout",
+        "wait-for-nodes",
+        "max-inflight",
+        "eval-batch-size",
+        "test-z-digest",
+    }
+)
+
+
+def inert_keys(config: Mapping[str, Any]) -> set[str]:
+    """Run-config keys that have no effect on a run with ``config``: ``update-radius`` unless
+    :attr:`RunConfig.quantizes_update`.
+
+    Raises
+    ------
+    ConfigError
+        If ``config`` is not a valid run configuration.
+    """
+    return set() if RunConfig.from_flower(config).quantizes_update else {"update-radius"}
+
+
+def stale_keys(recorded: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
+    """Keys whose value in a finished run's recorded config differs from ``expected``.
+
+    ``recorded`` is the run's effective config (``summary.json`` ``"config"``); ``expected`` the
+    app's current defaults overridden by the run's keys. A key the record lacks was added to
+    the app after the run was made and has, by construction, the default that keeps the old
+    behaviour (:meth:`RunConfig.defaults`). Not compared: keys of :data:`EXECUTION_KEYS`, keys
+    without effect on the run (:func:`inert_keys`), keys the record does not know.
+    """
+    full = {**RunConfig.defaults(), **recorded}
+    try:
+        ignored = EXECUTION_KEYS | inert_keys({k: v for k, v in full.items() if k in expected})
+    except ValueError:  # not this app's configuration: compare every key
+        ignored = EXECUTION_KEYS
+    return sorted(k for k, v in expected.items() if k not in ignored and k in full and full[k] != v)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -256,12 +305,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run_state(run_dir: Path, run: Run) -> RunState:
-    """Return whether ``run`` is done, partial or missing in ``run_dir``.
+def run_state(run_dir: Path, run: Run, app_defaults: Mapping[str, Any] | None = None) -> RunState:
+    """Return whether ``run`` is done, partial, stale or missing in ``run_dir``.
 
     Done means: ``summary.json`` parses, its ``"run"`` record names this run id and config
     hash with ``"complete": true``, and ``metrics.jsonl`` has ``num-rounds`` rows with finite
-    ``test_accuracy`` and ``val_accuracy``.
+    ``test_accuracy`` and ``val_accuracy``. The run id hashes only the keys the spec sets, so
+    with ``app_defaults`` (the app's ``[tool.flwr.app.config]``) a done run whose recorded
+    effective config differs from what the app would run now (a changed app default, see
+    :func:`stale_keys`) is stale: it is redone, not reported.
     """
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -288,4 +340,10 @@ def run_state(run_dir: Path, run: Run) -> RunState:
             value = row.get(key)
             if not isinstance(value, int | float) or not math.isfinite(float(value)):
                 return RunState.PARTIAL
+    recorded = summary.get("config")
+    if app_defaults is not None and isinstance(recorded, Mapping):
+        changed = stale_keys(recorded, {**app_defaults, **run.run_config})
+        if changed:
+            logger.info("run %s was made with other values of %s", run.run_id, ", ".join(changed))
+            return RunState.STALE
     return RunState.DONE
