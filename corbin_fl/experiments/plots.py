@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,11 @@ _X_LABEL = {
     "dropout-prob": "dropout probability $p$",
     CLIENTS_KEY: "number of clients $n$",
 }
+
+
+def _wrap(title: str, width: int = 70) -> str:
+    """A figure title on lines of at most ``width`` characters (long spec descriptions)."""
+    return textwrap.fill(title, width)
 
 
 def _figure(ncols: int = 1, nrows: int = 1, *, w: float = 5.0, h: float = 3.6) -> Figure:
@@ -138,7 +144,7 @@ def plot_accuracy_vs_round(
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     if title and n > 1:
-        fig.suptitle(title)
+        fig.suptitle(_wrap(title))
     return _save(fig, path)
 
 
@@ -176,7 +182,7 @@ def plot_accuracy_bar(
     )
     ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(_wrap(title), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -236,7 +242,7 @@ def plot_accuracy_vs(
         ax.set_xscale("log")
     ax.set_xlabel(_X_LABEL.get(x_key, x_key))
     ax.set_ylabel("test accuracy (%) at val-selected round")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(_wrap(title), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
