@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,27 @@ import pytest
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def test_the_app_bundle_holds_the_app_code_and_nothing_else() -> None:
+    """`flwr run` ships this FAB to every SuperNode: results, docs and tests of the checkout stay
+    out of it (Flower refuses a FAB over 10 MiB), and both apps' modules are in it."""
+    from flwr.cli.build import build_fab_from_disk
+
+    fab = build_fab_from_disk(PYPROJECT.parent)
+    names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
+    assert {n.split("/")[0] for n in names} == {
+        ".info",
+        "pyproject.toml",
+        "client",
+        "server",
+        "mechanisms",
+        "corbin_fl",
+    }
+    components = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["components"]
+    for ref in components.values():
+        assert ref.split(":")[0].replace(".", "/") + ".py" in names
+    assert len(fab) < 2 * 1024 * 1024
 
 
 def test_pyproject_defaults_equal_dataclass_defaults() -> None:
