@@ -488,6 +488,7 @@ def test_runs_made_under_other_app_defaults_are_stale_and_redone(tmp_path: Path)
 
     assert states_with("lr", RunConfig().lr) == {RunState.DONE}
     assert states_with("poll-interval", 2.0) == {RunState.DONE}  # how it runs, not what
+    assert states_with("data-dir", "data") == {RunState.DONE}  # recorded resolved, elsewhere
     assert states_with("update-radius", 0.5) == {RunState.DONE}  # no effect in the layer mode
     assert states_with("lr", 0.01) == {RunState.STALE}
     assert ex.finalize_federated(spec, results, app_defaults=load_app_defaults(app)) == ([], None)

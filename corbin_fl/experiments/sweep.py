@@ -229,11 +229,13 @@ class RunState(enum.Enum):
     DONE = "done"
 
 
-#: Run-config keys that say how a run executes, not what it computes: a finished run is not
-#: stale when only these differ from what the app would run now.
+#: Run-config keys that say how or where a run executes, not what it computes: a finished run is
+#: not stale when only these differ from what the app would run now (``data-dir`` is recorded
+#: resolved to an absolute path, see :func:`corbin_fl.experiments.runner.app_run_config`).
 EXECUTION_KEYS = frozenset(
     {
         "out-dir",
+        "data-dir",
         "device",
         "resume",
         "poll-interval",
