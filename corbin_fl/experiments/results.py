@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from corbin_fl.config import RunConfig
 from corbin_fl.experiments.fsio import atomic_write_text
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
 from corbin_fl.experiments.sweep import (
@@ -39,6 +38,7 @@ from corbin_fl.experiments.sweep import (
     canonical_json,
     inert_keys,
     read_metrics,
+    with_added_defaults,
 )
 
 logger = logging.getLogger(__name__)
@@ -300,9 +300,8 @@ def load_run(run_dir: Path) -> RunResult:
         raise ValueError(f"{run_dir}: {METRICS_FILE} is empty")
     app_config = summary.get("config") if isinstance(summary.get("config"), Mapping) else {}
     if app_config:
-        # A run-config key added after this run was made has, by construction, the default that
-        # keeps the old behaviour: fill it in, so old and new runs of a setting group together.
-        app_config = {**RunConfig.defaults(), **app_config}
+        # fill in keys added since the run was made, so old and new runs of a setting group together
+        app_config = with_added_defaults(app_config)
         try:
             inert = inert_keys({**app_config, **run_config})
         except ValueError as exc:

@@ -249,6 +249,13 @@ EXECUTION_KEYS = frozenset(
 )
 
 
+def with_added_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's recorded effective config (``summary.json`` ``"config"``) completed with
+    :meth:`RunConfig.defaults`: a key the record lacks was added to the app after the run was
+    made and has, by construction, the default that keeps the old behaviour."""
+    return {**RunConfig.defaults(), **recorded}
+
+
 def inert_keys(config: Mapping[str, Any]) -> set[str]:
     """Run-config keys that have no effect on a run with ``config``: ``update-radius`` unless
     :attr:`RunConfig.quantizes_update`.
@@ -264,13 +271,12 @@ def inert_keys(config: Mapping[str, Any]) -> set[str]:
 def stale_keys(recorded: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
     """Keys whose value in a finished run's recorded config differs from ``expected``.
 
-    ``recorded`` is the run's effective config (``summary.json`` ``"config"``); ``expected`` the
-    app's current defaults overridden by the run's keys. A key the record lacks was added to
-    the app after the run was made and has, by construction, the default that keeps the old
-    behaviour (:meth:`RunConfig.defaults`). Not compared: keys of :data:`EXECUTION_KEYS`, keys
-    without effect on the run (:func:`inert_keys`), keys the record does not know.
+    ``recorded`` is the run's effective config (``summary.json`` ``"config"``, completed by
+    :func:`with_added_defaults`); ``expected`` the app's current defaults overridden by the run's
+    keys. Not compared: keys of :data:`EXECUTION_KEYS`, keys without effect on the run
+    (:func:`inert_keys`), keys the record does not know.
     """
-    full = {**RunConfig.defaults(), **recorded}
+    full = with_added_defaults(recorded)
     try:
         ignored = EXECUTION_KEYS | inert_keys({k: v for k, v in full.items() if k in expected})
     except ValueError:  # not this app's configuration: compare every key
