@@ -551,6 +551,50 @@ def test_runs_done_in_another_experiment_are_reused_not_rerun(tmp_path: Path) ->
         assert len(list(csv.DictReader(fh))) == len(seconds)
 
 
+def test_a_run_under_another_id_with_the_same_effective_config_is_reused(tmp_path: Path) -> None:
+    app = fake_app_dir(tmp_path)
+    results = tmp_path / "results"
+    assert RunConfig().delta == 1e-5
+    # spelling out a default changes every run id, not a single run
+    explicit = spec_from(
+        TINY.replace('name = "tiny"', 'name = "explicit"').replace("d = 5", "d = 5\ndelta = 1e-5")
+    )
+    ex.run_federated(explicit, results, app_dir=app, backend=FakeBackend(), progress=False)
+    other_delta = spec_from(
+        TINY.replace('name = "tiny"', 'name = "other"').replace("d = 5", "d = 5\ndelta = 1e-6")
+    )
+    backend = FakeBackend()
+    ex.run_federated(other_delta, results, app_dir=app, backend=backend, progress=False)
+    assert len(backend.calls) == len(expand_runs(other_delta))  # another delta: other runs
+    plain = spec_from(TINY)
+    ids = {r.run_id for r in expand_runs(plain)}
+    assert not ids & {r.run_id for r in expand_runs(explicit)}
+    backend = FakeBackend()
+    out = ex.run_federated(plain, results, app_dir=app, backend=backend, progress=False)
+    assert backend.calls == [] and out.reused == len(ids)
+    by_setting = {
+        (r.run_config["mechanism"], r.run_config.get("epsilon"), r.seed, r.global_lr): r
+        for r in expand_runs(explicit)
+    }
+    for run in expand_runs(plain):
+        copy = ex.ExperimentPaths.of(plain, results).run_dir(run)
+        record = json.loads((copy / "summary.json").read_text())["run"]
+        twin = by_setting[
+            (run.run_config["mechanism"], run.run_config.get("epsilon"), run.seed, run.global_lr)
+        ]
+        assert record["reused_from"] == f"explicit/runs/{twin.run_id}"
+        assert (record["run_id"], record["config_hash"]) == (run.run_id, run.config_hash)
+        assert record["run_config"] == dict(run.run_config)
+        assert run_state(copy, run, load_app_defaults(app)) is RunState.DONE
+    # another number of clients is another run, whatever the config says
+    fewer = spec_from(
+        TINY.replace('name = "tiny"', 'name = "fewer"').replace("clients = 4", "clients = 3")
+    )
+    backend = FakeBackend()
+    ex.run_federated(fewer, results, app_dir=app, backend=backend, progress=False)
+    assert len(backend.calls) == len(expand_runs(fewer))
+
+
 def test_failed_and_truncated_runs_are_recorded_and_retried(tmp_path: Path) -> None:
     spec = spec_from(TINY)
     app = fake_app_dir(tmp_path)

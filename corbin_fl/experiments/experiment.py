@@ -11,9 +11,9 @@ Layout of ``<results>/<experiment>/``::
 
 Resume: a run whose folder holds a complete ``summary.json`` (see
 :func:`corbin_fl.experiments.sweep.run_state`) is skipped; anything else is redone from scratch.
-A run that is done in another experiment of the same results folder (same run id, hence the same
-configuration hash) is copied from there instead of being run again (:func:`reuse_finished_run`;
-its summary's ``"run"`` record gets ``"reused_from"``).
+A run that is done in another experiment of the same results folder (the same run id, or another
+id with the same effective configuration) is copied from there instead of being run again
+(:func:`reuse_finished_run`; its summary's ``"run"`` record gets ``"reused_from"``).
 Interrupting (Ctrl-C, SIGTERM) stops the current run's processes; the next invocation of the
 same command continues where it stopped.
 """
@@ -57,7 +57,9 @@ from corbin_fl.experiments.sweep import (
     Run,
     RunState,
     expand_runs,
+    recorded_run,
     run_state,
+    same_run,
 )
 
 logger = logging.getLogger(__name__)
@@ -204,27 +206,52 @@ def plan(
     return [(r, run_state(paths.run_dir(r), r, app_defaults)) for r in expand_runs(spec)]
 
 
+def done_sources(
+    run: Run, results_root: Path, app_defaults: Mapping[str, Any] | None = None
+) -> Iterator[Path]:
+    """Done run folders under ``<results_root>/*/runs/`` that are runs of ``run``, best first.
+
+    First the folders named ``run.run_id`` (the id hashes the keys the spec sets, and
+    :func:`corbin_fl.experiments.sweep.run_state` checks it). Then, with ``app_defaults``, any
+    other done folder with the same number of clients whose recorded effective config is
+    ``run``'s (:func:`corbin_fl.experiments.sweep.same_run`): a spec that spells out a default
+    (``delta = 1e-5``) names the same run under another id.
+    """
+    root = Path(results_root)
+    for source in sorted(root.glob(f"*/runs/{run.run_id}")):
+        if run_state(source, run, app_defaults) is RunState.DONE:
+            yield source
+    if app_defaults is None:
+        return
+    for source in sorted(root.glob("*/runs/*")):
+        found = recorded_run(source) if source.name != run.run_id else None
+        if found is None:
+            continue
+        other, config = found
+        if (
+            other.clients == run.clients
+            and same_run(config, run, app_defaults)
+            and run_state(source, other, app_defaults) is RunState.DONE
+        ):
+            yield source
+
+
 def reuse_finished_run(
     run: Run,
     paths: ExperimentPaths,
     results_root: Path,
     app_defaults: Mapping[str, Any] | None = None,
 ) -> Path | None:
-    """Copy ``run`` from another experiment of ``results_root`` where it is done; return the source.
+    """Copy ``run`` from a folder where it is done (:func:`done_sources`); return the source.
 
-    A run id ends in the hash of the run's whole configuration and number of clients, and
-    :func:`corbin_fl.experiments.sweep.run_state` checks both, so a done folder with the same id
-    in ``<results_root>/<other>/runs/`` is the same run. The copy leaves out the app's
-    ``checkpoint/`` (model files; a done run never resumes) and writes ``summary.json`` last and
-    atomically, with ``"reused_from": "<other>/runs/<run-id>"`` in its ``"run"`` record, so an
-    interrupted copy is a partial run. Returns ``None`` when no other experiment has it done.
+    The copy leaves out the app's ``checkpoint/`` (model files; a done run never resumes) and
+    writes ``summary.json`` last and atomically, its ``"run"`` record naming this run (id,
+    hash, run config) with ``"reused_from": "<other>/runs/<run-id>"``, so an interrupted copy is
+    a partial run. Returns ``None`` when no folder has it done.
     """
     target = paths.run_dir(run)
-    for source in sorted(Path(results_root).glob(f"*/runs/{run.run_id}")):
-        if (
-            source.resolve() == target.resolve()
-            or run_state(source, run, app_defaults) is not RunState.DONE
-        ):
+    for source in done_sources(run, results_root, app_defaults):
+        if source.resolve() == target.resolve():
             continue
         if target.exists():
             shutil.rmtree(target)
@@ -236,7 +263,14 @@ def reuse_finished_run(
         shutil.copytree(source, target, ignore=skip)
         summary = json.loads((source / SUMMARY_FILE).read_text(encoding="utf-8"))
         rel = source.relative_to(Path(results_root)).as_posix()
-        summary[RUN_RECORD_KEY] = {**summary[RUN_RECORD_KEY], "reused_from": rel}
+        summary[RUN_RECORD_KEY] = {
+            **summary[RUN_RECORD_KEY],
+            "run_id": run.run_id,
+            "config_hash": run.config_hash,
+            "run_config": dict(run.run_config),
+            "clients": run.clients,
+            "reused_from": rel,
+        }
         atomic_write_json(target / SUMMARY_FILE, summary)
         return source
     return None

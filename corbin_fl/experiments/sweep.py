@@ -284,6 +284,38 @@ def stale_keys(recorded: Mapping[str, Any], expected: Mapping[str, Any]) -> list
     return sorted(k for k, v in expected.items() if k not in ignored and k in full and full[k] != v)
 
 
+def recorded_run(run_dir: Path) -> tuple[Run, dict[str, Any]] | None:
+    """The :class:`Run` a run folder's ``summary.json`` records, with its recorded effective
+    config (``"config"``); ``None`` when the summary is missing, malformed or has no config.
+
+    Only the record is read: whether the folder is a complete run is :func:`run_state`'s call.
+    """
+    try:
+        summary = json.loads((Path(run_dir) / SUMMARY_FILE).read_text(encoding="utf-8"))
+        record = summary[RUN_RECORD_KEY]
+        run = Run(
+            run_id=str(record["run_id"]),
+            run_config=dict(record["run_config"]),
+            clients=record.get("clients"),
+            config_hash=str(record["config_hash"]),
+        )
+        config = summary["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (run, dict(config)) if isinstance(config, Mapping) else None
+
+
+def same_run(recorded: Mapping[str, Any], run: Run, app_defaults: Mapping[str, Any]) -> bool:
+    """Whether a run that recorded the effective config ``recorded`` is a run of ``run``.
+
+    Two specs can name one configuration differently (one sets ``delta = 1e-5``, the other
+    leaves the app's default ``1e-5``), so their run ids differ; what makes the runs the same is
+    the effective config: ``app_defaults`` overridden by ``run.run_config`` equals ``recorded``
+    on every key that affects a run (:func:`stale_keys` finds none that differs).
+    """
+    return not stale_keys(recorded, {**app_defaults, **run.run_config})
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Read a ``metrics.jsonl`` file (one JSON object per round).
 
