@@ -1064,6 +1064,20 @@ def test_cli_plan_report_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert exp_cli.main(["report", str(spec_path), "--results", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "tiny" / "report.md").exists()
     assert "[PASS]" in capsys.readouterr().out
+    # plan names the runs another experiment has done: same id, or same config under another id
+    wider = tmp_path / "wider.toml"
+    wider.write_text(
+        TINY.replace('name = "tiny"', 'name = "wider"')
+        .replace("epsilon = [0.5, 1.0]", "epsilon = [0.5, 1.0, 3.0]")
+        .replace("d = 5", "d = 5\ndelta = 1e-5")
+    )
+    app = ["--app", str(tmp_path / "app")]
+    assert exp_cli.main(["plan", str(wider), "--results", str(tmp_path / "r"), *app]) == 0
+    out = capsys.readouterr().out
+    assert "wider: 28 runs (0 done, 0 partial, 0 stale, 28 to do)" in out
+    assert "20 of the runs to redo or do are done in other experiments" in out
+    copies = [line for line in out.splitlines() if "(copy of tiny/runs/" in line]
+    assert len(copies) == 20 and all("-eps3-" not in line for line in copies)
 
 
 # --------------------------------------------------------------------------- end to end

@@ -110,11 +110,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if spec.kind == "mse":
                 out.print(f"{spec.name}: mse experiment (no federated runs)")
                 continue
+            defaults = ex.current_app_defaults(args.app)
             try:
-                planned = ex.plan(spec, args.results, ex.current_app_defaults(args.app))
+                planned = ex.plan(spec, args.results, defaults)
             except SpecError as exc:
                 console.print(f"[red]error:[/red] {exc}")
                 return 2
+            recorded = ex.RecordedRuns.scan(args.results)
+            copies = {
+                run.run_id: source.relative_to(args.results).as_posix()
+                for run, state in planned
+                if state is not RunState.DONE
+                and (source := next(recorded.done_sources(run, defaults), None)) is not None
+            }
             counts = {s: sum(1 for _, st in planned if st is s) for s in RunState}
             out.print(
                 f"[bold]{spec.name}[/bold]: {len(planned)} runs "
@@ -122,8 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{counts[RunState.STALE]} stale, "
                 f"{counts[RunState.MISSING]} to do)"
             )
+            if copies:
+                out.print(
+                    f"  {len(copies)} of the runs to redo or do are done in other experiments:"
+                )
+                out.print("  they are copied, not run")
             for run, state in planned:
-                out.print(f"  {state.value:8s} {run.run_id}")
+                copy = f"  (copy of {copies[run.run_id]})" if run.run_id in copies else ""
+                out.print(f"  {state.value:8s} {run.run_id}{copy}", soft_wrap=True)
         return 0
 
     if args.command == "report":

@@ -206,34 +206,63 @@ def plan(
     return [(r, run_state(paths.run_dir(r), r, app_defaults)) for r in expand_runs(spec)]
 
 
+@dataclass(frozen=True)
+class RecordedRuns:
+    """The run folders under ``<results_root>/*/runs/`` with what each ``summary.json`` records
+    (:func:`corbin_fl.experiments.sweep.recorded_run`), read once by :meth:`scan`."""
+
+    root: Path
+    entries: tuple[tuple[Path, Run, Mapping[str, Any]], ...]
+
+    _FIRST_CHECKED = ("mechanism", "seed", "global-lr", "epsilon")
+    """Keys that always affect a run, compared before the whole config (a cheap filter)."""
+
+    @classmethod
+    def scan(cls, results_root: Path) -> RecordedRuns:
+        """Read every run folder's record under ``results_root``."""
+        root = Path(results_root)
+        entries = []
+        for source in sorted(root.glob("*/runs/*")):
+            found = recorded_run(source)
+            if found is not None:
+                entries.append((source, *found))
+        return cls(root, tuple(entries))
+
+    def done_sources(
+        self, run: Run, app_defaults: Mapping[str, Any] | None = None
+    ) -> Iterator[Path]:
+        """Done run folders that are runs of ``run``, best first.
+
+        First the folders named ``run.run_id`` (the id hashes the keys the spec sets, and
+        :func:`corbin_fl.experiments.sweep.run_state` checks it). Then, with ``app_defaults``,
+        any other done folder with the same number of clients whose recorded effective config
+        is ``run``'s (:func:`corbin_fl.experiments.sweep.same_run`): a spec that spells out a
+        default (``delta = 1e-5``) names the same run under another id.
+        """
+        for source in sorted(self.root.glob(f"*/runs/{run.run_id}")):
+            if run_state(source, run, app_defaults) is RunState.DONE:
+                yield source
+        if app_defaults is None:
+            return
+        expected = {**app_defaults, **run.run_config}
+        for source, other, config in self.entries:
+            if (
+                source.name != run.run_id
+                and other.clients == run.clients
+                and all(
+                    config.get(k, expected.get(k)) == expected.get(k) for k in self._FIRST_CHECKED
+                )
+                and same_run(config, run, app_defaults)
+                and run_state(source, other, app_defaults) is RunState.DONE
+            ):
+                yield source
+
+
 def done_sources(
     run: Run, results_root: Path, app_defaults: Mapping[str, Any] | None = None
 ) -> Iterator[Path]:
-    """Done run folders under ``<results_root>/*/runs/`` that are runs of ``run``, best first.
-
-    First the folders named ``run.run_id`` (the id hashes the keys the spec sets, and
-    :func:`corbin_fl.experiments.sweep.run_state` checks it). Then, with ``app_defaults``, any
-    other done folder with the same number of clients whose recorded effective config is
-    ``run``'s (:func:`corbin_fl.experiments.sweep.same_run`): a spec that spells out a default
-    (``delta = 1e-5``) names the same run under another id.
-    """
-    root = Path(results_root)
-    for source in sorted(root.glob(f"*/runs/{run.run_id}")):
-        if run_state(source, run, app_defaults) is RunState.DONE:
-            yield source
-    if app_defaults is None:
-        return
-    for source in sorted(root.glob("*/runs/*")):
-        found = recorded_run(source) if source.name != run.run_id else None
-        if found is None:
-            continue
-        other, config = found
-        if (
-            other.clients == run.clients
-            and same_run(config, run, app_defaults)
-            and run_state(source, other, app_defaults) is RunState.DONE
-        ):
-            yield source
+    """:meth:`RecordedRuns.done_sources` of ``run`` on the folders as they are now."""
+    return RecordedRuns.scan(results_root).done_sources(run, app_defaults)
 
 
 def reuse_finished_run(
