@@ -1075,7 +1075,7 @@ def test_cli_plan_report_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert exp_cli.main(["plan", str(wider), "--results", str(tmp_path / "r"), *app]) == 0
     out = capsys.readouterr().out
     assert "wider: 28 runs (0 done, 0 partial, 0 stale, 28 to do)" in out
-    assert "20 of the runs to redo or do are done in other experiments" in out
+    assert "20 of them are done in other experiments: copied, not run" in out
     copies = [line for line in out.splitlines() if "(copy of tiny/runs/" in line]
     assert len(copies) == 20 and all("-eps3-" not in line for line in copies)
 

@@ -105,18 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from corbin_fl.experiments import experiment as ex
     from corbin_fl.experiments.sweep import RunState
 
+    if args.command in ("plan", "report"):  # what finished runs are checked against
+        defaults = ex.current_app_defaults(args.app)
     if args.command == "plan":
+        recorded = ex.RecordedRuns.scan(args.results)
         for spec in specs:
             if spec.kind == "mse":
                 out.print(f"{spec.name}: mse experiment (no federated runs)")
                 continue
-            defaults = ex.current_app_defaults(args.app)
             try:
                 planned = ex.plan(spec, args.results, defaults)
             except SpecError as exc:
                 console.print(f"[red]error:[/red] {exc}")
                 return 2
-            recorded = ex.RecordedRuns.scan(args.results)
             copies = {
                 run.run_id: source.relative_to(args.results).as_posix()
                 for run, state in planned
@@ -131,10 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{counts[RunState.MISSING]} to do)"
             )
             if copies:
-                out.print(
-                    f"  {len(copies)} of the runs to redo or do are done in other experiments:"
-                )
-                out.print("  they are copied, not run")
+                out.print(f"  {len(copies)} of them are done in other experiments: copied, not run")
             for run, state in planned:
                 copy = f"  (copy of {copies[run.run_id]})" if run.run_id in copies else ""
                 out.print(f"  {state.value:8s} {run.run_id}{copy}", soft_wrap=True)
@@ -145,9 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if spec.kind == "mse":
                 targets, report = ex.finalize_mse(spec, args.results)
             else:
-                targets, report = ex.finalize_federated(
-                    spec, args.results, app_defaults=ex.current_app_defaults(args.app)
-                )
+                targets, report = ex.finalize_federated(spec, args.results, app_defaults=defaults)
             out.print(f"{spec.name}: report {report}")
             for t in targets:
                 out.print(f"  [{t.status}] {t.name}: {t.detail}")
