@@ -586,6 +586,15 @@ def test_a_run_under_another_id_with_the_same_effective_config_is_reused(tmp_pat
         assert (record["run_id"], record["config_hash"]) == (run.run_id, run.config_hash)
         assert record["run_config"] == dict(run.run_config)
         assert run_state(copy, run, load_app_defaults(app)) is RunState.DONE
+    # data read from another folder is another run (the recorded data-dir is not compared)
+    elsewhere = spec_from(
+        TINY.replace('name = "tiny"', 'name = "elsewhere"').replace(
+            "d = 5", f'd = 5\ndata-dir = "{tmp_path / "data"}"'
+        )
+    )
+    backend = FakeBackend()
+    ex.run_federated(elsewhere, results, app_dir=app, backend=backend, progress=False)
+    assert len(backend.calls) == len(expand_runs(elsewhere))
     # another number of clients is another run, whatever the config says
     fewer = spec_from(
         TINY.replace('name = "tiny"', 'name = "fewer"').replace("clients = 4", "clients = 3")

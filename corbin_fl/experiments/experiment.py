@@ -235,9 +235,9 @@ class RecordedRuns:
 
         First the folders named ``run.run_id`` (the id hashes the keys the spec sets, and
         :func:`corbin_fl.experiments.sweep.run_state` checks it). Then, with ``app_defaults``,
-        any other done folder with the same number of clients whose recorded effective config
-        is ``run``'s (:func:`corbin_fl.experiments.sweep.same_run`): a spec that spells out a
-        default (``delta = 1e-5``) names the same run under another id.
+        any other done folder with the same number of clients and the same spec ``data-dir``
+        whose recorded effective config is ``run``'s (:func:`corbin_fl.experiments.sweep.same_run`):
+        a spec that spells out a default (``delta = 1e-5``) names the same run under another id.
         """
         for source in sorted(self.root.glob(f"*/runs/{run.run_id}")):
             if run_state(source, run, app_defaults) is RunState.DONE:
@@ -249,6 +249,9 @@ class RecordedRuns:
             if (
                 source.name != run.run_id
                 and other.clients == run.clients
+                # where the data is read from is not compared by same_run (a recorded data-dir
+                # is resolved): two folders can hold different data, so the spec's must match
+                and other.run_config.get("data-dir") == run.run_config.get("data-dir")
                 and all(
                     config.get(k, expected.get(k)) == expected.get(k) for k in self._FIRST_CHECKED
                 )
