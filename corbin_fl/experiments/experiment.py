@@ -20,6 +20,7 @@ same command continues where it stopped.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -209,24 +210,23 @@ def plan(
 @dataclass(frozen=True)
 class RecordedRuns:
     """The run folders under ``<results_root>/*/runs/`` with what each ``summary.json`` records
-    (:func:`corbin_fl.experiments.sweep.recorded_run`), read once by :meth:`scan`."""
+    (:func:`corbin_fl.experiments.sweep.recorded_run`), read on first use and then kept."""
 
     root: Path
-    entries: tuple[tuple[Path, Run, Mapping[str, Any]], ...]
 
     _FIRST_CHECKED = ("mechanism", "seed", "global-lr", "epsilon")
     """Keys that always affect a run, compared before the whole config (a cheap filter)."""
 
     @classmethod
     def scan(cls, results_root: Path) -> RecordedRuns:
-        """Read every run folder's record under ``results_root``."""
-        root = Path(results_root)
-        entries = []
-        for source in sorted(root.glob("*/runs/*")):
-            found = recorded_run(source)
-            if found is not None:
-                entries.append((source, *found))
-        return cls(root, tuple(entries))
+        """The records under ``results_root`` (read when a config comparison first needs them)."""
+        return cls(Path(results_root))
+
+    @functools.cached_property
+    def entries(self) -> tuple[tuple[Path, Run, Mapping[str, Any]], ...]:
+        """``(folder, recorded run, recorded effective config)`` of every readable record."""
+        found = ((source, recorded_run(source)) for source in sorted(self.root.glob("*/runs/*")))
+        return tuple((source, *rec) for source, rec in found if rec is not None)
 
     def done_sources(
         self, run: Run, app_defaults: Mapping[str, Any] | None = None
