@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("plan", "report"):  # what finished runs are checked against
         defaults = ex.current_app_defaults(args.app)
     if args.command == "plan":
-        recorded = ex.RecordedRuns.scan(args.results)
+        recorded = ex.RecordedRuns(Path(args.results))
         for spec in specs:
             if spec.kind == "mse":
                 out.print(f"{spec.name}: mse experiment (no federated runs)")

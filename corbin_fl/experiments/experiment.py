@@ -217,11 +217,6 @@ class RecordedRuns:
     _FIRST_CHECKED = ("mechanism", "seed", "global-lr", "epsilon")
     """Keys that always affect a run, compared before the whole config (a cheap filter)."""
 
-    @classmethod
-    def scan(cls, results_root: Path) -> RecordedRuns:
-        """The records under ``results_root`` (read when a config comparison first needs them)."""
-        return cls(Path(results_root))
-
     @functools.cached_property
     def entries(self) -> tuple[tuple[Path, Run, Mapping[str, Any]], ...]:
         """``(folder, recorded run, recorded effective config)`` of every readable record."""
@@ -265,7 +260,7 @@ def done_sources(
     run: Run, results_root: Path, app_defaults: Mapping[str, Any] | None = None
 ) -> Iterator[Path]:
     """:meth:`RecordedRuns.done_sources` of ``run`` on the folders as they are now."""
-    return RecordedRuns.scan(results_root).done_sources(run, app_defaults)
+    return RecordedRuns(Path(results_root)).done_sources(run, app_defaults)
 
 
 def reuse_finished_run(
