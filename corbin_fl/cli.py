@@ -6,22 +6,31 @@
 drops) from the ServerApp's ``events.jsonl``/``metrics.jsonl``, prints a summary table and stops
 every process it started. ``corbin-fl simulate`` runs the same app on Flower's simulation runtime.
 
-Exit codes: 0 the run completed, 1 the run failed (see ``<out>/logs/``), 2 bad arguments,
-130 interrupted.
+Exit codes: 0 the run completed, 1 the run failed (see ``<out>/logs/``), 2 bad arguments
+(an impossible setting or a missing extra, found before anything starts), 130 interrupted
+(SIGINT, SIGTERM or SIGHUP; also when SIGINT was inherited ignored, as by ``corbin-fl local &``
+in a script).
+
+Every usage error is one line, ``corbin-fl <command>: error: <cause>``, and one hint,
+``see corbin-fl <command> --help``, on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
+import signal
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.logging import RichHandler
@@ -30,9 +39,11 @@ from rich.text import Text
 
 from corbin_fl.launcher import (
     KillSpec,
+    LauncherError,
     LocalRunOptions,
     RunProgress,
     RunResult,
+    app_config,
     parse_config_string,
     run_local,
     run_simulation,
@@ -41,12 +52,8 @@ from corbin_fl.launcher import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_CLIENTS: Final[int] = 4
-DEFAULT_ROUNDS: Final[int] = 3
-DEFAULT_MECHANISM: Final[str] = "corbin"
-DEFAULT_RANGE_MODE: Final[str] = "update"
-"""What ``local`` / ``simulate`` quantize unless told otherwise: the update around the global
-model (the app's own default, for ``flwr run``, is the paper's layer range; see
-docs/results/quick/range/report.md for the comparison on validation data)."""
+"""SuperNodes (or virtual SuperNodes) that ``local`` / ``simulate`` start unless told otherwise.
+Every run-config default is the app's own (``[tool.flwr.app.config]``), never this command's."""
 EXIT_OK: Final[int] = 0
 EXIT_FAILED: Final[int] = 1
 EXIT_USAGE: Final[int] = 2
@@ -59,11 +66,58 @@ def repo_root() -> Path:
 
 
 # ====================================================================== arguments
+def usage_hint(prog: str) -> str:
+    """The one line every usage error ends with."""
+    return f"see {prog} --help"
+
+
+def usage_error(prog: str, cause: object) -> str:
+    """``<prog>: error: <cause>`` and :func:`usage_hint`, the one style of every usage error."""
+    return f"{prog}: error: {cause}\n{usage_hint(prog)}\n"
+
+
+class CliParser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose errors are :func:`usage_error` (cause and
+    hint), not the whole usage block, so they read like the run-config errors."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print :func:`usage_error` to stderr and exit with :data:`EXIT_USAGE`."""
+        self.exit(EXIT_USAGE, usage_error(self.prog, message))
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an unknown argument is reported by the sub-command's parser
+        (``corbin-fl local: error: unrecognized arguments: ...``), whose ``--help`` lists
+        the arguments it takes."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            owner = getattr(parsed, "_cli_parser", self)
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _shared_bits(text: str) -> int:
+    """``--d``: shared random bits per parameter, ``d >= 1`` (``d = 0`` is LDP-FL)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value == 0:
+        raise argparse.ArgumentTypeError(
+            "d = 0 means no common randomness, which is LDP-FL: use --mechanism ldpfl "
+            "(d >= 1 shared random bits per parameter for corbin/augcorbin)"
+        )
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
@@ -104,6 +158,9 @@ def _config_string(text: str) -> dict[str, Any]:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
+    from corbin_fl.config import RunConfig
+
+    app = RunConfig.defaults()  # the app's defaults: the help shows them, the flags add none
     parser.add_argument(
         "--clients",
         type=_positive_int,
@@ -114,18 +171,21 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--rounds",
         type=_positive_int,
         default=None,
-        help=f"communication rounds, run config num-rounds (default: {DEFAULT_ROUNDS})",
+        help=f"communication rounds, run config num-rounds (default: {app['num-rounds']})",
     )
     parser.add_argument(
         "--mechanism",
         default=None,
-        help=f"mechanism, run config mechanism (default: {DEFAULT_MECHANISM})",
+        help=f"mechanism, run config mechanism (default: {app['mechanism']})",
     )
     parser.add_argument(
         "--epsilon", type=_positive_float, default=None, help="per-parameter budget eps_p"
     )
     parser.add_argument(
-        "--d", type=_positive_int, default=None, help="shared random bits per parameter"
+        "--d",
+        type=_shared_bits,
+        default=None,
+        help="shared random bits per parameter, 1..16 (d = 0 is LDP-FL: --mechanism ldpfl)",
     )
     parser.add_argument(
         "--cr-mode",
@@ -137,7 +197,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         choices=("layer", "update"),
         default=None,
         help="quantize the update w_i - w_g in [-R, R] (update) or the weights in the layer "
-        f"range of the global model (layer, the paper) (default: {DEFAULT_RANGE_MODE})",
+        f"range of the global model (layer, the paper) (default: {app['range-mode']})",
     )
     parser.add_argument("--model", default=None, help="model: cnn (MNIST) or resnet18 (CIFAR-10)")
     parser.add_argument("--dataset", default=None, help="dataset: mnist (embedded) or cifar10")
@@ -187,7 +247,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``corbin-fl`` argument parser (subcommands ``local`` and ``simulate``)."""
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="corbin-fl",
         description="Run the CorBin-FL Flower app on this machine.",
     )
@@ -198,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deploy the app on loopback: one SuperLink, N SuperNodes, `flwr run`.",
     )
     _add_common(local)
+    local.set_defaults(_cli_parser=local)
     local.add_argument(
         "--kill-client",
         type=_kill_spec,
@@ -226,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the app on Flower's simulation runtime with N virtual SuperNodes.",
     )
     _add_common(sim)
+    sim.set_defaults(_cli_parser=sim)
     sim.add_argument(
         "--federation-config",
         type=_config_string,
@@ -237,20 +299,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def merge_run_config(args: argparse.Namespace, *, this_app: bool = True) -> dict[str, Any]:
-    """Defaults < ``--run-config`` (in order) < explicit flags.
+def merge_run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """``--run-config`` (in order) < explicit flags, on top of the app's own defaults.
 
-    ``this_app``: whether the app is this repository's (only then is ``range-mode`` defaulted to
-    :data:`DEFAULT_RANGE_MODE`; another app need not declare the key).
+    The app's defaults (``[tool.flwr.app.config]`` in its ``pyproject.toml``) are the only
+    defaults: this command adds none of its own, so ``corbin-fl local``, ``flwr run .``, the
+    compose files and the simulation runtime all run the same configuration.
 
     Returns
     -------
     dict[str, Any]
         Kebab-case run-config overrides (without ``out-dir``; the launcher sets it).
     """
-    merged: dict[str, Any] = {"num-rounds": DEFAULT_ROUNDS, "mechanism": DEFAULT_MECHANISM}
-    if this_app:
-        merged["range-mode"] = DEFAULT_RANGE_MODE
+    merged: dict[str, Any] = {}
     for extra in args.run_config:
         merged.update(extra)
     flags = {
@@ -271,20 +332,36 @@ def merge_run_config(args: argparse.Namespace, *, this_app: bool = True) -> dict
 def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
     """Check the overrides with the app's own :class:`corbin_fl.config.RunConfig` (this app only).
 
-    Fails before any process starts instead of in the ServerApp.
+    Fails before any process starts instead of in the ServerApp. Beyond
+    :meth:`~corbin_fl.config.RunConfig.from_flower` (which also refuses ``cifar10`` /
+    ``mnist-idx`` without ``data-dir``), this machine runs every node, so ``data-dir`` must be a
+    folder here, and a ``data-dir`` that the dataset would not read is refused rather than
+    silently ignored.
 
     Raises
     ------
     ValueError
-        If a key is unknown or a value is invalid.
+        If a key is unknown or a value is invalid, naming the key and the fix.
     """
     if app_dir.resolve() != repo_root():
         return  # another app: Flower itself validates its keys
     try:
-        from corbin_fl.config import RunConfig
+        from corbin_fl.config import DATASETS_NEEDING_DIR, RunConfig
     except ImportError:  # pragma: no cover - the package ships config.py
         return
-    RunConfig.from_flower({**run_config, "out-dir": "/validate"})
+    cfg = RunConfig.from_flower({**run_config, "out-dir": "/validate"})
+    readers = f"{', '.join(DATASETS_NEEDING_DIR)} (and hf:<hub-id>, as its download cache)"
+    if cfg.data_dir and cfg.dataset not in DATASETS_NEEDING_DIR and ":" not in cfg.dataset:
+        raise ValueError(
+            f'data-dir = "{cfg.data_dir}" would be ignored: dataset "{cfg.dataset}" is embedded '
+            f"in the package and reads no folder; remove data-dir, or choose a dataset that "
+            f"reads it: {readers}"
+        )
+    if cfg.dataset in DATASETS_NEEDING_DIR and not Path(cfg.data_dir).expanduser().is_dir():
+        raise ValueError(
+            f'data-dir "{cfg.data_dir}" of dataset "{cfg.dataset}" is not a folder on this '
+            f"machine: give the folder that holds {DATASETS_NEEDING_DIR[cfg.dataset]}"
+        )
 
 
 def default_out_dir() -> Path:
@@ -307,7 +384,7 @@ def options_from_args(args: argparse.Namespace) -> LocalRunOptions:
         On an invalid combination (unknown run-config key, kill of a missing partition, ...).
     """
     app_dir = (args.app or repo_root()).expanduser().resolve()
-    run_config = merge_run_config(args, this_app=app_dir == repo_root())
+    run_config = merge_run_config(args)
     validate_run_config(app_dir, run_config)
     node_config: dict[str, Any] = {}
     for extra in getattr(args, "node_config", []):
@@ -372,40 +449,81 @@ def total_bytes(value: Any) -> float | None:
     return None
 
 
+def _node_count(value: Any) -> int | None:
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def _drops(row: Mapping[str, Any]) -> dict[str, str]:
+    """``{node id: reason}`` of a ``metrics.jsonl`` row (a list of ids has no reasons)."""
+    dropped = row.get("dropped") or {}
+    if isinstance(dropped, Mapping):
+        return {str(k): str(v) for k, v in dropped.items()}
+    if isinstance(dropped, list):
+        return {str(k): "" for k in dropped}
+    return {}
+
+
 def rounds_table(metrics: Sequence[Mapping[str, Any]], title: str = "Rounds") -> Table:
-    """One row per ``metrics.jsonl`` record."""
-    table = Table(title=title, title_justify="left")
-    for col in (
-        "round",
-        "test acc",
-        "val acc",
-        "test loss",
-        "clients",
-        "dropped",
-        "round trips",
-        "up/client",
-        "seconds",
-    ):
-        table.add_column(col, justify="left" if col == "dropped" else "right")
+    """One row per ``metrics.jsonl`` record, narrow enough for an 80-column terminal.
+
+    ``clients`` is ``participants/sampled`` (updates the server accepted / nodes it asked),
+    ``drops`` the number of nodes dropped in the round (the reasons are in ``metrics.jsonl``
+    and in :func:`drops_table`), ``up/client`` the uplink bytes per participant.
+    """
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("round", "test acc", "val acc", "loss", "clients", "drops", "trips"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("up/client", justify="right", no_wrap=True)
+    table.add_column("s", justify="right", no_wrap=True)
     for row in metrics:
-        participants = row.get("participants")
-        n = participants if isinstance(participants, int) else None
-        if isinstance(participants, list):
-            n = len(participants)
+        n = _node_count(row.get("participants"))
+        sampled = _node_count(row.get("sampled"))
         up = total_bytes(row.get("bytes_up"))
         per_client = up / n if up is not None and n else None
-        dropped = row.get("dropped") or {}
         table.add_row(
             _fmt(row.get("round")),
             _fmt(row.get("test_accuracy")),
             _fmt(row.get("val_accuracy")),
             _fmt(row.get("test_loss")),
-            _fmt(n),
-            _fmt(dropped) if dropped else "-",
+            f"{_fmt(n)}/{sampled}" if sampled is not None else _fmt(n),
+            str(len(_drops(row))),
             _fmt(row.get("round_trips")),
             _human_bytes(per_client),
             _fmt(row.get("round_seconds"), 3),
         )
+    return table
+
+
+def drops_table(metrics: Sequence[Mapping[str, Any]], title: str = "Drops") -> Table | None:
+    """Every drop of the run, one line each (long reasons end in an ellipsis; the full text is
+    in ``metrics.jsonl``); None if no node was dropped."""
+    rows = [(row.get("round"), nid, why) for row in metrics for nid, why in _drops(row).items()]
+    if not rows:
+        return None
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        expand=True,
+    )
+    table.add_column("round", justify="right", no_wrap=True, min_width=5)
+    widest = max(len(str(nid)) for _, nid, _ in rows)
+    table.add_column("node", justify="right", no_wrap=True, min_width=widest)
+    table.add_column("reason", no_wrap=True, overflow="ellipsis", ratio=1)
+    for rnd, nid, why in rows:
+        table.add_row(_fmt(rnd), nid, why or "-")
     return table
 
 
@@ -424,26 +542,140 @@ def _flatten_summary(obj: Mapping[str, Any], prefix: str = "", depth: int = 0) -
     return rows
 
 
+def _is_privacy_report(value: Any) -> bool:
+    """Whether ``value`` is a ``mechanisms.accounting.privacy_report`` (either layout)."""
+    return isinstance(value, Mapping) and isinstance(value.get("mechanism"), str)
+
+
 def summary_table(summary: Mapping[str, Any]) -> Table:
-    """Key figures of ``summary.json`` (scalars, nested tables flattened, run config omitted)."""
+    """Key figures of ``summary.json`` (scalars, nested tables flattened, run config omitted).
+
+    The privacy report is left to :func:`privacy_table` (one row per threat model); a
+    ``privacy`` entry of another form is flattened like the rest.
+    """
     table = Table(title="Summary", title_justify="left", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
     skip = {"run_config", "run-config", "config", "rounds", "metrics"}
+    if _is_privacy_report(summary.get("privacy")):
+        skip.add("privacy")
     for name, value in _flatten_summary({k: v for k, v in summary.items() if k not in skip}):
         table.add_row(name, value)
     return table
 
 
+def _eps_delta_text(block: Any) -> str | None:
+    """``(eps, delta)`` of a report block ``{"eps", "delta"}``, or ``None`` without one."""
+    if not isinstance(block, Mapping) or block.get("eps") is None:
+        return None
+    return f"({_fmt(float(block['eps']))}, {float(block.get('delta') or 0.0):g})"
+
+
+def privacy_table(report: Mapping[str, Any]) -> Table:
+    """The run's privacy, one row per threat model, within 80 columns.
+
+    Each row is an adversary of SECURITY.md (A: an eavesdropper on one uplink, B: the server,
+    which sees every bit, C: a malicious client, D: a malicious server) and what the run's
+    privacy report (``summary.json -> privacy -> threat_models``) guarantees against it:
+    "no DP ..." when it gives none, else its headline and, for A, the exact ``(eps, delta)`` of
+    one update and of all rounds. Reports of the earlier layout (one ``dp`` flag) are read
+    through :func:`mechanisms.accounting.read_privacy_report`.
+
+    Parameters
+    ----------
+    report : Mapping
+        ``summary.json -> privacy``.
+
+    Returns
+    -------
+    rich.table.Table
+        Columns ``""`` (the key), ``threat model``, ``guarantee``.
+    """
+    if not isinstance(report, Mapping):
+        raise TypeError(f"a privacy report must be a mapping, got {type(report).__name__}")
+    mech = str(report.get("mechanism", "?"))
+    title = f"Privacy ({mech}"
+    if report.get("eps_p") is not None:
+        title += f", eps_p = {_fmt(report['eps_p'])}"
+    title += ")"
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        caption="details: summary.json -> privacy -> threat_models; SECURITY.md",
+        caption_justify="left",
+    )
+    table.add_column("", style="bold", no_wrap=True)
+    table.add_column("threat model", max_width=26)
+    table.add_column("guarantee", max_width=46)
+    if report.get("error"):
+        table.add_row("!", "privacy report", Text(f"failed: {report['error']}", style="red"))
+        return table
+    if "threat_models" not in report:
+        from mechanisms.accounting import read_privacy_report
+
+        report = read_privacy_report(report)
+    models = report.get("threat_models")
+    if not isinstance(models, Mapping):
+        raise ValueError("privacy report has no threat_models")
+    rounds = report.get("rounds")
+    for key, entry in models.items():
+        if not isinstance(entry, Mapping):
+            continue
+        cell = Text(str(entry.get("headline", "")), style="" if entry.get("dp") else "bold red")
+        if entry.get("dp") and key == "A":
+            for label, part in (("one update", "per_update"), (f"{rounds} rounds", "all_rounds")):
+                block = entry.get(part)
+                numbers = _eps_delta_text(block)
+                if numbers is not None and not (part == "per_update" and block.get("k") == 1):
+                    cell.append(f"\n{label}: {numbers}")
+        table.add_row(str(key), str(entry.get("name", "")), cell)
+    return table
+
+
+REASON_CHARS: Final[int] = 60
+"""A drop reason in an event line is cut to this many characters (the line itself to the
+console width); ``metrics.jsonl`` keeps the whole reason."""
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text``, or its first ``limit - 1`` characters and an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _one_line(text: str, style: str | None = None) -> Text:
+    """A line that never wraps: cut to the console width with an ellipsis."""
+    return Text(text, style=style or "", no_wrap=True, overflow="ellipsis", end="\n")
+
+
 class ProgressView:
-    """Live progress with rich: status line, finished rounds, injected faults."""
+    """Live progress: one line per event when it happens, plus a status line on a terminal.
+
+    The events, from what the launcher follows (``events.jsonl``, ``metrics.jsonl``, its own
+    kills): nodes online, run submitted, round started, node dropped (round, stage, node,
+    partition), SuperNode killed, round done (test accuracy, clients, drops with their reasons),
+    ServerApp error, stopping. On a terminal they are printed above a live status of at most
+    two lines (elapsed, phase, round, stage, nodes, drop count, accuracy; the latest drop);
+    without one (a log file, CI) they are plain lines, one per event, without control codes.
+    No line is wider than the console: longer ones end in an ellipsis (the full drop reasons
+    stay in ``metrics.jsonl``).
+
+    ``nodes k/N``: ``N`` SuperNodes deployed, ``k`` the nodes the ServerApp still counts
+    (:meth:`corbin_fl.launcher.RunProgress.active_nodes`: sampled in the last finished round,
+    less the nodes dropped since).
+    """
 
     def __init__(self, console: Console, num_clients: int) -> None:
         self.console = console
         self.num_clients = num_clients
         self.live: Live | None = None
-        self._printed_rounds = 0
-        self._printed_kills = 0
+        self._phase: str | None = None
+        self._run_id_shown = False
+        self._events = 0
+        self._kills = 0
+        self._rows = 0
 
     def __enter__(self) -> ProgressView:
         if self.console.is_terminal:
@@ -456,59 +688,149 @@ class ProgressView:
             self.live.__exit__(None, None, None)
             self.live = None
 
-    def status_line(self, state: RunProgress) -> Text:
-        """One line: elapsed, phase, run id, round, last stage, nodes, accuracy, kills."""
-        total = state.num_rounds if state.num_rounds is not None else "?"
-        text = Text()
-        text.append(f"[{state.elapsed:6.1f}s] ", style="dim")
-        text.append(f"{state.phase}", style="bold cyan")
-        if state.run_id is not None:
-            text.append(f"  run {state.run_id}")
-        text.append(f"  round {state.current_round}/{total}")
-        if state.last_stage:
-            text.append(f"  last stage {state.last_stage}")
-        text.append(f"  nodes {len(state.node_ids) or self.num_clients}")
-        if state.metrics:
-            last = state.metrics[-1]
-            text.append(f"  acc {_fmt(last.get('test_accuracy'))}", style="green")
-        if state.killed:
-            killed = ", ".join(f"{k.partition}@{k.round}" for k in state.killed)
-            text.append(f"  killed {killed}", style="red")
-        return text
+    # ------------------------------------------------------------------ what is shown
+    def _nodes(self, state: RunProgress) -> str:
+        total = state.num_clients or self.num_clients
+        active = state.active_nodes()
+        return f"{'?' if active is None else active}/{total}"
 
-    def __call__(self, state: RunProgress) -> None:
-        """Redraw (terminal) or print what is new (pipe); the launcher calls it ~4x a second."""
-        if self.live is not None:
-            parts: list[Any] = [self.status_line(state)]
-            if state.metrics:
-                parts.append(rounds_table(state.metrics[-10:]))
-            self.live.update(Group(*parts), refresh=True)
-            return
-        # Not a terminal (CI, pipes): one line per finished round and per fault.
-        while self._printed_kills < len(state.killed):
-            kill = state.killed[self._printed_kills]
-            self._printed_kills += 1
-            self.console.print(
-                f"killed SuperNode of partition {kill.partition} (pid {kill.pid}) "
+    @staticmethod
+    def _partition(state: RunProgress, node: object) -> int | None:
+        """The partition of the SuperNode with node id ``node`` (None where not known)."""
+        return {str(nid): part for part, nid in state.node_ids.items()}.get(str(node))
+
+    def _partition_of(self, state: RunProgress, node: object) -> str:
+        """`` (partition p)`` where known, else nothing."""
+        part = self._partition(state, node)
+        return "" if part is None else f" (partition {part})"
+
+    def _short(self, state: RunProgress, node: object) -> str:
+        """``partition p`` where the launcher knows the node's partition, else ``node <id>``."""
+        part = self._partition(state, node)
+        return f"node {node}" if part is None else f"partition {part}"
+
+    def status_lines(self, state: RunProgress) -> list[Text]:
+        """The live status: elapsed, phase, round, stage, nodes, drops, accuracy; last drop."""
+        total = state.num_rounds if state.num_rounds is not None else "?"
+        parts = [f"{state.elapsed:4.0f}s {state.phase}", f"round {state.current_round}/{total}"]
+        if state.last_stage:
+            parts.append(state.last_stage)
+        parts.append(f"nodes {self._nodes(state)}")
+        parts.append(f"dropped {state.drop_count()}")
+        if state.metrics:
+            parts.append(f"acc {_fmt(state.metrics[-1].get('test_accuracy'))}")
+        lines = [_one_line(" · ".join(parts), "bold")]  # kills: an event line each
+        last = self._last_drop(state)
+        if last:
+            lines.append(_one_line(f"last drop: {last}", "yellow"))
+        return lines
+
+    def _last_drop(self, state: RunProgress) -> str | None:
+        done = state.finished_round
+        pending = [(r, st, n) for r, st, n in state.stage_drops if r > done]
+        if pending:
+            rnd, stage, node = pending[-1]
+            return f"round {rnd}, node {node}{self._partition_of(state, node)}, stage {stage}"
+        for row in reversed(state.metrics):
+            drops = _drops(row)
+            if drops:
+                node, why = list(drops.items())[-1]
+                where = f"round {row.get('round')}, node {node}{self._partition_of(state, node)}"
+                return f"{where}: {why}" if why else where
+        return None
+
+    def new_lines(self, state: RunProgress) -> list[Text]:
+        """The event lines not shown yet, in the order they happened (one call shows each
+        event once)."""
+        lines: list[Text] = []
+        total = state.num_rounds if state.num_rounds is not None else "?"
+        if state.phase != self._phase:
+            self._phase = state.phase
+            if state.phase == "ready":
+                n = len(state.node_ids)
+                what = f"{n} SuperNodes online" if n else "simulation SuperLink up"
+                lines.append(_one_line(f"ready: {what}"))
+            elif state.phase == "stopping":
+                lines.append(_one_line("stopping every process", "dim"))
+        if state.run_id is not None and not self._run_id_shown:
+            self._run_id_shown = True
+            lines.append(_one_line(f"run {state.run_id} submitted"))
+        for ev in state.events[self._events :]:
+            kind, rnd = ev.get("event"), ev.get("round")
+            if kind == "round_start":
+                lines.append(_one_line(f"round {rnd}/{total} started", "cyan"))
+            elif kind == "stage_end":
+                for node in ev.get("dropped") or []:
+                    where = f"node {node}{self._partition_of(state, node)}"
+                    text = f"round {rnd}: {where} dropped in stage {ev.get('stage')}"
+                    lines.append(_one_line(text, "yellow"))
+            elif kind == "round_end":  # its metrics.jsonl row is written just before it
+                lines += self._row_lines(state, up_to=rnd)
+            elif kind == "resume":
+                lines.append(_one_line(f"resumed after round {ev.get('from_round')}"))
+            elif kind == "run_end" and ev.get("error"):
+                lines.append(_one_line(f"ServerApp failed: {ev.get('error')}", "red"))
+        self._events = len(state.events)
+        lines += self._row_lines(state)  # rows read before their round_end event
+        for kill in state.killed[self._kills :]:  # the launcher kills after reading the files
+            node = "" if kill.node_id is None else f", node {kill.node_id}"
+            text = (
+                f"killed SuperNode of partition {kill.partition} (pid {kill.pid}{node}) "
                 f"in round {kill.round}"
             )
-        while self._printed_rounds < len(state.metrics):
-            row = state.metrics[self._printed_rounds]
-            self._printed_rounds += 1
-            dropped = row.get("dropped") or {}
-            self.console.print(
-                f"round {row.get('round')}: test acc {_fmt(row.get('test_accuracy'))}, "
-                f"clients {_fmt(row.get('participants'))}, dropped {_fmt(dropped)}, "
-                f"{_fmt(row.get('round_seconds'), 3)} s"
+            lines.append(_one_line(text, "red"))
+        self._kills = len(state.killed)
+        return lines
+
+    def _row_lines(self, state: RunProgress, up_to: object = None) -> list[Text]:
+        """``round r/T done: ...`` for each ``metrics.jsonl`` row not shown yet (those of
+        rounds ``<= up_to`` when given)."""
+        lines: list[Text] = []
+        total = state.num_rounds if state.num_rounds is not None else "?"
+        limit = up_to if isinstance(up_to, int) and not isinstance(up_to, bool) else None
+        while self._rows < len(state.metrics):
+            row = state.metrics[self._rows]
+            rnd = row.get("round")
+            if limit is not None and isinstance(rnd, int) and rnd > limit:
+                break
+            self._rows += 1
+            n, sampled = _node_count(row.get("participants")), _node_count(row.get("sampled"))
+            clients = f"{_fmt(n)}/{sampled}" if sampled is not None else _fmt(n)
+            drops = _drops(row)
+            text = (
+                f"round {rnd}/{total} done: test acc {_fmt(row.get('test_accuracy'))}, "
+                f"clients {clients}, dropped {len(drops)}, {_fmt(row.get('round_seconds'), 3)} s"
             )
+            if drops:
+                reasons = (
+                    f"{self._short(state, k)}: {_clip(v, REASON_CHARS)}" if v else k
+                    for k, v in drops.items()
+                )
+                text += " (" + "; ".join(reasons) + ")"
+            lines.append(_one_line(text, "green"))
+        return lines
+
+    def __call__(self, state: RunProgress) -> None:
+        """Print the new event lines; on a terminal, redraw the status. The launcher calls
+        it about four times a second."""
+        for line in self.new_lines(state):
+            self.console.print(line, no_wrap=True, overflow="ellipsis", highlight=False)
+        if self.live is not None:
+            self.live.update(Group(*self.status_lines(state)), refresh=True)
 
 
 def print_report(console: Console, result: RunResult) -> None:
-    """Final tables: rounds, summary (privacy report), faults, outcome."""
+    """Final tables: rounds, summary, privacy per threat model, faults, outcome."""
     if result.metrics:
         console.print(rounds_table(result.metrics))
     if result.summary:
         console.print(summary_table(result.summary))
+        privacy = result.summary.get("privacy")
+        if _is_privacy_report(privacy):
+            try:
+                console.print(privacy_table(privacy))
+            except (TypeError, ValueError) as exc:
+                logger.warning("cannot show the privacy report: %s", exc)
     for kill in result.killed:
         console.print(
             f"[red]killed[/red] SuperNode partition {kill.partition} (node {kill.node_id}) "
@@ -549,37 +871,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    with _interruptible():
+        try:
+            return _run_command(args)
+        except KeyboardInterrupt:  # before the run started, or while reporting
+            sys.stderr.write(f"corbin-fl {args.command}: interrupted\n")
+            return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Make SIGINT raise :class:`KeyboardInterrupt` here even if it was inherited ignored.
+
+    A non-interactive shell starts ``corbin-fl local &`` with SIGINT ignored, and Python then
+    leaves it ignored: Ctrl-C and ``kill -INT`` would do nothing. Python's own handler is put in
+    place for the command (the launcher keeps it while the run goes on, see
+    :func:`corbin_fl.launcher.run_local`), and the previous disposition is restored after.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    replace = previous in (signal.SIG_IGN, signal.SIG_DFL)
+    if replace:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if replace:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """``local`` / ``simulate`` after parsing: check everything, run, report; the exit code."""
+    prog = f"corbin-fl {args.command}"
     console = Console(stderr=False, highlight=False)
     err_console = Console(stderr=True, highlight=False)
     _configure_logging(args.verbose, err_console)
     try:
         options = options_from_args(args)
-    except (ValueError, TypeError) as exc:
-        err_console.print(f"corbin-fl {args.command}: error: {exc}")
+    except (ValueError, TypeError, LauncherError) as exc:
+        sys.stderr.write(usage_error(prog, exc))
         return EXIT_USAGE
     runner = run_simulation if args.command == "simulate" else run_local
     if not args.quiet:
+        effective = {**app_config(options.app_dir), **options.run_config}
         console.print(
-            f"corbin-fl {args.command}: {options.num_clients} clients, "
-            f"{options.run_config.get('num-rounds')} rounds, "
-            f"{options.run_config.get('mechanism')}, out {options.out_dir}"
+            f"{prog}: {options.nodes(simulation=args.command == 'simulate')} clients, "
+            f"{effective.get('num-rounds', '?')} rounds, {effective.get('mechanism', '?')}, "
+            f"out {options.out_dir}",
+            markup=False,
         )
     t0 = time.monotonic()
     try:
         if args.quiet:
             result = runner(options)
         else:
-            with ProgressView(console, options.num_clients) as view:
+            with ProgressView(
+                console, options.nodes(simulation=args.command == "simulate")
+            ) as view:
                 result = runner(options, progress=view)
     except KeyboardInterrupt:
-        err_console.print(
-            f"interrupted after {time.monotonic() - t0:.1f} s; every process was stopped; "
-            f"logs in {options.out_dir / 'logs'}"
+        sys.stderr.write(
+            f"{prog}: interrupted after {time.monotonic() - t0:.1f} s; every process was "
+            f"stopped; logs in {options.out_dir / 'logs'}\n"
         )
         return EXIT_INTERRUPTED
     if args.quiet:
         if not result.ok:
-            err_console.print(f"FAILED: {result.reason} (logs: {result.logs_dir})")
+            err_console.print(f"FAILED: {result.reason} (logs: {result.logs_dir})", markup=False)
     else:
         print_report(console, result)
     return result.exit_code

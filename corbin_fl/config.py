@@ -44,6 +44,12 @@ a seed derived from the X25519 secret, or the lead's ``d*m`` raw bits (Alg. 3 li
 
 DATASETS: Final[tuple[str, ...]] = ("mnist", "mnist-idx", "cifar10")
 """Dataset names of ``corbin_fl.data`` (``hf:<hub-id>`` is accepted too)."""
+DATASETS_NEEDING_DIR: Final[Mapping[str, str]] = {
+    "mnist-idx": "the MNIST IDX files (train-images-idx3-ubyte[.gz], ...)",
+    "cifar10": "the CIFAR-10 python batches (cifar-10-batches-py/)",
+}
+"""Datasets read from files in ``data-dir`` (-> what that folder holds); ``hf:<hub-id>`` uses
+``data-dir`` as an optional download cache, and ``mnist`` is embedded and reads none."""
 PARTITIONERS: Final[tuple[str, ...]] = ("iid", "dirichlet")
 MODELS: Final[tuple[str, ...]] = ("cnn", "resnet18")
 OPTIMIZERS: Final[tuple[str, ...]] = ("adam", "sgd")
@@ -177,8 +183,12 @@ class RunConfig:
         of the weights (``Var = r^2 alpha^2 - ...``, Thm. 1); updates beyond ``R`` are clipped.
         Every mechanism but ``fedcad`` (which always perturbs the update, with ``fedcad-clip``).
     update_radius : float
-        ``R > 0`` of ``range-mode = "update"`` (same units as the weights; Adam moves a weight by
-        about ``lr`` per step, so one epoch of ``s`` steps stays within about ``s * lr``).
+        ``R`` of ``range-mode = "update"`` (same units as the weights). ``0`` (the default) means
+        ``R = S * lr`` from public settings only (:func:`corbin_fl.training.step_bound`): Adam
+        moves a weight by about ``lr`` per step, and ``S`` is ``max-steps`` or one client's share
+        of the public training split, ``local-epochs * ceil(N_train / (N * batch-size))`` with
+        ``N`` the nodes connected at the start of the run. Needs ``optimizer = "adam"`` (an SGD
+        step has no such bound: give ``R > 0``). The resolved ``R`` is in ``summary.json``.
     dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
         Data (``corbin_fl.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10`` or
         ``hf:<hub-id>``; folder with the files; keep the source's own test split; seed of the
@@ -254,8 +264,8 @@ class RunConfig:
     radius_margin: float = 0.0
     min_radius: float = 1e-3
     range_quantile: float = 1.0
-    range_mode: str = "layer"
-    update_radius: float = 0.01
+    range_mode: str = "update"
+    update_radius: float = 0.0
     dataset: str = "mnist"
     data_dir: str = ""
     use_official_test: bool = False
@@ -406,6 +416,12 @@ class RunConfig:
         choice("range-mode", self.range_mode, RANGE_MODES)
         if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
             choice("dataset", self.dataset, DATASETS)
+        if self.dataset in DATASETS_NEEDING_DIR and not self.data_dir:
+            errors["data-dir"] = (
+                f'dataset "{self.dataset}" reads {DATASETS_NEEDING_DIR[self.dataset]} from '
+                'data-dir, which is empty: set data-dir to that folder ("mnist" is embedded '
+                "and needs none)"
+            )
         choice("partitioner", self.partitioner, PARTITIONERS)
         choice("model", self.model, MODELS)
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -416,13 +432,21 @@ class RunConfig:
         interval("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
         if not 1 <= self.d <= 16:
             errors["d"] = f"must be in [1, 16], got {self.d}"
+            if self.d == 0:  # no shared randomness: every client quantizes alone
+                errors["d"] += '; d = 0 (no common randomness) is LDP-FL: mechanism = "ldpfl"'
         interval("gamma", self.gamma, 0.0, 1.0, lo_open=False, hi_open=False)
         interval("p-x", self.p_x, 0.0, 1.0, lo_open=True, hi_open=True)
         interval("global-lr", self.global_lr, 0.0, 1.0, lo_open=True, hi_open=False)
         at_least("radius-margin", self.radius_margin, 0.0)
         positive("min-radius", self.min_radius)
         interval("range-quantile", self.range_quantile, 0.5, 1.0, lo_open=True, hi_open=False)
-        positive("update-radius", self.update_radius)
+        if not self.update_radius >= 0:  # also NaN
+            errors["update-radius"] = f"must be >= 0 (0 = derived), got {self.update_radius}"
+        elif self.quantizes_update and self.update_radius == 0 and self.optimizer == "sgd":
+            errors["update-radius"] = (
+                "0 derives R = steps x lr from Adam's per-step bound, but optimizer is "
+                f'"{self.optimizer}": set update-radius > 0'
+            )
         at_least("data-seed", self.data_seed, 0)
         positive("dirichlet-alpha", self.dirichlet_alpha)
         at_least("local-epochs", self.local_epochs, 1)

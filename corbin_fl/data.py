@@ -1097,6 +1097,27 @@ def server_datasets(
     return _tensor_dataset(raw, split.val), _tensor_dataset(raw, split.test)
 
 
+def train_size(
+    dataset: str,
+    *,
+    data_seed: int = 0,
+    data_dir: str | Path | None = None,
+    use_official_test: bool = False,
+) -> int:
+    """Number of examples in the training part of the split (public: the clients' partitions
+    are drawn from it; no client's own data is read).
+
+    Parameters
+    ----------
+    dataset, data_seed, data_dir, use_official_test
+        As in :func:`server_datasets`.
+    """
+    name = _check_dataset_name(dataset)
+    seed = _check_int("data_seed", data_seed, 0)
+    split = _split_cached(name, _resolve_dir(data_dir), seed, bool(use_official_test))
+    return int(split.train.size)
+
+
 def split_fingerprint(
     dataset: str,
     *,

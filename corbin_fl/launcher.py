@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -86,6 +88,10 @@ RUN_FILES: Final[tuple[str, ...]] = ("events.jsonl", "metrics.jsonl", "summary.j
 
 class LauncherError(RuntimeError):
     """A local deployment could not be started, or a run could not be submitted."""
+
+
+class MissingDependencyError(LauncherError):
+    """A runtime this run needs is not installed (e.g. Ray for the simulation runtime)."""
 
 
 # ====================================================================== small value types
@@ -284,6 +290,47 @@ def _signal_ref(ref: ProcessRef, sig: int) -> None:
         os.kill(ref.pid, sig)
 
 
+_INTERRUPTS: Final[tuple[signal.Signals, ...]] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _deferred_interrupts() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP until the block is done, then act on them as before.
+
+    Each is given a handler that only records it; on leaving, the previous handlers are put
+    back and a recorded signal is handed to its previous handler (a Python handler is called,
+    e.g. raising KeyboardInterrupt; ignored stays ignored; a default disposition is re-raised
+    with :func:`signal.raise_signal`). Main thread only (elsewhere a no-op, as Python only
+    handles signals there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    for sig in _INTERRUPTS:
+        if signal.getsignal(sig) is None:  # a handler not set from Python: cannot be restored
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            previous[sig] = signal.signal(sig, record)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, old)
+        for signum in dict.fromkeys(caught):
+            old = previous.get(signum)
+            if callable(old):
+                old(signum, None)
+            elif old == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
 @dataclass
 class ManagedProcess:
     """A process this launcher started, in its own session/process group."""
@@ -361,23 +408,26 @@ class ProcessRegistry:
             env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
             env.update(FLOWER_ENV)
             env.update(self.env)
-            try:
-                popen = subprocess.Popen(
-                    list(cmd),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=str(cwd) if cwd is not None else None,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                log_file.close()
-                raise LauncherError(f"cannot start {name} ({cmd[0]}): {exc}") from exc
-            ref = process_ref(popen.pid) or ProcessRef(popen.pid, None, " ".join(cmd))
-            proc = ManagedProcess(name, popen, log_path, log_file, ref, dict(meta or {}))
-            self.processes.append(proc)
-            self.seen[(ref.pid, ref.start_time)] = ref
+            # An interrupt between fork and bookkeeping would leave an untracked process:
+            # Ctrl-C/SIGTERM/SIGHUP wait until the new process is registered.
+            with _deferred_interrupts():
+                try:
+                    popen = subprocess.Popen(
+                        list(cmd),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=str(cwd) if cwd is not None else None,
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    log_file.close()
+                    raise LauncherError(f"cannot start {name} ({cmd[0]}): {exc}") from exc
+                ref = process_ref(popen.pid) or ProcessRef(popen.pid, None, " ".join(cmd))
+                proc = ManagedProcess(name, popen, log_path, log_file, ref, dict(meta or {}))
+                self.processes.append(proc)
+                self.seen[(ref.pid, ref.start_time)] = ref
             logger.debug("started %s (pid %d): %s", name, popen.pid, " ".join(cmd))
             return proc
 
@@ -975,11 +1025,65 @@ class RunProgress:
     node_ids: dict[int, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     message: str = ""
+    num_clients: int = 0
+    """SuperNodes deployed (virtual ones in a simulation)."""
+    stage_drops: list[tuple[int, str, int]] = field(default_factory=list)
+    """``(round, stage, node id)`` of every drop a ``stage_end`` event reported, in order (the
+    reason comes with the round's ``metrics.jsonl`` row)."""
 
     @property
     def elapsed(self) -> float:
         """Seconds since the launcher started."""
         return time.monotonic() - self.started
+
+    @property
+    def finished_round(self) -> int:
+        """The last round with a ``metrics.jsonl`` row (0 before the first)."""
+        return max((_as_int(m.get("round")) or 0 for m in self.metrics), default=0)
+
+    def active_nodes(self) -> int | None:
+        """Nodes taking part, as the ServerApp reports them (None before anything is known).
+
+        With ``S`` the nodes sampled in the last finished round and ``D`` the nodes dropped in
+        it (its ``metrics.jsonl`` row), and ``D'`` the nodes the ``stage_end`` events of the
+        rounds after it have dropped so far: ``S - |D| - |D' \\ D|``. Before the first row,
+        ``S`` is the number of SuperNodes deployed (the launcher waits for all of them). A node
+        dropped again after it was dropped in the last round is not counted twice; a killed
+        node the SuperLink no longer lists is not sampled, and stays uncounted.
+        """
+        done = self.finished_round
+        rows = [m for m in self.metrics if (_as_int(m.get("round")) or 0) == done]
+        if rows:
+            last = rows[-1]
+            before = _dropped_ids(last.get("dropped"))
+            sampled = _as_int(last.get("sampled"))
+            base = (
+                sampled - len(before) if sampled is not None else _count(last.get("participants"))
+            )
+        else:
+            before, base = set(), (self.num_clients or None)
+        if base is None:
+            return None
+        since = {nid for rnd, _, nid in self.stage_drops if rnd > done} - before
+        return max(0, base - len(since))
+
+    def drop_count(self) -> int:
+        """Drops in the run so far: every finished round's ``dropped`` plus the drops the
+        ``stage_end`` events of the round in flight have reported."""
+        done = self.finished_round
+        finished = sum(len(_dropped_ids(m.get("dropped"))) for m in self.metrics)
+        return finished + sum(1 for rnd, _, _ in self.stage_drops if rnd > done)
+
+
+def _dropped_ids(value: Any) -> set[int]:
+    """Node ids of a ``dropped`` field (a ``{node: reason}`` dict or a list of ids)."""
+    items = value.keys() if isinstance(value, Mapping) else value if isinstance(value, list) else []
+    return {n for n in (_as_int(item) for item in items) if n is not None}
+
+
+def _count(value: Any) -> int | None:
+    """A count field that may be a number or a list (``participants``)."""
+    return len(value) if isinstance(value, list) else _as_int(value)
 
 
 @dataclass
@@ -1093,11 +1197,93 @@ class LocalRunOptions:
             Path(self.out_dir).resolve()
         ):
             raise ValueError(f"run_config[{self.out_key!r}] conflicts with out_dir")
+        self._check_feasible(simulation=simulation)
+        if simulation and (missing := simulation_extra_missing()) is not None:
+            raise MissingDependencyError(missing)
+
+    def nodes(self, *, simulation: bool = False) -> int:
+        """SuperNodes the run gets: ``num_clients``, or the simulation's ``num-supernodes``."""
+        if simulation:
+            value = _as_int(self.federation_config.get("num-supernodes"))
+            if value is not None:
+                return value
+        return self.num_clients
+
+    def _check_feasible(self, *, simulation: bool) -> None:
+        """Refuse settings no run can satisfy, before anything starts.
+
+        The effective run config is the app's ``[tool.flwr.app.config]`` overridden by
+        ``run_config``. Where the app declares them, ``min-clients`` (nodes the ServerApp waits
+        for), ``clients-per-round`` (nodes sampled per round, 0 = all) and ``num-rounds`` are
+        checked against the ``N`` SuperNodes and the ``--kill-client`` rounds.
+
+        Raises
+        ------
+        ValueError
+            Naming the setting, the number it conflicts with and the fix.
+        """
+        flag = "--federation-config num-supernodes" if simulation else "--clients"
+        n = self.nodes(simulation=simulation)
+        if n < 1:
+            raise ValueError(f"{flag} must be >= 1, got {n}")
+        effective = {**app_config(self.app_dir), **self.run_config}
+        min_clients = _as_int(effective.get("min-clients"))
+        if min_clients is not None and n < min_clients:
+            raise ValueError(
+                f"{flag} {n} is fewer than min-clients = {min_clients}: the ServerApp would wait "
+                f"for nodes that never come; use {flag} {min_clients} or more, or "
+                f'--run-config "min-clients={n}"'
+            )
+        per_round = _as_int(effective.get("clients-per-round"))
+        if per_round is not None and per_round > n:
+            raise ValueError(
+                f"clients-per-round = {per_round} but only {n} SuperNodes ({flag} {n}): use "
+                f"{flag} {per_round} or more, or clients-per-round <= {n} (0 = all of them)"
+            )
+        rounds = _as_int(effective.get("num-rounds"))
+        late = [k for k in self.kills if rounds is not None and k.round > rounds]
+        if late:
+            raise ValueError(
+                f"--kill-client {late[0].partition}@{late[0].round}: the run has only {rounds} "
+                f"round(s), so this kill would never happen; use a round in 1..{rounds}"
+            )
+
+
+SIMULATION_INSTALL_HINT: Final[str] = 'pip install -e ".[simulation]"'
+"""How to install the simulation extra in a checkout of this repository."""
+
+
+def _module_available(name: str) -> bool:
+    """Whether ``import name`` would find the module (without importing it)."""
+    return importlib.util.find_spec(name) is not None
+
+
+def simulation_extra_missing() -> str | None:
+    """Why Flower's simulation runtime cannot start here, or None if it can.
+
+    Flower 1.41's ``run_simulation`` checks ``importlib.util.find_spec("ray")`` in the process
+    it spawns (same interpreter as ours: :func:`flower_executable` prefers its ``bin``) and
+    exits with code 701 (``SIMULATION_MISSING_EXTRA``) if Ray is missing; ``flwr run`` then
+    only reports an unknown error. The same check, made here, fails before anything starts.
+    """
+    if _module_available("ray"):
+        return None
+    return (
+        "the simulation runtime needs Ray (the [simulation] extra), which is not installed for "
+        f"{sys.executable}: run {SIMULATION_INSTALL_HINT} in the repository "
+        '(or pip install "flwr[simulation]==1.41.*"), or use `corbin-fl local`'
+    )
 
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into KeyboardInterrupt while running (main thread only)."""
+    """Turn SIGTERM/SIGHUP/SIGINT into KeyboardInterrupt while running (main thread only).
+
+    SIGINT is taken over too when it is ignored (or at its default), not only when Python's
+    own handler is in place: a program started in the background of a non-interactive shell
+    (``corbin-fl local &`` in a script) inherits SIGINT ignored, and ``kill -INT`` would then
+    do nothing. An embedding program's own SIGINT handler is left alone.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -1109,6 +1295,9 @@ def _terminate_as_interrupt() -> Iterator[None]:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError, OSError):
             previous[sig] = signal.signal(sig, handler)
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        with contextlib.suppress(ValueError, OSError):
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
@@ -1174,7 +1363,10 @@ def _run(
         if options.flwr_home is not None
         else Path(tempfile.mkdtemp(prefix="corbin-fl-home-"))
     )
-    state = RunProgress(num_rounds=_as_int(options.run_config.get("num-rounds")))
+    rounds = options.run_config.get("num-rounds", app_config(options.app_dir).get("num-rounds"))
+    state = RunProgress(
+        num_rounds=_as_int(rounds), num_clients=options.nodes(simulation=simulation)
+    )
     run_config = {**options.run_config, options.out_key: str(out_dir)}
     run_config_path = out_dir / "run-config.toml"
     run_config_path.write_text(tomli_w.dumps(run_config))
@@ -1309,6 +1501,9 @@ def _submit_and_follow(
                         pending[spec] = start + options.kill_delay
             elif kind == "stage_end":
                 state.last_stage = str(ev.get("stage"))
+                for nid in ev.get("dropped") or []:
+                    if rnd is not None and (node := _as_int(nid)) is not None:
+                        state.stage_drops.append((rnd, state.last_stage, node))
         state.metrics.extend(metrics.read_new())
 
     while True:
@@ -1396,6 +1591,17 @@ def _stop_stray_simulation_superlinks(flwr_home: Path) -> None:
         logger.warning("stopping a detached simulation SuperLink (pid %d)", pid)
         for item in [ref, *descendants(pid)]:
             _signal_ref(item, signal.SIGKILL)
+
+
+def app_config(app_dir: str | Path) -> dict[str, Any]:
+    """The app's run-config defaults, ``[tool.flwr.app.config]`` of its ``pyproject.toml``
+    (``{}`` when it has none): what Flower runs with for every key not overridden."""
+    try:
+        doc = tomllib.loads((Path(app_dir) / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    table = doc.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
+    return _flatten(table) if isinstance(table, dict) else {}
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

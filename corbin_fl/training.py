@@ -24,10 +24,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "OPTIMIZERS",
     "EvalResult",
+    "StepBound",
     "TrainResult",
     "evaluate",
     "pick_device",
     "set_threads",
+    "step_bound",
     "train_local",
 ]
 
@@ -310,6 +312,84 @@ def train_local(
     return TrainResult(
         loss=mean_loss, num_examples=n, steps=steps, seconds=seconds, examples_seen=seen
     )
+
+
+@dataclass(frozen=True)
+class StepBound:
+    """A public bound on how far one round of local Adam training moves a weight.
+
+    Attributes
+    ----------
+    steps : int
+        ``S``, the optimizer steps of one round (see :func:`step_bound`).
+    radius : float
+        ``R = S * lr``.
+    source : str
+        How ``S`` was obtained, for the run's summary.
+    """
+
+    steps: int
+    radius: float
+    source: str
+
+
+def step_bound(
+    *,
+    lr: float,
+    local_epochs: int,
+    batch_size: int,
+    max_steps: int,
+    train_size: int,
+    num_clients: int,
+) -> StepBound:
+    """``R = S * lr``: the update radius of ``range-mode = "update"`` from public settings only.
+
+    A fresh Adam optimizer (one per round, as :func:`train_local` makes it) moves each weight by
+    ``lr * |m_hat / (sqrt(v_hat) + eps)|`` per step, which is exactly ``lr`` on the first step
+    and about ``lr`` or less afterwards (Kingma & Ba 2015, Sec. 2.1: the effective step is
+    bounded by about ``lr``). ``S`` steps therefore move a weight by at most about ``S * lr``, so
+    ``[-R, R]`` holds the whole local update and the mechanism clips almost nothing, while ``R``
+    stays as small as that bound allows (the one-bit noise scales with ``R``, Theorem 1).
+
+    ``S`` is public: ``max-steps`` when it is set and smaller, else one client's share of the
+    public training split, ``S = local-epochs * ceil(train_size / (num_clients * batch_size))``
+    (the IID share; a client that holds more data takes more steps and may clip, which its
+    clip fraction shows). No client's own data enters: ``train_size`` is the size of the run's
+    public training split and ``num_clients`` the number of nodes the server sees.
+
+    Parameters
+    ----------
+    lr : float
+        Adam learning rate, ``> 0``.
+    local_epochs, batch_size : int
+        Local training settings, ``>= 1``.
+    max_steps : int
+        Public cap on the steps of a round (0 = none).
+    train_size : int
+        Examples in the public training split, ``>= 1``.
+    num_clients : int
+        Clients the split is shared among, ``>= 1``.
+
+    Returns
+    -------
+    StepBound
+    """
+    lr = _check_nonneg_float("lr", lr, positive=True)
+    local_epochs = _check_positive_int("local_epochs", local_epochs)
+    batch_size = _check_positive_int("batch_size", batch_size)
+    train_size = _check_positive_int("train_size", train_size)
+    num_clients = _check_positive_int("num_clients", num_clients)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
+        raise ValueError(f"max_steps must be an int >= 0, got {max_steps!r}")
+    share = math.ceil(train_size / num_clients)
+    steps = local_epochs * math.ceil(share / batch_size)
+    source = (
+        f"{local_epochs} epoch(s) x ceil({share} / {batch_size}) steps "
+        f"({train_size} training examples / {num_clients} clients)"
+    )
+    if 0 < max_steps < steps:
+        steps, source = max_steps, f"max-steps = {max_steps}"
+    return StepBound(steps=steps, radius=steps * lr, source=source)
 
 
 def evaluate(

@@ -27,7 +27,15 @@ Threat models
     loss has an atom at ``+infinity`` of mass ``p_inf`` (close to ``1/alpha(eps_p)``), there is
     no pure ``eps`` at all, and ``k`` parameters have ``delta >= 1 - (1 - p_inf)^k``, which is 1
     to machine precision for any real model. This view is reported honestly: CorBin-FL's PLDP
-    is a guarantee against threat (A) only.
+    is a guarantee against threat (A) only, and against the server the report says "no DP".
+
+:func:`privacy_report` states one guarantee per adversary (``threat_models``, keys
+:data:`THREAT_MODELS`): (A) and (B) as above, (C) a malicious client, which receives only the
+global model (post-processing of (B)'s view, plus its partner's ``z`` when paired; AugCorBin-FL's
+user-level Theorem 3 covers the aggregate), and (D) a malicious server, which can learn every
+pair's ``z`` (SECURITY.md, threat model 4) and keeps only the per-parameter (per-update for
+``fedcad``) guarantee of the mechanisms whose noise is drawn on the client. Every entry has a
+``dp`` flag; an entry without DP has no ``delta``.
 
 All functions are float64 and SciPy-free; ``dp_accounting`` is used only by
 :func:`pair_joint_delta` with ``method="dp_accounting"`` (lazy import) and by the tests.
@@ -40,7 +48,7 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,6 +75,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "MAX_PAIR_D",
     "MECHANISMS",
+    "REPORT_VERSION",
+    "THREAT_MODELS",
     "Accountant",
     "ClientPrivacy",
     "PairJointPLD",
@@ -77,6 +87,7 @@ __all__ = [
     "pair_joint_epsilon",
     "pair_joint_pld",
     "privacy_report",
+    "read_privacy_report",
     "rr_delta",
     "rr_epsilon",
 ]
@@ -1025,6 +1036,43 @@ class Accountant:
 
 # ============================================================================ report
 
+#: The four threat models of the report, by key, with the plain-language name every view prints
+#: (SECURITY.md describes each one; the keys are those of ``privacy_report()["threat_models"]``).
+THREAT_MODELS: dict[str, str] = {
+    "A": "eavesdropper on one uplink",
+    "B": "server that sees every bit",
+    "C": "malicious client",
+    "D": "malicious server",
+}
+
+#: Version of the report's layout; reports without ``version`` are the first layout (a single
+#: ``dp`` flag, ``threat_model_a``/``threat_model_b``), which :func:`read_privacy_report` reads.
+REPORT_VERSION = 2
+
+_NO_DP_A = {
+    "fedavg": (
+        "no DP (the update is sent as it is)",
+        "No DP: fedavg uploads the update as it is, with no noise; only TLS hides it on the link.",
+    ),
+    "cq": (
+        "no DP (bits with no privacy budget)",
+        "No DP: cq sends one stochastically rounded bit per parameter with no privacy budget "
+        "(its bits aim at accuracy, not privacy); only TLS hides them on the link.",
+    ),
+}
+_NO_DP_B = {
+    "fedavg": ("no DP (it sees every update)", "No DP: the server receives every update as it is."),
+    "cq": (
+        "no DP (it sees every bit)",
+        "No DP: the server receives every client's bits, which carry no privacy budget.",
+    ),
+}
+_NO_DP_C = {
+    "fedavg": "No DP: the global model every client receives is the plain average of the updates.",
+    "cq": "No DP: the global model every client receives is decoded from bits with no privacy "
+    "budget.",
+}
+
 
 def _rr_block(eps_p: float, k: int, delta: float) -> dict[str, Any]:
     return {"k": k, "eps": rr_epsilon(eps_p, k, delta), "delta": delta}
@@ -1043,6 +1091,308 @@ def _pair_block(eps_p: float, d: int, k: int, delta: float) -> dict[str, Any]:
     }
 
 
+def _g(x: Any) -> str:
+    """Four significant digits (the precision every view prints)."""
+    return f"{float(x):.4g}"
+
+
+def _blocks(view: Mapping[str, Any] | None, *parts: str) -> dict[str, Any]:
+    """Copies of the numeric blocks ``parts`` of ``view`` that exist (``None`` ones left out)."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        block = view.get(part) if isinstance(view, Mapping) else None
+        if isinstance(block, Mapping):
+            out[part] = dict(block)
+    return out
+
+
+def _composed_sentence(view: Mapping[str, Any], m: int, rounds: int) -> str:
+    """``"one update of m = ...: (eps, delta)-DP; over T rounds: (eps, delta)-DP"``."""
+    parts = []
+    upd = view.get("per_update")
+    if isinstance(upd, Mapping) and int(upd.get("k", 0)) == m:
+        parts.append(
+            f"one update of m = {m:,} parameters is ({_g(upd['eps'])}, {upd['delta']:g})-DP"
+        )
+    run = view.get("all_rounds")
+    if isinstance(run, Mapping):
+        parts.append(f"all {rounds} rounds are ({_g(run['eps'])}, {run['delta']:g})-DP")
+    return "; ".join(parts)
+
+
+def _pair_joint_numbers(pair: Mapping[str, Any]) -> dict[str, Any]:
+    """Supporting numbers of the pair-joint view, with ``eps``/``delta`` only where an ``eps``
+    exists (``delta_lower_bound`` is the lower bound ``1 - (1 - p_inf)^k`` on ``delta``)."""
+    out: dict[str, Any] = {}
+    pp = pair.get("per_parameter")
+    if isinstance(pp, Mapping):
+        out["per_parameter"] = {
+            key: pp[key]
+            for key in ("inf_mass", "single_triple_inf_mass", "max_finite_loss")
+            if key in pp
+        }
+    for part in ("per_update", "all_rounds"):
+        block = pair.get(part)
+        if not isinstance(block, Mapping):
+            continue
+        entry: dict[str, Any] = {"k": block.get("k")}
+        entry["delta_lower_bound"] = block.get("delta_lower_bound")
+        if block.get("eps") is not None and not block.get("eps_is_infinite"):
+            entry["eps"] = block["eps"]
+            entry["delta"] = block.get("delta")
+        out[part] = entry
+    return out
+
+
+def _threat_models(
+    mech: str,
+    eps_p: float | None,
+    m: int,
+    rounds: int,
+    view_a: Mapping[str, Any] | None,
+    pair: Mapping[str, Any] | None,
+    pair_reason: str | None,
+    ucdp: Mapping[str, Any] | None,
+    gamma: float | None,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The per-threat-model view and the notes of one mechanism.
+
+    Every entry has ``name`` (:data:`THREAT_MODELS`), ``dp`` (whether the report gives a
+    differential-privacy guarantee against that adversary), ``headline`` (at most 46
+    characters, for tables) and ``guarantee`` (one plain-language paragraph); entries with
+    ``dp`` true add the numbers (``per_parameter``, ``per_update``, ``all_rounds``: blocks
+    ``{"k", "eps", "delta"}`` as in threat model A, or ``ucdp_theorem3``); entries without DP
+    carry no ``delta`` anywhere (the paired mechanisms' ``pair_joint`` block holds only the
+    lower bounds on ``delta`` that show why).
+
+    The inputs are the first layout's blocks (``threat_model_a``, ``threat_model_b``,
+    ``ucdp_theorem3``), so that reports of both layouts go through this one function.
+    """
+    tm: dict[str, dict[str, Any]] = {
+        key: {"name": name, "dp": False} for key, name in THREAT_MODELS.items()
+    }
+    notes: list[str] = []
+    if mech in _NO_DP:
+        tm["A"]["headline"], tm["A"]["guarantee"] = _NO_DP_A[mech]
+        tm["B"]["headline"], tm["B"]["guarantee"] = _NO_DP_B[mech]
+        tm["C"]["headline"], tm["C"]["guarantee"] = "no DP", _NO_DP_C[mech]
+        tm["D"]["headline"] = "no DP"
+        tm["D"]["guarantee"] = _NO_DP_B[mech][1]
+        notes.append(f"{mech} has no privacy mechanism: no (eps, delta) exists for any adversary")
+        return tm, notes
+    if not isinstance(view_a, Mapping) or eps_p is None:
+        raise ValueError(f"{mech}: the threat model A numbers are missing")
+    ep = float(eps_p)
+
+    # ---------------------------------------------------------------- (A) one uplink
+    a = tm["A"]
+    a["dp"] = True
+    a.update(_blocks(view_a, "per_parameter", "per_update", "all_rounds"))
+    composed = _composed_sentence(view_a, m, rounds)
+    if mech == "gaussian":
+        pp = view_a["per_parameter"]
+        a["headline"] = f"({ep:g}, {pp['delta']:.3g}) per parameter"
+        a["guarantee"] = (
+            f"Each released parameter is ({ep:g}, {pp['delta']:g})-DP (analytic Gaussian noise "
+            f"on the clipped value); composed exactly, {composed}."
+        )
+    elif mech == "fedcad":
+        pu = view_a["per_update"]
+        a["headline"] = f"({ep:g}, {pu['delta']:.3g}) per update"
+        a["guarantee"] = (
+            f"Each round's release is ({ep:g}, {pu['delta']:g})-DP for the whole update "
+            f"(update level, L2 sensitivity 2C, not per parameter); {composed}. The E[Diff] "
+            "estimate that sets later rounds' noise is not accounted."
+        )
+    else:
+        what = (
+            "uploaded bit is randomized response"
+            if mech in ("corbin", "augcorbin", "ldpfl")
+            else (
+                "released parameter carries Laplace noise"
+                if mech == "laplace"
+                else "released parameter is ternary stochastic rounding"
+            )
+        )
+        a["headline"] = f"eps_p = {ep:g} per parameter"
+        a["guarantee"] = (
+            f"Each {what} with eps_p = {ep:g} (pure eps_p-DP per parameter"
+            + (
+                "; a bit's law is the same whether or not its client is paired"
+                if mech in _PAIRED
+                else ""
+            )
+            + f"); composed exactly, {composed}."
+        )
+
+    # ---------------------------------------------------------------- (B) sees every bit
+    b = tm["B"]
+    paired = mech in _PAIRED and not (mech == "augcorbin" and gamma is not None and gamma >= 1.0)
+    if paired:
+        b["headline"] = "no DP (paired bits are not private against it)"
+        joint = _pair_joint_numbers(pair) if isinstance(pair, Mapping) else None
+        run_eps = (joint or {}).get("all_rounds", {}).get("eps")
+        if joint is not None and run_eps is not None:
+            # Only for tiny models and budgets; reported as what it is.
+            b["dp"] = True
+            run = joint["all_rounds"]
+            b["headline"] = f"({_g(run_eps)}, {run['delta']:g}) over the run (pair-joint)"
+            b["guarantee"] = (
+                "The server receives both bits of every pair; their joint law still gives "
+                f"({_g(run_eps)}, {run['delta']:g})-DP over all {rounds} rounds at this tiny "
+                "model size (exact pair-joint composition)."
+            )
+        else:
+            who = (
+                "Each round a random fraction 1 - gamma of the clients is paired, and the "
+                "server receives both bits of every pair"
+                if mech == "augcorbin"
+                else "The server receives both bits of every pair"
+            )
+            if joint is not None:
+                lb_u = joint.get("per_update", {}).get("delta_lower_bound")
+                why = (
+                    f": for one update delta >= {_g(lb_u)} whatever eps" if lb_u is not None else ""
+                )
+            else:
+                why = f" (pair-joint numbers not computed: {pair_reason or 'not in this report'})"
+            b["guarantee"] = (
+                f"No DP. {who}; their joint law gives zero probability to outcomes that a "
+                f"neighbouring input makes possible, so no eps holds at any useful delta{why}. "
+                "The per-parameter eps_p holds only against an eavesdropper on one uplink (A)."
+                + (
+                    " A client that quantizes independently in a round gets A's eps_p for that "
+                    "round, but it cannot know beforehand that it will."
+                    if mech == "augcorbin"
+                    else ""
+                )
+            )
+        if joint is not None:
+            b["pair_joint"] = joint
+    else:
+        b["dp"] = True
+        b.update(_blocks(view_a, "per_parameter", "per_update", "all_rounds"))
+        b["headline"] = "same as A (independent local noise)"
+        alone = "With gamma = 1 no client is paired: each" if mech == "augcorbin" else "Each"
+        b["guarantee"] = (
+            f"Same as A. {alone} client randomizes its own upload independently of the others, "
+            "so seeing every client's upload tells the server about one client only what that "
+            "client's upload tells (the other uploads do not depend on its data)."
+            + (" The E[Diff] estimate is not accounted." if mech == "fedcad" else "")
+        )
+
+    # ---------------------------------------------------------------- (C) malicious client
+    c = tm["C"]
+    if mech == "augcorbin" and isinstance(ucdp, Mapping) and ucdp.get("applies"):
+        c["dp"] = True
+        c["headline"] = f"({_g(ucdp['eps_u'])}, {ucdp['delta']:g}) per round (Thm 3)"
+        c["guarantee"] = (
+            f"Each round's aggregate model, the only thing a client receives, is "
+            f"({_g(ucdp['eps_u'])}, {ucdp['delta']:g})-DP at the user level (central DP of "
+            "arXiv 2409.13133, Theorem 3, eq. 5; its noise comes from the clients that "
+            "quantize independently). Per round only: not composed over the rounds."
+        )
+        c["ucdp_theorem3"] = dict(ucdp)
+    elif paired:
+        c["headline"] = "no DP (nothing bounds the global model)"
+        if mech == "augcorbin":
+            reason = (
+                ucdp.get("reason", "") if isinstance(ucdp, Mapping) else "gamma, n, r not given"
+            )
+            c["guarantee"] = (
+                "No DP. A client receives the global model, computed from every bit the server "
+                "sees (no DP there); the user-level guarantee of arXiv 2409.13133 Theorem 3 "
+                f"does not apply ({reason}). A paired client also knows its partner's common "
+                "randomness z."
+            )
+            if isinstance(ucdp, Mapping):
+                c["ucdp_theorem3"] = dict(ucdp)
+        else:
+            c["guarantee"] = (
+                "No DP. A client receives the global model, computed from every paired bit, "
+                "and a paired client also knows its partner's common randomness z, which the "
+                "pair-joint view of B assumes secret; no accounting bounds what the global "
+                "model reveals."
+            )
+    else:
+        c["dp"] = True
+        c.update(_blocks(b, "per_parameter", "per_update", "all_rounds"))
+        c["headline"] = "same as B (it sees only the global model)"
+        c["guarantee"] = (
+            "At least B's guarantee: a client receives only the global model, which the server "
+            "computes from the uploads it sees (post-processing of B's view)."
+        )
+
+    # ---------------------------------------------------------------- (D) malicious server
+    d = tm["D"]
+    if mech in _PAIRED:
+        d["headline"] = "no DP (it can learn each pair's z)"
+        d["guarantee"] = (
+            "No DP (SECURITY.md, threat model 4). The X25519 public keys it relays are not "
+            "authenticated end to end, so it can substitute its own, open each pair's sealed "
+            "seed and learn the common randomness z; it also chooses the pairing, so it can "
+            "pair a client with one it controls. Given z, a paired bit is a threshold "
+            "comparison."
+            + (
+                " It also chooses which clients quantize independently."
+                if mech == "augcorbin"
+                else ""
+            )
+        )
+    else:
+        d["dp"] = True
+        unit = "update" if mech == "fedcad" else "parameter"
+        d.update(_blocks(view_a, "per_update" if mech == "fedcad" else "per_parameter"))
+        d["headline"] = f"per-{unit} eps_p only, at the eps it sets"
+        d["guarantee"] = (
+            f"Per {unit} only: the noise is drawn on the client, so each release stays "
+            f"eps_p-DP per {unit} (here eps_p = {ep:g}) for any "
+            + ("model" if mech == "fedcad" else "model, center and radius")
+            + " the server sends; but the server sets epsilon in the run config (clients "
+            "enforce no floor) and the number of rounds, so A's composed numbers do not bind it."
+        )
+
+    # ---------------------------------------------------------------- notes (this mechanism only)
+    notes.append(
+        "worst case: a client is assumed to take part in every one of the "
+        f"{rounds} rounds; the numbers count parameters (or updates), not users"
+    )
+    if mech in ("corbin", "augcorbin", "ldpfl"):
+        notes.append(
+            "(A) each bit is binary randomized response with P(+) in [1/(1+e^eps_p), "
+            "e^eps_p/(1+e^eps_p)]; k composed bits have an exact binomial privacy-loss "
+            "distribution, which gives (eps, delta)"
+            + ("; CorBinQ's marginal equals LDPQ's (Theorem 1)" if mech in _PAIRED else "")
+        )
+    elif mech in ("laplace", "ternary"):
+        notes.append(
+            f"(A) {mech} is pure eps_p-DP per parameter; k parameters are dominated by k-fold "
+            "randomized response (optimal composition, Kairouz et al. 2015)"
+        )
+    elif mech == "gaussian":
+        notes.append(
+            "(A) analytic Gaussian noise per parameter (mu = 2r/sigma); k Gaussian releases "
+            "compose exactly to one with mu*sqrt(k)"
+        )
+    else:
+        notes.append(
+            "(A) fedcad: update-level (eps_p, delta) per round with L2 sensitivity 2C "
+            "(Fed-CAD Theorem VI.1); rounds compose as Gaussian releases; the E[Diff] "
+            "estimate is not accounted"
+        )
+    if isinstance(pair, Mapping) and mech in _PAIRED:
+        p_inf = (pair.get("per_parameter") or {}).get("single_triple_inf_mass")
+        if p_inf is not None:
+            notes.append(
+                "(B) the pair-joint privacy loss has an atom at +infinity of mass "
+                f"p_inf = {_g(p_inf)} per parameter, so k parameters have "
+                "delta >= 1-(1-p_inf)^k for every eps"
+            )
+    elif mech in _PAIRED:
+        notes.append(f"(B) pair-joint view not computed: {pair_reason or 'not in this report'}")
+    return tm, notes
+
+
 def privacy_report(
     mechanism: str,
     eps_p: float | None,
@@ -1057,7 +1407,7 @@ def privacy_report(
     delta_p: float | None = None,
     fedcad_delta: float | None = None,
 ) -> dict[str, Any]:
-    """JSON-ready privacy summary of a run (the server calls this once per run).
+    """JSON-ready privacy summary of a run, per threat model (the server calls this once).
 
     Parameters
     ----------
@@ -1073,9 +1423,9 @@ def privacy_report(
     rounds : int
         Number of rounds ``T`` a client may take part in (worst case: all).
     d : int, optional
-        Shared bits (``corbin``/``augcorbin``): enables the pair-joint view.
+        Shared bits (``corbin``/``augcorbin``): enables the pair-joint numbers of (B).
     gamma : float, optional
-        AugCorBin LDPQ fraction (Theorem 3).
+        AugCorBin LDPQ fraction (Theorem 3; with ``gamma = 1`` no client is paired).
     n : int, optional
         Clients per round (Theorem 3 and the MSE bounds).
     r : float, optional
@@ -1089,72 +1439,72 @@ def privacy_report(
     Returns
     -------
     dict
-        Plain JSON types (``None`` for "not applicable", ``eps`` values that do not exist are
-        ``None`` with an ``eps_is_infinite`` flag), with ``notes`` explaining each number.
-        Keys: ``mechanism, delta, m, rounds, dp, eps_p, notes``; ``update`` and ``run``
-        (``{"epsilon", "delta", "threat_model"}``: the one-update and ``T``-round guarantee
-        against threat model (A), ``None`` values without DP); ``threat_model_a``
-        (``per_parameter``, ``per_update``, ``all_rounds``); for ``corbin``/``augcorbin``
-        ``threat_model_b`` (pair-joint view); for ``augcorbin`` ``ucdp_theorem3``; and
-        ``mse_bounds`` when ``n`` and ``r`` are given.
+        Plain JSON types. Keys: ``version`` (:data:`REPORT_VERSION`), ``mechanism``, ``m``,
+        ``rounds``, ``eps_p`` (``None`` without DP), ``delta`` (the target of the composed
+        guarantees; absent for ``fedavg`` and ``cq``, which have none), ``threat_models``
+        (``A``: eavesdropper on one uplink, ``B``: server that sees every bit, ``C``: malicious
+        client, ``D``: malicious server; see :func:`_threat_models` for each entry), ``notes``
+        (how the numbers were obtained, about this mechanism only) and, for ``corbin``,
+        ``augcorbin`` and ``ldpfl`` with ``n`` and ``r``, ``mse_bounds``.
+
+        Against (A), ``k`` released parameters compose exactly: pure ``eps_p``-DP bits as
+        ``k``-fold randomized response (``L = eps_p (k - 2J)``, ``J ~ Binomial(k,
+        1/(1+e^eps_p))``), Gaussian ones as one Gaussian with ``mu sqrt(k)``; one update is
+        ``k = m``, the run ``k = m T`` (``T`` updates for ``fedcad``). Against (B), paired
+        bits have a privacy loss with an atom at ``+infinity`` of mass ``p_inf`` per parameter,
+        hence ``delta >= 1 - (1 - p_inf)^k`` for every ``eps``: no DP.
     """
     mech = _canonical_mechanism(mechanism)
     delta = _check_delta(delta)
     m = _check_count(m, "m")
     rounds = _check_count(rounds, "rounds")
+    if gamma is not None:
+        gamma = _check_real(gamma, "gamma")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
     report: dict[str, Any] = {
+        "version": REPORT_VERSION,
         "mechanism": mech,
-        "delta": delta,
         "m": m,
         "rounds": rounds,
-        "dp": mech not in _NO_DP,
-        "notes": [],
+        "eps_p": None,
     }
-    notes: list[str] = report["notes"]
     if mech in _NO_DP:
-        report["eps_p"] = None
-        report["update"] = {"epsilon": None, "delta": None, "threat_model": None}
-        report["run"] = {"epsilon": None, "delta": None, "threat_model": None}
-        notes.append(f"{mech}: no DP guarantee (eps = infinity)")
+        report["threat_models"], report["notes"] = _threat_models(
+            mech, None, m, rounds, None, None, None, None, gamma
+        )
         return report
     ep = _check_pos_float(eps_p, "eps_p")
     report["eps_p"] = ep
+    report["delta"] = delta
     k_all = m * rounds
+    view_a: dict[str, Any]
     if mech in _PURE_EPS:
-        report["threat_model_a"] = {
+        view_a = {
             "per_parameter": {"eps": eps_parameter(ep), "delta": 0.0},
             "per_update": _rr_block(ep, m, delta),
             "all_rounds": _rr_block(ep, k_all, delta),
         }
-        if mech in ("corbin", "augcorbin", "ldpfl"):
-            notes.append(
-                "(A) each bit is binary randomized response with eps_p; the exact binomial PLD "
-                "of k composed bits gives (eps, delta); CorBinQ's marginal equals LDPQ's"
-            )
-        else:
-            notes.append(
-                f"(A) {mech} is pure eps_p-DP per parameter; k parameters are dominated by "
-                "k-fold randomized response (optimal composition, Kairouz et al. 2015)"
-            )
     elif mech == "gaussian":
         dp = delta if delta_p is None else _check_delta(delta_p, "delta_p")
         mu1 = 1.0 / analytic_gaussian_sigma(ep, dp, 1.0)
-        report["threat_model_a"] = {
+        view_a = {
             "per_parameter": {"eps": ep, "delta": dp, "mu": mu1},
-            "per_update": {"k": m, "eps": gaussian_epsilon(delta, mu1 * math.sqrt(m))},
-            "all_rounds": {"k": k_all, "eps": gaussian_epsilon(delta, mu1 * math.sqrt(k_all))},
+            "per_update": {
+                "k": m,
+                "eps": gaussian_epsilon(delta, mu1 * math.sqrt(m)),
+                "delta": delta,
+            },
+            "all_rounds": {
+                "k": k_all,
+                "eps": gaussian_epsilon(delta, mu1 * math.sqrt(k_all)),
+                "delta": delta,
+            },
         }
-        report["threat_model_a"]["per_update"]["delta"] = delta
-        report["threat_model_a"]["all_rounds"]["delta"] = delta
-        notes.append(
-            "(A) analytic Gaussian per parameter (mu = 2r/sigma); k Gaussians compose exactly "
-            "to a Gaussian with mu*sqrt(k)"
-        )
-    elif mech == "fedcad":
+    else:  # fedcad
         dp = delta if fedcad_delta is None else _check_delta(fedcad_delta, "fedcad_delta")
         mu1 = 1.0 / analytic_gaussian_sigma(ep, dp, 1.0)
-        report["threat_model_a"] = {
-            "per_parameter": None,
+        view_a = {
             "per_update": {"k": 1, "eps": ep, "delta": dp, "mu": mu1},
             "all_rounds": {
                 "k": rounds,
@@ -1162,33 +1512,19 @@ def privacy_report(
                 "delta": delta,
             },
         }
-        notes.append(
-            "(A) fedcad: update-level (eps_p, delta) per round with L2 sensitivity 2C (Fed-CAD "
-            "Theorem VI.1); rounds compose as Gaussians; the E[Diff] release is not accounted"
-        )
-    view_a = report["threat_model_a"]
-    report["update"] = {
-        "epsilon": view_a["per_update"]["eps"],
-        "delta": view_a["per_update"]["delta"],
-        "threat_model": "A",
-    }
-    report["run"] = {
-        "epsilon": view_a["all_rounds"]["eps"],
-        "delta": view_a["all_rounds"]["delta"],
-        "threat_model": "A",
-    }
+    pair: dict[str, Any] | None = None
+    pair_reason: str | None = None
     if mech in _PAIRED:
         if d is None:
-            notes.append("(B) pair-joint view not computed: d not given")
-            report["threat_model_b"] = None
+            pair_reason = "d not given"
+        elif isinstance(d, bool) or not isinstance(d, int | np.integer):
+            raise TypeError(f"d must be an int, got {type(d).__name__}")
         elif not 1 <= int(d) <= MAX_PAIR_D:
-            notes.append(f"(B) pair-joint view not computed for d > {MAX_PAIR_D}")
-            report["threat_model_b"] = None
+            pair_reason = f"d = {int(d)} is outside 1..{MAX_PAIR_D}"
         else:
             pld = pair_joint_pld(ep, int(d))
-            report["threat_model_b"] = {
+            pair = {
                 "per_parameter": {
-                    "pure_eps": None,
                     "inf_mass": pld.inf_mass,
                     "single_triple_inf_mass": pld.single_inf_mass,
                     "max_finite_loss": pld.max_finite_loss,
@@ -1196,14 +1532,9 @@ def privacy_report(
                 "per_update": _pair_block(ep, int(d), m, delta),
                 "all_rounds": _pair_block(ep, int(d), k_all, delta),
             }
-            notes.append(
-                "(B) an observer of both bits of a pair (e.g. the server) sees outcomes that "
-                "are impossible under a neighbouring input: no pure eps exists, and "
-                f"delta >= 1-(1-{pld.single_inf_mass:.4g})^k, i.e. ~1 for any real model; "
-                "PLDP protects against threat (A) only"
-            )
+    ucdp: dict[str, Any] | None = None
     if mech == "augcorbin":
-        ucdp: dict[str, Any] = {"applies": False}
+        ucdp = {"applies": False}
         if gamma is None or n is None or r is None:
             ucdp["reason"] = "gamma, n and r are needed for Theorem 3"
         else:
@@ -1214,7 +1545,9 @@ def privacy_report(
                 ucdp["eps_u"] = theorem3_epsilon_u(ep, delta, n, gamma, m, r)
                 ucdp["delta"] = delta
                 ucdp["mse_bound"] = float(theorem3_mse_bound(r, ep, n, gamma))
-        report["ucdp_theorem3"] = ucdp
+    report["threat_models"], report["notes"] = _threat_models(
+        mech, ep, m, rounds, view_a, pair, pair_reason, ucdp, gamma
+    )
     if n is not None and r is not None and mech in ("corbin", "augcorbin", "ldpfl"):
         report["mse_bounds"] = {
             "ldpfl": float(ldpfl_mse(r, ep, n)),
@@ -1222,3 +1555,61 @@ def privacy_report(
             "alpha": float(alpha64(ep)),
         }
     return report
+
+
+def read_privacy_report(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A privacy report in the current layout, whichever layout it was stored in.
+
+    Reports written before :data:`REPORT_VERSION` 2 (the committed runs under
+    ``docs/results``) had one ``dp`` flag, ``update``/``run`` (threat model A), ``threat_model_a``,
+    ``threat_model_b`` and ``ucdp_theorem3``; their numbers are kept as they are and arranged
+    per threat model by the same code that writes new reports (the notes are rewritten; the
+    old ones spoke of every mechanism alike). A report holding an ``error`` is returned as it
+    is, and so is one of the current layout.
+
+    Parameters
+    ----------
+    report : Mapping
+        ``summary.json -> privacy``.
+
+    Returns
+    -------
+    dict
+        The report with ``threat_models`` (a new dict; the input is not changed).
+
+    Raises
+    ------
+    ValueError
+        If the report names no known mechanism or lacks threat model A's numbers.
+    """
+    if not isinstance(report, Mapping):
+        raise TypeError(f"a privacy report must be a mapping, got {type(report).__name__}")
+    out = dict(report)
+    if "threat_models" in out or "error" in out:
+        return out
+    mech = _canonical_mechanism(out.get("mechanism"))
+    m = _check_count(out.get("m"), "m")
+    rounds = _check_count(out.get("rounds"), "rounds")
+    view_a = out.pop("threat_model_a", None)
+    pair = out.pop("threat_model_b", None)
+    ucdp = out.pop("ucdp_theorem3", None)
+    for legacy in ("dp", "update", "run"):
+        out.pop(legacy, None)
+    eps_p = out.get("eps_p") if mech not in _NO_DP else None
+    if mech in _NO_DP:
+        out.pop("delta", None)
+        out["eps_p"] = None
+    out["threat_models"], out["notes"] = _threat_models(
+        mech,
+        eps_p,
+        m,
+        rounds,
+        view_a,
+        pair,
+        None if pair is not None else "not in this report",
+        ucdp,
+        None,
+    )
+    out["version"] = REPORT_VERSION
+    out["mechanism"] = mech
+    return out

@@ -1,7 +1,7 @@
 """Closed forms for CorBin-FL: exact pair laws, MSEs and the bounds of Theorems 1-4.
 
 Everything here is float64 NumPy and accepts Python scalars or broadcastable arrays. The
-notation follows the CorBin-FL paper (``/work/shared/papers/corbin-fl.txt``):
+notation follows the CorBin-FL paper (Salehi et al., arXiv:2409.13133):
 
 * ``alpha(eps) = (e^eps + 1) / (e^eps - 1) = coth(eps / 2)`` (Algorithm 1, line 1);
 * ``q = 1/2 + (w - c) / (2 r alpha)`` is the probability that a quantizer outputs
@@ -165,10 +165,10 @@ def _codebook_cell(
     r"""Locate ``q`` in the lexicographic codebook of ``d`` shared bits.
 
     The shared vector ``Z`` has i.i.d. bits with ``P(bit = 1) = p_x`` (``p_x = 1/2`` is CorBin-FL;
-    other values are the biased codebook of CoQ-FL, Algorithm 2 and Appendix A of
-    ``coq-fl-draft.txt``). With ``F(k) = P(Z < k)`` (integer order = lexicographic order, MSB
-    first) the function returns the cell ``A`` with ``F(A) <= q < F(A + 1)``, ``F(A)`` and
-    ``P(Z = A) = F(A + 1) - F(A)``. The search walks the ``d`` bits from the MSB: at each node
+    other values are the biased codebook of CoQ-FL, Algorithm 2 and Appendix A of the unpublished
+    CoQ-FL draft; see README "References"). With ``F(k) = P(Z < k)`` (integer order = lexicographic
+    order, MSB first) the function returns the cell ``A`` with ``F(A) <= q < F(A + 1)``, ``F(A)``
+    and ``P(Z = A) = F(A + 1) - F(A)``. The search walks the ``d`` bits from the MSB: at each node
     the 0-subtree holds mass ``m (1 - p_x)``; ``q`` goes right iff it is at least the cumulative
     mass at the start of the 1-subtree. For ``p_x = 1/2`` this is ``A = floor(2^d q)``,
     ``F(A) = A / 2^d`` and ``P(A) = 2^{-d}`` exactly (dyadic arithmetic), i.e. Algorithm 2 line 3.

@@ -75,6 +75,8 @@ class ServerRuntime:
     on_release : Callable[[int, int, dict[str, float]], None] or None
         Called as ``on_release(round, node, metrics)`` right after an update is accepted (and
         aggregated): the run journals the release for the privacy ledger before the round ends.
+    update_radius : float
+        ``R`` of ``range-mode = "update"`` for every round of the run (:func:`update_radius`).
     """
 
     grid: Grid
@@ -88,6 +90,7 @@ class ServerRuntime:
     seen_message_ids: set[str] = field(default_factory=set)
     stages_seen: set[str] = field(default_factory=set)
     on_release: Callable[[int, int, dict[str, float]], None] | None = None
+    update_radius: float = 0.0
 
     def rng(self, rnd: int, purpose: int) -> np.random.Generator:
         """Public, reproducible generator for (run seed, round, purpose)."""
@@ -200,7 +203,10 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
     if cfg.quantizes_update:  # clients encode w_i - w_g in [-R, R]
         shape, dev = (rt.layout.num_layers,), rt.weights.device  # as layer_center_radius
         c_layer = torch.zeros(shape, dtype=torch.float32, device=dev)
-        r_layer = torch.full(shape, cfg.update_radius, dtype=torch.float32, device=dev)
+        if rt.update_radius <= 0:  # not resolved by run_training (a caller of run_round alone)
+            resolved = update_radius(cfg, len(list(grid.get_node_ids())), [])
+            rt.update_radius = resolved["value"] if resolved else 0.0
+        r_layer = torch.full(shape, rt.update_radius, dtype=torch.float32, device=dev)
     else:
         c_layer, r_layer = layer_center_radius(
             rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius, cfg.range_quantile
@@ -403,6 +409,47 @@ def wait_for_nodes(grid: Grid, cfg: RunConfig) -> list[int]:
         time.sleep(min(1.0, cfg.poll_interval))
 
 
+def update_radius(
+    cfg: RunConfig, num_nodes: int, history: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The run's ``R`` of ``range-mode = "update"`` and how it was chosen (``None`` otherwise).
+
+    ``update-radius > 0`` is taken as given. ``0`` derives ``R = S * lr`` from public settings
+    (:func:`corbin_fl.training.step_bound`: Adam's per-step bound times the steps of a round,
+    with ``N = num_nodes``, the nodes connected at the start of the run, and the size of the
+    public training split). ``R`` is fixed for the run; a resumed run keeps the ``R`` its
+    checkpointed rounds used (``history[-1]["update_radius"]``), so nodes that connect or
+    vanish across the crash do not change it.
+    """
+    if not cfg.quantizes_update:
+        return None
+    if cfg.update_radius > 0:
+        return {"value": cfg.update_radius, "source": "update-radius (run config)"}
+    if history and history[-1].get("update_radius"):
+        return {"value": float(history[-1]["update_radius"]), "source": "the resumed run's R"}
+    from corbin_fl.data import train_size
+    from corbin_fl.training import step_bound
+
+    bound = step_bound(
+        lr=cfg.lr,
+        local_epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
+        max_steps=cfg.max_steps,
+        train_size=train_size(
+            cfg.dataset,
+            data_seed=cfg.data_seed,
+            data_dir=cfg.data_dir or None,
+            use_official_test=cfg.use_official_test,
+        ),
+        num_clients=max(num_nodes, 1),
+    )
+    return {
+        "value": bound.radius,
+        "source": f"steps x lr = {bound.steps} x {cfg.lr:g}; steps = {bound.source}",
+        "steps": bound.steps,
+    }
+
+
 # ============================================================================ the run
 def round_record(
     state: RoundState, seconds: float, evals: dict[str, float], cfg: RunConfig
@@ -429,6 +476,7 @@ def round_record(
         "stage_seconds": dict(state.stage_seconds),
         "round_seconds": seconds,
         "max_radius": state.max_radius,
+        "update_radius": state.max_radius if cfg.quantizes_update else None,
         "train_loss": _mean(m.get(wire.M_TRAIN_LOSS) for m in state.client_metrics.values()),
         "clip_fraction": _mean(m.get(wire.M_CLIP_FRACTION) for m in state.client_metrics.values()),
     }
@@ -547,6 +595,10 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
 
         nodes = wait_for_nodes(grid, cfg)
         logger.info("%d node(s) connected", len(nodes))
+        radius = update_radius(cfg, len(nodes), resumed.history if resumed else [])
+        rt.update_radius = radius["value"] if radius else 0.0
+        if radius:
+            logger.info("update radius R = %.4g (%s)", radius["value"], radius["source"])
 
         def evaluate_now() -> dict[str, float]:
             load_flat(model, rt.weights)
@@ -634,6 +686,8 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
                 record["round_seconds"],
             )
         summary = build_summary(cfg, train.history, train.best, layout.m, train=train)
+        if radius:
+            summary["update_radius"] = radius
         files.summary(summary)
         files.event("run_end", time=time.time())
         return summary
@@ -674,6 +728,7 @@ def build_summary(
         "participants_per_round": participation,
         "bytes_up_total": sum(int(r["bytes_up"]["total"]) for r in history),
         "bytes_down_total": sum(int(r["bytes_down"]["total"]) for r in history),
+        "clip_fraction": clip_summary(history),
         "privacy": privacy_summary(
             cfg,
             len(history),
@@ -693,13 +748,30 @@ def build_summary(
     return summary
 
 
+def clip_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fraction of coordinates the mechanism clipped into its range (mean over the clients of a
+    round, as the clients report it): per round, the run's mean and its largest round."""
+    per_round = [r.get("clip_fraction") for r in history]
+    known = [float(v) for v in per_round if v is not None]
+    return {
+        "per_round": per_round,
+        "mean": sum(known) / len(known) if known else None,
+        "max": max(known, default=None),
+    }
+
+
 def privacy_summary(
     cfg: RunConfig, rounds: int, num_params: int, clients: int | None, r_max: float | None
 ) -> dict[str, Any]:
     """The run's privacy report, from ``mechanisms.accounting.privacy_report``.
 
-    ``eps_p`` per parameter, the per-update and ``T``-round (eps, delta) (worst case: a client
-    takes part in every round), and for the paired mechanisms the pair-joint view.
+    One entry per threat model (``threat_models``: A an eavesdropper on one uplink, B the
+    server, which sees every bit, C a malicious client, D a malicious server), each with a
+    ``dp`` flag and a plain-language ``guarantee``: ``eps_p`` per parameter and the per-update
+    and ``T``-round (eps, delta) against A (worst case: a client takes part in every round),
+    "no DP" against the server for the paired mechanisms (with the pair-joint lower bounds on
+    delta), and no ``delta`` anywhere for a mechanism without DP. On a failure the report is
+    ``{"mechanism", "eps_p", "error"}`` and the failure is logged.
     """
     from mechanisms.accounting import privacy_report
 

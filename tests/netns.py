@@ -658,7 +658,9 @@ class FlowerHosts:
     port : int
         SuperLink port (on the server's address; one port for Fleet, Control and Runtime APIs).
     ready_timeout : float
-        Seconds for the SuperLink to answer ``/health`` and for all SuperNodes to be online.
+        Seconds for the SuperLink to answer ``/health`` and for all SuperNodes to be online;
+        also the limit of one ``flwr`` CLI call (a process start-up and a request). Derive it
+        from the machine's measured start-up time (``tests/conftest.py``), not a fixed number.
     node_config : Mapping[str, Any]
         Extra node config for every SuperNode.
     """
@@ -827,7 +829,11 @@ class FlowerHosts:
         raise NetnsError(f"SuperLink not ready on {self.address}:\n{proc.log_tail()}")
 
     def http_ok(self, url: str, timeout: float = 2.0) -> bool:
-        """Whether ``GET url`` answers 2xx from the server host (TLS verified with the CA)."""
+        """Whether ``GET url`` answers 2xx from the server host (TLS verified with the CA).
+
+        ``timeout`` bounds the request; the probe process may take up to ``ready_timeout`` to
+        start (a loaded machine), and one that did not finish in time counts as no answer.
+        """
         code = (
             "import ssl, sys, urllib.request\n"
             "ctx = ssl.create_default_context(cafile=sys.argv[2]) if sys.argv[2] else None\n"
@@ -835,21 +841,28 @@ class FlowerHosts:
             "sys.exit(0 if 200 <= r.status < 300 else 1)\n"
         )
         cafile = str(self.ca_cert) if self.tls else ""
-        out = self.topology.run(
-            self.server,
-            [sys.executable, "-c", code, url, cafile, str(timeout)],
-            timeout=timeout + 10,
-            check=False,
-        )
+        try:
+            out = self.topology.run(
+                self.server,
+                [sys.executable, "-c", code, url, cafile, str(timeout)],
+                timeout=timeout + self.ready_timeout,
+                check=False,
+            )
+        except NetnsError:  # did not finish in time
+            return False
         return out.returncode == 0
 
-    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        """Run a ``flwr`` CLI command on the server host against this deployment."""
+    def flwr(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a ``flwr`` CLI command on the server host against this deployment.
+
+        ``timeout`` defaults to ``ready_timeout``: a CLI call is one Flower process start-up
+        plus a request. One that does not finish in time returns exit code 124.
+        """
         try:
             return self.topology.run(
                 self.server,
                 [flower_executable("flwr"), *args],
-                timeout=timeout,
+                timeout=self.ready_timeout if timeout is None else timeout,
                 check=False,
                 env=self.env,
             )
@@ -860,7 +873,8 @@ class FlowerHosts:
         out = self.topology.run(
             self.server,
             ["bash", str(REGISTER_NODES), self.CONNECTION, str(self.certs_dir)],
-            timeout=180,
+            # one `flwr supernode register` call (a CLI start-up) per client
+            timeout=len(self.clients) * self.ready_timeout,
             check=False,
             env=self.env,
         )
@@ -919,7 +933,7 @@ class FlowerHosts:
 
     def online_node_ids(self) -> set[int] | None:
         """Node ids the SuperLink lists as online, None if ``flwr supernode list`` failed."""
-        out = self.flwr("supernode", "list", self.CONNECTION, "--format", "json", timeout=60)
+        out = self.flwr("supernode", "list", self.CONNECTION, "--format", "json")
         start = out.stdout.find("{")
         if out.returncode != 0 or start < 0:
             return None

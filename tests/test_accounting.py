@@ -5,12 +5,18 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from corbin_fl.config import MECHANISMS as CONFIG_MECHANISMS
 from mechanisms.accounting import (
+    MECHANISMS,
+    REPORT_VERSION,
+    THREAT_MODELS,
     Accountant,
     PrivacyEvent,
     PrivacyLedger,
@@ -19,6 +25,7 @@ from mechanisms.accounting import (
     pair_joint_epsilon,
     pair_joint_pld,
     privacy_report,
+    read_privacy_report,
     rr_delta,
     rr_epsilon,
 )
@@ -279,41 +286,264 @@ def test_privacy_report_is_json_and_fast() -> None:
     elapsed = time.perf_counter() - t0
     assert elapsed < 5.0  # < 1 s on an idle core; generous for a shared CI machine
     json.dumps(rep, allow_nan=False)
-    a = rep["threat_model_a"]
-    assert rep["update"] == {
-        "epsilon": a["per_update"]["eps"],
-        "delta": 1e-5,
-        "threat_model": "A",
-    }
-    assert rep["run"]["epsilon"] == a["all_rounds"]["eps"]
+    assert rep["version"] == REPORT_VERSION and "dp" not in rep
+    a = rep["threat_models"]["A"]
+    assert a["dp"] is True
     assert a["per_parameter"] == {"eps": 1.0, "delta": 0.0}
-    assert a["per_update"]["eps"] == pytest.approx(rr_epsilon(1.0, 11_200_000, 1e-5))
-    b = rep["threat_model_b"]
-    assert b["per_parameter"]["pure_eps"] is None
-    assert b["per_update"]["eps"] is None and b["per_update"]["eps_is_infinite"]
-    assert b["all_rounds"]["delta_lower_bound"] == 1.0
+    assert a["per_update"] == {
+        "k": 11_200_000,
+        "eps": pytest.approx(rr_epsilon(1.0, 11_200_000, 1e-5)),
+        "delta": 1e-5,
+    }
+    assert a["all_rounds"]["eps"] == pytest.approx(rr_epsilon(1.0, 1_120_000_000, 1e-5))
+    b = rep["threat_models"]["B"]
+    assert b["dp"] is False and b["headline"].startswith("no DP")
+    assert b["guarantee"].startswith("No DP.")
+    joint = b["pair_joint"]
+    pld = pair_joint_pld(1.0, 5)
+    assert joint["per_parameter"]["single_triple_inf_mass"] == pld.single_inf_mass
+    assert joint["per_update"] == {"k": 11_200_000, "delta_lower_bound": 1.0}
+    assert joint["all_rounds"]["delta_lower_bound"] == 1.0
     assert rep["mse_bounds"]["corbin_theorem2"] < rep["mse_bounds"]["ldpfl"]
 
 
-def test_privacy_report_other_mechanisms() -> None:
-    rep = privacy_report("vanilla", None, 1e-5, 100, 10)
-    assert rep["dp"] is False and rep["mechanism"] == "fedavg"
-    assert rep["update"]["epsilon"] is None and rep["run"]["delta"] is None
+def _keys(obj: object) -> set[str]:
+    """Every key of a nested JSON object."""
+    if isinstance(obj, dict):
+        return set(obj) | set().union(*(_keys(v) for v in obj.values()))
+    if isinstance(obj, list):
+        return set().union(*(_keys(v) for v in obj))
+    return set()
+
+
+def _reports() -> dict[str, dict]:
+    return {
+        mech: privacy_report(mech, 1.0, 1e-5, 5_000, 7, d=5, gamma=0.2, n=10, r=0.05)
+        for mech in CONFIG_MECHANISMS
+    }
+
+
+#: What the report must say against each adversary: True = a DP guarantee, False = "no DP".
+EXPECTED_DP = {
+    "corbin": {"A": True, "B": False, "C": False, "D": False},
+    "augcorbin": {"A": True, "B": False, "C": False, "D": False},
+    "ldpfl": {"A": True, "B": True, "C": True, "D": True},
+    "gaussian": {"A": True, "B": True, "C": True, "D": True},
+    "laplace": {"A": True, "B": True, "C": True, "D": True},
+    "ternary": {"A": True, "B": True, "C": True, "D": True},
+    "fedcad": {"A": True, "B": True, "C": True, "D": True},
+    "fedavg": {"A": False, "B": False, "C": False, "D": False},
+    "cq": {"A": False, "B": False, "C": False, "D": False},
+}
+
+
+def test_every_run_mechanism_has_one_guarantee_per_threat_model() -> None:
+    assert set(EXPECTED_DP) == set(CONFIG_MECHANISMS) == set(MECHANISMS)
+    for mech, rep in _reports().items():
+        json.dumps(rep, allow_nan=False)
+        tm = rep["threat_models"]
+        assert list(tm) == list(THREAT_MODELS), mech
+        for key, entry in tm.items():
+            assert entry["name"] == THREAT_MODELS[key]
+            assert entry["dp"] is EXPECTED_DP[mech][key], (mech, key)
+            assert 0 < len(entry["headline"]) <= 46, (mech, key, entry["headline"])
+            assert entry["headline"].startswith("no DP") is not entry["dp"], (mech, key)
+            assert entry["guarantee"].startswith("No DP") is not entry["dp"], (mech, key)
+            if not entry["dp"]:
+                assert "delta" not in _keys(entry) and "eps" not in _keys(entry), (mech, key)
+            else:
+                assert {"per_parameter", "per_update", "ucdp_theorem3"} & set(entry), (mech, key)
+
+
+def test_threat_model_numbers_are_the_exact_compositions() -> None:
+    reps = _reports()
+    m, t = 5_000, 7
+    for mech in ("corbin", "augcorbin", "ldpfl", "laplace", "ternary"):
+        a = reps[mech]["threat_models"]["A"]
+        assert a["per_parameter"] == {"eps": 1.0, "delta": 0.0}
+        assert a["per_update"]["eps"] == pytest.approx(rr_epsilon(1.0, m, 1e-5))
+        assert a["all_rounds"]["eps"] == pytest.approx(rr_epsilon(1.0, m * t, 1e-5))
+    # Independent local randomizers: the server (B) and a client (C) get A's numbers; a
+    # malicious server (D) only the per-parameter (per-update) guarantee.
+    for mech in ("ldpfl", "gaussian", "laplace", "ternary", "fedcad"):
+        tm = reps[mech]["threat_models"]
+        for part in ("per_update", "all_rounds"):
+            assert tm["B"][part] == tm["A"][part] == tm["C"][part], (mech, part)
+        assert "all_rounds" not in tm["D"]
+    assert reps["fedcad"]["threat_models"]["D"]["per_update"]["k"] == 1
+    assert reps["ldpfl"]["threat_models"]["D"]["per_parameter"] == {"eps": 1.0, "delta": 0.0}
+    mu1 = 1 / analytic_gaussian_sigma(1.0, 1e-5, 1.0)
+    g = reps["gaussian"]["threat_models"]["A"]
+    assert g["all_rounds"]["eps"] == pytest.approx(gaussian_epsilon(1e-5, mu1 * math.sqrt(m * t)))
     rep = privacy_report("gaussian", 2.0, 1e-5, 100, 10, delta_p=1e-7)
     mu1 = 1 / analytic_gaussian_sigma(2.0, 1e-7, 1.0)
-    assert rep["threat_model_a"]["all_rounds"]["eps"] == pytest.approx(
+    assert rep["threat_models"]["A"]["all_rounds"]["eps"] == pytest.approx(
         gaussian_epsilon(1e-5, mu1 * math.sqrt(1000))
     )
+    assert rep["threat_models"]["A"]["headline"] == "(2, 1e-07) per parameter"
+    # Paired: the pair-joint lower bound on delta, 1 - (1 - p_inf)^k, is what B shows.
+    p_inf = pair_joint_pld(1.0, 5).single_inf_mass
+    joint = reps["corbin"]["threat_models"]["B"]["pair_joint"]
+    assert joint["per_update"]["delta_lower_bound"] == pytest.approx(1 - (1 - p_inf) ** m)
+
+
+def test_no_dp_mechanisms_have_no_delta_anywhere() -> None:
+    for mech in ("fedavg", "vanilla", "cq"):
+        rep = privacy_report(mech, None, 1e-5, 100, 10)
+        assert "delta" not in _keys(rep), mech
+        assert rep["eps_p"] is None and not any(e["dp"] for e in rep["threat_models"].values())
+    assert privacy_report("vanilla", None, 1e-5, 100, 10)["mechanism"] == "fedavg"
+
+
+def test_notes_and_guarantees_speak_of_their_own_mechanism_only() -> None:
+    names = {
+        "corbin": ("corbin", "CorBin-FL", "CorBinQ"),
+        "augcorbin": ("augcorbin", "AugCorBin-FL"),
+        "ldpfl": ("ldpfl", "LDP-FL", "LDPQ"),
+        "gaussian": ("gaussian",),
+        "laplace": ("laplace",),
+        "fedavg": ("fedavg", "FedAvg"),
+        "cq": ("cq", "CQ"),
+        "ternary": ("ternary",),
+        "fedcad": ("fedcad", "Fed-CAD", "FedCAD"),
+    }
+    # A paired bit's marginal is LDPQ's (Theorem 1), and AugCorBin-FL mixes both quantizers:
+    # naming a quantizer there explains the mechanism's own guarantee.
+    allowed = {"corbin": {"LDPQ"}, "augcorbin": {"CorBinQ", "LDPQ"}}
+    for mech, rep in _reports().items():
+        texts = list(rep["notes"]) + [
+            e[f] for e in rep["threat_models"].values() for f in ("headline", "guarantee")
+        ]
+        assert rep["notes"], mech
+        for other, spellings in names.items():
+            if other == mech:
+                continue
+            for name in set(spellings) - allowed.get(mech, set()):
+                hits = [t for t in texts if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", t)]
+                assert not hits, (mech, name, hits)
+
+
+def test_augcorbin_threat_models_follow_gamma_and_theorem3() -> None:
     rep = privacy_report("augcorbin", 1.0, 1e-5, 100, 2, d=3, gamma=0.5, n=100_000, r=0.01)
-    ucdp = rep["ucdp_theorem3"]
-    assert ucdp["applies"] and ucdp["eps_u"] > 0
+    c = rep["threat_models"]["C"]
+    assert c["dp"] is True and c["ucdp_theorem3"]["applies"] and c["ucdp_theorem3"]["eps_u"] > 0
+    assert "per round" in c["headline"] and "Theorem 3" in c["guarantee"]
+    assert rep["threat_models"]["B"]["dp"] is False  # the paired half: no DP
     rep = privacy_report("augcorbin", 1.0, 1e-5, 100, 2, d=3, gamma=0.2, n=50, r=0.01)
-    assert not rep["ucdp_theorem3"]["applies"]
-    assert "needs n >=" in rep["ucdp_theorem3"]["reason"]
-    for mech in ("laplace", "ternary", "fedcad", "cq", "ldpfl"):
-        json.dumps(privacy_report(mech, 1.0, 1e-5, 100, 3), allow_nan=False)
+    c = rep["threat_models"]["C"]
+    assert c["dp"] is False and not c["ucdp_theorem3"]["applies"]
+    assert "needs n >=" in c["ucdp_theorem3"]["reason"] and "needs n >=" in c["guarantee"]
+    # gamma = 1: nobody is paired, so the server sees independent LDPQ bits only.
+    rep = privacy_report("augcorbin", 1.0, 1e-5, 100, 2, d=3, gamma=1.0, n=50, r=0.01)
+    assert rep["threat_models"]["B"]["dp"] is True
+    assert rep["threat_models"]["D"]["dp"] is False  # the server still chooses gamma
+    with pytest.raises(ValueError, match="gamma"):
+        privacy_report("augcorbin", 1.0, 1e-5, 100, 2, d=3, gamma=1.5)
+
+
+def test_paired_report_without_pair_numbers_still_says_no_dp() -> None:
+    for d in (None, 17):
+        rep = privacy_report("corbin", 1.0, 1e-5, 100, 2, d=d)
+        b = rep["threat_models"]["B"]
+        assert b["dp"] is False and "pair_joint" not in b
+        assert "not computed" in b["guarantee"]
+    with pytest.raises(TypeError, match="d must be an int"):
+        privacy_report("corbin", 1.0, 1e-5, 100, 2, d=2.5)
     with pytest.raises(ValueError, match="unknown mechanism"):
         privacy_report("magic", 1.0, 1e-5, 10, 1)
+
+
+def test_pair_joint_dp_is_reported_where_it_exists() -> None:
+    # Only for a budget so small that p_inf * k stays below delta: then the exact pair-joint
+    # composition has a finite eps, and B says so with its numbers.
+    rep = privacy_report("corbin", 1e-6, 1e-5, 2, 1, d=5)
+    b = rep["threat_models"]["B"]
+    assert b["dp"] is True and not b["headline"].startswith("no DP")
+    run = b["pair_joint"]["all_rounds"]
+    assert run["eps"] == pair_joint_epsilon(1e-6, 5, 2, 1e-5) and run["delta"] == 1e-5
+    assert run["delta_lower_bound"] < 1e-5
+    # A partner knows z, which the pair-joint view does not: still no DP against a client.
+    assert rep["threat_models"]["C"]["dp"] is False
+
+
+def _first_layout(mech: str) -> dict:
+    """A report as the first layout wrote it (one ``dp`` flag), built from today's numbers."""
+    rep = privacy_report(mech, 0.5, 1e-5, 2_000, 3, d=5, gamma=0.2, n=10, r=0.05)
+    tm = rep["threat_models"]
+    old = {k: rep[k] for k in ("mechanism", "m", "rounds", "eps_p")}
+    old["delta"], old["dp"], old["notes"] = 1e-5, tm["A"]["dp"], ["CorBinQ's marginal"]
+    if not tm["A"]["dp"]:
+        old["update"] = old["run"] = {"epsilon": None, "delta": None, "threat_model": None}
+        return old
+    old["threat_model_a"] = {
+        "per_parameter": tm["A"].get("per_parameter"),
+        "per_update": tm["A"]["per_update"],
+        "all_rounds": tm["A"]["all_rounds"],
+    }
+    old["update"] = {"epsilon": tm["A"]["per_update"]["eps"], "delta": 1e-5, "threat_model": "A"}
+    if "pair_joint" in tm["B"]:
+        pld = pair_joint_pld(0.5, 5)
+        old["threat_model_b"] = {
+            "per_parameter": {
+                "pure_eps": None,
+                "inf_mass": pld.inf_mass,
+                "single_triple_inf_mass": pld.single_inf_mass,
+                "max_finite_loss": pld.max_finite_loss,
+            },
+            **{
+                part: {
+                    "k": tm["B"]["pair_joint"][part]["k"],
+                    "eps": None,
+                    "eps_is_infinite": True,
+                    "delta": 1e-5,
+                    "delta_lower_bound": tm["B"]["pair_joint"][part]["delta_lower_bound"],
+                }
+                for part in ("per_update", "all_rounds")
+            },
+        }
+    if "ucdp_theorem3" in tm["C"]:
+        old["ucdp_theorem3"] = tm["C"]["ucdp_theorem3"]
+    return old
+
+
+def test_read_privacy_report_rearranges_the_first_layout() -> None:
+    for mech in CONFIG_MECHANISMS:
+        new = privacy_report(mech, 0.5, 1e-5, 2_000, 3, d=5, gamma=0.2, n=10, r=0.05)
+        new.pop("mse_bounds", None)
+        got = read_privacy_report(_first_layout(mech))
+        assert got == new, mech
+        assert read_privacy_report(new) == new  # the current layout is left as it is
+    error = {"mechanism": "corbin", "eps_p": 1.0, "error": "boom"}
+    assert read_privacy_report(error) == error
+    with pytest.raises(ValueError, match="unknown mechanism"):
+        read_privacy_report({"mechanism": "magic", "m": 1, "rounds": 1})
+    with pytest.raises(ValueError, match="threat model A"):
+        read_privacy_report({"mechanism": "ldpfl", "m": 1, "rounds": 1, "eps_p": 1.0})
+
+
+def test_read_privacy_report_reads_every_committed_run() -> None:
+    """The committed runs were written by the first layout; every one must still be read."""
+    root = Path(__file__).resolve().parents[1] / "docs" / "results"
+    paths = sorted(root.glob("*/*/runs/*/app/summary.json"))
+    if not paths:
+        pytest.skip("no committed runs in this checkout")
+    seen: set[str] = set()
+    for path in paths:
+        old = json.loads(path.read_text())["privacy"]
+        if "threat_models" in old or old["mechanism"] in seen:
+            continue
+        seen.add(old["mechanism"])
+        new = read_privacy_report(old)
+        json.dumps(new, allow_nan=False)
+        tm = new["threat_models"]
+        assert tm["A"]["dp"] is old["dp"], path
+        if old["dp"]:
+            assert tm["A"]["per_update"]["eps"] == old["update"]["epsilon"]
+            assert tm["A"]["all_rounds"]["eps"] == old["run"]["epsilon"]
+        else:
+            assert "delta" not in _keys(new)
+        assert tm["B"]["dp"] is (old["mechanism"] not in ("corbin", "augcorbin", "fedavg", "cq"))
+    assert {"corbin", "ldpfl", "fedavg"} <= seen
 
 
 def test_rr_two_bits_by_enumeration() -> None:

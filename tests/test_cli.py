@@ -20,6 +20,7 @@ import textwrap
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -222,13 +223,9 @@ def test_config_string_round_trip(tmp_path: Path) -> None:
 def test_merge_run_config_precedence() -> None:
     parser = cli.build_parser()
     args = parser.parse_args(["local"])
-    assert cli.merge_run_config(args) == {
-        "num-rounds": 3,
-        "mechanism": "corbin",
-        "range-mode": "update",
-    }
-    # another app need not declare range-mode: no default for it there
-    assert cli.merge_run_config(args, this_app=False) == {"num-rounds": 3, "mechanism": "corbin"}
+    # no defaults of its own: the app's [tool.flwr.app.config] holds the only ones, so
+    # `corbin-fl local` runs what `flwr run .`, compose and the simulation runtime run
+    assert cli.merge_run_config(args) == {}
     args = parser.parse_args(
         [
             "local",
@@ -251,7 +248,6 @@ def test_merge_run_config_precedence() -> None:
     merged = cli.merge_run_config(args)
     assert merged == {
         "num-rounds": 2,  # the flag wins over --run-config
-        "mechanism": "corbin",
         "epsilon": 0.25,  # a later --run-config wins over an earlier one
         "cr-mode": "derived",
         "range-mode": "layer",
@@ -364,35 +360,166 @@ def test_tables_render_metrics_and_privacy_report() -> None:
         },
     ]
     console.print(cli.rounds_table(rows))
+    console.print(cli.drops_table(rows))
     console.print(cli.summary_table({"privacy": {"epsilon_total": 3.5}, "run_config": {"a": 1}}))
     text = console.export_text()
-    assert "0.8125" in text and "123:timeout" in text and "1,000 B" in text
+    assert "0.8125" in text and "1,000 B" in text
+    assert re.search(r"\b2\s+123\s+timeout\b", text)  # round, node, reason
+    assert cli.drops_table(rows[:1]) is None  # nothing dropped, no table
     assert "privacy.epsilon_total" in text and "3.5" in text
     assert "run_config" not in text
 
 
-@pytest.mark.parametrize("terminal", [True, False])
-def test_progress_view_live_and_plain(terminal: bool) -> None:
-    import io
-
+def _drop_run_state() -> tuple[Any, list[list[tuple[str, Any]]]]:
+    """A run in round 3 of 3: partition 1 (a 19-digit node id) killed and dropped in round 2
+    with a long reason. Each step is what one poll of the launcher reads (a round's row, its
+    ``round_end`` and the next ``round_start`` can come in one), or a kill."""
     from corbin_fl.launcher import KilledNode, RunProgress
 
-    buf = io.StringIO()
-    console = Console(file=buf, force_terminal=terminal, width=160)
-    state = RunProgress(num_rounds=3, run_id=42, current_round=2, last_stage="pair")
-    state.node_ids = {0: 11, 1: 22}
-    with cli.ProgressView(console, num_clients=2) as view:
-        view(state)
-        state.metrics.append({"round": 1, "test_accuracy": 0.75, "participants": 2, "dropped": {}})
-        state.killed.append(KilledNode(1, 2, 999, 22, 0.0))
+    node = 1234567890123456789
+    reason = "update: no reply within 30 s " + "(the SuperNode was gone) " * 8
+    state = RunProgress(num_rounds=3, run_id=42, num_clients=4)
+    state.node_ids = {0: 11, 1: node, 2: 33, 3: 44}
+    events = [
+        {"event": "round_start", "round": 1},
+        {"event": "stage_end", "round": 1, "stage": "update", "dropped": []},
+        {"event": "round_end", "round": 1},
+        {"event": "round_start", "round": 2},
+        {"event": "stage_end", "round": 2, "stage": "keygen", "dropped": []},
+        {"event": "stage_end", "round": 2, "stage": "update", "dropped": [node]},
+        {"event": "round_end", "round": 2},
+        {"event": "round_start", "round": 3},
+    ]
+    rows = [
+        {
+            "round": 1,
+            "test_accuracy": 0.5,
+            "sampled": 4,
+            "participants": 4,
+            "dropped": {},
+            "round_seconds": 12.5,
+        },
+        {
+            "round": 2,
+            "test_accuracy": 0.75,
+            "sampled": 4,
+            "participants": 3,
+            "dropped": {str(node): reason},
+            "round_trips": 3,
+            "bytes_up": {"update": 123456789, "total": 123456789},
+            "round_seconds": 1234.5,
+            "val_accuracy": 0.7412,
+            "test_loss": 0.61234,
+        },
+    ]
+    steps: list[list[tuple[str, Any]]] = [
+        [("event", events[:2])],
+        [("event", events[2:5]), ("row", rows[0])],  # events are read first, then rows
+        [("kill", KilledNode(1, 2, 999, node, 0.0))],
+        [("event", events[5:6])],
+        [("row", rows[1])],  # the row before its round_end event
+        [("event", events[6:])],
+    ]
+    return state, steps
+
+
+def _feed(state: Any, steps: list[list[tuple[str, Any]]], view: cli.ProgressView) -> None:
+    """Apply each step to ``state`` as the launcher would, calling ``view`` after each."""
+    for step in steps:
+        for kind, item in step:
+            if kind == "event":
+                for ev in item:
+                    state.events.append(ev)
+                    if ev["event"] == "round_start":
+                        state.current_round = ev["round"]
+                    elif ev["event"] == "stage_end":
+                        state.last_stage = ev["stage"]
+                        state.stage_drops += [(ev["round"], ev["stage"], n) for n in ev["dropped"]]
+            elif kind == "kill":
+                state.killed.append(item)
+            else:
+                state.metrics.append(item)
         view(state)
         view(state)  # nothing new: prints nothing twice
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_progress_view_at_80_columns(terminal: bool) -> None:
+    """Every event line once, in order, no line over 80 columns, the kill shown when it
+    happens (before the round's result), nodes and drops as the server reports them."""
+    import io
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=terminal, width=80, highlight=False)
+    state, steps = _drop_run_state()
+    state.phase = "running"
+    with cli.ProgressView(console, num_clients=4) as view:
+        assert (view.live is not None) == terminal
+        _feed(state, steps, view)
+        status = Console(width=80, record=True, file=io.StringIO())
+        status.print(*view.status_lines(state), sep="\n")
     text = buf.getvalue()
-    if terminal:
-        assert "round 2/3" in text and "killed 1@2" in text
-    else:
-        assert text.count("round 1: test acc 0.75") == 1
-        assert text.count("killed SuperNode of partition 1 (pid 999) in round 2") == 1
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "\n")
+    lines = [ln for ln in plain.splitlines() if ln.strip()]
+    assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
+    kill = "killed SuperNode of partition 1 (pid 999, node 1234567890123456789) in round 2"
+    dropped = "round 2: node 1234567890123456789 (partition 1) dropped in stage update"
+    done = "round 2/3 done: test acc 0.75, clients 3/4, dropped 1"
+    first = "round 1/3 done: test acc 0.5, clients 4/4, dropped 0, 12.5 s"
+    for expected in ("run 42 submitted", "round 1/3 started", first, kill, dropped, done):
+        assert plain.count(expected) == 1, (expected, plain)
+    order = ["round 1/3 started", first, "round 2/3 started", kill, dropped, done]
+    order.append("round 3/3 started")
+    at = [plain.index(text) for text in order]
+    assert at == sorted(at), plain
+    assert any(ln.startswith(done) and ln.endswith("…") for ln in lines)  # reason cut
+    if not terminal:  # a log file: plain lines, one per event, no control codes
+        assert "\x1b" not in text and "\r" not in text
+        assert len(lines) == 8  # run id, 3 rounds started, kill, drop, 2 rounds done
+    shown = status.export_text()
+    assert all(len(ln) <= 80 for ln in shown.splitlines())
+    assert "round 3/3" in shown and "nodes 3/4" in shown and "dropped 1" in shown
+    assert "last drop: round 2, node 1234567890123456789 (partition 1): update" in shown
+
+
+def test_node_count_follows_the_server() -> None:
+    """``nodes``: deployed before any report, less each drop, not counting a dead node twice."""
+    from corbin_fl.launcher import RunProgress
+
+    state = RunProgress(num_clients=4)
+    assert (state.active_nodes(), state.drop_count()) == (4, 0)
+    state.stage_drops.append((1, "update", 7))
+    assert (state.active_nodes(), state.drop_count()) == (3, 1)
+    state.metrics.append({"round": 1, "sampled": 4, "participants": 3, "dropped": {"7": "x"}})
+    assert (state.active_nodes(), state.drop_count()) == (3, 1)
+    state.stage_drops.append((2, "update", 7))  # sampled again while the SuperLink lists it
+    assert state.active_nodes() == 3 and state.drop_count() == 2
+    state.stage_drops.append((2, "update", 8))  # another node lost
+    assert state.active_nodes() == 2
+    # the SuperLink no longer lists node 7: round 3 samples 2 nodes, both answer
+    state.metrics.append(
+        {"round": 2, "sampled": 4, "participants": 2, "dropped": {"7": "x", "8": "y"}}
+    )
+    state.metrics.append({"round": 3, "sampled": 2, "participants": 2, "dropped": {}})
+    assert (state.active_nodes(), state.drop_count()) == (2, 3)  # drops, not nodes
+    assert RunProgress().active_nodes() is None
+
+
+def test_rounds_and_drops_tables_fit_80_columns() -> None:
+    import io
+
+    _, steps = _drop_run_state()
+    rows = [item for step in steps for kind, item in step if kind == "row"]
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(cli.rounds_table(rows))
+    console.print(cli.drops_table(rows))
+    text = console.export_text()
+    assert all(len(ln) <= 80 for ln in text.splitlines())
+    for header in ("round", "test acc", "val acc", "loss", "clients", "drops", "up/client"):
+        assert header in text  # no header cut
+    assert re.search(r"\b2\s+0\.75\s+0\.7412\s+0\.6123\s+3/4\s+1\s+3\s+39\.2 MiB", text)
+    assert re.search(r"1234567890123456789\s+update: no reply within 30 s .*…", text)
+    assert text.count("no reply") == 1  # one row, not wrapped
 
 
 # ====================================================================== unit: mechanics
@@ -605,8 +732,21 @@ def _ports_in_logs(logs: Path) -> list[str]:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(180)
-def test_ctrl_c_stops_every_process(tiny_app: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("inherited", "when"),
+    [
+        (signal.SIG_DFL, "running"),  # Ctrl-C in a terminal
+        # `corbin-fl local &` in a script: SIGINT inherited ignored (Python then never raises
+        # KeyboardInterrupt by itself); it must stop anyway, in the run and during start-up
+        (signal.SIG_IGN, "running"),
+        (signal.SIG_IGN, "start-up"),
+    ],
+    ids=["default-running", "ignored-running", "ignored-start-up"],
+)
+def test_ctrl_c_stops_every_process(
+    tiny_app: Path, tmp_path: Path, inherited: signal.Handlers, when: str
+) -> None:
     out = tmp_path / "out"
     cmd = ["corbin-fl", "local", "--app", str(tiny_app), "--clients", "1", "-q"]
     cmd += ["--run-config", "hang=true", "--rounds", "1", "--out", str(out)]
@@ -615,17 +755,18 @@ def test_ctrl_c_stops_every_process(tiny_app: Path, tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        # Ctrl-C in a terminal: SIGINT at its default disposition. A suite started as a background
-        # job of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python then never
-        # raises KeyboardInterrupt (seen once: the launcher ran on for 60 s after the SIGINT).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, inherited),
     )
     try:
-        _wait_for(lambda: (out / "events.jsonl").exists() or proc.poll() is not None, 150)
+        if when == "running":  # the ServerApp has started: every process is up
+            ready = lambda: (out / "events.jsonl").exists()  # noqa: E731
+        else:  # the SuperLink runs (it has logged), the run is not submitted yet
+            ready = lambda: _log_lines(out / "logs" / "superlink.log") >= 2  # noqa: E731
+        _wait_for(lambda: ready() or proc.poll() is not None, 150)
         assert proc.poll() is None, proc.communicate()[0]
         ports = _ports_in_logs(out / "logs")
-        assert len(ports) == 2  # superlink + 1 supernode
-        assert alive_matching([f"127.0.0.1:{p}" for p in ports])  # running right now
+        assert len(ports) == 2 if when == "running" else len(ports) >= 1
+        assert alive_matching([f"--port {p}" for p in ports])  # running right now
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     finally:
@@ -633,8 +774,38 @@ def test_ctrl_c_stops_every_process(tiny_app: Path, tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == cli.EXIT_INTERRUPTED, output
     assert b"interrupted" in output
+    assert not (out / "events.jsonl").exists() or when == "running"
+    # whatever started before the signal (also a SuperNode started just as it came) is gone
+    ports = _ports_in_logs(out / "logs")
     needles = [f"127.0.0.1:{p}" for p in ports] + [f"--port {p}" for p in ports]
     _assert_no_leftovers([], needles)
+
+
+def _log_lines(path: Path) -> int:
+    """Lines in a process log so far (the launcher writes the command line first)."""
+    try:
+        return len(path.read_text(errors="replace").splitlines())
+    except OSError:
+        return 0
+
+
+def test_interrupts_wait_for_process_bookkeeping() -> None:
+    """A signal inside ``_deferred_interrupts`` acts only when the block is done."""
+    from corbin_fl.launcher import _deferred_interrupts
+
+    steps: list[str] = []
+    with pytest.raises(KeyboardInterrupt), _deferred_interrupts():
+        signal.raise_signal(signal.SIGINT)
+        steps.append("registered")  # still runs: the interrupt waits
+    assert steps == ["registered"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _deferred_interrupts():
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # ignored stays ignored
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.e2e

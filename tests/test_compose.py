@@ -26,6 +26,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import (
+    LOAD_HEADROOM,
+    SUPERNODE_POLL_S,
+    SUPERNODE_REPLY_POLL_S,
+    StartupTiming,
+)
 
 from corbin_fl.launcher import ProcessRegistry
 
@@ -432,6 +438,9 @@ def test_client_compose_takes_its_settings_from_env(certs: Path) -> None:
 
 # --------------------------------------------------------------------------- loopback run
 
+SEND_AND_RECEIVE_POLL_S = 3.0
+"""Flower 1.41's ``Grid.send_and_receive`` pulls replies every 3 s (a fixed ``time.sleep(3)``)."""
+
 TINY_SERVER = """
 import logging
 import time
@@ -444,7 +453,7 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    deadline = time.time() + 60
+    deadline = time.time() + NODE_WAIT_S
     nodes = list(grid.get_node_ids())
     while not nodes and time.time() < deadline:
         time.sleep(0.5)
@@ -453,7 +462,7 @@ def main(grid: Grid, context: Context) -> None:
         Message(RecordDict({"c": ConfigRecord({"x": 1})}), dst_node_id=n, message_type="query.ping")
         for n in nodes
     ]
-    replies = grid.send_and_receive(msgs, timeout=60)
+    replies = grid.send_and_receive(msgs, timeout=PING_TIMEOUT_S)
     got = sorted(int(r.content["c"]["pid"]) for r in replies if r.has_content())
     logging.getLogger("flwr").info("TLS-LOOPBACK-REPLIES=%s", got)
 """
@@ -530,6 +539,7 @@ def _argv(service: Mapping[str, Any], remap: Mapping[str, str], health_port: int
 
 @pytest.mark.e2e
 def test_tls_command_lines_run_on_loopback(
+    flower_startup: StartupTiming,
     tmp_path: Path,
     flwr_home: Path,
     free_ports_factory: Callable[[int], list[int]],
@@ -570,7 +580,25 @@ def test_tls_command_lines_run_on_loopback(
             """
         )
     )
-    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")  # executors poll 5x per s
+    exec_poll = 0.2
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", str(exec_poll))  # executors: 5x per s
+    # Waits from the start-up of a Flower process measured just now (tests/conftest.py):
+    # - healthy: the four processes (SuperLink, ServerApp executor, SuperNode, ClientApp
+    #   executor) start within startup_timeout(4);
+    # - the ping: the SuperNode pulls within its 3 s poll, the executor starts the ClientApp
+    #   within exec_poll, the ClientApp process starts (k x T_startup; its handler is trivial),
+    #   the SuperNode forwards the reply within 0.5 s, send_and_receive pulls every 3 s;
+    # - the ServerApp waits for the node as long as the node needed to start;
+    # - `flwr run`: its own and the ServerApp process's start-up, then those two waits.
+    healthy_wait = flower_startup.startup_timeout(4)
+    ping_timeout = (
+        SUPERNODE_POLL_S
+        + exec_poll
+        + LOAD_HEADROOM * flower_startup.startup
+        + SUPERNODE_REPLY_POLL_S
+        + SEND_AND_RECEIVE_POLL_S
+    )
+    run_timeout = flower_startup.startup_timeout(2) + exec_poll + healthy_wait + ping_timeout
     logs = tmp_path / "logs"
     health: dict[str, int] = {}
 
@@ -580,7 +608,7 @@ def test_tls_command_lines_run_on_loopback(
         process_registry.start(name, argv, logs / f"{name}.log")
 
     def wait_healthy(name: str) -> None:
-        deadline = time.time() + 60
+        deadline = time.time() + healthy_wait
         while time.time() < deadline:
             process_registry.snapshot()
             if healthcheck.check(f"127.0.0.1:{health[name]}", timeout=1.0):
@@ -608,13 +636,15 @@ def test_tls_command_lines_run_on_loopback(
     (app / "tlsloop").mkdir(parents=True)
     (app / "pyproject.toml").write_text(TINY_PYPROJECT)
     (app / "tlsloop" / "__init__.py").write_text("")
-    (app / "tlsloop" / "server.py").write_text(TINY_SERVER)
+    (app / "tlsloop" / "server.py").write_text(
+        f"NODE_WAIT_S = {healthy_wait!r}\nPING_TIMEOUT_S = {ping_timeout!r}\n{TINY_SERVER}"
+    )
     (app / "tlsloop" / "client.py").write_text(TINY_CLIENT)
     run = subprocess.run(
         ["flwr", "run", str(app), "docker-tls", "--stream"],
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=run_timeout,
     )
     process_registry.snapshot()
     output = run.stdout + run.stderr

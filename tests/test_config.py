@@ -124,7 +124,7 @@ def test_integral_float_and_int_coercions() -> None:
         ("range-quantile", 0.5),
         ("range-quantile", 1.01),
         ("range-mode", "weights"),
-        ("update-radius", 0.0),
+        ("update-radius", -0.01),
         ("update-radius", float("nan")),
         ("dirichlet-alpha", 0.0),
         ("local-epochs", 0),

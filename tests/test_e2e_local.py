@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
+from conftest import ClientAppTiming
 
 from corbin_fl.cli import repo_root, total_bytes
 from corbin_fl.launcher import KillSpec, LocalRunOptions, RunResult, alive_matching, run_local
@@ -37,32 +39,67 @@ EPSILON = 2.0
 MAX_STEPS = 50
 """Local optimizer steps per round: enough to learn MNIST well above chance in two rounds, few
 enough that a round measures the protocol rather than training."""
-STAGE_TIMEOUT = 600.0
+POLL_INTERVAL: Final[float] = 0.5
+FIRST_ROUND_STAGES: Final[int] = 3
+"""Relay mode: round 1 runs keygen, pair and update; later rounds pair and update."""
+LATER_ROUND_STAGES: Final[int] = 2
 MIN_ROUND2_ACCURACY = 0.3
 """Round-2 test accuracy bound (chance is 0.1): three times chance. The quantization noise comes
 from the CSPRNG (not seeded), so the accuracy varies from run to run; 0.3 leaves a wide margin
 below what two rounds reach with these settings."""
 
 
-def _options(tmp_path: Path, run_config: dict[str, Any], **kw: Any) -> LocalRunOptions:
+def _run_config(run_config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "num-rounds": ROUNDS,
+        "mechanism": "corbin",
+        "max-steps": MAX_STEPS,
+        "epsilon": EPSILON,
+        "seed": 0,
+        "poll-interval": POLL_INTERVAL,
+        **run_config,
+    }
+
+
+def _options(
+    tmp_path: Path, run_config: dict[str, Any], timing: ClientAppTiming, **kw: Any
+) -> LocalRunOptions:
+    """Launcher options whose waits derive from ``timing`` (a ClientApp probe taken just now).
+
+    All ``NUM_CLIENTS`` ClientApp processes may run at once in a stage, so a stage waits
+    :meth:`ClientAppTiming.stage_timeout` for ``NUM_CLIENTS``; it still ends as soon as every
+    live node has answered. A SIGKILLed node does not lengthen a stage beyond Flower's heartbeat
+    window (2 x 30 s): then the SuperLink answers for it with a NODE_UNAVAILABLE error reply.
+    Start-up waits for the SuperLink and ``NUM_CLIENTS`` SuperNodes
+    (:meth:`ClientAppTiming.startup_timeout`), and the whole run may take
+    :meth:`ClientAppTiming.run_timeout`.
+    """
+    ready = timing.startup_timeout(1 + NUM_CLIENTS)
+    config = {
+        **_run_config(run_config),
+        "stage-timeout": timing.stage_timeout(
+            NUM_CLIENTS, first=False, poll_interval=POLL_INTERVAL
+        ),
+        "first-stage-timeout": timing.stage_timeout(
+            NUM_CLIENTS, first=True, poll_interval=POLL_INTERVAL
+        ),
+        "wait-for-nodes": ready,
+    }
+    run_timeout = timing.run_timeout(
+        rounds=ROUNDS,
+        first_round_stages=FIRST_ROUND_STAGES,
+        later_round_stages=LATER_ROUND_STAGES,
+        concurrent=NUM_CLIENTS,
+        poll_interval=POLL_INTERVAL,
+        wait_for_nodes=ready,
+    )
     return LocalRunOptions(
         app_dir=repo_root(),
         out_dir=tmp_path / "out",
         num_clients=NUM_CLIENTS,
-        run_config={
-            "num-rounds": ROUNDS,
-            "mechanism": "corbin",
-            "max-steps": MAX_STEPS,
-            "epsilon": EPSILON,
-            "seed": 0,
-            # A stage ends when every node has answered; the timeouts only bound a stuck run and
-            # are generous because a busy shared 2-core machine can be 5-10x slower than idle.
-            "stage-timeout": STAGE_TIMEOUT,
-            "first-stage-timeout": STAGE_TIMEOUT,
-            **run_config,
-        },
-        timeout=900,
-        ready_timeout=180,
+        run_config=config,
+        timeout=run_timeout,
+        ready_timeout=ready,
         keep_logs=True,  # so that a failure here can be diagnosed from tmp_path/out/logs
         **kw,
     )
@@ -87,22 +124,27 @@ def _assert_nothing_left(result: RunResult) -> None:
     assert alive_matching([f"127.0.0.1:{p}" for p in ports]) == []
 
 
-@pytest.mark.timeout(900)
-def test_relay_run_learns_pairs_share_z_and_survives_a_killed_supernode(tmp_path: Path) -> None:
+# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
+@pytest.mark.timeout(1800)
+def test_relay_run_learns_pairs_share_z_and_survives_a_killed_supernode(
+    tmp_path: Path,
+    clientapp_timing: Callable[[Mapping[str, Any], int], ClientAppTiming],
+    rearm_timeout: Callable[[float], None],
+) -> None:
     """One run, two rounds: round 1 with all four clients, round 2 with partition 1 SIGKILLed.
 
-    No short stage timeout is needed: 40-60 s after the SIGKILL the SuperLink answers for the dead
-    node with a NODE_UNAVAILABLE error reply (missed heartbeats), which ends the stage as soon as
-    the live clients have answered.
+    No short stage timeout is needed: at most 60 s (Flower's 2 x 30 s heartbeat window) after
+    the SIGKILL the SuperLink answers for the dead node with a NODE_UNAVAILABLE error reply,
+    which ends the stage as soon as the live clients have answered.
     """
-    result = run_local(
-        _options(
-            tmp_path,
-            {"cr-mode": "relay", "test-z-digest": True},
-            kills=(KillSpec(partition=1, round=2),),
-            kill_delay=1.0,
-        )
+    run_config = {"cr-mode": "relay", "test-z-digest": True}
+    timing = clientapp_timing(_run_config(run_config), NUM_CLIENTS)
+    options = _options(
+        tmp_path, run_config, timing, kills=(KillSpec(partition=1, round=2),), kill_delay=1.0
     )
+    # start-up (SuperLink, then SuperNodes), the run, the final status and the clean-up
+    rearm_timeout(3 * options.ready_timeout + options.timeout + 20)
+    result = run_local(options)
     assert result.ok, _explain(result)
     rows = result.metrics
     assert [r["round"] for r in rows] == [1, 2], _explain(result)
@@ -146,7 +188,9 @@ def test_relay_run_learns_pairs_share_z_and_survives_a_killed_supernode(tmp_path
     privacy = summary["privacy"]
     assert privacy["mechanism"] == "corbin" and privacy["eps_p"] == EPSILON
     assert privacy["rounds"] == ROUNDS and privacy["m"] == m
-    assert math.isfinite(privacy["run"]["epsilon"]) and privacy["run"]["epsilon"] > 0
+    run_eps = privacy["threat_models"]["A"]["all_rounds"]["eps"]
+    assert math.isfinite(run_eps) and run_eps > 0
+    assert privacy["threat_models"]["B"]["dp"] is False  # paired bits: no DP against the server
     assert result.events[0]["event"] == "run_start"
     assert result.events[-1]["event"] == "run_end"
     _assert_nothing_left(result)

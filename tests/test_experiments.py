@@ -8,6 +8,7 @@ the ``e2e`` test runs a tiny experiment on the real app on Flower's simulation r
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import hashlib
 import json
@@ -65,6 +66,7 @@ from corbin_fl.experiments.sweep import (
     make_run_id,
     read_metrics,
     run_state,
+    stale_keys,
 )
 from mechanisms.accounting import privacy_report
 
@@ -474,7 +476,7 @@ def test_runs_made_under_other_app_defaults_are_stale_and_redone(tmp_path: Path)
     """Run ids hash the spec's keys only; a changed app default that changes what a run computes
     makes its finished runs stale (redone, left out of the report); one that changes only how it
     executes, or has no effect on it, does not."""
-    spec = spec_from(TINY)
+    spec = spec_from(TINY.replace("d = 5\n", 'd = 5\nrange-mode = "layer"\n'))
     app = fake_app_dir(tmp_path)
     results = tmp_path / "results"
     ex.run_federated(spec, results, app_dir=app, backend=FakeBackend(), progress=False)
@@ -496,15 +498,21 @@ def test_runs_made_under_other_app_defaults_are_stale_and_redone(tmp_path: Path)
     out = ex.run_federated(spec, results, app_dir=app, backend=backend, progress=False)
     assert (out.executed, out.skipped, len(backend.calls)) == (20, 0, 20)
 
-    # a run recorded before a key existed has that key's default, the behaviour it kept
-    run_dir = ex.ExperimentPaths.of(spec, results).run_dir(expand_runs(spec)[0])
+    # a run recorded before a key existed ran with the value the key was added with (range-mode
+    # came with "layer"), whatever the app's default is now ("update")
+    run = expand_runs(spec)[0]
+    run_dir = ex.ExperimentPaths.of(spec, results).run_dir(run)
     summary = json.loads((run_dir / "summary.json").read_text())
     del summary["config"]["range-mode"]
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    run = expand_runs(spec)[0]
     pyproject.write_text(original)
+    assert load_app_defaults(app)["range-mode"] == "update"
     assert run_state(run_dir, run, load_app_defaults(app)) is RunState.DONE
-    states_with("range-mode", "update")
+    leaves_it = {k: v for k, v in run.run_config.items() if k != "range-mode"}
+    assert stale_keys(summary["config"], {**load_app_defaults(app), **leaves_it}) == ["range-mode"]
+    states_with("range-mode", "layer")
+    assert stale_keys(summary["config"], {**load_app_defaults(app), **leaves_it}) == []
+    states_with("lr", 0.01)
     assert run_state(run_dir, run, load_app_defaults(app)) is RunState.STALE
     assert run_state(run_dir, run) is RunState.DONE  # without the app, ids alone decide
 
@@ -844,8 +852,8 @@ def test_a_run_config_key_added_later_does_not_split_a_setting(tmp_path: Path) -
     other = {**base, "global-lr": 1.0, "seed": 0, "range-mode": "update"}
     write_run(tmp_path / "other", other, rows)
     groups = group_results([load_run(tmp_path / n) for n in ("old", "new", "other")])
-    assert sorted(len(g.runs) for g in groups) == [1, 2]
-    assert {g.setting["range-mode"] for g in groups} == {"layer", "update"}
+    # the old run ran in the layer mode (range-mode came with "layer", whatever the default now)
+    assert {g.setting["range-mode"]: len(g.runs) for g in groups} == {"layer": 2, "update": 1}
 
 
 def test_a_run_with_an_invalid_recorded_config_is_not_a_finished_run(tmp_path: Path) -> None:
@@ -904,8 +912,9 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
             assert r["eps_update"] == "" and r["eps_run"] == ""
         else:
             assert float(r["eps_p"]) == float(r["epsilon"])
-            assert float(r["eps_update"]) == pytest.approx(expected["update"]["epsilon"])
-            assert float(r["eps_run"]) == pytest.approx(expected["run"]["epsilon"])
+            view_a = expected["threat_models"]["A"]
+            assert float(r["eps_update"]) == pytest.approx(view_a["per_update"]["eps"])
+            assert float(r["eps_run"]) == pytest.approx(view_a["all_rounds"]["eps"])
             assert float(r["eps_run"]) > float(r["eps_update"]) > float(r["eps_p"])
         if r["mechanism"] == "corbin":
             assert r["pair_eps_update"] == ""  # no finite eps for the pair-joint view
@@ -919,8 +928,9 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
     report = (root / "report.md").read_text()
     assert SELECTION_RULE in report
     assert "![accuracy-vs-epsilon](figures/accuracy-vs-epsilon.png)" in report
-    assert " ± " in report and "## Privacy" in report and "one update (eps, δ)" in report
-    assert "∞ (no DP)" in report and "∞ (delta ≥" in report
+    assert " ± " in report and "## Privacy" in report and "A: eavesdropper on one uplink" in report
+    assert "— (no DP)" in report  # fedavg: no eps_p
+    assert "**no DP** (paired bits are not private against it); one update: δ ≥" in report
     assert "corbin-fl experiment run" in report
     # fake accuracies: corbin > ldpfl by ~20 points, fedavg ~3 points above corbin at eps 1
     assert [t.status for t in out.targets] == ["PASS", "PASS", "PASS"]
@@ -964,6 +974,211 @@ def test_plot_accuracy_vs_requires_the_key(tmp_path: Path) -> None:
     groups = group_results([load_run(d)])
     with pytest.raises(ValueError, match="no run sets 'clients'"):
         plots.plot_accuracy_vs(groups, "clients", [], tmp_path / "x.png")
+
+
+# --------------------------------------------------------------------------- figure texts
+
+
+def _texts(fig: Any) -> tuple[str, str]:
+    """A figure's title (suptitle) and caption (supxlabel, or the x-label of an axes)."""
+    title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    caption = fig._supxlabel.get_text() if fig._supxlabel is not None else ""
+    return title, caption
+
+
+def _legend_texts(fig: Any) -> list[str]:
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    return [t.get_text() for leg in legends for t in leg.get_texts()]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _mechanism_groups(tmp_path: Path, mechanisms: tuple[str, ...]) -> list[Any]:
+    """Lambda-selected groups of two seeds per mechanism at eps = 5, delta = 1e-5 (real
+    ``load_run`` on runner-format folders; accuracies spread by seed)."""
+    runs = []
+    for i, mech in enumerate(mechanisms):
+        for seed in (0, 1):
+            acc = 0.5 + 0.04 * i + 0.02 * seed
+            d = tmp_path / f"{mech}-s{seed}"
+            cfg = {
+                "mechanism": mech, "epsilon": 5.0, "delta": 1e-5, "d": 5, "num-rounds": 2,
+                "dataset": "mnist", "global-lr": 1.0, "seed": seed,
+            }  # fmt: skip
+            write_run(d, cfg, rows_of([(acc - 0.1, acc - 0.1), (acc, acc)]), clients=10)
+            runs.append(load_run(d))
+    return group_results(runs)
+
+
+def test_every_mechanism_has_a_stated_guarantee() -> None:
+    for mech in MECHANISMS:
+        assert plots.guarantee_kind(mech) is not None, mech
+    setting = {"epsilon": 5.0, "delta": 1e-5}
+    labels = {m: plots.guarantee({**setting, "mechanism": m}) for m in MECHANISMS}
+    for mech in ("corbin", "augcorbin"):
+        assert labels[mech].kind == plots.PAIRED_KIND
+        assert "ε_p=5 per param." in labels[mech].label
+        assert "no DP vs server" in _flat(labels[mech].label)
+    for mech in ("ldpfl", "laplace", "ternary"):
+        assert labels[mech] == plots.Guarantee(plots.LDP_KIND, "ε_p=5 per param.")
+    assert labels["gaussian"].kind == plots.GAUSSIAN_KIND
+    assert _flat(labels["gaussian"].label) == "(ε_p=5, δ=1e-05) per param."
+    assert labels["fedcad"].kind == plots.UPDATE_KIND
+    assert _flat(labels["fedcad"].label) == "(ε=5, δ=1e-05) per update"
+    for mech in ("fedavg", "cq"):
+        assert labels[mech] == plots.Guarantee(plots.NO_DP_KIND, "no DP")
+    assert plots.guarantee({"mechanism": "signsgd"}).kind == plots.NO_DP_KIND
+    with pytest.raises(ValueError, match="no privacy guarantee is known for mechanism 'sgd'"):
+        plots.guarantee({"mechanism": "sgd", "epsilon": 1.0})
+    with pytest.raises(ValueError, match=r"'fedcad'.*no finite 'delta'"):
+        plots.guarantee({"mechanism": "fedcad", "epsilon": 1.0})
+    with pytest.raises(ValueError, match="names no mechanism"):
+        plots.guarantee({"epsilon": 1.0})
+
+
+def test_mechanism_bar_chart_marks_each_bars_guarantee(tmp_path: Path) -> None:
+    groups = _mechanism_groups(tmp_path, MECHANISMS)
+    fig = plots.accuracy_bar_figure(groups, ["mechanism"], title="All mechanisms")
+    (ax,) = fig.axes
+    ticks = {t.get_text().split("\n")[0]: _flat(t.get_text()) for t in ax.get_xticklabels()}
+    assert set(ticks) == set(MECHANISMS)
+    assert ticks["corbin"] == "corbin ε_p=5 per param. one uplink only; no DP vs server"
+    assert ticks["ldpfl"] == "ldpfl ε_p=5 per param."
+    assert ticks["gaussian"] == "gaussian (ε_p=5, δ=1e-05) per param."
+    assert ticks["fedcad"] == "fedcad (ε=5, δ=1e-05) per update"
+    assert ticks["fedavg"] == "fedavg no DP" and ticks["cq"] == "cq no DP"
+    legend = _legend_texts(fig)
+    for kind in plots.GUARANTEE_COLORS:
+        assert kind in legend
+    assert "test acc. at val-selected round" in legend and "final-round test acc." in legend
+    # each bar pair has its guarantee's colour; bars of one guarantee are side by side
+    from matplotlib.colors import to_rgb
+
+    order = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
+    kinds = [plots.guarantee_kind(m) for m in order]
+    assert kinds == sorted(kinds, key=list(plots.GUARANTEE_COLORS).index)
+    bars = ax.patches
+    assert len(bars) == 2 * len(MECHANISMS)
+    for k, mech in enumerate(order):
+        want = to_rgb(plots.GUARANTEE_COLORS[plots.guarantee_kind(mech)])  # type: ignore[index]
+        assert to_rgb(bars[k].get_facecolor()) == pytest.approx(want)
+        assert to_rgb(bars[len(order) + k].get_facecolor()) == pytest.approx(want)
+    title, _ = _texts(fig)
+    caption = ax.get_xlabel()
+    assert title.startswith("All mechanisms\nfixed: ")
+    flat_title = _flat(title)
+    assert "clients=10" in flat_title and "rounds=2" in flat_title and "d=5" in flat_title
+    assert "ε=5 (per parameter; fedcad: per update)" in flat_title and "δ=1e-05" in flat_title
+    assert "± 1 sample std (ddof=1) over 2 seeds (0, 1)" in _flat(caption)
+    assert "not one unit" in _flat(caption)
+    fig.savefig(tmp_path / "bar.png")  # lays out and draws without error
+    with pytest.raises(ValueError, match="no privacy guarantee is known"):
+        bad = _mechanism_groups(tmp_path / "bad", ("corbin",))
+        bad[0] = dataclasses.replace(bad[0], setting={**bad[0].setting, "mechanism": "x"})
+        plots.accuracy_bar_figure(bad, ["mechanism"])
+
+
+def test_line_figures_state_settings_error_bars_references_and_y_range(tmp_path: Path) -> None:
+    spec = spec_from(TINY)
+    results = tmp_path / "results"
+    ex.run_federated(spec, results, app_dir=fake_app_dir(tmp_path), backend=FakeBackend(),
+                     progress=False)  # fmt: skip
+    runs = ex.load_finished(spec, results)
+    groups = group_results(runs)
+    keys = ["mechanism", "epsilon"]
+    fig = plots.accuracy_vs_figure(groups, "epsilon", keys, title="Accuracy vs eps_p")
+    title, caption = _texts(fig)
+    assert title.startswith("Accuracy vs eps_p\nfixed: ")
+    for part in ("clients=4", "rounds=4", "d=5", "dataset=mnist", "model=cnn"):
+        assert part in _flat(title), (part, title)
+    assert "epsilon" not in _flat(title).split("fixed: ")[1]  # it varies: not a fixed setting
+    assert "error bars: ± 1 sample std (ddof=1) over 2 seeds (0, 1)" in _flat(caption)
+    assert f"y-axis spans ≥ {plots.MIN_Y_SPAN:g} points" in _flat(caption)
+    legend = _legend_texts(fig)
+    assert legend == [
+        "ldpfl [ε_p-LDP/param.]",
+        "corbin [ε_p/param., one uplink only; no DP vs server]",
+        "fedavg [no DP]: reference, not swept over epsilon (band ± 1 std)",
+    ]
+    (ax,) = fig.axes
+    lo, hi = ax.get_ylim()
+    stds = [100 * g.test.std for g in groups]
+    assert hi - lo >= max(plots.MIN_Y_SPAN, plots.STD_SPAN * max(stds)) - 1e-9
+    assert lo >= 0.0 and hi <= 100.0
+    # every panel of the per-round figure shares one honest y-axis; bands are named
+    fig = plots.accuracy_vs_round_figure(groups, keys, title="per round")
+    title, caption = _texts(fig)
+    assert "fixed: " in title and "bands: ± 1 sample std (ddof=1) over 2 seeds" in _flat(caption)
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len({ax.get_ylim() for ax in visible}) == 1
+    lo, hi = visible[0].get_ylim()
+    assert hi - lo >= plots.MIN_Y_SPAN - 1e-9
+    with pytest.raises(ValueError, match="no settings to plot"):
+        plots.accuracy_vs_round_figure([], keys)
+
+
+def test_a_flat_sweep_is_drawn_flat(tmp_path: Path) -> None:
+    """bits-like data: 3 points of spread across d, seed stds of ~1.4 points. The y-axis must
+    span the 20-point floor, not the 4-point data range that autoscaling would zoom in on."""
+    runs = []
+    for d, level in ((1, 0.86), (3, 0.84), (5, 0.83), (7, 0.84)):
+        for seed in (0, 1, 2):
+            run_dir = tmp_path / f"corbin-d{d}-s{seed}"
+            cfg = {"mechanism": "corbin", "epsilon": 1.0, "d": d, "global-lr": 1.0, "seed": seed}
+            acc = level + 0.01 * (seed - 1)
+            write_run(run_dir, cfg, rows_of([(acc, acc)]), clients=10)
+            runs.append(load_run(run_dir))
+    for seed in (0, 1, 2):
+        run_dir = tmp_path / f"ldpfl-s{seed}"
+        cfg = {"mechanism": "ldpfl", "epsilon": 1.0, "global-lr": 1.0, "seed": seed}
+        write_run(run_dir, cfg, rows_of([(0.80 + 0.01 * seed, 0.80 + 0.01 * seed)]), clients=10)
+        runs.append(load_run(run_dir))
+    groups = group_results(runs)
+    fig = plots.accuracy_vs_figure(groups, "d", ["mechanism", "d"], title="bits")
+    (ax,) = fig.axes
+    lo, hi = ax.get_ylim()
+    data = [100 * (g.test.mean + s * g.test.std) for g in groups for s in (-1, 1)]
+    assert max(data) - min(data) < plots.MIN_Y_SPAN / 2  # autoscale would zoom in ~4x
+    assert hi - lo == pytest.approx(plots.MIN_Y_SPAN)
+    assert lo <= min(data) and max(data) <= hi
+    assert "ldpfl [ε_p-LDP/param.]: reference, not swept over d (band ± 1 std)" in (
+        _legend_texts(fig)
+    )
+    assert "over 3 seeds (0, 1, 2)" in _flat(_texts(fig)[1])
+    assert "clients=10" in _texts(fig)[0] and "ε_p=1" in _texts(fig)[0]
+
+
+def test_accuracy_ylim_never_zooms_in_on_seed_noise() -> None:
+    # bits-like: means 80-86 with 4-point seed stds -> 20 points, centred, inside [0, 100]
+    lo, hi = plots.accuracy_ylim(78.0, 88.0, 4.0)
+    assert hi - lo == pytest.approx(plots.MIN_Y_SPAN) and (lo + hi) / 2 == pytest.approx(83.0)
+    lo, hi = plots.accuracy_ylim(70.0, 80.0, 6.0)  # 5 stds = 30 points > the floor
+    assert hi - lo == pytest.approx(plots.STD_SPAN * 6.0)
+    lo, hi = plots.accuracy_ylim(10.0, 95.0, 2.0)  # a wide range keeps its own span + margin
+    assert hi - lo == pytest.approx(1.1 * 85.0) and lo < 10.0 and hi > 95.0
+    assert plots.accuracy_ylim(93.0, 97.0, 0.5) == pytest.approx((80.0, 100.0))  # shifted down
+    assert plots.accuracy_ylim(1.0, 3.0, 0.5) == pytest.approx((0.0, 20.0))  # shifted up
+    for bad in ((5.0, 4.0, 1.0), (math.nan, 4.0, 1.0), (1.0, 4.0, math.inf)):
+        with pytest.raises(ValueError, match="not a finite range"):
+            plots.accuracy_ylim(*bad)
+
+
+def test_mse_figures_state_their_fixed_settings_and_error_bars() -> None:
+    mse_spec = MSESpec(
+        center=0.1, radius=0.4, epsilons=(0.5, 2.0), d=3, grid_points=3, samples=200,
+        heatmap_epsilons=(0.5,),
+    )  # fmt: skip
+    grid = measure_grid(mse_spec, seeds=(0, 1), device="cpu")
+    for fig in (plots.mse_vs_epsilon_figure(grid), plots.mse_heatmaps_figure(grid, (0.5,))):
+        title, caption = _texts(fig)
+        fixed = "fixed: center c=0.1, radius r=0.4, d=3, 200 samples per point and seed, seeds 0, 1"
+        assert fixed in _flat(title)
+        assert caption
+    fig = plots.mse_vs_epsilon_figure(grid)
+    assert "± 3 standard errors" in _texts(fig)[1]
+    assert "1/2: target CorBinQ ≤ LDPQ / 2" in _legend_texts(fig)
 
 
 # --------------------------------------------------------------------------- mse

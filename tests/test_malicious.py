@@ -157,7 +157,10 @@ def test_all_ones_client_shift_on_the_server_path(
     case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Exact shift ``2 lambda r alpha (1 - b) / n``, its bound and tightness, its expectation."""
-    grid = InProcessGrid(make_cfg(num_rounds=1, seed=11, **BIT_CASES[case]), N_NODES)
+    # the layer range: r is each layer's radius of the global model (the formula's r)
+    grid = InProcessGrid(
+        make_cfg(num_rounds=1, seed=11, range_mode="layer", **BIT_CASES[case]), N_NODES
+    )
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     m = rt.layout.m
@@ -247,7 +250,9 @@ def _poison(kind: str, limit: torch.Tensor, c: torch.Tensor) -> Any:
 @pytest.mark.parametrize("kind", ["nan", "inf", "-inf", "huge", "outside", "inside"])
 def test_float_updates_nan_inf_huge_are_rejected_not_averaged(mechanism: str, kind: str) -> None:
     lam = 0.5
-    grid = InProcessGrid(make_cfg(num_rounds=1, mechanism=mechanism, global_lr=lam), 3)
+    # the layer range: the admissible bounds below are built from each layer's center/radius
+    cfg_in = make_cfg(num_rounds=1, mechanism=mechanism, global_lr=lam, range_mode="layer")
+    grid = InProcessGrid(cfg_in, 3)
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     w0 = rt.weights.clone()

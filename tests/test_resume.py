@@ -29,6 +29,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import numpy as np
 import pytest
 import tomli_w
 import torch
+from conftest import ClientAppTiming
 from flwr.app import RecordDict
 
 # The in-process harness (a Flower Grid whose nodes are the real ClientApp handlers) and its
@@ -435,6 +437,11 @@ def test_resume_of_a_finished_run_only_rewrites_the_summary(tmp_path: Path) -> N
 # ============================================================================ end to end
 E2E_CLIENTS = 3
 E2E_ROUNDS = 2
+E2E_POLL = 0.5
+E2E_FIRST_ROUND_STAGES = 2
+"""cr-mode "derived": round 1 runs keygen and update; later rounds update only. The resumed run
+starts with new SuperNodes (new keys, no cached partition), so its first round is like round 1."""
+E2E_LATER_ROUND_STAGES = 1
 
 
 def _wait(cond: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -455,8 +462,13 @@ def _checkpoint_round(out: Path) -> int:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(1500)
-def test_server_side_sigkill_and_resume_on_real_processes(tmp_path: Path) -> None:
+# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
+@pytest.mark.timeout(1800)
+def test_server_side_sigkill_and_resume_on_real_processes(
+    tmp_path: Path,
+    clientapp_timing: Callable[[Mapping[str, Any], int], ClientAppTiming],
+    rearm_timeout: Callable[[float], None],
+) -> None:
     from corbin_fl.cli import repo_root
     from corbin_fl.launcher import (
         CONNECTION_NAME,
@@ -478,10 +490,35 @@ def test_server_side_sigkill_and_resume_on_real_processes(tmp_path: Path) -> Non
         "max-steps": 2,
         "seed": 0,
         "min-clients": E2E_CLIENTS,
-        "stage-timeout": 300.0,
-        "first-stage-timeout": 300.0,
-        "out-dir": str(out),
+        "poll-interval": E2E_POLL,
     }
+    # Waits from a probe of one ClientApp update on this machine, now (tests/conftest.py): all
+    # E2E_CLIENTS ClientApps of a stage may run at once; start-up is a SuperLink and the
+    # SuperNodes; a run (the first up to its round-1 checkpoint, or the resumed one) takes at
+    # most its stages at their timeouts plus the ServerApp's own work.
+    timing = clientapp_timing(run_config, E2E_CLIENTS)
+    ready = timing.startup_timeout(1 + E2E_CLIENTS)
+    run_config.update(
+        {
+            "stage-timeout": timing.stage_timeout(E2E_CLIENTS, first=False, poll_interval=E2E_POLL),
+            "first-stage-timeout": timing.stage_timeout(
+                E2E_CLIENTS, first=True, poll_interval=E2E_POLL
+            ),
+            "wait-for-nodes": ready,
+            "out-dir": str(out),
+        }
+    )
+    run_limit = timing.run_timeout(
+        rounds=E2E_ROUNDS,
+        first_round_stages=E2E_FIRST_ROUND_STAGES,
+        later_round_stages=E2E_LATER_ROUND_STAGES,
+        concurrent=E2E_CLIENTS,
+        poll_interval=E2E_POLL,
+        wait_for_nodes=ready,
+    )
+    # two deployments' start-ups and SuperLinks, both runs, the kill, the run status (one CLI
+    # start-up) and the clean-up, each at its own limit
+    rearm_timeout(2 * run_limit + 5 * ready + 2 * timing.startup_timeout(1) + 20)
 
     def flwr_run(dep: LocalDeployment, name: str, config: dict[str, Any]) -> Any:
         path = tmp_path / f"{name}.toml"
@@ -489,13 +526,13 @@ def test_server_side_sigkill_and_resume_on_real_processes(tmp_path: Path) -> Non
         cmd = [flower_executable("flwr"), "run", str(repo_root()), CONNECTION_NAME, "--stream"]
         return dep.registry.start(name, [*cmd, "--run-config", str(path)], logs / f"{name}.log")
 
-    dep = LocalDeployment(E2E_CLIENTS, logs, tmp_path / "flwr-home", ready_timeout=180)
+    dep = LocalDeployment(E2E_CLIENTS, logs, tmp_path / "flwr-home", ready_timeout=ready)
     with dep:
         assert dep.superlink is not None
         first = flwr_run(dep, "flwr-run-1", run_config)
         _wait(
             lambda: _checkpoint_round(out) >= 1 or not first.running(),
-            600,
+            run_limit,
             "the checkpoint of round 1",
         )
         assert _checkpoint_round(out) == 1, first.log_tail()
@@ -504,6 +541,7 @@ def test_server_side_sigkill_and_resume_on_real_processes(tmp_path: Path) -> Non
         assert any("flwr-serverapp" in ref.cmdline for ref in server_side), server_side
         dep.registry.kill_tree(dep.superlink, signal.SIGKILL)
         dep.registry.kill_tree(first, signal.SIGKILL)
+        # SIGKILL cannot be caught or delayed by the process: this only guards against a hang.
         _wait(lambda: not any(is_alive(r) for r in server_side), 20, "the server side to die")
         old_ids = dict(dep.node_ids)
         # The SuperNodes would retry (exponential back-off) and then EXIT on the new SuperLink's
@@ -518,7 +556,11 @@ def test_server_side_sigkill_and_resume_on_real_processes(tmp_path: Path) -> Non
         )
         dep.superlink = superlink
         health = f"http://{dep.address}/health"
-        _wait(lambda: _http_ok(health) or not superlink.running(), 120, "the new SuperLink")
+        _wait(
+            lambda: _http_ok(health) or not superlink.running(),
+            timing.startup_timeout(1),
+            "the new SuperLink",
+        )
         assert superlink.running(), superlink.log_tail()
         # --- the SuperNodes again, with the same command lines (same Runtime API ports)
         for partition, old in list(dep.supernodes.items()):
@@ -533,11 +575,17 @@ def test_server_side_sigkill_and_resume_on_real_processes(tmp_path: Path) -> Non
 
         # --- resume
         second = flwr_run(dep, "flwr-run-2", {**run_config, "resume": True})
-        _wait(lambda: not second.running(), 600, "the resumed run", interval=0.5)
+        _wait(lambda: not second.running(), run_limit, "the resumed run", interval=0.5)
         assert second.popen.returncode == 0, second.log_tail(40)
         run_id = re.search(r"Successfully started run (\d+)", second.log_text())
         assert run_id is not None, second.log_tail()
-        status = _wait(lambda: _finished_status(dep, int(run_id.group(1))), 30, "run status")
+        # Each try is one `flwr ls` process (a start-up); the status is final once `flwr run`
+        # has returned.
+        status = _wait(
+            lambda: _finished_status(dep, int(run_id.group(1))),
+            timing.startup_timeout(1),
+            "run status",
+        )
         assert status == "finished:completed", status
 
     rows = _rows(out)

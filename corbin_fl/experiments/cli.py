@@ -5,10 +5,11 @@ Usage::
     corbin-fl experiment run experiments/quick/epsilon.toml [--results results] [--fresh]
     corbin-fl experiment plan experiments/quick/epsilon.toml      # runs and their state
     corbin-fl experiment report experiments/quick/epsilon.toml    # CSV/figures/report only
+    corbin-fl experiment migrate experiments/quick/*.toml --dry-run   # runs to the specs' ids
 
 ``run`` skips runs that are already done, so re-running the same command after an interruption
 resumes. Exit codes: 0 success (target checks are reported, never enforced), 1 some runs failed,
-2 invalid spec or arguments, 130 interrupted.
+2 invalid spec or arguments (or a refused migration: nothing changed), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from corbin_fl.experiments.spec import SpecError, load_spec
+from corbin_fl.experiments.spec import ExperimentSpec, SpecError, load_spec
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +67,16 @@ def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="rebuild CSV, figures and report from saved results")
     common(report)
+
+    migrate = sub.add_parser(
+        "migrate",
+        help="rename finished runs to the run ids of the edited spec(s), matched by effective "
+        "configuration (nothing is run)",
+    )
+    common(migrate)
+    migrate.add_argument(
+        "--dry-run", action="store_true", help="say what would change, change nothing"
+    )
     return parser
 
 
@@ -76,6 +91,58 @@ def _configure_logging(verbose: bool) -> None:
         format="%(message)s",
         handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
     )
+
+
+def _migrate(
+    specs: Sequence[ExperimentSpec],
+    results: Path,
+    defaults: Mapping[str, Any] | None,
+    *,
+    dry_run: bool,
+    out: Console,
+    err: Console,
+) -> int:
+    """``corbin-fl experiment migrate``: 0 done, 2 when an experiment was refused (unchanged)."""
+    from rich.markup import escape
+
+    from corbin_fl.experiments.migrate import migrate_experiments
+
+    if defaults is None:
+        err.print(
+            "[red]error:[/red] the app's defaults are needed to match runs by their effective "
+            "configuration (give --app)"
+        )
+        return 2
+    for spec in specs:
+        if spec.kind == "mse":
+            out.print(f"{spec.name}: mse experiment (no federated runs)")
+    try:
+        done, refused = migrate_experiments(specs, results, defaults, dry_run=dry_run)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    verb = "would be" if dry_run else "were"
+    for result in done:
+        plan = result.plan
+        out.print(
+            f"[bold]{plan.experiment}[/bold]: {len(plan.moves)} run folders: {plan.renamed} "
+            f"{verb} renamed, {plan.rewritten} {verb} rewritten in place, {plan.unchanged} "
+            f"already current; {len(plan.to_do)} runs of the spec not done"
+            + (
+                f"; {result.references_updated} copies pointed at their moved source"
+                if result.references_updated
+                else ""
+            )
+        )
+        if dry_run:
+            for move in plan.moves:
+                if move.renames:
+                    out.print(f"  {move.folder.name} -> {move.run.run_id}", soft_wrap=True)
+        for warning in result.warnings:
+            err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+    for exc in refused:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+    return 2 if refused else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,8 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from corbin_fl.experiments import experiment as ex
     from corbin_fl.experiments.sweep import RunState
 
-    if args.command in ("plan", "report"):  # what finished runs are checked against
+    if args.command in ("plan", "report", "migrate"):  # what finished runs are checked against
         defaults = ex.current_app_defaults(args.app)
+    if args.command == "migrate":
+        return _migrate(specs, args.results, defaults, dry_run=args.dry_run, out=out, err=console)
     if args.command == "plan":
         recorded = ex.RecordedRuns(Path(args.results))
         for spec in specs:

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from corbin_fl.experiments.fsio import atomic_write_text
-from corbin_fl.experiments.results import SELECTION_RULE, GroupResult, RunResult, group_label
+from corbin_fl.experiments.results import (
+    SELECTION_RULE,
+    GroupResult,
+    RunResult,
+    group_label,
+    privacy_view,
+)
 from corbin_fl.experiments.spec import ExperimentSpec
 
 if TYPE_CHECKING:  # typing only: a federated report must not import torch
@@ -263,83 +269,98 @@ def render_targets(targets: Sequence[Target]) -> str:
 # --------------------------------------------------------------------------- privacy
 
 
+_THREAT_MODEL_NAMES: dict[str, str] = {
+    "A": "eavesdropper on one uplink",
+    "B": "server that sees every bit",
+    "C": "malicious client",
+    "D": "malicious server",
+}
+"""Column names; the same as ``mechanisms.accounting.THREAT_MODELS`` (not imported: importing
+``mechanisms`` imports torch, and a report of recorded runs needs neither)."""
+
+
 def _eps_delta(eps: float | None, delta: float | None) -> str:
     if eps is None:
         return "—"
     return f"({_num(eps)}, {_num(delta)})"
 
 
+def _threat_model_cell(key: str, entry: Any) -> str:
+    """One threat model's guarantee in a table cell: "**no DP**" said first, or the headline
+    with the composed (eps, delta) of threat model A."""
+    if not isinstance(entry, Mapping):
+        return "—"
+    headline = str(entry.get("headline", ""))
+    if entry.get("dp") is not True:
+        rest = headline[len("no DP") :].strip() if headline.startswith("no DP") else headline
+        cell = f"**no DP** {rest}".strip()
+        pu = entry.get("pair_joint", {}).get("per_update") if key == "B" else None
+        if isinstance(pu, Mapping) and pu.get("delta_lower_bound") is not None:
+            cell += f"; one update: δ ≥ {_num(pu['delta_lower_bound'])} for every eps"
+        return cell
+    parts = [headline]
+    if key == "A":
+        for label, part in (("update", "per_update"), ("run", "all_rounds")):
+            block = entry.get(part)
+            if isinstance(block, Mapping) and not (part == "per_update" and block.get("k") == 1):
+                parts.append(f"{label} {_eps_delta(block.get('eps'), block.get('delta'))}")
+    return "; ".join(parts)
+
+
 def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
-    """The privacy of every setting, from the ``privacy`` report the ServerApp wrote into
-    ``summary.json`` (computed by :func:`mechanisms.accounting.privacy_report` from the run's
-    real configuration, number of parameters and rounds)."""
+    """The privacy of every setting, one column per threat model, from the ``privacy`` report
+    the ServerApp wrote into ``summary.json`` (:func:`mechanisms.accounting.privacy_report`,
+    computed from the run's real configuration, number of parameters and rounds; reports of
+    the earlier layout are read through :func:`corbin_fl.experiments.results.privacy_view`)."""
     lines = [
         "From each run's `summary.json` (`mechanisms.accounting.privacy_report`, evaluated by "
-        "the ServerApp on the run's actual m parameters, T rounds and clients). "
-        "**eps_p**: per-parameter PLDP budget (paper eq. 3). **One update / run**: the "
-        "(eps, delta) of one client's upload of m parameters and of all T rounds (threat "
-        "model A: an eavesdropper on one client's uplink; exact composition). **Pair-joint**: "
-        "an observer of both uploads of a CorBin pair (threat model B); '∞' means no finite eps "
-        "exists and the lower bound on delta is shown. **UCDP**: AugCorBin-FL's user-level "
-        "central DP of Theorem 3 (eq. 5), only where its condition on n holds.",
+        "the ServerApp on the run's actual m parameters, T rounds and clients; see SECURITY.md). "
+        "One column per adversary; **no DP** means the report gives no differential-privacy "
+        "guarantee against it. **eps_p**: per-parameter PLDP budget (paper eq. 3). "
+        "**A, eavesdropper on one uplink**: each parameter's guarantee, then the exact "
+        "(eps, δ) of one client update of m parameters and of all T rounds. "
+        "**B, server that sees every bit** (honest but curious): for paired mechanisms the "
+        "lower bound on δ of the pair-joint view shows why there is no DP. "
+        "**C, malicious client**: it receives only the global model (and, when paired, its "
+        "partner's common randomness). **D, malicious server**: it can learn every pair's "
+        "common randomness and sets epsilon and the rounds.",
         "",
     ]
     rows: list[list[str]] = []
     notes: dict[str, None] = {}
+    words: dict[str, list[str]] = {}
     for g in groups:
-        report = next((r.summary.get("privacy") for r in g.runs if r.summary.get("privacy")), None)
+        run = next((r for r in g.runs if r.summary.get("privacy")), None)
+        report = privacy_view(run.summary) if run is not None else None
         label = group_label(g.setting, keys)
         if not isinstance(report, Mapping):
             rows.append([label, "—", "no privacy report in summary.json", "", "", ""])
             continue
-        for note in report.get("notes", []) or []:
-            notes[str(note)] = None
         if report.get("error"):
             rows.append([label, _num(report.get("eps_p")), f"error: {report['error']}", "", "", ""])
             continue
-        if report.get("dp") is False:
-            rows.append([label, "∞ (no DP)", "—", "—", "—", "—"])
-            continue
-        pair = "—"
-        tmb = report.get("threat_model_b")
-        if isinstance(tmb, Mapping) and isinstance(tmb.get("per_update"), Mapping):
-            pu = tmb["per_update"]
-            pair = (
-                f"∞ (delta ≥ {_num(pu.get('delta_lower_bound'))})"
-                if pu.get("eps_is_infinite")
-                else _eps_delta(pu.get("eps"), pu.get("delta"))
-            )
-        ucdp = "n/a"
-        u = report.get("ucdp_theorem3")
-        if isinstance(u, Mapping):
-            ucdp = (
-                _eps_delta(u.get("eps_u"), u.get("delta"))
-                if u.get("applies")
-                else f"does not apply: {u.get('reason', '')}"
-            )
-        rows.append(
-            [
-                label,
-                _num(g.privacy("eps_p")),
-                _eps_delta(g.privacy("eps_update"), g.privacy("delta_update")),
-                _eps_delta(g.privacy("eps_run"), g.privacy("delta_run")),
-                pair,
-                ucdp,
+        mech = str(report.get("mechanism", "?"))
+        for note in report.get("notes", []) or []:
+            notes[f"{mech}: {note}"] = None
+        tm = report.get("threat_models")
+        tm = tm if isinstance(tm, Mapping) else {}
+        if mech not in words:
+            words[mech] = [f"**{mech}**" + (f" ({label}):" if label != mech else ":")] + [
+                f"  - {key}, {name}: {tm[key].get('guarantee', '')}"
+                for key, name in _THREAT_MODEL_NAMES.items()
+                if isinstance(tm.get(key), Mapping)
             ]
+        eps_p = report.get("eps_p")
+        rows.append(
+            [label, _num(eps_p) if eps_p is not None else "— (no DP)"]
+            + [_threat_model_cell(key, tm.get(key)) for key in _THREAT_MODEL_NAMES]
         )
-    lines.append(
-        _table(
-            [
-                "setting",
-                "eps_p",
-                "one update (eps, δ)",
-                "run (eps, δ)",
-                "pair-joint update",
-                "AugCorBin UCDP (Thm 3)",
-            ],
-            rows,
-        )
-    )
+    header = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in _THREAT_MODEL_NAMES.items()]
+    lines.append(_table(header, rows))
+    if words:
+        lines += ["", "The guarantees in words (first setting of each mechanism):", ""]
+        for block in words.values():
+            lines += [f"- {block[0]}", *block[1:]]
     if notes:
         lines += ["", "Notes from the accountant:", ""]
         lines += [f"- {n}" for n in notes]

@@ -180,15 +180,39 @@ def _or_nan(value: Any) -> float:
     return math.nan if v is None else v
 
 
+def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``summary["privacy"]`` in the current layout (one entry per threat model), or ``None``.
+
+    Reports of the current layout, and those holding an ``error``, are returned as they are;
+    older ones (a single ``dp`` flag, ``threat_model_a``/``threat_model_b``) go through
+    :func:`mechanisms.accounting.read_privacy_report`, imported only then (it imports torch).
+    A report that cannot be read is logged and gives ``None``.
+    """
+    raw = summary.get("privacy")
+    if not isinstance(raw, Mapping):
+        return None
+    if "threat_models" in raw or "error" in raw:
+        return dict(raw)
+    from mechanisms.accounting import read_privacy_report
+
+    try:
+        return read_privacy_report(raw)
+    except (TypeError, ValueError) as exc:
+        logger.warning("unreadable privacy report (%s): %s", exc, dict(raw))
+        return None
+
+
 def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """The privacy numbers of a run from the app's privacy report (``summary["privacy"]``).
 
-    The ServerApp writes :func:`mechanisms.accounting.privacy_report`: ``eps_p`` (per
-    parameter), ``update`` / ``run`` (the (eps, delta) of one client update of ``m``
-    parameters and of all ``T`` rounds, threat model A) -- read from
-    ``threat_model_a.per_update`` / ``all_rounds`` when the short keys are absent -- the
-    pair-joint view ``threat_model_b.per_update`` (eps is ``None`` when no finite eps exists;
-    its ``delta_lower_bound`` is then reported) and AugCorBin's ``ucdp_theorem3``. Missing values
+    The ServerApp writes :func:`mechanisms.accounting.privacy_report`, one entry per threat
+    model; runs written before that layout are read through
+    :func:`mechanisms.accounting.read_privacy_report`, so both give the same fields: ``eps_p``
+    (per parameter), ``eps_update``/``delta_update`` and ``eps_run``/``delta_run`` (one client
+    update of ``m`` parameters and all ``T`` rounds against threat model A, the eavesdropper on
+    one uplink), the pair-joint view of threat model B (``pair_eps_update``, ``None`` when no
+    finite eps exists, and its ``pair_delta_lower_bound``) and AugCorBin's Theorem 3
+    (``ucdp_eps``/``ucdp_delta``, threat model C, where its condition holds). Missing values
     (FedAvg and CQ have no guarantee) are ``None``.
     """
     out: dict[str, float | None] = dict.fromkeys(
@@ -204,8 +228,8 @@ def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
             "ucdp_delta",
         )
     )
-    report = summary.get("privacy")
-    if not isinstance(report, Mapping):
+    report = privacy_view(summary)
+    if report is None:
         return out
 
     def sub(obj: Any, *path: str) -> Any:
@@ -216,21 +240,18 @@ def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
         return obj
 
     out["eps_p"] = _finite(report.get("eps_p"))
-    for part, long in (("update", "per_update"), ("run", "all_rounds")):
-        eps = sub(report, part, "epsilon")
-        delta = sub(report, part, "delta")
-        if eps is None:
-            eps = sub(report, "threat_model_a", long, "eps")
-            delta = sub(report, "threat_model_a", long, "delta")
-        out[f"eps_{part}"] = _finite(eps)
-        out[f"delta_{part}"] = _finite(delta)
-    out["pair_eps_update"] = _finite(sub(report, "threat_model_b", "per_update", "eps"))
+    tm = report.get("threat_models")
+    if sub(tm, "A", "dp") is True:
+        for part, long in (("update", "per_update"), ("run", "all_rounds")):
+            out[f"eps_{part}"] = _finite(sub(tm, "A", long, "eps"))
+            out[f"delta_{part}"] = _finite(sub(tm, "A", long, "delta"))
+    out["pair_eps_update"] = _finite(sub(tm, "B", "pair_joint", "per_update", "eps"))
     out["pair_delta_lower_bound"] = _finite(
-        sub(report, "threat_model_b", "per_update", "delta_lower_bound")
+        sub(tm, "B", "pair_joint", "per_update", "delta_lower_bound")
     )
-    if sub(report, "ucdp_theorem3", "applies") is True:
-        out["ucdp_eps"] = _finite(sub(report, "ucdp_theorem3", "eps_u"))
-        out["ucdp_delta"] = _finite(sub(report, "ucdp_theorem3", "delta"))
+    if sub(tm, "C", "ucdp_theorem3", "applies") is True:
+        out["ucdp_eps"] = _finite(sub(tm, "C", "ucdp_theorem3", "eps_u"))
+        out["ucdp_delta"] = _finite(sub(tm, "C", "ucdp_theorem3", "delta"))
     return out
 
 

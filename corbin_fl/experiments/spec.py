@@ -342,7 +342,10 @@ def _coerce_run_value(key: str, value: object, where: str) -> RunValue:
     try:
         RunConfig.from_flower({key: value})
     except ConfigError as exc:
-        raise SpecError(f"{where}: {exc.errors.get(key, exc)}") from exc
+        # An error on another key comes from that key's default beside this value (e.g.
+        # dataset = "cifar10" with the default empty data-dir): a combination, checked per run.
+        if key in exc.errors:
+            raise SpecError(f"{where}: {exc.errors[key]}") from exc
     return value  # type: ignore[return-value]
 
 

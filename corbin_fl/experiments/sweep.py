@@ -249,11 +249,19 @@ EXECUTION_KEYS = frozenset(
 )
 
 
+#: Run-config keys whose app default changed after they were added, with the value they were added
+#: with: a record made before such a key existed ran with that value (the behaviour the key was
+#: added to keep), not with today's default. ``range-mode`` came with ``"layer"`` (the paper's
+#: range, what every run did before) and ``update-radius`` with ``0.01``.
+ADDED_WITH: Mapping[str, Any] = MappingProxyType({"range-mode": "layer", "update-radius": 0.01})
+
+
 def with_added_defaults(recorded: Mapping[str, Any]) -> dict[str, Any]:
     """A run's recorded effective config (``summary.json`` ``"config"``) completed with
     :meth:`RunConfig.defaults`: a key the record lacks was added to the app after the run was
-    made and has, by construction, the default that keeps the old behaviour."""
-    return {**RunConfig.defaults(), **recorded}
+    made and has, by construction, the default that keeps the old behaviour (the value it was
+    added with, :data:`ADDED_WITH`, where the default has changed since)."""
+    return {**RunConfig.defaults(), **ADDED_WITH, **recorded}
 
 
 def inert_keys(config: Mapping[str, Any]) -> set[str]:

@@ -1,8 +1,8 @@
 r"""Fed-CAD: correlation-aware adaptive Gaussian LDP on model *updates* (participant side).
 
 Zhu, Chang, Liang, Zhu & Xu, "Fed-CAD: Federated Learning with Correlation-aware Adaptive Local
-Differential Privacy" (``fed-cad.txt``), Algorithm 1 (participant side), lines 7-25, with the
-noise of Section V-A (correlated Gaussian mechanism) and the momentum estimate of ``E[Diff]`` of
+Differential Privacy" (see README "References"), Algorithm 1 (participant side), lines 7-25, with
+the noise of Section V-A (correlated Gaussian mechanism) and the momentum estimate of ``E[Diff]`` of
 Section V-B. The mechanism is *stateful*: round ``i`` re-uses the noise ``mu_{i-1}`` of round
 ``i - 1``, so a client keeps one :class:`FedCAD` object per run (see :meth:`FedCAD.state_dict`).
 

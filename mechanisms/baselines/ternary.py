@@ -1,7 +1,8 @@
 r"""Ternary stochastic compressor (Definition 6 of the f-DP discrete-mechanisms paper).
 
-"Breaking the communication-privacy-accuracy tradeoff with f-differential privacy"
-(``fdp-discrete-mechanisms.txt``), Definition 6, eq. (12): for ``x`` in ``[-c, c]``
+Jin, Su, Zhong, Zhang, Quek & Dai, "Breaking the communication-privacy-accuracy tradeoff with
+f-differential privacy" (NeurIPS 2023, arXiv:2302.09624), Definition 6, eq. (12): for ``x`` in
+``[-c, c]``
 
 .. math::
     \mathrm{ternary}(x, A, B) = \begin{cases} +1 & \text{w.p. } \frac{A + x}{2B} \\
