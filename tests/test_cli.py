@@ -256,6 +256,54 @@ def test_merge_run_config_precedence() -> None:
     }  # out-dir is the launcher's (from --out), never passed through
 
 
+def _documented_commands() -> list[str]:
+    """Every ``corbin-fl local`` / ``simulate`` command line of README.md and docs/RUNNING.md."""
+    import shlex
+
+    out = []
+    for doc in (cli.repo_root() / "README.md", cli.repo_root() / "docs" / "RUNNING.md"):
+        text = doc.read_text(encoding="utf-8").replace("\\\n", " ")
+        for line in text.splitlines():
+            line = line.split(" # ")[0].strip()
+            if re.match(r"corbin-fl (local|simulate)\b", line) and ": error:" not in line:
+                out.append(shlex.join(shlex.split(line)[1:]))
+    return out
+
+
+@pytest.mark.parametrize("command", _documented_commands())
+def test_documented_commands_run_the_app_defaults(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each documented command parses and validates before anything starts, and overrides only
+    what its flags say: every other key runs the app's own default (the one set of defaults)."""
+    import shlex
+
+    from corbin_fl.config import RunConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "cifar-10-batches-py").mkdir(parents=True)  # the documented data-dir
+    args = cli.build_parser().parse_args(shlex.split(command))
+    options = cli.options_from_args(args)
+    argv = shlex.split(command)
+    keys = {
+        "--rounds": "num-rounds",
+        "--epsilon": "epsilon",
+        "--d": "d",
+        "--cr-mode": "cr-mode",
+        "--mechanism": "mechanism",
+        "--model": "model",
+        "--dataset": "dataset",
+        "--range-mode": "range-mode",
+    }
+    expected = {keys[a] for a in argv if a in keys}
+    for i, a in enumerate(argv):
+        if a == "--run-config":
+            expected |= set(parse_config_string(argv[i + 1]))
+    # the command sends what its flags name and nothing else: no default of its own
+    assert set(options.run_config) == expected, command
+    RunConfig.from_flower(options.run_config)  # and it is a valid configuration
+
+
 def test_parser_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     parser = cli.build_parser()
     for argv in (

@@ -25,11 +25,15 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+from conftest import ClientAppTiming
 
 from corbin_fl.cli import repo_root
+from corbin_fl.config import RunConfig
 from corbin_fl.launcher import CONNECTION_NAME, LocalDeployment
 
 pytestmark = [pytest.mark.e2e]
@@ -38,11 +42,49 @@ REPO = repo_root()
 EPSILON = 0.5
 ROUNDS = 2
 MIN_ACCURACY = 0.5
-RUN_TIMEOUT = 1500.0
-"""Bound on one ``flwr run --stream`` (it returns when the run ends): a hang guard only. A
-default run's stages wait at most ``first-stage-timeout`` (300 s) then ``stage-timeout``
-(120 s) per stage, so two rounds of 2-3 stages end well within it even when every stage of a
-busy machine hits its timeout once."""
+NUM_CLIENTS = 4
+FIRST_ROUND_STAGES, LATER_ROUND_STAGES = 3, 2  # relay: keygen, pair, update; then pair, update
+
+
+def _waits(
+    timing: ClientAppTiming, clients: int, queue: int = 1
+) -> tuple[dict[str, float], float, float]:
+    """Stage timeouts, start-up wait and run bound from a ClientApp probe taken just now.
+
+    The stage timeouts are execution keys (they bound a wait, they do not change what is
+    learned): the run keeps the app's defaults (``stage-timeout`` 120 s, ``first-stage-timeout``
+    300 s) unless this machine is so busy that a live node could need longer, and only then
+    raises them to :meth:`ClientAppTiming.stage_timeout` (times ``queue`` when the clients of a
+    stage run ``queue`` after one another, as the simulation runtime's workers do). Returns
+    ``(run-config additions, ready, run)``.
+    """
+    app = RunConfig()
+    poll = app.poll_interval
+    first = queue * timing.stage_timeout(clients, first=True, poll_interval=poll)
+    stage = queue * timing.stage_timeout(clients, first=False, poll_interval=poll)
+    extra: dict[str, float] = {}
+    if first > app.first_stage_timeout:
+        extra["first-stage-timeout"] = round(first)
+    if stage > app.stage_timeout:
+        extra["stage-timeout"] = round(stage)
+    ready = timing.startup_timeout(1 + clients)
+    run = (
+        timing.run_timeout(
+            rounds=ROUNDS,
+            first_round_stages=FIRST_ROUND_STAGES,
+            later_round_stages=LATER_ROUND_STAGES,
+            concurrent=clients,
+            poll_interval=poll,
+            wait_for_nodes=ready,
+        )
+        + max(first, app.first_stage_timeout) * FIRST_ROUND_STAGES
+    )
+    return extra, ready, run
+
+
+def _config_arg(config: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
 
 _ROUND_LINE = re.compile(r"round (\d+)/(\d+): test accuracy ([0-9.]+)")
 
@@ -63,8 +105,8 @@ def _run_config_of(command: str) -> str:
     return argv[argv.index("--run-config") + 1]
 
 
-def _flwr_run(dep: LocalDeployment, *extra: str) -> str:
-    res = dep.flwr("run", str(REPO), CONNECTION_NAME, "--stream", *extra, timeout=RUN_TIMEOUT)
+def _flwr_run(dep: LocalDeployment, *extra: str, timeout: float) -> str:
+    res = dep.flwr("run", str(REPO), CONNECTION_NAME, "--stream", *extra, timeout=timeout)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     return out
@@ -76,22 +118,30 @@ def _assert_learns(log: str) -> None:
     assert acc[ROUNDS] >= MIN_ACCURACY, (acc, log[-4000:])
 
 
-@pytest.mark.timeout(3 * RUN_TIMEOUT)
-def test_flwr_run_with_only_rounds_and_epsilon_learns_in_a_deployment(tmp_path: Path) -> None:
+# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
+@pytest.mark.timeout(1800)
+def test_flwr_run_with_only_rounds_and_epsilon_learns_in_a_deployment(
+    tmp_path: Path,
+    clientapp_timing: Callable[[Mapping[str, Any], int], ClientAppTiming],
+    rearm_timeout: Callable[[float], None],
+) -> None:
     (production,) = [c for c in _documented("RUNNING.md", "flwr run . lab") if "--run-config" in c]
     documented = dict(kv.split("=", 1) for kv in shlex.split(_run_config_of(production)))
     # The production command sets nothing but the rounds, the budget and where to write.
     assert set(documented) == {"num-rounds", "epsilon", "out-dir"}, production
     out = tmp_path / "out"
     documented.update({"num-rounds": str(ROUNDS), "out-dir": json.dumps(str(out))})
+    bare = {"num-rounds": ROUNDS, "epsilon": EPSILON}
+    extra, ready, run = _waits(clientapp_timing(bare, NUM_CLIENTS), NUM_CLIENTS)
+    rearm_timeout(2 * ready + 2 * run + 60)
 
-    with LocalDeployment(4, tmp_path / "logs", tmp_path / "home", ready_timeout=300) as dep:
-        bare = _flwr_run(dep, "--run-config", f"num-rounds={ROUNDS} epsilon={EPSILON}")
-        _assert_learns(bare)
-        doc_run = _flwr_run(
-            dep, "--run-config", " ".join(f"{k}={v}" for k, v in documented.items())
-        )
-    _assert_learns(doc_run)
+    with LocalDeployment(
+        NUM_CLIENTS, tmp_path / "logs", tmp_path / "home", ready_timeout=ready
+    ) as dep:
+        log = _flwr_run(dep, "--run-config", _config_arg({**bare, **extra}), timeout=run)
+        _assert_learns(log)
+        log = _flwr_run(dep, "--run-config", _config_arg({**documented, **extra}), timeout=run)
+    _assert_learns(log)
     summary = json.loads((out / "summary.json").read_text())
     # The defaults every way of starting gets: the update range with R derived from public
     # training settings (13 Adam steps x lr 1e-3 for 3,200 digits over 4 clients, batch 64).
@@ -102,21 +152,33 @@ def test_flwr_run_with_only_rounds_and_epsilon_learns_in_a_deployment(tmp_path: 
     assert len(clip["per_round"]) == ROUNDS and clip["max"] < 0.01, clip
 
 
-@pytest.mark.timeout(2 * RUN_TIMEOUT)
-def test_flwr_run_with_only_rounds_and_epsilon_learns_in_simulation(tmp_path: Path) -> None:
-    (documented,) = [
-        c for c in _documented("RUNNING.md", "flwr run . local") if "num-supernodes" in c
-    ]
+# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
+@pytest.mark.timeout(1800)
+def test_flwr_run_with_only_rounds_and_epsilon_learns_in_simulation(
+    tmp_path: Path,
+    clientapp_timing: Callable[[Mapping[str, Any], int], ClientAppTiming],
+    rearm_timeout: Callable[[float], None],
+) -> None:
+    commands = _documented("RUNNING.md", "flwr run . local")
+    (documented,) = [c for c in commands if "num-supernodes" in c]
     (federation,) = re.findall(r'--federation-config "([^"]+)"', documented)
+    clients = int(re.findall(r"num-supernodes=(\d+)", federation)[0])
+    bare = {"num-rounds": ROUNDS, "epsilon": EPSILON}
+    # Ray runs the virtual clients in one worker per core: at most `cores` at once.
+    timing = clientapp_timing(bare, clients)
+    workers = min(clients, timing.cores)
+    extra, ready, run = _waits(timing, workers, queue=-(-clients // workers))
+    rearm_timeout(ready + run + 60)
     with LocalDeployment(
-        0, tmp_path / "logs", tmp_path / "home", ready_timeout=300, simulation=True
+        0, tmp_path / "logs", tmp_path / "home", ready_timeout=ready, simulation=True
     ) as dep:
         log = _flwr_run(
             dep,
             "--federation-config",
             federation,
             "--run-config",
-            f"num-rounds={ROUNDS} epsilon={EPSILON}",
+            _config_arg({**bare, **extra}),
+            timeout=run,
         )
     if "The current node timed out during startup" in log:
         # Ray gives its raylet a hard-coded 30 s to register; an overloaded machine misses it.
