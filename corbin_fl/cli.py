@@ -467,6 +467,18 @@ def _drops(row: Mapping[str, Any]) -> dict[str, str]:
     return {}
 
 
+def _narrow_table(title: str, **kw: Any) -> Table:
+    """A left-titled table with a rule under the header and no outer padding (80 columns)."""
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        **kw,
+    )
+
+
 def rounds_table(metrics: Sequence[Mapping[str, Any]], title: str = "Rounds") -> Table:
     """One row per ``metrics.jsonl`` record, narrow enough for an 80-column terminal.
 
@@ -474,13 +486,7 @@ def rounds_table(metrics: Sequence[Mapping[str, Any]], title: str = "Rounds") ->
     ``drops`` the number of nodes dropped in the round (the reasons are in ``metrics.jsonl``
     and in :func:`drops_table`), ``up/client`` the uplink bytes per participant.
     """
-    table = Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-    )
+    table = _narrow_table(title)
     for col in ("round", "test acc", "val acc", "loss", "clients", "drops", "trips"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("up/client", justify="right", no_wrap=True)
@@ -510,14 +516,7 @@ def drops_table(metrics: Sequence[Mapping[str, Any]], title: str = "Drops") -> T
     rows = [(row.get("round"), nid, why) for row in metrics for nid, why in _drops(row).items()]
     if not rows:
         return None
-    table = Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        expand=True,
-    )
+    table = _narrow_table(title, expand=True)
     table.add_column("round", justify="right", no_wrap=True, min_width=5)
     widest = max(len(str(nid)) for _, nid, _ in rows)
     table.add_column("node", justify="right", no_wrap=True, min_width=widest)

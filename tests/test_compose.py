@@ -522,6 +522,20 @@ def _entrypoint(dockerfile: str, target: str) -> list[str]:
     return list(json.loads(entry))
 
 
+def _wait_healthy(
+    healthcheck: ModuleType, registry: ProcessRegistry, port: int, wait: float, log: Path
+) -> None:
+    """Poll a process's health server (the containers' own check) for up to ``wait`` seconds;
+    fail the test with the process's log if it never answers SERVING."""
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        registry.snapshot()
+        if healthcheck.check(f"127.0.0.1:{port}", timeout=1.0):
+            return
+        time.sleep(0.3)
+    pytest.fail(f"{log.stem} not healthy:\n{log.read_text()}")
+
+
 def _argv(service: Mapping[str, Any], remap: Mapping[str, str], health_port: int) -> list[str]:
     """Entrypoint + command of a service, with container paths, hosts and ports remapped."""
     build = service["build"]
@@ -609,13 +623,9 @@ def test_tls_command_lines_run_on_loopback(
         process_registry.start(name, argv, logs / f"{name}.log")
 
     def wait_healthy(name: str) -> None:
-        deadline = time.time() + healthy_wait
-        while time.time() < deadline:
-            process_registry.snapshot()
-            if healthcheck.check(f"127.0.0.1:{health[name]}", timeout=1.0):
-                return
-            time.sleep(0.3)
-        pytest.fail(f"{name} not healthy:\n{(logs / f'{name}.log').read_text()}")
+        _wait_healthy(
+            healthcheck, process_registry, health[name], healthy_wait, logs / f"{name}.log"
+        )
 
     start("superlink")
     wait_healthy("superlink")
@@ -742,13 +752,9 @@ def test_demo_command_lines_and_documented_run_learn_on_loopback(
         process_registry.start(name, _argv(svc[name], remap, health[name]), logs / f"{name}.log")
 
     def wait_healthy(name: str) -> None:
-        deadline = time.time() + healthy_wait
-        while time.time() < deadline:
-            process_registry.snapshot()
-            if healthcheck.check(f"127.0.0.1:{health[name]}", timeout=1.0):
-                return
-            time.sleep(0.3)
-        pytest.fail(f"{name} not healthy:\n{(logs / f'{name}.log').read_text()}")
+        _wait_healthy(
+            healthcheck, process_registry, health[name], healthy_wait, logs / f"{name}.log"
+        )
 
     start("superlink")
     wait_healthy("superlink")
