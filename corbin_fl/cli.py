@@ -334,8 +334,9 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
 
     Fails before any process starts instead of in the ServerApp. Beyond
     :meth:`~corbin_fl.config.RunConfig.from_flower` (which also refuses ``cifar10`` /
-    ``mnist-idx`` without ``data-dir``, and a ``data-dir`` the dataset would not read), this
-    machine runs every node, so ``data-dir`` must be a folder here.
+    ``mnist-idx`` without ``data-dir``), this machine runs every node, so ``data-dir`` must be a
+    folder here, and a ``data-dir`` that the dataset would not read is refused rather than
+    silently ignored.
 
     Raises
     ------
@@ -349,6 +350,13 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
     except ImportError:  # pragma: no cover - the package ships config.py
         return
     cfg = RunConfig.from_flower({**run_config, "out-dir": "/validate"})
+    readers = f"{', '.join(DATASETS_NEEDING_DIR)} (and hf:<hub-id>, as its download cache)"
+    if cfg.data_dir and cfg.dataset not in DATASETS_NEEDING_DIR and ":" not in cfg.dataset:
+        raise ValueError(
+            f'data-dir = "{cfg.data_dir}" would be ignored: dataset "{cfg.dataset}" is embedded '
+            f"in the package and reads no folder; remove data-dir, or choose a dataset that "
+            f"reads it: {readers}"
+        )
     if cfg.dataset in DATASETS_NEEDING_DIR and not Path(cfg.data_dir).expanduser().is_dir():
         raise ValueError(
             f'data-dir "{cfg.data_dir}" of dataset "{cfg.dataset}" is not a folder on this '

@@ -416,13 +416,6 @@ class RunConfig:
         choice("range-mode", self.range_mode, RANGE_MODES)
         if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
             choice("dataset", self.dataset, DATASETS)
-        if self.data_dir and self.dataset not in DATASETS_NEEDING_DIR and ":" not in self.dataset:
-            readers = f"{', '.join(DATASETS_NEEDING_DIR)} (and hf:<hub-id>, as its download cache)"
-            errors["data-dir"] = (
-                f'"{self.data_dir}" would be ignored: dataset "{self.dataset}" is embedded in the '
-                f"package and reads no folder; remove data-dir, or choose a dataset that reads "
-                f"it: {readers}"
-            )
         if self.dataset in DATASETS_NEEDING_DIR and not self.data_dir:
             errors["data-dir"] = (
                 f'dataset "{self.dataset}" reads {DATASETS_NEEDING_DIR[self.dataset]} from '
