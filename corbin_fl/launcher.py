@@ -1593,15 +1593,31 @@ def _stop_stray_simulation_superlinks(flwr_home: Path) -> None:
             _signal_ref(item, signal.SIGKILL)
 
 
-def app_config(app_dir: str | Path) -> dict[str, Any]:
-    """The app's run-config defaults, ``[tool.flwr.app.config]`` of its ``pyproject.toml``
-    (``{}`` when it has none): what Flower runs with for every key not overridden."""
+def app_config(app_dir: str | Path, *, strict: bool = False) -> dict[str, Any]:
+    """The app's run-config defaults, ``[tool.flwr.app.config]`` of its ``pyproject.toml``,
+    nested tables flattened with dots as Flower does: what Flower runs with for every key not
+    overridden. ``{}`` when the file or the table is missing, unless ``strict``.
+
+    Raises
+    ------
+    OSError, tomllib.TOMLDecodeError
+        With ``strict``, if the file cannot be read or parsed.
+    LookupError
+        With ``strict``, if it has no ``[tool.flwr.app.config]`` table.
+    """
+    path = Path(app_dir) / "pyproject.toml"
     try:
-        doc = tomllib.loads((Path(app_dir) / "pyproject.toml").read_text(encoding="utf-8"))
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
+        if strict:
+            raise
         return {}
-    table = doc.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
-    return _flatten(table) if isinstance(table, dict) else {}
+    table = doc.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    if isinstance(table, Mapping):
+        return _flatten(table)
+    if strict:
+        raise LookupError(f"{path}: no [tool.flwr.app.config] table (not a Flower app?)")
+    return {}
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

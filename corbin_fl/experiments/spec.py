@@ -665,25 +665,12 @@ def load_app_defaults(app_dir: Path) -> dict[str, RunValue]:
     SpecError
         If it has no ``[tool.flwr.app.config]`` table.
     """
-    path = Path(app_dir) / "pyproject.toml"
-    with path.open("rb") as fh:
-        doc = tomllib.load(fh)
+    from corbin_fl.launcher import app_config
+
     try:
-        table = doc["tool"]["flwr"]["app"]["config"]
-    except (KeyError, TypeError) as exc:
-        raise SpecError(f"{path}: no [tool.flwr.app.config] table (not a Flower app?)") from exc
-    flat: dict[str, RunValue] = {}
-
-    def walk(prefix: str, node: Mapping[str, Any]) -> None:
-        for key, value in node.items():
-            full = f"{prefix}{key}"
-            if isinstance(value, Mapping):
-                walk(f"{full}.", value)
-            else:
-                flat[full] = value
-
-    walk("", table)
-    return flat
+        return app_config(app_dir, strict=True)
+    except LookupError as exc:
+        raise SpecError(str(exc)) from exc
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
