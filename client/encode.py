@@ -1,7 +1,7 @@
-"""Local training and mechanism dispatch of the client (imports torch; loaded lazily).
+"""Mechanism dispatch of the client (imports torch; loaded lazily by ``client/handlers.py``).
 
-:func:`train_and_encode` is Alg. 3 lines 4 and 19 for one client: load the global model, train on
-the local partition, then encode the updated local model ``w_i`` with the run's mechanism:
+:func:`encode_update` is Alg. 3 line 19 for one client: encode the local model ``w_i`` that the
+app's train handler produced with the instruction's mechanism:
 
 ============  ==========================================================  =====================
 mechanism     encoding of the update                                      wire
@@ -30,7 +30,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,11 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STATE_PARTITION = "corbin.partition"
-"""``context.state`` ConfigRecord ``{"key": ...}``: what the cached partition rows were computed for
-(dataset, split, partitioner, partition); the rows are the ArrayRecord
-:data:`STATE_PARTITION_ROWS` (a RecordDict has one namespace for all record types)."""
-STATE_PARTITION_ROWS = "corbin.partition.rows"
 STATE_FEDCAD = "corbin.fedcad"
 STATE_FEDCAD_ARRAYS = "corbin.fedcad.arrays"
 """``context.state`` ConfigRecord of the FedCAD scalars (round, v, E[Diff]); the tensors
@@ -67,45 +62,6 @@ class EncodeResult:
     z_digest: bytes | None
 
 
-# ----------------------------------------------------------------------------- local task
-class LocalTask:
-    """Model skeleton, layout, device and dataset facts of this process (built once).
-
-    In deployment every message starts a new ClientApp process, so the cache only helps within a
-    message; in simulation it spares rebuilding the model every round.
-    """
-
-    _cache: ClassVar[dict[tuple[Any, ...], LocalTask]] = {}
-
-    def __init__(self, cfg: RunConfig) -> None:
-        from corbin_fl.data import dataset_info
-        from corbin_fl.models import build_model, layout_of
-        from corbin_fl.training import pick_device
-
-        self.device = pick_device(cfg.device)
-        self.info = dataset_info(cfg.dataset, cfg.data_dir or None)
-        self.model = build_model(
-            cfg.model, self.info.in_channels, self.info.num_classes, seed=cfg.seed
-        )
-        self.layout = layout_of(self.model)
-
-    @classmethod
-    def get(cls, cfg: RunConfig) -> LocalTask:
-        """The cached task for ``cfg``'s model, dataset and device."""
-        key = (cfg.model, cfg.dataset, cfg.data_dir, cfg.device, cfg.seed)
-        task = cls._cache.get(key)
-        if task is None:
-            task = cls._cache[key] = LocalTask(cfg)
-        return task
-
-
-def _train_seed(cfg: RunConfig, partition: int, rnd: int) -> int:
-    """Public, reproducible batch-order seed per (run seed, partition, round)."""
-    return int(
-        np.random.SeedSequence([cfg.seed, partition, rnd]).generate_state(1, np.uint64)[0] >> 1
-    )
-
-
 def quantization_generator(device: torch.device) -> torch.Generator:
     """A generator for the local coins, seeded from the OS CSPRNG."""
     gen = torch.Generator(device=device)
@@ -113,118 +69,58 @@ def quantization_generator(device: torch.device) -> torch.Generator:
     return gen
 
 
-# ----------------------------------------------------------------------------- local data
-def local_dataset(cfg: RunConfig, context: Context, pid: int, num: int) -> Any:
-    """The node's training partition, with its row indices kept in ``context.state``.
-
-    In deployment every message runs in a fresh ClientApp process; computing the partition
-    needs the ``flwr_datasets`` partitioners (Hugging Face ``datasets``, pandas, pyarrow: several
-    seconds of imports), so only the first round does it and later rounds reuse the rows.
-    """
-    from corbin_fl.data import client_rows, dataset_rows
-
-    key = "|".join(
-        str(v)
-        for v in (
-            cfg.dataset,
-            cfg.data_dir,
-            cfg.data_seed,
-            cfg.use_official_test,
-            cfg.partitioner,
-            cfg.dirichlet_alpha,
-            pid,
-            num,
-        )
-    )
-    tag = context.state.config_records.get(STATE_PARTITION)
-    cached = context.state.array_records.get(STATE_PARTITION_ROWS)
-    if tag is not None and cached is not None and tag.get("key") == key and "rows" in cached:
-        return dataset_rows(cfg.dataset, cached["rows"].numpy(), data_dir=cfg.data_dir or None)
-    rows = client_rows(
-        cfg.dataset,
-        pid,
-        num,
-        partitioner=cfg.partitioner,
-        dirichlet_alpha=cfg.dirichlet_alpha,
-        data_seed=cfg.data_seed,
-        data_dir=cfg.data_dir or None,
-        use_official_test=cfg.use_official_test,
-    )
-    context.state.array_records[STATE_PARTITION_ROWS] = ArrayRecord(
-        {"rows": wire.to_array(np.ascontiguousarray(rows, dtype=np.int64))}
-    )
-    context.state.config_records[STATE_PARTITION] = ConfigRecord({"key": key})
-    return dataset_rows(cfg.dataset, rows, data_dir=cfg.data_dir or None)
-
-
 # ----------------------------------------------------------------------------- main entry
-def train_and_encode(
-    task: LocalTask,
+def encode_update(
     cfg: RunConfig,
     context: Context,
     *,
     rnd: int,
-    partition: tuple[int, int],
+    layout: ParamLayout,
     weights: np.ndarray,
+    w_global: np.ndarray,
     center: np.ndarray,
     radius: np.ndarray,
     assignment: str,
     shared: Shared | Fallback | None,
     cq: tuple[int, int, int] | None,
 ) -> EncodeResult:
-    """Train on the local partition and encode the updated model (Alg. 3 lines 4 and 19).
+    """Encode the trained model of one client (Alg. 3 line 19), on the GPU when there is one.
 
     Parameters
     ----------
-    task : LocalTask
-        Model skeleton and device.
     cfg : RunConfig
-        Run configuration.
+        The mechanism's settings, from the instruction.
     context : Context
         Node context (FedCAD keeps its state in ``context.state``).
     rnd : int
         Round.
-    partition : tuple[int, int]
-        ``(partition-id, num-partitions)``.
+    layout : ParamLayout
+        The model's layers (its floating-point arrays) in the flat vector.
     weights : np.ndarray
-        Global model, float32 ``[m]``.
+        The trained local model ``w_i``, float32 ``[m]``.
+    w_global : np.ndarray
+        The global model of the round ``w_g``, float32 ``[m]``.
     center, radius : np.ndarray
-        Per-layer center and radius, float32 ``[L]``.
+        Per-layer center and radius, float32 ``[L]``; with ``range-mode = "update"`` the range
+        of ``w_i - w_g`` (``c = 0``, ``r = R``).
     assignment : str
         The server's assignment (``paired``, ``unpaired``, ...).
     shared : Shared | Fallback | None
         Resolved common randomness, the reason for a fall-back, or None (solo mechanisms).
-    cq : tuple[bytes, int, int] | None
+    cq : tuple[int, int, int] | None
         ``(seed, rank, clients)`` of the CQ baseline.
 
     Returns
     -------
     EncodeResult
     """
-    from corbin_fl.models import flatten, load_flat
-    from corbin_fl.training import train_local
+    from corbin_fl.training import pick_device
 
-    dev = task.device
-    model = task.model
-    w_global = torch.from_numpy(weights).to(dev)
-    load_flat(model, w_global)
-    pid, num = partition
-    data = local_dataset(cfg, context, pid, num)
-    trained = train_local(
-        model,
-        data,
-        epochs=cfg.local_epochs,
-        batch_size=cfg.batch_size,
-        seed=_train_seed(cfg, pid, rnd),
-        device=dev,
-        optimizer=cfg.optimizer,
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        max_steps=cfg.max_steps or None,
-    )
-    w = flatten(model).to(dev)
+    dev = pick_device("auto")
+    g = torch.from_numpy(w_global).to(dev)
+    w = torch.from_numpy(weights).to(dev)
     if cfg.quantizes_update:
-        w.sub_(w_global)  # range-mode "update": encode w_i - w_g in [-R, R] (c = 0, r = R)
+        w.sub_(g)  # range-mode "update": encode w_i - w_g in [-R, R] (c = 0, r = R)
     c, r = torch.from_numpy(center), torch.from_numpy(radius)  # per layer: never expanded
 
     t0 = time.perf_counter()
@@ -232,10 +128,10 @@ def train_and_encode(
         cfg,
         context,
         w=w,
-        w_global=w_global,
+        w_global=g,
         c=c,
         r=r,
-        layout=task.layout,
+        layout=layout,
         rnd=rnd,
         assignment=assignment,
         shared=shared,
@@ -243,15 +139,9 @@ def train_and_encode(
     )
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    encode_seconds = time.perf_counter() - t0
-    outside = clip_fraction(w, c, r, task.layout)
     metrics: dict[str, float] = {
-        wire.M_TRAIN_LOSS: float(trained.loss),
-        wire.M_NUM_EXAMPLES: float(trained.num_examples),
-        wire.M_STEPS: float(trained.steps),
-        wire.M_TRAIN_SECONDS: float(trained.seconds),
-        wire.M_CLIP_FRACTION: float(outside),
-        wire.M_ENCODE_SECONDS: float(encode_seconds),
+        wire.M_CLIP_FRACTION: float(clip_fraction(w, c, r, layout)),
+        wire.M_ENCODE_SECONDS: float(time.perf_counter() - t0),
         **extra,
     }
     return EncodeResult(array_key=key, array=array, metrics=metrics, z_digest=digest)
@@ -295,6 +185,50 @@ def by_block(
     return out
 
 
+@dataclass
+class EncodeInput:
+    """What every registered encoder gets (``client.encode.encode`` builds it).
+
+    Attributes
+    ----------
+    cfg : RunConfig
+        The mechanism's settings, from the instruction.
+    context : Context
+        Node context (FedCAD keeps its state in ``context.state``).
+    w : torch.Tensor
+        What is quantized: the trained model ``w_i``, or ``w_i - w_g`` in update range mode.
+    w_global : torch.Tensor
+        The round's global model ``w_g``.
+    blocks : Sequence[RangeBlock]
+        ``w`` cut into blocks with one center and radius each.
+    gen : torch.Generator
+        The local coins, seeded from the OS CSPRNG.
+    rnd : int
+        Round.
+    shared : Shared | Fallback | None
+        The pair's common randomness, the reason for a fall-back, or None.
+    cq : tuple[int, int, int] | None
+        ``(seed, rank, clients)`` of the CQ baseline.
+    flags : dict[str, float]
+        The mechanism metrics (``paired``, ``fallback``, ``fallback-code``), filled in place.
+    """
+
+    cfg: RunConfig
+    context: Context
+    w: torch.Tensor
+    w_global: torch.Tensor
+    blocks: Sequence[RangeBlock]
+    gen: torch.Generator
+    rnd: int
+    shared: Shared | Fallback | None
+    cq: tuple[int, int, int] | None
+    flags: dict[str, float]
+
+
+Encoded = tuple[str, np.ndarray, bytes | None]
+"""``(array key, numpy array, z digest or None)`` of one encoded update."""
+
+
 def encode(
     cfg: RunConfig,
     context: Context,
@@ -309,66 +243,81 @@ def encode(
     cq: tuple[int, int, int] | None,
     layout: ParamLayout | None = None,
 ) -> tuple[str, np.ndarray, dict[str, float], bytes | None]:
-    """Encode the local model ``w`` with ``cfg.mechanism`` (no training; used by tests too).
+    """Encode ``w`` with the registered encoder of ``cfg.mechanism`` (:mod:`corbin_fl.registry`).
 
     ``c`` and ``r`` are per layer (``[L]``, with ``layout``; what the server sends) or per
-    element (``[m]``, without ``layout``).
+    element (``[m]``, without ``layout``). ``assignment`` is checked by the caller; the
+    encoders see its outcome in ``shared``.
 
     Returns
     -------
     tuple
         ``(array key, numpy array, extra metrics, z digest or None)``.
     """
+    from corbin_fl import registry
     from corbin_fl.models import range_blocks
+
+    flags: dict[str, float] = {wire.M_PAIRED: 0.0, wire.M_FALLBACK: 0.0, wire.M_FALLBACK_CODE: 0.0}
+    job = EncodeInput(
+        cfg=cfg,
+        context=context,
+        w=w,
+        w_global=w_global,
+        blocks=range_blocks(c, r, w.numel(), layout),
+        gen=quantization_generator(w.device),
+        rnd=rnd,
+        shared=shared,
+        cq=cq,
+        flags=flags,
+    )
+    key, array, digest = registry.get(cfg.mechanism).encode_fn()(job)
+    return key, array, flags, digest
+
+
+def encode_one_bit(job: EncodeInput) -> Encoded:
+    """corbin / augcorbin / ldpfl: CorBinQ with the pair's ``z`` (Alg. 2) when the pair's
+    common randomness is resolved, LDPQ (Alg. 1) otherwise; one packed bit per parameter."""
     from mechanisms.packing import pack_bits
     from mechanisms.quantizers import corbinq, ldpq
     from mechanisms.randomness import realized_px
 
-    mech = cfg.mechanism
-    gen = quantization_generator(w.device)
-    blocks = range_blocks(c, r, w.numel(), layout)
-    flags: dict[str, float] = {wire.M_PAIRED: 0.0, wire.M_FALLBACK: 0.0, wire.M_FALLBACK_CODE: 0.0}
-    if mech in ("corbin", "augcorbin", "ldpfl"):
-        digest = None
-        if isinstance(shared, Shared):
-            z = shared_z(cfg, context, rnd, shared, w.numel(), w.device)
-            p_x = realized_px(cfg.p_x)
-            lead = shared.lead
-            bits = by_block(
-                w,
-                blocks,
-                lambda s, c_b, r_b: corbinq(
-                    w[s], c_b, r_b, cfg.epsilon, z[s], cfg.d, lead, generator=gen, p_x=p_x
-                ),
-                torch.bool,
-            )
-            flags[wire.M_PAIRED] = 1.0
-            if cfg.test_z_digest:
-                from mechanisms.randomness import pack_z
+    cfg, w, gen, shared = job.cfg, job.w, job.gen, job.shared
+    digest = None
+    if isinstance(shared, Shared):
+        z = shared_z(cfg, job.context, job.rnd, shared, w.numel(), w.device)
+        p_x = realized_px(cfg.p_x)
+        lead = shared.lead
+        bits = by_block(
+            w,
+            job.blocks,
+            lambda s, c_b, r_b: corbinq(
+                w[s], c_b, r_b, cfg.epsilon, z[s], cfg.d, lead, generator=gen, p_x=p_x
+            ),
+            torch.bool,
+        )
+        job.flags[wire.M_PAIRED] = 1.0
+        if cfg.test_z_digest:
+            from mechanisms.randomness import pack_z
 
-                digest = z_digest(pack_z(z, cfg.d))
-        else:
-            if isinstance(shared, Fallback):
-                code = wire.FALLBACK_REASONS.index(shared.reason)
-                flags[wire.M_FALLBACK_CODE] = float(code)
-                if shared.reason not in ("unpaired", "independent"):
-                    flags[wire.M_FALLBACK] = 1.0
-                    logger.info(
-                        "node %d, round %d: ldpq fall-back (%s)",
-                        context.node_id,
-                        rnd,
-                        shared.reason,
-                    )
-            bits = by_block(
-                w,
-                blocks,
-                lambda s, c_b, r_b: ldpq(w[s], c_b, r_b, cfg.epsilon, generator=gen),
-                torch.bool,
+            digest = z_digest(pack_z(z, cfg.d))
+        return wire.BITS, pack_bits(bits), digest
+    if isinstance(shared, Fallback):
+        job.flags[wire.M_FALLBACK_CODE] = float(wire.FALLBACK_REASONS.index(shared.reason))
+        if shared.reason not in ("unpaired", "independent"):
+            job.flags[wire.M_FALLBACK] = 1.0
+            logger.info(
+                "node %d, round %d: ldpq fall-back (%s)",
+                job.context.node_id,
+                job.rnd,
+                shared.reason,
             )
-        return wire.BITS, pack_bits(bits), flags, digest
-    return _encode_baseline(
-        cfg, context, w=w, w_global=w_global, blocks=blocks, gen=gen, cq=cq, flags=flags
+    bits = by_block(
+        w,
+        job.blocks,
+        lambda s, c_b, r_b: ldpq(w[s], c_b, r_b, cfg.epsilon, generator=gen),
+        torch.bool,
     )
+    return wire.BITS, pack_bits(bits), None
 
 
 def shared_z(
@@ -387,80 +336,85 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def _encode_baseline(
-    cfg: RunConfig,
-    context: Context,
-    *,
-    w: torch.Tensor,
-    w_global: torch.Tensor,
-    blocks: Sequence[RangeBlock],
-    gen: torch.Generator,
-    cq: tuple[int, int, int] | None,
-    flags: dict[str, float],
-) -> tuple[str, np.ndarray, dict[str, float], bytes | None]:
-    """The baselines of the paper's Section V (one round trip, no pairing)."""
+def encode_gaussian(job: EncodeInput) -> Encoded:
+    """``clip(w) + N(0, sigma^2)``, analytic sigma for (eps, delta); float32 per parameter."""
+    from mechanisms.baselines.gaussian import gaussian
+
+    cfg, w, gen = job.cfg, job.w, job.gen
+    out = by_block(
+        w,
+        job.blocks,
+        lambda s, c_b, r_b: gaussian(w[s], c_b, r_b, cfg.epsilon, cfg.delta, generator=gen),
+        torch.float32,
+    )
+    return wire.VALUES, _np(out), None
+
+
+def encode_laplace(job: EncodeInput) -> Encoded:
+    """``clip(w) + Lap(2r/eps)``; float32 per parameter."""
+    from mechanisms.baselines.laplace import laplace
+
+    cfg, w, gen = job.cfg, job.w, job.gen
+    out = by_block(
+        w,
+        job.blocks,
+        lambda s, c_b, r_b: laplace(w[s], c_b, r_b, cfg.epsilon, generator=gen),
+        torch.float32,
+    )
+    return wire.VALUES, _np(out), None
+
+
+def encode_fedavg(job: EncodeInput) -> Encoded:
+    """``w`` itself (no clip, no privacy); float32 per parameter."""
+    from mechanisms.baselines.vanilla import vanilla
+
+    return wire.VALUES, _np(vanilla(job.w)), None
+
+
+def encode_cq(job: EncodeInput) -> Encoded:
+    """Correlated quantization with the server's shared seed and this client's rank."""
+    from mechanisms.baselines.cq import cq as cq_quantize
+    from mechanisms.baselines.cq import cq_shared_randomness
     from mechanisms.packing import pack_bits
 
-    mech = cfg.mechanism
-    if mech == "gaussian":
-        from mechanisms.baselines.gaussian import gaussian
+    if job.cq is None:
+        raise ValueError("cq needs the shared seed, rank and client count")
+    w, gen = job.w, job.gen
+    seed, rank, n = job.cq
+    _, offsets = cq_shared_randomness(seed, n, (w.numel(),), device=w.device)
+    bits = by_block(
+        w,
+        job.blocks,
+        lambda s, c_b, r_b: cq_quantize(
+            w[s], c_b, r_b, rank, n, shared_offset=offsets[s], generator=gen
+        ),
+        torch.bool,
+    )
+    return wire.BITS, pack_bits(bits), None
 
-        out = by_block(
-            w,
-            blocks,
-            lambda s, c_b, r_b: gaussian(w[s], c_b, r_b, cfg.epsilon, cfg.delta, generator=gen),
-            torch.float32,
-        )
-        return wire.VALUES, _np(out), flags, None
-    if mech == "laplace":
-        from mechanisms.baselines.laplace import laplace
 
-        out = by_block(
-            w,
-            blocks,
-            lambda s, c_b, r_b: laplace(w[s], c_b, r_b, cfg.epsilon, generator=gen),
-            torch.float32,
-        )
-        return wire.VALUES, _np(out), flags, None
-    if mech == "fedavg":
-        from mechanisms.baselines.vanilla import vanilla
+def encode_ternary(job: EncodeInput) -> Encoded:
+    """Ternary stochastic compressor (fdp paper Def. 6): 2 bits or one int8 per parameter."""
+    from mechanisms.baselines.ternary import ternary
 
-        return wire.VALUES, _np(vanilla(w)), flags, None
-    if mech == "cq":
-        from mechanisms.baselines.cq import cq as cq_quantize
-        from mechanisms.baselines.cq import cq_shared_randomness
+    cfg, w, gen = job.cfg, job.w, job.gen
+    sparsity = cfg.ternary_sparsity
+    t = by_block(
+        w,
+        job.blocks,
+        lambda s, c_b, r_b: ternary(w[s], c_b, r_b, cfg.epsilon, sparsity, generator=gen),
+        torch.int8,
+    )
+    key, _, _ = wire.ternary_update_spec(w.numel(), cfg.ternary_encoding)
+    return key, wire.encode_ternary(_np(t), cfg.ternary_encoding), None
 
-        if cq is None:
-            raise ValueError("cq needs the shared seed, rank and client count")
-        seed, rank, n = cq
-        _, offsets = cq_shared_randomness(seed, n, (w.numel(),), device=w.device)
-        bits = by_block(
-            w,
-            blocks,
-            lambda s, c_b, r_b: cq_quantize(
-                w[s], c_b, r_b, rank, n, shared_offset=offsets[s], generator=gen
-            ),
-            torch.bool,
-        )
-        return wire.BITS, pack_bits(bits), flags, None
-    if mech == "ternary":
-        from mechanisms.baselines.ternary import ternary
 
-        sparsity = cfg.ternary_sparsity
-        t = by_block(
-            w,
-            blocks,
-            lambda s, c_b, r_b: ternary(w[s], c_b, r_b, cfg.epsilon, sparsity, generator=gen),
-            torch.int8,
-        )
-        key, _, _ = wire.ternary_update_spec(w.numel(), cfg.ternary_encoding)
-        return key, wire.encode_ternary(_np(t), cfg.ternary_encoding), flags, None
-    if mech == "fedcad":
-        fed = _load_fedcad(cfg, context)
-        noisy = fed.perturb(w - w_global.to(w.device), generator=gen)
-        _save_fedcad(fed, context)
-        return wire.VALUES, _np(noisy), flags, None
-    raise ValueError(f"unknown mechanism {mech!r}")
+def encode_fedcad(job: EncodeInput) -> Encoded:
+    """FedCAD noisy update ``w - w_g`` (Fed-CAD Alg. 1); its state lives in ``context.state``."""
+    fed = _load_fedcad(job.cfg, job.context)
+    noisy = fed.perturb(job.w - job.w_global.to(job.w.device), generator=job.gen)
+    _save_fedcad(fed, job.context)
+    return wire.VALUES, _np(noisy), None
 
 
 # ----------------------------------------------------------------------------- FedCAD state

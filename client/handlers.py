@@ -1,34 +1,34 @@
-"""Client side of one CorBin-FL round: one handler per message type.
+"""Client side of one CorBin-FL round: what :func:`client.mod.corbin_mod` does at each stage.
 
-``query.keygen``  fresh X25519 key pair for the round (Alg. 3 line 1); private key kept in
-                  ``context.state``, public key sent.
-``query.pair``    relay/exact: derive the pair key, draw ``Y`` (and a seed, or the ``d*m`` bits of
-                  ``z`` in exact mode) from the CSPRNG and send ``AEAD(Y || secret)`` (line 8).
-``train.update``  load the global model, train locally (line 4), resolve the pair's common
-                  randomness (lines 9-17: lead by the two ``Y``s, the lead's seed or bits), encode
-                  the update (line 19, ``client/encode.py``) and reply with the packed update, the
-                  metrics and the public key for the next round (line 21).
+``keygen``  fresh X25519 key pair for the round (Alg. 3 line 1); private key kept in
+            ``context.state``, public key sent.
+``pair``    relay/exact: derive the pair key, draw ``Y`` (and a seed, or the ``d*m`` bits of ``z``
+            in exact mode) from the CSPRNG and send ``AEAD(Y || secret)`` (line 8).
+``update``  :func:`prepare_update` checks the instruction and resolves the pair's common
+            randomness (lines 9-17: lead by the two ``Y``s, the lead's seed or bits); the app's own
+            train handler trains (line 4); :func:`finish_update` encodes the trained model with the
+            mechanism (line 19, ``client/encode.py``) and builds the reply: the packed update, the
+            mechanism's metrics, the app's metrics and the public key for the next round (line 21).
 
 Every instruction is validated (message type, records, keys, types, sizes, round in group id and
-record, round not already handled) and a bad one is answered with a Flower error reply
-(``Error(code=ERROR_CODE_REJECTED, reason=...)``) instead of raising into Flower's executor. The
-one deliberate exception is simulated dropout (``dropout-prob``): it raises, exactly like a
-crashing client would.
+record, round not already handled). The mechanism's settings come from the instruction, parsed
+by :meth:`corbin_fl.config.RunConfig.from_flower` and checked against the node's policy by the
+mod; the run config (which the server controls) is never read here.
 
 Roles stay hidden from the server: ``Y``, seeds, ``z`` and the lead flag never appear in a reply in
 the clear (tests capture every message to check this).
 
-torch is imported only inside the update handler, so keygen/pair replies stay fast.
+torch is imported only by :func:`finish_update`, so keygen/pair replies stay fast.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from client.pair_crypto import (
     KEY_BYTES,
@@ -45,7 +45,10 @@ from client.pair_crypto import (
 )
 from client.shared import Fallback, Shared, assignments_of
 from corbin_fl import wire
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.config import RunConfig
+
+if TYPE_CHECKING:
+    from corbin_fl.models import ParamLayout
 
 logger = logging.getLogger(__name__)
 
@@ -58,98 +61,17 @@ STATE_PROGRESS = "corbin.progress"
 """``context.state`` ConfigRecord: ``{"last-update": t}``, last round whose update was sent."""
 
 
-class SimulatedDropoutError(RuntimeError):
-    """Raised on purpose (``dropout-prob``) to make the node fail the round like a crash."""
-
-
-Handler = Callable[[Message, Context, RunConfig], RecordDict]
-
-
-# ----------------------------------------------------------------------------- entry point
-def handle(msg: Message, context: Context, handler: Handler) -> Message:
-    """Run ``handler`` and turn every failure into an error reply (never raise into Flower).
-
-    Parameters
-    ----------
-    msg : Message
-        The instruction.
-    context : Context
-        The node's context (``state`` persists across messages and rounds).
-    handler : Handler
-        One of :func:`keygen`, :func:`pair`, :func:`update`.
-
-    Returns
-    -------
-    Message
-        The reply, or an error reply with ``code = wire.ERROR_CODE_REJECTED`` and the reason.
-
-    Raises
-    ------
-    SimulatedDropoutError
-        Only when the run config's ``dropout-prob`` makes this node drop this round.
-    """
-    nid = context.node_id
-    try:
-        cfg = RunConfig.from_flower(context.run_config)
-    except (ConfigError, TypeError) as exc:
-        logger.error("node %d: bad run config: %s", nid, exc)
-        return _error(msg, f"bad run config: {exc}")
-    try:
-        rnd_hint: int | None = wire.round_of(msg)
-    except wire.WireError:
-        rnd_hint = None  # not a round number: the handler rejects the instruction
-    if cfg.dropout_prob > 0 and rnd_hint is not None and _drops_out(cfg, context, rnd_hint):
-        logger.info("node %d: simulated dropout in round %d", nid, rnd_hint)
-        raise SimulatedDropoutError(f"node {nid} drops out of round {rnd_hint} (dropout-prob)")
-    try:
-        return Message(handler(msg, context, cfg), reply_to=msg)
-    except (wire.WireError, PairCryptoError, ValueError, TypeError) as exc:
-        logger.warning("node %d: rejected %s: %s", nid, msg.metadata.message_type, exc)
-        return _error(msg, f"{type(exc).__name__}: {exc}")
-    except Exception as exc:  # the executor must get a reply, whatever happened
-        logger.exception("node %d: %s failed", nid, msg.metadata.message_type)
-        return _error(msg, f"{type(exc).__name__}: {exc}")
-
-
-def _error(msg: Message, reason: str) -> Message:
-    return Message(Error(code=wire.ERROR_CODE_REJECTED, reason=reason[:2000]), reply_to=msg)
-
-
-def _drops_out(cfg: RunConfig, context: Context, rnd: int) -> bool:
-    """Seeded per (run seed, node, round), identical for every stage of the round."""
-    try:
-        who = _partition(context, required=False)
-    except (TypeError, ValueError):  # malformed node config: reported by the update handler
-        who = None
-    ident = who[0] if who is not None else context.node_id
-    rng = np.random.default_rng([cfg.seed, 0xD809, ident, rnd])
-    return bool(rng.random() < cfg.dropout_prob)
-
-
-def _partition(context: Context, *, required: bool = True) -> tuple[int, int] | None:
-    pid, num = context.node_config.get("partition-id"), context.node_config.get("num-partitions")
-    if pid is None or num is None:
-        if required:
-            raise ValueError("node config lacks partition-id / num-partitions")
-        return None
-    if isinstance(pid, bool) or isinstance(num, bool):
-        raise TypeError("partition-id and num-partitions must be integers")
-    pid, num = int(pid), int(num)
-    if not 0 <= pid < num:
-        raise ValueError(f"partition-id {pid} not in [0, num-partitions={num})")
-    return pid, num
-
-
 # ----------------------------------------------------------------------------- common checks
-def _instruction(
-    msg: Message, expected_type: str, records: dict[str, type]
-) -> tuple[ConfigRecord, int]:
-    if msg.metadata.message_type != expected_type:
-        raise wire.WireError(f"message type {msg.metadata.message_type!r} sent to {expected_type}")
+def _instruction(msg: Message, stage: str, records: dict[str, type]) -> tuple[ConfigRecord, int]:
+    if msg.metadata.message_type != wire.TRAIN:
+        raise wire.WireError(f"message type {msg.metadata.message_type!r:.64}, expected 'train'")
     if not msg.has_content():
         raise wire.WireError("instruction without content")
     wire.check_records(msg.content, records)
     cfg_rec = msg.content.config_records[wire.CFG]
+    got = wire.get_str(cfg_rec, wire.STAGE, wire.STAGES)
+    if got != stage:
+        raise wire.WireError(f"stage {got!r} sent to the {stage} handler")
     rnd = wire.check_round(msg, cfg_rec)
     return cfg_rec, rnd
 
@@ -181,11 +103,11 @@ def _partner_id(cfg_rec: ConfigRecord, context: Context) -> int:
 def keygen(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
     """``query.keygen``: a fresh X25519 key pair for round ``t`` (Alg. 3 line 1).
 
-    Instruction ``cfg{round}``; reply ``keys{round, pubkey}``. The private key replaces any older
-    one in ``context.state`` (keys are never reused across rounds).
+    Instruction ``corbin{stage, round, params}``; reply ``corbin.keys{round, pubkey}``. The
+    private key replaces any older one in ``context.state`` (keys are never reused across rounds).
     """
     cfg_rec, rnd = _instruction(msg, wire.KEYGEN, {wire.CFG: ConfigRecord})
-    wire.check_keys(cfg_rec, {wire.ROUND}, what="keygen cfg")
+    wire.check_keys(cfg_rec, wire.keygen_cfg_keys(), what="keygen cfg")
     if not cfg.paired:
         raise wire.WireError(f"keygen sent although mechanism {cfg.mechanism!r} does not pair")
     pk = _store_key(context, rnd)
@@ -193,11 +115,12 @@ def keygen(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
 
 
 # ----------------------------------------------------------------------------- pair
-def pair(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
+def pair(msg: Message, context: Context, cfg: RunConfig, *, max_params: int) -> RecordDict:
     """``query.pair`` (relay/exact): seal ``Y || secret`` for the partner (Alg. 3 lines 6-8).
 
-    Instruction ``cfg{round, partner, partner-pubkey, cr-mode[, num-params]}``; reply
-    ``pair{round, blob}``. Both partners send a blob of the same size, so the server cannot tell
+    Instruction ``corbin{stage, round, params, partner, partner-pubkey[, num-params]}``; reply
+    ``corbin.pair{round, blob}``. ``num-params`` (exact mode) may be at most ``max_params``
+    (the node's policy). Both partners send a blob of the same size, so the server cannot tell
     which one will lead. The own ``Y`` and secret stay in ``context.state`` for the update.
     In exact mode the secret is the packed ``d*m`` bits of ``z`` (Alg. 3 lines 14-17): both sides
     send theirs and the pair uses the lead's (the follower's are discarded).
@@ -208,9 +131,7 @@ def pair(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
             f"pair stage sent although mechanism/mode is {cfg.mechanism}/{cfg.cr_mode}"
         )
     wire.check_keys(cfg_rec, wire.pair_cfg_keys(cfg.cr_mode), what="pair cfg")
-    mode = wire.get_str(cfg_rec, wire.CR_MODE, ("relay", "exact"))
-    if mode != cfg.cr_mode:
-        raise wire.WireError(f"cr-mode {mode!r} in the instruction, {cfg.cr_mode!r} in the run")
+    mode = cfg.cr_mode
     partner = _partner_id(cfg_rec, context)
     partner_pk = wire.get_bytes(cfg_rec, wire.PARTNER_PUBKEY, KEY_BYTES)
     sk = _private_key(context, rnd)
@@ -224,12 +145,9 @@ def pair(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
     y = draw_y()
     if mode == "exact":
         num_params = wire.get_int(cfg_rec, wire.NUM_PARAMS, low=1)
-        from client import encode  # torch: exact mode expands z here anyway
-
-        expected = encode.LocalTask.get(cfg).layout.m
-        if num_params != expected:
+        if num_params > max_params:
             # d * num-params bits are drawn: an unchecked value could exhaust the memory.
-            raise wire.WireError(f"num-params {num_params}, but the model has {expected}")
+            raise wire.WireError(f"num-params {num_params} above this node's limit {max_params}")
         secret = _exact_bits(cfg, ctx, num_params)
     else:
         secret = draw_seed()
@@ -254,78 +172,194 @@ def _exact_bits(cfg: RunConfig, ctx: PairContext, num_params: int) -> bytes:
 
 
 # ----------------------------------------------------------------------------- update
-def update(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
-    """``train.update``: train, encode with the mechanism, reply (Alg. 3 lines 4, 9-21).
+@dataclass(frozen=True)
+class UpdatePlan:
+    """A checked update instruction, with the pair's common randomness resolved.
 
-    Instruction ``cfg{round, mechanism, assignment, ...}`` and ``model{weights, center,
-    radius}``; reply ``reply{round[, next-pubkey][, z-digest]}``, ``update{bits|values}``,
-    ``metrics{...}``.
+    Attributes
+    ----------
+    round : int
+        Round ``t``.
+    assignment : str
+        The server's assignment (``paired``, ``unpaired``, ...).
+    arrays_key : str
+        Name of the ArrayRecord holding the global model (the wrapped strategy's key).
+    layout : ParamLayout
+        Where each floating-point array of the model lives in the flat vector.
+    weights : np.ndarray
+        The global model's floating-point arrays, flat float32 ``[m]``.
+    center, radius : np.ndarray
+        Per-layer (per array) center and radius, float32 ``[L]``.
+    shared : Shared | Fallback | None
+        The pair's common randomness, the reason for a fall-back, or None (solo mechanisms).
+    cq : tuple[int, int, int] | None
+        ``(seed, rank, clients)`` of the CQ baseline.
     """
-    from client import encode  # torch lives behind this import
 
-    cfg_rec, rnd = _instruction(msg, wire.UPDATE, {wire.CFG: ConfigRecord, wire.MODEL: ArrayRecord})
-    mechanism = wire.get_str(cfg_rec, wire.MECHANISM)
-    if mechanism != cfg.mechanism:
-        raise wire.WireError(
-            f"mechanism {mechanism!r} in the instruction, {cfg.mechanism!r} in the run"
-        )
-    allowed = assignments_of(cfg)
-    assignment = wire.get_str(cfg_rec, wire.ASSIGNMENT, allowed)
+    round: int
+    assignment: str
+    arrays_key: str
+    layout: ParamLayout
+    weights: np.ndarray
+    center: np.ndarray
+    radius: np.ndarray
+    shared: Shared | Fallback | None
+    cq: tuple[int, int, int] | None
+
+
+def prepare_update(
+    msg: Message, context: Context, cfg: RunConfig, *, max_params: int
+) -> UpdatePlan:
+    """Check an update instruction and resolve the common randomness (Alg. 3 lines 9-17).
+
+    Instruction ``corbin{stage, round, params, assignment, arrays-key, ...}``,
+    ``corbin.range{center, radius}`` and the app's records (the global model under
+    ``arrays-key``, usually a train config). The model may have at most ``max_params``
+    floating-point parameters (the node's policy).
+    """
+    from corbin_fl.arrays import ArrayLayoutError, flatten_arrays, layout_of_arrays
+
+    if not msg.has_content():
+        raise wire.WireError("instruction without content")
+    protocol = {name: msg.content[name] for name in msg.content if wire.is_protocol_record(name)}
+    extra = sorted(set(protocol) - {wire.CFG, wire.RANGE})
+    if extra:
+        raise wire.WireError(f"unexpected protocol records {extra}")
+    if msg.metadata.message_type != wire.TRAIN:
+        raise wire.WireError(f"message type {msg.metadata.message_type!r:.64}, expected 'train'")
+    wire.check_records(RecordDict(protocol), {wire.CFG: ConfigRecord, wire.RANGE: ArrayRecord})
+    cfg_rec = msg.content.config_records[wire.CFG]
+    if wire.get_str(cfg_rec, wire.STAGE, wire.STAGES) != wire.UPDATE:
+        raise wire.WireError("update records sent with another stage")
+    rnd = wire.check_round(msg, cfg_rec)
+    assignment = wire.get_str(cfg_rec, wire.ASSIGNMENT, assignments_of(cfg))
     wire.check_keys(
-        cfg_rec, wire.update_cfg_keys(mechanism, assignment, cfg.cr_mode), what="update cfg"
+        cfg_rec, wire.update_cfg_keys(cfg.mechanism, assignment, cfg.cr_mode), what="update cfg"
     )
     progress = context.state.config_records.get(STATE_PROGRESS)
     last = progress.get("last-update", 0) if progress is not None else 0
     if isinstance(last, int) and rnd <= last:
         raise wire.WireError(f"update for round {rnd} but round {last} was already handled")
 
-    task = encode.LocalTask.get(cfg)
-    model_rec = msg.content.array_records[wire.MODEL]
-    wire.check_keys(model_rec, {wire.WEIGHTS, wire.CENTER, wire.RADIUS}, what="model")
-    weights = wire.read_array(model_rec, wire.WEIGHTS, np.float32, task.layout.m, finite=True)
-    center = wire.read_array(
-        model_rec, wire.CENTER, np.float32, task.layout.num_layers, finite=True
-    )
-    radius = wire.read_array(
-        model_rec, wire.RADIUS, np.float32, task.layout.num_layers, finite=True
-    )
+    arrays_key = wire.get_str(cfg_rec, wire.ARRAYS_KEY)
+    if wire.is_protocol_record(arrays_key) or arrays_key not in msg.content.array_records:
+        raise wire.WireError(f"no ArrayRecord {arrays_key!r:.64} with the global model")
+    global_arrays = msg.content.array_records[arrays_key]
+    try:
+        layout = layout_of_arrays(global_arrays)
+        if layout.m > max_params:
+            raise wire.WireError(f"{layout.m} parameters, above this node's limit {max_params}")
+        weights = flatten_arrays(global_arrays, layout)
+    except ArrayLayoutError as exc:
+        raise wire.WireError(f"global model: {exc}") from exc
+    range_rec = msg.content.array_records[wire.RANGE]
+    wire.check_keys(range_rec, {wire.CENTER, wire.RADIUS}, what="range")
+    center = wire.read_array(range_rec, wire.CENTER, np.float32, layout.num_layers, finite=True)
+    radius = wire.read_array(range_rec, wire.RADIUS, np.float32, layout.num_layers, finite=True)
     if not (radius > 0).all():
         raise wire.WireError("radius must be > 0 in every layer")
-    cq = _cq_instruction(cfg_rec) if mechanism == "cq" else None
-
+    cq = _cq_instruction(cfg_rec) if cfg.mechanism == "cq" else None
     # Common randomness first: cheap, and a failure is a fall-back, not an error.
     shared = _resolve_common_randomness(cfg_rec, context, cfg, rnd, assignment)
-
-    pid, num = _partition(context)  # type: ignore[misc]
-    result = encode.train_and_encode(
-        task,
-        cfg,
-        context,
-        rnd=rnd,
-        partition=(pid, num),
+    if (
+        isinstance(shared, Shared)
+        and shared.exact
+        and not _exact_bits_fit(shared, cfg.d * layout.m)
+    ):
+        logger.warning(
+            "node %d: the pair's exact bits do not fit the model, using ldpq", context.node_id
+        )
+        shared = Fallback("blob-invalid")
+    return UpdatePlan(
+        round=rnd,
+        assignment=assignment,
+        arrays_key=arrays_key,
+        layout=layout,
         weights=weights,
         center=center,
         radius=radius,
-        assignment=assignment,
         shared=shared,
         cq=cq,
     )
 
-    reply_cfg: dict[str, Any] = {wire.ROUND: rnd}
+
+def _exact_bits_fit(shared: Shared, num_bits: int) -> bool:
+    """Exact mode: the lead's packed ``z`` has exactly ``num_bits`` bits and zero padding (a
+    partner's authenticated blob can still carry other bits; that is a fall-back, not an error)."""
+    if len(shared.secret) != wire.packed_len(num_bits):
+        return False
+    return not np.unpackbits(np.frombuffer(shared.secret, np.uint8))[num_bits:].any()
+
+
+def app_view(msg: Message) -> RecordDict:
+    """The records of an update instruction that belong to the app (all but ``corbin*``)."""
+    return RecordDict(
+        {name: rec for name, rec in msg.content.items() if not wire.is_protocol_record(name)}
+    )
+
+
+def finish_update(
+    plan: UpdatePlan, app_reply: RecordDict, context: Context, cfg: RunConfig
+) -> RecordDict:
+    """Encode the app's trained model and build the update reply (Alg. 3 lines 19-21).
+
+    ``app_reply`` is what the app's train handler returned: its ArrayRecord under
+    ``plan.arrays_key`` (or its only ArrayRecord) must hold the same floating-point arrays as the
+    global model. The reply is ``corbin.reply{round[, next-pubkey][, z-digest]}``,
+    ``corbin.update{bits | values}``, ``corbin.metrics{...}`` and the app's MetricRecords and
+    ConfigRecords unchanged; no ArrayRecord of the app ever leaves the node.
+    """
+    from client import encode  # torch lives behind this import
+    from corbin_fl.arrays import ArrayLayoutError, check_same_weights, flatten_arrays
+
+    arrays = app_reply.array_records
+    if plan.arrays_key in arrays:
+        trained = arrays[plan.arrays_key]
+    elif len(arrays) == 1:
+        trained = next(iter(arrays.values()))
+    else:
+        raise ValueError(
+            f"the train handler must reply with the model in ArrayRecord {plan.arrays_key!r} "
+            f"(got {sorted(arrays)[:5]})"
+        )
+    try:
+        check_same_weights(trained, plan.layout)
+        w = flatten_arrays(trained, plan.layout)
+    except ArrayLayoutError as exc:
+        raise ValueError(
+            f"the train handler's model does not match the global model: {exc}"
+        ) from exc
+    result = encode.encode_update(
+        cfg,
+        context,
+        rnd=plan.round,
+        layout=plan.layout,
+        weights=w,
+        w_global=plan.weights,
+        center=plan.center,
+        radius=plan.radius,
+        assignment=plan.assignment,
+        shared=plan.shared,
+        cq=plan.cq,
+    )
+    reply_cfg: dict[str, Any] = {wire.ROUND: plan.round}
     if cfg.paired:
-        reply_cfg[wire.NEXT_PUBKEY] = _store_key(context, rnd + 1)
+        reply_cfg[wire.NEXT_PUBKEY] = _store_key(context, plan.round + 1)
     if result.z_digest is not None:
         reply_cfg[wire.Z_DIGEST] = result.z_digest
     context.state.config_records.pop(STATE_PAIR, None)
-    context.state.config_records[STATE_PROGRESS] = ConfigRecord({"last-update": rnd})
-    metrics = MetricRecord(result.metrics)
-    return RecordDict(
+    context.state.config_records[STATE_PROGRESS] = ConfigRecord({"last-update": plan.round})
+    out = RecordDict(
         {
             wire.REPLY: ConfigRecord(reply_cfg),
             wire.UPDATE_REC: ArrayRecord({result.array_key: wire.to_array(result.array)}),
-            wire.METRICS: metrics,
+            wire.METRICS: MetricRecord(result.metrics),
         }
     )
+    for name, rec in app_reply.items():
+        if isinstance(rec, MetricRecord | ConfigRecord) and not wire.is_protocol_record(name):
+            out[name] = rec
+    return out
 
 
 def _cq_instruction(cfg_rec: ConfigRecord) -> tuple[int, int, int]:

@@ -51,9 +51,7 @@ class Shared:
 
 
 def assignments_of(cfg: RunConfig) -> tuple[str, ...]:
-    """The ``assignment`` values the server may send for ``cfg.mechanism``."""
-    if cfg.mechanism == "corbin":
-        return (wire.PAIRED, wire.PARTNER_GONE, wire.UNPAIRED)
-    if cfg.mechanism == "augcorbin":
-        return (wire.PAIRED, wire.PARTNER_GONE, wire.UNPAIRED, wire.INDEPENDENT)
-    return (wire.SOLO,)
+    """The ``assignment`` values the server may send for ``cfg.mechanism`` (registry)."""
+    from corbin_fl import registry
+
+    return registry.get(cfg.mechanism).assignments

@@ -19,24 +19,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from corbin_fl import registry
+
 logger = logging.getLogger(__name__)
 
-MECHANISMS: Final[tuple[str, ...]] = (
-    "corbin",
-    "augcorbin",
-    "ldpfl",
-    "gaussian",
-    "laplace",
-    "fedavg",
-    "cq",
-    "ternary",
-    "fedcad",
+MECHANISMS: Final[tuple[str, ...]] = tuple(registry.REGISTRY)
+"""Mechanisms the round loop runs (paper Alg. 3 and the baselines of its Section V): every
+mechanism of :mod:`corbin_fl.registry`."""
+PAIRED_MECHANISMS: Final[frozenset[str]] = frozenset(
+    name for name, mech in registry.REGISTRY.items() if mech.pairs
 )
-"""Mechanisms the round loop runs (paper Alg. 3 and the baselines of its Section V)."""
-
-PAIRED_MECHANISMS: Final[frozenset[str]] = frozenset({"corbin", "augcorbin"})
 """Mechanisms that pair clients and share common randomness (Alg. 3 lines 1-17)."""
-
 CR_MODES: Final[tuple[str, ...]] = ("relay", "derived", "exact")
 RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
 """How a pair gets its common randomness: an encrypted ``Y || seed`` blob relayed by the server,
@@ -110,13 +103,13 @@ def _number(key: str, value: Any, *, integer: bool) -> int | float:
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise TypeError(f"expected an integer, got {type(value).__name__} {value!r}")
+        raise TypeError(f"expected an integer, got {type(value).__name__} {value!r:.80}")
     if isinstance(value, int | float):
         out = float(value)
         if not math.isfinite(out):
-            raise ValueError(f"expected a finite number, got {value!r}")
+            raise ValueError(f"expected a finite number, got {value!r:.80}")
         return out
-    raise TypeError(f"expected a number, got {type(value).__name__} {value!r}")
+    raise TypeError(f"expected a number, got {type(value).__name__} {value!r:.80}")
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -125,7 +118,7 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
-        raise TypeError(f"expected a bool, got {type(value).__name__} {value!r}")
+        raise TypeError(f"expected a bool, got {type(value).__name__} {value!r:.80}")
     if kind is int:
         return _number(key, value, integer=True)
     if kind is float:
@@ -133,7 +126,7 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
     if kind is str:
         if isinstance(value, str):
             return value
-        raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
+        raise TypeError(f"expected a string, got {type(value).__name__} {value!r:.80}")
     raise AssertionError(f"unsupported field type {kind!r}")  # pragma: no cover
 
 
@@ -343,7 +336,7 @@ class RunConfig:
         values: dict[str, Any] = {}
         for key, raw in run_config.items():
             if not isinstance(key, str):
-                raise TypeError(f"run_config keys must be strings, got {key!r}")
+                raise TypeError(f"run_config keys must be strings, got {key!r:.80}")
             spec = fields.get(key)
             if spec is None:
                 close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
@@ -375,8 +368,9 @@ class RunConfig:
     # ------------------------------------------------------------------ derived views
     @property
     def paired(self) -> bool:
-        """Whether the mechanism pairs clients (CorBin-FL / AugCorBin-FL)."""
-        return self.mechanism in PAIRED_MECHANISMS
+        """Whether the mechanism pairs clients (CorBin-FL / AugCorBin-FL; the registry says)."""
+        mech = registry.REGISTRY.get(self.mechanism)
+        return mech is not None and mech.pairs
 
     @property
     def quantizes_update(self) -> bool:
@@ -392,7 +386,7 @@ class RunConfig:
             if value not in allowed:
                 close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.5)
                 hint = f"; did you mean '{close[0]}'?" if close else ""
-                errors[key] = f"must be one of {', '.join(allowed)}, got {value!r}{hint}"
+                errors[key] = f"must be one of {', '.join(allowed)}, got {value!r:.80}{hint}"
 
         def at_least(key: str, value: float, low: float) -> None:
             if value < low:
@@ -411,7 +405,7 @@ class RunConfig:
                 lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
                 errors[key] = f"must be in {lb}{low}, {high}{rb}, got {value}"
 
-        choice("mechanism", self.mechanism, MECHANISMS)
+        choice("mechanism", self.mechanism, tuple(registry.REGISTRY))  # registered now
         choice("cr-mode", self.cr_mode, CR_MODES)
         choice("range-mode", self.range_mode, RANGE_MODES)
         if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):

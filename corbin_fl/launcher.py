@@ -1306,6 +1306,33 @@ def _terminate_as_interrupt() -> Iterator[None]:
                 signal.signal(sig, old)
 
 
+def node_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The privacy policy of the SuperNodes this launcher starts (``client/policy.py``).
+
+    The user who runs ``corbin-fl local`` / ``simulate`` operates the server and every node at
+    once, so the nodes admit exactly the run's mechanism, ``epsilon`` and ``delta`` and nothing
+    weaker; ``--node-config`` entries override these. Nodes started by anyone else (compose
+    files, separate machines) keep their own policy.
+    """
+    out: dict[str, Any] = {}
+    if "mechanism" in run_config:
+        out["corbin-mechanisms"] = str(run_config["mechanism"])
+    if "epsilon" in run_config:
+        out["corbin-max-epsilon"] = float(run_config["epsilon"])
+    if "delta" in run_config:
+        out["corbin-max-delta"] = float(run_config["delta"])
+    return out
+
+
+def policy_env(node_config: Mapping[str, Any]) -> dict[str, str]:
+    """The ``CORBIN_*`` environment variables of the ``corbin-*`` keys of ``node_config``."""
+    return {
+        key.upper().replace("-", "_"): str(value)
+        for key, value in node_config.items()
+        if key.startswith("corbin-")
+    }
+
+
 def run_local(
     options: LocalRunOptions,
     progress: Callable[[RunProgress], None] | None = None,
@@ -1378,14 +1405,17 @@ def _run(
             except Exception:  # a broken display must not break the run
                 logger.exception("progress callback failed")
 
+    policy = node_policy({**app_config(options.app_dir, strict=False), **options.run_config})
     deployment = LocalDeployment(
         0 if simulation else options.num_clients,
         logs_dir,
         flwr_home,
         ready_timeout=options.ready_timeout,
-        node_config=options.node_config,
+        node_config={**policy, **options.node_config},
         simulation=simulation,
     )
+    if simulation:  # the simulation's virtual nodes have no node config: the environment
+        deployment.registry.env.update(policy_env({**policy, **options.node_config}))
     reason = "completed"
     ok = False
     status: str | None = None

@@ -1,18 +1,29 @@
 """The wire format of CorBin-FL: message types, record names, keys, and their checks.
 
-This module is the ONE definition of what travels between ServerApp and ClientApp (the pattern of
+This module is the ONE definition of what travels between the :class:`server.strategy.CorBin`
+strategy and :func:`client.mod.corbin_mod` (the pattern of
 ``flwr/common/secure_aggregation/secaggplus_constants.py``). Both sides import it; neither spells
-a key or a message type anywhere else.
+a key or a record name anywhere else.
 
-One round (paper Alg. 3, see docs/DESIGN.md "One round on the wire")::
+Every protocol message is a Flower ``train`` message, so that it reaches the app's own
+``@app.train()`` handler and the mod in front of it can answer it (Flower's SecAgg+ does the
+same). Its ``corbin`` ConfigRecord names the stage. One round (paper Alg. 3, see docs/DESIGN.md
+"One round on the wire")::
 
-    query.keygen  S->C  cfg{round}                                  (only nodes without a key)
-                  C->S  keys{round, pubkey}
-    query.pair    S->C  cfg{round, partner, partner-pubkey, cr-mode[, num-params]}  (relay/exact)
-                  C->S  pair{round, blob}            blob = nonce || AES-GCM(Y || seed or z)
-    train.update  S->C  cfg{round, mechanism, assignment, ...}, model{weights, center, radius}
-                  C->S  reply{round[, next-pubkey][, z-digest]}, update{bits | values},
-                        metrics{...}
+    keygen  S->C  corbin{stage, round, params}                     (only nodes without a key)
+            C->S  corbin.keys{round, pubkey}
+    pair    S->C  corbin{stage, round, params, partner, partner-pubkey[, num-params]}
+            C->S  corbin.pair{round, blob}         blob = nonce || AES-GCM(Y || seed or z)
+    update  S->C  corbin{stage, round, params, assignment, arrays-key, ...},
+                  corbin.range{center, radius}, and the wrapped strategy's own records
+                  (``arrays``: the global model, ``config``: the app's train config)
+            C->S  corbin.reply{round[, next-pubkey][, z-digest]}, corbin.update{bits | values},
+                  corbin.metrics{...}, and the app's own MetricRecords / ConfigRecords
+
+``params`` are the mechanism's settings (:data:`PARAM_KEYS`): the client takes them from the
+instruction, checks them against its own privacy policy (``client/policy.py``) and never from the
+run config, which the server controls. The app's train handler sees only the wrapped strategy's
+records; its ArrayRecords never leave the node (only the encoded update does).
 
 Every instruction carries the round both in ``Message.metadata.group_id`` and in its config
 record, and every reply repeats it; a reply for another round is rejected.
@@ -53,25 +64,36 @@ MAX_CQ_CLIENTS: Final[int] = 1_000_000
 each), so an unbounded value would let an instruction exhaust the client's memory."""
 
 # ----------------------------------------------------------------------------- message types
-KEYGEN: Final[str] = "query.keygen"
-PAIR: Final[str] = "query.pair"
-UPDATE: Final[str] = "train.update"
-MESSAGE_TYPES: Final[tuple[str, ...]] = (KEYGEN, PAIR, UPDATE)
-
-STAGE_OF: Final[dict[str, str]] = {KEYGEN: "keygen", PAIR: "pair", UPDATE: "update"}
-"""Stage name (used in events/metrics) of each message type."""
+TRAIN: Final[str] = "train"
+"""Flower message type of every protocol message (Flower's ``MessageType.TRAIN``)."""
+KEYGEN: Final[str] = "keygen"
+PAIR: Final[str] = "pair"
+UPDATE: Final[str] = "update"
+STAGES: Final[tuple[str, ...]] = (KEYGEN, PAIR, UPDATE)
+"""Protocol stages, named by the ``stage`` key of the ``corbin`` instruction record."""
 
 # ----------------------------------------------------------------------------- record names
-CFG: Final[str] = "cfg"  # ConfigRecord, server -> client instruction
-MODEL: Final[str] = "model"  # ArrayRecord, global model and per-layer center/radius
-KEYS: Final[str] = "keys"  # ConfigRecord, keygen reply
-PAIR_REC: Final[str] = "pair"  # ConfigRecord, pair reply
-REPLY: Final[str] = "reply"  # ConfigRecord, update reply header
-UPDATE_REC: Final[str] = "update"  # ArrayRecord, the encoded update
-METRICS: Final[str] = "metrics"  # MetricRecord, client metrics
+CFG: Final[str] = "corbin"  # ConfigRecord, server -> client instruction
+RANGE: Final[str] = "corbin.range"  # ArrayRecord, per-layer center/radius of the update stage
+KEYS: Final[str] = "corbin.keys"  # ConfigRecord, keygen reply
+PAIR_REC: Final[str] = "corbin.pair"  # ConfigRecord, pair reply
+REPLY: Final[str] = "corbin.reply"  # ConfigRecord, update reply header
+UPDATE_REC: Final[str] = "corbin.update"  # ArrayRecord, the encoded update
+METRICS: Final[str] = "corbin.metrics"  # MetricRecord, the mechanism's metrics
+PREFIX: Final[str] = "corbin"
+"""Records whose name is ``corbin`` or starts with ``corbin.`` belong to the protocol; every other
+record of an update instruction or reply belongs to the app."""
+MAX_APP_RECORDS: Final[int] = 8
+"""Most app records (MetricRecords / ConfigRecords) an update reply may carry."""
+MAX_APP_METRICS: Final[int] = 64
+"""Most entries of one app MetricRecord the server accepts."""
+MAX_APP_BYTES: Final[int] = 1 << 16
+"""Most payload bytes (:func:`payload_bytes`) all app records of one update reply may carry."""
 
 # ----------------------------------------------------------------------------- config keys
+STAGE: Final[str] = "stage"
 ROUND: Final[str] = "round"
+ARRAYS_KEY: Final[str] = "arrays-key"
 PUBKEY: Final[str] = "pubkey"
 PARTNER: Final[str] = "partner"
 PARTNER_PUBKEY: Final[str] = "partner-pubkey"
@@ -88,7 +110,6 @@ NEXT_PUBKEY: Final[str] = "next-pubkey"
 Z_DIGEST: Final[str] = "z-digest"
 
 # ----------------------------------------------------------------------------- array keys
-WEIGHTS: Final[str] = "weights"  # float32 [m]
 CENTER: Final[str] = "center"  # float32 [L], per layer
 RADIUS: Final[str] = "radius"  # float32 [L], per layer
 BITS: Final[str] = "bits"  # uint8 packed bits
@@ -103,29 +124,39 @@ SOLO: Final[str] = "solo"  # mechanisms that never pair
 ASSIGNMENTS: Final[tuple[str, ...]] = (PAIRED, PARTNER_GONE, UNPAIRED, INDEPENDENT, SOLO)
 
 # ----------------------------------------------------------------------------- metric keys
-M_TRAIN_LOSS: Final[str] = "train-loss"
-M_NUM_EXAMPLES: Final[str] = "num-examples"
 M_CLIP_FRACTION: Final[str] = "clip-fraction"
 M_PAIRED: Final[str] = "paired"  # 1 if corbinq was used with the pair's z
 M_FALLBACK: Final[str] = "fallback"  # 1 if the node meant to pair but used ldpq
 M_FALLBACK_CODE: Final[str] = "fallback-code"  # index into FALLBACK_REASONS (0 = none)
 M_IS_LEAD: Final[str] = "is-lead"  # never sent (roles stay hidden); listed to forbid it
 M_ENCODE_SECONDS: Final[str] = "encode-seconds"
-M_TRAIN_SECONDS: Final[str] = "train-seconds"
-M_STEPS: Final[str] = "steps"
 METRIC_KEYS: Final[frozenset[str]] = frozenset(
-    {
-        M_TRAIN_LOSS,
-        M_NUM_EXAMPLES,
-        M_CLIP_FRACTION,
-        M_PAIRED,
-        M_FALLBACK,
-        M_FALLBACK_CODE,
-        M_ENCODE_SECONDS,
-        M_TRAIN_SECONDS,
-        M_STEPS,
-    }
+    {M_CLIP_FRACTION, M_PAIRED, M_FALLBACK, M_FALLBACK_CODE, M_ENCODE_SECONDS}
 )
+"""The keys of the ``corbin.metrics`` record (the mechanism's own metrics)."""
+M_TRAIN_LOSS: Final[str] = "train-loss"
+M_NUM_EXAMPLES: Final[str] = "num-examples"
+"""App metric keys the server summarises when an app reports them (this project's app does)."""
+
+PARAM_KEYS: Final[tuple[str, ...]] = (
+    "mechanism",
+    "epsilon",
+    "delta",
+    "d",
+    "p-x",
+    "cr-mode",
+    "range-mode",
+    "ternary-sparsity",
+    "ternary-encoding",
+    "fedcad-clip",
+    "fedcad-gamma",
+    "fedcad-sigma-diff",
+    "fedcad-diff-init",
+    "fedcad-diff-floor",
+    "test-z-digest",
+)
+"""The mechanism's settings every instruction carries (``corbin_fl.config.RunConfig`` keys).
+The client parses them with ``RunConfig.from_flower`` and checks them against its policy."""
 
 FALLBACK_REASONS: Final[tuple[str, ...]] = (
     "none",
@@ -141,11 +172,6 @@ FALLBACK_REASONS: Final[tuple[str, ...]] = (
 ERROR_CODE_REJECTED: Final[int] = 1000
 """Flower ``Error.code`` of a client that refused an instruction (reason in ``Error.reason``).
 Flower's own codes are 0-8."""
-
-BITS_MECHANISMS: Final[frozenset[str]] = frozenset({"corbin", "augcorbin", "ldpfl", "cq"})
-"""Mechanisms whose update is one packed bit per parameter."""
-FLOAT_MECHANISMS: Final[frozenset[str]] = frozenset({"gaussian", "laplace", "fedavg", "fedcad"})
-"""Mechanisms whose update is float32 per parameter."""
 
 
 class WireError(ValueError):
@@ -221,34 +247,61 @@ def decode_ternary(values: np.ndarray, m: int, encoding: str) -> np.ndarray:
 def update_spec(
     mechanism: str, num_params: int, ternary_encoding: str = "bits"
 ) -> tuple[str, np.dtype[Any], int]:
-    """Array key, dtype and length of the update of ``mechanism`` for ``num_params``."""
-    if mechanism in BITS_MECHANISMS:
-        return BITS, np.dtype(np.uint8), packed_len(num_params)
-    if mechanism in FLOAT_MECHANISMS:
-        return VALUES, np.dtype(np.float32), num_params
-    if mechanism == "ternary":
-        return ternary_update_spec(num_params, ternary_encoding)
-    raise WireError(f"unknown mechanism {mechanism!r}")
+    """Array key, dtype and length of the update of ``mechanism`` for ``num_params``
+    (from the mechanism registry, :mod:`corbin_fl.registry`)."""
+    from corbin_fl import registry
+
+    try:
+        spec = registry.get(mechanism).wire
+    except KeyError as exc:
+        raise WireError(str(exc.args[0])) from exc
+    return spec(num_params, ternary_encoding)
+
+
+def keygen_cfg_keys() -> frozenset[str]:
+    """The exact key set of the ``corbin`` record of a keygen instruction."""
+    return frozenset({STAGE, ROUND, *PARAM_KEYS})
 
 
 def update_cfg_keys(mechanism: str, assignment: str, cr_mode: str) -> frozenset[str]:
-    """The exact key set of the ``cfg`` record of a ``train.update`` instruction."""
-    keys = {ROUND, MECHANISM, ASSIGNMENT}
+    """The exact key set of the ``corbin`` record of an update instruction."""
+    keys = {STAGE, ROUND, ASSIGNMENT, ARRAYS_KEY, *PARAM_KEYS}
     if assignment == PAIRED:
         keys |= {PARTNER, PARTNER_PUBKEY if cr_mode == "derived" else PARTNER_BLOB}
     elif assignment == PARTNER_GONE:
         keys.add(PARTNER)
-    if mechanism == "cq":
-        keys |= {CQ_SEED, CQ_RANK, CQ_CLIENTS}
+    from corbin_fl import registry
+
+    keys |= registry.get(mechanism).instruction_keys
     return frozenset(keys)
 
 
 def pair_cfg_keys(cr_mode: str) -> frozenset[str]:
-    """The exact key set of the ``cfg`` record of a ``query.pair`` instruction."""
-    keys = {ROUND, PARTNER, PARTNER_PUBKEY, CR_MODE}
+    """The exact key set of the ``corbin`` record of a pair instruction."""
+    keys = {STAGE, ROUND, PARTNER, PARTNER_PUBKEY, *PARAM_KEYS}
     if cr_mode == "exact":
         keys.add(NUM_PARAMS)
     return frozenset(keys)
+
+
+def is_protocol_record(name: str) -> bool:
+    """Whether record ``name`` belongs to the protocol (``corbin`` or ``corbin.*``)."""
+    return name == PREFIX or name.startswith(PREFIX + ".")
+
+
+def stage_of(msg: Message) -> str | None:
+    """The protocol stage a message carries, or None when it carries no CorBin-FL instruction.
+
+    Never raises: a malformed instruction yields None or an unknown stage string, which the
+    receiver then refuses.
+    """
+    if not msg.has_content():
+        return None
+    rec = msg.content.config_records.get(CFG)
+    if rec is None:
+        return None
+    stage = rec.get(STAGE)
+    return stage if isinstance(stage, str) else ""
 
 
 MAX_ROUND_DIGITS: Final[int] = 18
@@ -378,25 +431,36 @@ def read_array(
         )
     if arr.stype != SType.NUMPY:
         raise WireError(f"array {key!r} has serialisation type {str(arr.stype)[:32]!r}")
-    data = arr.data
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise WireError(f"array {key!r} carries {type(data).__name__}, not bytes")
-    if len(data) > want.itemsize * length + 4096:
-        raise WireError(f"array {key!r} carries {len(data)} bytes, too many for its shape")
-    header_dtype, header_shape, offset = _npy_header(bytes(data), key)
-    if header_dtype != want or header_shape != (length,):
-        raise WireError(
-            f"array {key!r} decodes to {header_dtype}{list(header_shape)}, not its header"
-        )
-    if len(data) - offset != want.itemsize * length:
-        raise WireError(
-            f"array {key!r} carries {len(data) - offset} payload bytes, "
-            f"expected {want.itemsize * length}"
-        )
-    out = np.frombuffer(data, dtype=want, count=length, offset=offset).copy()
+    out = decode_npy(arr.data, key, want, (length,)).copy()
     if finite and out.dtype.kind == "f" and not np.isfinite(out).all():
         raise WireError(f"array {key!r} has NaN or inf")
     return out
+
+
+def decode_npy(data: Any, key: str, want: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only view of ``.npy`` bytes that must hold exactly ``want[shape]``.
+
+    The header is parsed first (:func:`_npy_header`) and must declare ``want`` and ``shape``,
+    and the payload after it must be exactly ``itemsize * size`` bytes, so hostile bytes can
+    make the reader allocate nothing beyond the declared size nor raise anything but
+    :class:`WireError`.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(f"array {key!r} carries {type(data).__name__}, not bytes")
+    size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if len(data) > want.itemsize * size + 4096:
+        raise WireError(f"array {key!r} carries {len(data)} bytes, too many for its shape")
+    header_dtype, header_shape, offset = _npy_header(bytes(data), key)
+    if header_dtype != want or tuple(header_shape) != tuple(shape):
+        raise WireError(
+            f"array {key!r} decodes to {header_dtype}{list(header_shape)}, not its header"
+        )
+    if len(data) - offset != want.itemsize * size:
+        raise WireError(
+            f"array {key!r} carries {len(data) - offset} payload bytes, "
+            f"expected {want.itemsize * size}"
+        )
+    return np.frombuffer(data, dtype=want, count=size, offset=offset)
 
 
 def _npy_header(data: bytes, key: str) -> tuple[np.dtype[Any], tuple[int, ...], int]:

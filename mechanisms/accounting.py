@@ -1348,8 +1348,9 @@ def _threat_models(
             f"Per {unit} only: the noise is drawn on the client, so each release stays "
             f"eps_p-DP per {unit} (here eps_p = {ep:g}) for any "
             + ("model" if mech == "fedcad" else "model, center and radius")
-            + " the server sends; but the server sets epsilon in the run config (clients "
-            "enforce no floor) and the number of rounds, so A's composed numbers do not bind it."
+            + " the server sends, at an epsilon no larger than the client's own policy allows "
+            "(corbin-max-epsilon, checked on every instruction); but the server sets the number "
+            "of rounds, so A's composed numbers do not bind it."
         )
 
     # ---------------------------------------------------------------- notes (this mechanism only)

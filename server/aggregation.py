@@ -127,19 +127,31 @@ class BitsAggregator(Aggregator):
         The int32 counts ``k`` are overwritten block by block with the float32 estimate (same
         size), so the estimate needs no second model-sized buffer.
         """
-        from mechanisms.packing import mean_from_counts
-
         counts = np.ascontiguousarray(self.counter.counts(), dtype=np.int32)
         self.counter = None  # type: ignore[assignment]  # its bit planes are not needed any more
         out = counts.view(np.float32)
         for lo, hi, c, r in _chunks(self.blocks):
             k = torch.from_numpy(counts[lo:hi].copy())
-            if self.cfg.mechanism == "cq":
-                est = c + r * (2.0 * k.to(torch.float64) / self.n - 1.0)
-            else:
-                est = mean_from_counts(k, self.n, c, r, self.cfg.epsilon)
-            out[lo:hi] = est.numpy()
+            out[lo:hi] = self._decode(k, c, r).numpy()
         return torch.from_numpy(out)
+
+    def _decode(
+        self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
+    ) -> torch.Tensor:
+        """``c + r alpha(eps) (2 k / n - 1)``: the mean of the decoded bits (Alg. 1 line 4)."""
+        from mechanisms.packing import mean_from_counts
+
+        return mean_from_counts(k, self.n, c, r, self.cfg.epsilon)
+
+
+class CQAggregator(BitsAggregator):
+    """Correlated quantization (no privacy): the same counts, decoded with ``alpha = 1``."""
+
+    def _decode(
+        self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
+    ) -> torch.Tensor:
+        """``c + r (2 k / n - 1)``."""
+        return c + r * (2.0 * k.to(torch.float64) / self.n - 1.0)
 
 
 class TernaryAggregator(Aggregator):
@@ -240,10 +252,14 @@ class FloatAggregator(Aggregator):
         self.total += v
 
     def _estimate(self) -> torch.Tensor:
-        mean = self.total / self.n
-        if self.cfg.mechanism == "fedcad":
-            return self.w_global.to("cpu", torch.float64) + mean
-        return mean
+        return self.total / self.n
+
+
+class FedCADAggregator(FloatAggregator):
+    """FedCAD releases updates ``w_i - w_g``: their mean is added back to the global model."""
+
+    def _estimate(self) -> torch.Tensor:
+        return self.w_global.to("cpu", torch.float64) + super()._estimate()
 
 
 def make_aggregator(
@@ -253,12 +269,12 @@ def make_aggregator(
     r: torch.Tensor,
     layout: ParamLayout | None = None,
 ) -> Aggregator:
-    """The aggregator of ``cfg.mechanism`` (``c``, ``r`` per layer with ``layout``)."""
-    if cfg.mechanism in wire.BITS_MECHANISMS:
-        return BitsAggregator(cfg, w_global, c, r, layout)
-    if cfg.mechanism == "ternary":
-        return TernaryAggregator(cfg, w_global, c, r, layout)
-    return FloatAggregator(cfg, w_global, c, r, layout)
+    """The registered aggregator of ``cfg.mechanism`` (``c``, ``r`` per layer with ``layout``;
+    :mod:`corbin_fl.registry`)."""
+    from corbin_fl import registry
+
+    cls = registry.get(cfg.mechanism).aggregator_class()
+    return cls(cfg, w_global, c, r, layout)  # type: ignore[no-any-return]
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:

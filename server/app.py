@@ -1,16 +1,30 @@
-"""The CorBin-FL ServerApp (Flower 1.41 Message API).
+"""This project's ServerApp (Flower 1.41 Message API): one user of the ``CorBin`` strategy.
 
 ``flwr run`` starts it with the run's ``run_config``; it is parsed once into a validated
-:class:`corbin_fl.config.RunConfig` (a bad config fails here, listing every bad key), then
-:func:`server.round.run_training` runs the rounds.
+:class:`corbin_fl.config.RunConfig` (a bad config fails here, listing every bad key). Then
+:func:`run_training` builds the run's model (CNN / ResNet18) and the server's validation and
+test sets, wraps Flower's ``FedAvg`` in :class:`server.strategy.CorBin` and starts it, exactly as
+any Flower app would.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import Any
 
-from flwr.app import Context
+import numpy as np
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
 
 from corbin_fl.config import RunConfig, configure_app_logging
 
@@ -22,8 +36,101 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of the ServerApp: validate the run config, then train."""
-    from server.round import run_training
-
     configure_app_logging()
     cfg = RunConfig.from_flower(context.run_config)
     run_training(grid, cfg)
+
+
+def inner_strategy(cfg: RunConfig) -> Any:
+    """The wrapped Flower strategy: :class:`SeededFedAvg` sampling ``clients-per-round`` nodes
+    (all when 0), no federated evaluation (the server evaluates on its own validation and test
+    sets)."""
+    return SeededFedAvg(
+        seed=cfg.seed,
+        clients_per_round=cfg.clients_per_round,
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=1,
+        min_available_nodes=1,
+        weighted_by_key="num-examples",
+    )
+
+
+class SeededFedAvg(FedAvg):
+    """Flower's ``FedAvg`` whose node sample is public and reproducible.
+
+    ``clients_per_round`` nodes (all when 0), drawn with ``numpy.random.default_rng([seed,
+    round, 1])`` from the sorted connected node ids, so a resumed run samples round ``t`` exactly
+    as the uninterrupted run would have (Flower's own sampling uses the process-global
+    ``random`` state). Aggregation is ``FedAvg``'s.
+    """
+
+    def __init__(self, *, seed: int, clients_per_round: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seed = seed
+        self.clients_per_round = clients_per_round
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One train message per sampled node: the model and ``config`` + ``server-round``."""
+        nodes = sorted(int(n) for n in grid.get_node_ids())
+        k = self.clients_per_round
+        if 0 < k < len(nodes):
+            rng = np.random.default_rng([self.seed, server_round, 1])
+            nodes = [nodes[i] for i in sorted(rng.choice(len(nodes), size=k, replace=False))]
+        config["server-round"] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._construct_messages(record, nodes, MessageType.TRAIN)
+
+
+def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
+    """The whole run of this project's app; returns ``summary.json``'s content.
+
+    Raises
+    ------
+    server.checkpoint.CheckpointError
+        ``resume = true`` without a usable checkpoint, or an ``out-dir`` holding another run's.
+    """
+    from corbin_fl.data import dataset_info, server_datasets
+    from corbin_fl.models import build_model
+    from corbin_fl.training import evaluate, pick_device
+    from server.round import update_radius
+    from server.strategy import CorBin
+
+    device = pick_device(cfg.device)
+    info = dataset_info(cfg.dataset, cfg.data_dir or None)
+    model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
+    val, test = server_datasets(
+        cfg.dataset,
+        data_seed=cfg.data_seed,
+        data_dir=cfg.data_dir or None,
+        use_official_test=cfg.use_official_test,
+    )
+
+    def evaluate_fn(rnd: int, arrays: ArrayRecord) -> MetricRecord:
+        model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        v = evaluate(model, val, batch_size=cfg.eval_batch_size, device=device)
+        t = evaluate(model, test, batch_size=cfg.eval_batch_size, device=device)
+        return MetricRecord(
+            {
+                "val_accuracy": v.accuracy,
+                "val_loss": v.loss,
+                "test_accuracy": t.accuracy,
+                "test_loss": t.loss,
+            }
+        )
+
+    strategy = CorBin.from_run_config(
+        inner_strategy(cfg),
+        cfg,
+        update_radius=lambda num_nodes: update_radius(cfg, num_nodes, []) or {},
+    )
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    strategy.start(
+        grid=grid,
+        initial_arrays=arrays,
+        num_rounds=cfg.num_rounds,
+        evaluate_fn=evaluate_fn,
+    )
+    return strategy.summary_ or {}

@@ -81,9 +81,6 @@ and test instrumentation. Every other key (mechanism, privacy parameters, model,
 training, aggregation) must equal the checkpoint's, or the resumed run would not continue the
 same experiment."""
 
-_NO_DP: Final[frozenset[str]] = frozenset({"cq", "fedavg"})
-_DELTA_MECHANISMS: Final[frozenset[str]] = frozenset({"gaussian", "fedcad"})
-
 
 class CheckpointError(ValueError):
     """No usable checkpoint: missing, corrupt, or written by a run with another configuration."""
@@ -185,24 +182,13 @@ def release_event(
     Returns
     -------
     PrivacyEvent
+        The registered mechanism's event (:meth:`corbin_fl.registry.Mechanism.release`):
         ``eps_p = epsilon`` (``None`` for cq/fedavg, which give no DP), ``d`` for a paired
         release, ``delta`` for gaussian/fedcad.
     """
-    if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 1:
-        raise ValueError(f"round must be an int >= 1, got {rnd!r}")
-    if isinstance(node, bool) or not isinstance(node, int):
-        raise TypeError(f"node must be an int node id, got {type(node).__name__}")
-    paired = bool(paired) and cfg.paired
-    return PrivacyEvent(
-        round=rnd,
-        node=str(node),
-        mechanism=cfg.mechanism,
-        eps_p=None if cfg.mechanism in _NO_DP else cfg.epsilon,
-        m=num_params,
-        paired=paired,
-        d=cfg.d if paired else None,
-        delta=cfg.delta if cfg.mechanism in _DELTA_MECHANISMS else None,
-    )
+    from corbin_fl import registry
+
+    return registry.get(cfg.mechanism).release(cfg, rnd, node, num_params, paired=paired)
 
 
 # ============================================================================ state

@@ -1,23 +1,22 @@
-"""The CorBin-FL round (paper Alg. 3) and the training loop around it, on Flower's Message API.
+"""One CorBin-FL round (paper Alg. 3) on Flower's Message API, and the run's records.
 
 :func:`run_round` is one round, top to bottom::
 
-    sample nodes -> [AugCorBin split] -> keygen (nodes without a fresh key) -> pairing (Alg. 3
-    line 2) -> pair stage (relay/exact: encrypted Y || seed blobs, lines 6-8) -> update stage
-    (model, center/radius, partner blob or key; lines 3-4, 9-21) -> aggregate (line 23) ->
-    global learning rate (paper eq. 6)
+    [AugCorBin split] -> keygen (nodes without a fresh key) -> pairing (Alg. 3 line 2) -> pair
+    stage (relay/exact: encrypted Y || seed blobs, lines 6-8) -> update stage (the app's records,
+    center/radius, partner blob or key; lines 3-4, 9-21) -> aggregate (line 23) -> global
+    learning rate (paper eq. 6)
 
-Every stage is :func:`server.stages.exchange` over one :class:`server.stages.RoundState`: a node
-that does not answer in time, answers with an error, or answers badly is dropped from every later
-stage of the round; the round goes on with the rest. A paired node whose partner vanished before
-its blob was relayed is told ``partner-gone`` and quantizes independently (``ldpq``); an update
-whose partner vanished later still counts (each role's marginal is LDPQ's, Theorem 1).
+The nodes are the wrapped strategy's sample (:class:`server.strategy.CorBin`). Every stage is
+:func:`server.stages.exchange` over one :class:`server.stages.RoundState`: a node that does not
+answer in time, answers with an error, or answers badly is dropped from every later stage of the
+round; the round goes on with the rest. A paired node whose partner vanished before its blob was
+relayed is told ``partner-gone`` and quantizes independently (``ldpq``); an update whose partner
+vanished later still counts (each role's marginal is LDPQ's, Theorem 1).
 
-:func:`run_training` is the loop over rounds: evaluation on the server's validation and test
-sets, the paper's checkpoint rule (reload the best-validation model after ``P`` rounds without
-improvement), the privacy ledger (one event per released update), the output files, the privacy
-report, and the crash checkpoint committed after every round (:mod:`server.checkpoint`; a run with
-``resume = true`` continues from it).
+:func:`round_record`, :func:`build_summary` and :func:`privacy_summary` are the run's records
+(``metrics.jsonl`` rows, ``summary.json``); :func:`update_radius` derives this project's ``R``
+from public settings.
 """
 
 from __future__ import annotations
@@ -105,37 +104,63 @@ class ServerRuntime:
         return max(self.cfg.first_stage_timeout, self.cfg.stage_timeout)
 
 
-_PURPOSE_SAMPLE, _PURPOSE_SPLIT, _PURPOSE_PAIRING = 1, 2, 3
+_PURPOSE_SPLIT, _PURPOSE_PAIRING = 2, 3
 
 
 # ============================================================================ one round
-def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
+def skipped_round(rt: ServerRuntime, rnd: int, connected: int) -> RoundState:
+    """The state of a round skipped because fewer than ``min-clients`` nodes are connected."""
+    logger.warning(
+        "round %d: %d node(s) connected, min-clients is %d; round skipped",
+        rnd,
+        connected,
+        rt.cfg.min_clients,
+    )
+    return RoundState(round=rnd, run_id=rt.run_id, sampled=[], seen_message_ids=rt.seen_message_ids)
+
+
+def run_round(
+    rt: ServerRuntime,
+    rnd: int,
+    sampled: list[int],
+    app_records: RecordDict,
+    arrays_key: str,
+) -> RoundState:
     """Run round ``rnd`` of Alg. 3 and update ``rt.weights`` (paper eq. 6).
 
     Parameters
     ----------
     rt : ServerRuntime
-        Server state; ``rt.weights`` is replaced by the new global model.
+        Server state; ``rt.weights`` is replaced by the round's aggregate.
     rnd : int
         Round number, ``>= 1``.
+    sampled : list[int]
+        The nodes of the round (the wrapped strategy's sample).
+    app_records : RecordDict
+        The wrapped strategy's train records (the global model under ``arrays_key``, the train
+        config): the app's part of every update instruction.
+    arrays_key : str
+        Name of the global model's ArrayRecord in ``app_records``.
 
     Returns
     -------
     RoundState
-        The round's bookkeeping (participants, drops, pairs, bytes, stage times).
+        The round's bookkeeping (participants, drops, pairs, bytes, stage times) and, in
+        ``aggregate``, the new global model as an ArrayRecord (None if no update was valid).
     """
+    from corbin_fl.arrays import unflatten_arrays
     from corbin_fl.models import layer_center_radius
 
     cfg, grid = rt.cfg, rt.grid
     state = RoundState(
         round=rnd,
         run_id=rt.run_id,
-        sampled=sample_nodes(rt, rnd),
+        sampled=list(sampled),
         seen_message_ids=rt.seen_message_ids,
     )
     if len(state.sampled) < cfg.min_clients:
         logger.warning(
-            "round %d: %d node(s) connected, min-clients is %d; round skipped",
+            "round %d: %d node(s) sampled, min-clients is %d; round skipped",
             rnd,
             len(state.sampled),
             cfg.min_clients,
@@ -164,7 +189,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
         exchange(
             grid,
             state,
-            {nid: instruction(wire.KEYGEN, nid, rnd, {}) for nid in need},
+            {nid: instruction(rt, wire.KEYGEN, nid, rnd, {}) for nid in need},
             lambda nid, reply: accept_pubkey(state, nid, reply),
             timeout=rt.timeout("keygen") if need else 0.0,
             poll_interval=cfg.poll_interval,
@@ -203,7 +228,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
     if cfg.quantizes_update:  # clients encode w_i - w_g in [-R, R]
         shape, dev = (rt.layout.num_layers,), rt.weights.device  # as layer_center_radius
         c_layer = torch.zeros(shape, dtype=torch.float32, device=dev)
-        if rt.update_radius <= 0:  # not resolved by run_training (a caller of run_round alone)
+        if rt.update_radius <= 0:  # not resolved by CorBin.start (a caller of run_round alone)
             resolved = update_radius(cfg, len(list(grid.get_node_ids())), [])
             rt.update_radius = resolved["value"] if resolved else 0.0
         r_layer = torch.full(shape, rt.update_radius, dtype=torch.float32, device=dev)
@@ -212,9 +237,8 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
             rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius, cfg.range_quantile
         )
     state.max_radius = float(r_layer.max())
-    model_rec = ArrayRecord(
+    range_rec = ArrayRecord(
         {
-            wire.WEIGHTS: wire.to_array(rt.weights.cpu().numpy()),
             wire.CENTER: wire.to_array(c_layer.cpu().numpy()),
             wire.RADIUS: wire.to_array(r_layer.cpu().numpy()),
         }
@@ -232,7 +256,9 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
         grid,
         state,
         {
-            nid: update_instruction(state, nid, rt, model_rec, participants, cq_seed)
+            nid: update_instruction(
+                state, nid, rt, range_rec, app_records, arrays_key, participants, cq_seed
+            )
             for nid in participants
         },
         on_update,
@@ -241,7 +267,7 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
         max_inflight=cfg.max_inflight,
         files=rt.files,
     )
-    del model_rec  # the serialized model (one float32 model copy): not needed to aggregate
+    del range_rec
     for nid in state.dropped:
         rt.pubkeys.pop(nid, None)  # its key state is unknown now: keygen next time
     for nid, pk in state.next_pubkeys.items():
@@ -255,43 +281,53 @@ def run_round(rt: ServerRuntime, rnd: int) -> RoundState:
         if cfg.quantizes_update:  # the decoded mean update, back on the global model
             estimate = estimate.to(rt.weights.device, torch.float32).add_(rt.weights)
         rt.weights = apply_global_lr(rt.weights, estimate, cfg.global_lr, inplace=True)
+        state.aggregate = unflatten_arrays(
+            rt.weights.detach().cpu().numpy(), rt.layout, app_records[arrays_key]
+        )
     return state
 
 
 # ============================================================================ messages
-def instruction(msg_type: str, nid: int, rnd: int, cfg: dict[str, Any], **records: Any) -> Message:
-    """A message of ``msg_type`` to node ``nid`` for round ``rnd`` (round bound in group id and
-    in the ``cfg`` record)."""
-    content = RecordDict({wire.CFG: ConfigRecord({wire.ROUND: rnd, **cfg}), **records})
-    return Message(content, dst_node_id=nid, message_type=msg_type, group_id=str(rnd))
+def instruction(
+    rt: ServerRuntime, stage: str, nid: int, rnd: int, body: dict[str, Any], **records: Any
+) -> Message:
+    """The ``stage`` instruction to node ``nid`` for round ``rnd``: a ``train`` message whose
+    ``corbin`` record holds the stage, the round (also in the group id), the mechanism's settings
+    (:data:`corbin_fl.wire.PARAM_KEYS`) and ``body``."""
+    params = rt.cfg.to_flower()
+    head = {wire.STAGE: stage, wire.ROUND: rnd, **{k: params[k] for k in wire.PARAM_KEYS}}
+    content = RecordDict({wire.CFG: ConfigRecord({**head, **body}), **records})
+    return Message(content, dst_node_id=nid, message_type=wire.TRAIN, group_id=str(rnd))
 
 
 def pair_instruction(state: RoundState, nid: int, rt: ServerRuntime) -> Message:
-    """``query.pair``: partner id and partner public key (relay/exact)."""
+    """Pair stage: partner id and partner public key (relay/exact)."""
     partner = state.partner[nid]
-    cfg: dict[str, Any] = {
+    body: dict[str, Any] = {
         wire.PARTNER: partner,
         wire.PARTNER_PUBKEY: state.pubkeys[partner],
-        wire.CR_MODE: rt.cfg.cr_mode,
     }
     if rt.cfg.cr_mode == "exact":
-        cfg[wire.NUM_PARAMS] = rt.layout.m
-    return instruction(wire.PAIR, nid, state.round, cfg)
+        body[wire.NUM_PARAMS] = rt.layout.m
+    return instruction(rt, wire.PAIR, nid, state.round, body)
 
 
 def update_instruction(
     state: RoundState,
     nid: int,
     rt: ServerRuntime,
-    model_rec: ArrayRecord,
+    range_rec: ArrayRecord,
+    app_records: RecordDict,
+    arrays_key: str,
     participants: list[int],
     cq_seed: bytes,
 ) -> Message:
-    """``train.update``: global model, center/radius, assignment and what the pair needs."""
+    """Update stage: assignment and what the pair needs, the per-layer range, and the app's
+    records (the global model under ``arrays_key`` and the train config)."""
     cfg = rt.cfg
     body: dict[str, Any] = {
-        wire.MECHANISM: cfg.mechanism,
         wire.ASSIGNMENT: assignment_of(state, nid, cfg),
+        wire.ARRAYS_KEY: arrays_key,
     }
     if body[wire.ASSIGNMENT] == wire.PAIRED:
         partner = state.partner[nid]
@@ -310,7 +346,10 @@ def update_instruction(
         body[wire.CQ_SEED] = cq_seed
         body[wire.CQ_RANK] = int(perm[sorted(participants).index(nid)])
         body[wire.CQ_CLIENTS] = len(participants)
-    return instruction(wire.UPDATE, nid, state.round, body, **{wire.MODEL: model_rec})
+    records = {name: rec for name, rec in app_records.items() if not wire.is_protocol_record(name)}
+    return instruction(
+        rt, wire.UPDATE, nid, state.round, body, **records, **{wire.RANGE: range_rec}
+    )
 
 
 def assignment_of(state: RoundState, nid: int, cfg: RunConfig) -> str:
@@ -354,46 +393,57 @@ def accept_blob(state: RoundState, nid: int, reply: Message, length: int) -> Non
 def accept_update(
     state: RoundState, nid: int, reply: Message, aggregator: Any, cfg: RunConfig
 ) -> None:
-    """Check a ``train.update`` reply and fold its update into ``aggregator``.
+    """Check an update reply and fold its update into ``aggregator``.
 
-    ``reply{round[, next-pubkey][, z-digest]}``, ``update{bits|values}`` of the mechanism's dtype
-    and length (finite for floats), ``metrics`` with the known keys and finite values.
+    ``corbin.reply{round[, next-pubkey][, z-digest]}``, ``corbin.update{bits|values}`` of the
+    mechanism's dtype and length (finite for floats), ``corbin.metrics`` with the mechanism's keys
+    and finite values, and at most :data:`corbin_fl.wire.MAX_APP_RECORDS` app records
+    (MetricRecords with finite values, ConfigRecords); no other ArrayRecord.
     """
+    content = reply.content
+    protocol = RecordDict({k: v for k, v in content.items() if wire.is_protocol_record(k)})
     wire.check_records(
-        reply.content,
+        protocol,
         {wire.REPLY: ConfigRecord, wire.UPDATE_REC: ArrayRecord, wire.METRICS: MetricRecord},
     )
-    head = reply.content.config_records[wire.REPLY]
+    app = {k: v for k, v in content.items() if not wire.is_protocol_record(k)}
+    if len(app) > wire.MAX_APP_RECORDS:
+        raise wire.WireError(f"{len(app)} app records, at most {wire.MAX_APP_RECORDS}")
+    app_bytes = wire.payload_bytes(RecordDict(app))
+    if app_bytes > wire.MAX_APP_BYTES:
+        raise wire.WireError(f"app records carry {app_bytes} bytes, at most {wire.MAX_APP_BYTES}")
+    for name, rec in app.items():
+        if isinstance(rec, MetricRecord):
+            if len(rec) > wire.MAX_APP_METRICS:
+                raise wire.WireError(f"app metrics {name!r:.64} has {len(rec)} entries")
+            for key, value in rec.items():
+                values = value if isinstance(value, list) else [value]
+                if not values or not all(wire.finite_metric(v) for v in values):
+                    raise wire.WireError(f"app metric {key!r:.64} is not a finite number")
+        elif not isinstance(rec, ConfigRecord):
+            raise wire.WireError(f"app record {name!r:.64} is a {type(rec).__name__}")
+    head = content.config_records[wire.REPLY]
     required = {wire.ROUND} | ({wire.NEXT_PUBKEY} if cfg.paired else set())
     optional = {wire.Z_DIGEST} if cfg.paired and cfg.test_z_digest else set()
     wire.check_keys(head, required, optional, what="reply")
     wire.check_round(reply, head, state.round)
     next_pk = wire.check_pubkey(head[wire.NEXT_PUBKEY], "next-pubkey") if cfg.paired else None
     digest = wire.get_bytes(head, wire.Z_DIGEST, 32) if wire.Z_DIGEST in head else None
-    metrics = reply.content.metric_records[wire.METRICS]
+    metrics = content.metric_records[wire.METRICS]
     wire.check_keys(metrics, wire.METRIC_KEYS, what="metrics")
     for key, value in metrics.items():
         if not wire.finite_metric(value):
             raise wire.WireError(f"metric {key!r} is not a finite number")
-    aggregator.add(reply.content.array_records[wire.UPDATE_REC])  # validates, then counts
+    aggregator.add(content.array_records[wire.UPDATE_REC])  # validates, then counts
     state.client_metrics[nid] = {k: float(v) for k, v in metrics.items()}  # type: ignore[arg-type]
+    state.app_records[nid] = RecordDict(app)
     if next_pk is not None:
         state.next_pubkeys[nid] = next_pk
     if digest is not None:
         state.z_digests[nid] = digest
 
 
-# ============================================================================ sampling
-def sample_nodes(rt: ServerRuntime, rnd: int) -> list[int]:
-    """Connected nodes, or ``clients-per-round`` of them chosen uniformly (seeded)."""
-    nodes = sorted(int(n) for n in rt.grid.get_node_ids())
-    k = rt.cfg.clients_per_round
-    if k == 0 or k >= len(nodes):
-        return nodes
-    picked = rt.rng(rnd, _PURPOSE_SAMPLE).choice(len(nodes), size=k, replace=False)
-    return [nodes[i] for i in sorted(picked)]
-
-
+# ============================================================================ nodes
 def wait_for_nodes(grid: Grid, cfg: RunConfig) -> list[int]:
     """Block until ``min-clients`` nodes are connected (at most ``wait-for-nodes`` seconds)."""
     deadline = time.monotonic() + cfg.wait_for_nodes
@@ -477,7 +527,7 @@ def round_record(
         "round_seconds": seconds,
         "max_radius": state.max_radius,
         "update_radius": state.max_radius if cfg.quantizes_update else None,
-        "train_loss": _mean(m.get(wire.M_TRAIN_LOSS) for m in state.client_metrics.values()),
+        "train_loss": _mean(_app_metric(r, wire.M_TRAIN_LOSS) for r in state.app_records.values()),
         "clip_fraction": _mean(m.get(wire.M_CLIP_FRACTION) for m in state.client_metrics.values()),
     }
     if cfg.paired and cfg.test_z_digest:
@@ -492,210 +542,18 @@ def round_record(
     return record
 
 
+def _app_metric(records: RecordDict, key: str) -> float | None:
+    """``key`` of the first app MetricRecord of a reply that has it (a number), else None."""
+    for rec in records.metric_records.values():
+        value = rec.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
 def _mean(values: Any) -> float | None:
     vals = [float(v) for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
-
-
-def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
-    """The whole run: ``num-rounds`` rounds of :func:`run_round` with evaluation and outputs.
-
-    After every round the server evaluates the global model, applies the paper's checkpoint
-    rule (Sec. V.3), records one privacy-ledger event per accepted update, commits the crash
-    checkpoint (:class:`server.checkpoint.Checkpointer`, when ``out-dir`` is set) and only then
-    appends the round's ``metrics.jsonl`` row. With ``resume = true`` the run starts from that
-    checkpoint: ``metrics.jsonl`` is rewritten atomically to the checkpoint's rows ``1..t``
-    (dropping the row of a round that was in flight) and the loop goes on with round ``t + 1``.
-
-    Parameters
-    ----------
-    grid : Grid
-        Flower grid.
-    cfg : RunConfig
-        Validated run configuration.
-
-    Returns
-    -------
-    dict
-        The summary (also written to ``summary.json`` when ``out-dir`` is set).
-
-    Raises
-    ------
-    server.checkpoint.CheckpointError
-        ``resume = true`` without a usable checkpoint (missing, corrupt, other configuration),
-        or ``resume = false`` in an ``out-dir`` that holds the checkpoint of another run.
-    """
-    from corbin_fl.data import dataset_info, server_datasets
-    from corbin_fl.models import build_model, flatten, layout_of, load_flat
-    from corbin_fl.training import evaluate, pick_device
-    from server.checkpoint import Checkpointer, CheckpointError, TrainingState, release_event
-
-    files = RunFiles(cfg.out_dir)
-    device = pick_device(cfg.device)
-    run_id = int(grid.run.run_id)
-    info = dataset_info(cfg.dataset, cfg.data_dir or None)
-    model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
-    layout = layout_of(model)
-    val, test = server_datasets(
-        cfg.dataset,
-        data_seed=cfg.data_seed,
-        data_dir=cfg.data_dir or None,
-        use_official_test=cfg.use_official_test,
-    )
-    rt = ServerRuntime(
-        grid=grid,
-        cfg=cfg,
-        run_id=run_id,
-        weights=flatten(model).to(device),
-        layout=layout,
-        device=device,
-        files=files,
-    )
-    files.event(
-        "run_start",
-        time=time.time(),
-        run_id=run_id,
-        config=cfg.to_flower(),
-        num_params=layout.m,
-        device=str(device),
-    )
-    logger.info(
-        "CorBin-FL run %d: mechanism %s, %d rounds, %d parameters, device %s",
-        run_id,
-        cfg.mechanism,
-        cfg.num_rounds,
-        layout.m,
-        device,
-    )
-    try:
-        ckpt = Checkpointer(cfg.out_dir, cfg, layout.m) if cfg.out_dir else None
-        resumed: TrainingState | None = None
-        if ckpt is not None and cfg.resume:
-            resumed = ckpt.load()
-            rt.weights = resumed.weights.to(device)
-            resumed.best_weights = resumed.best_weights.to(device)
-            files.rewrite_metrics(resumed.history)
-            files.event(
-                "resume",
-                time=time.time(),
-                from_round=resumed.round,
-                run_ids=resumed.run_ids,
-                aborted_releases=len(resumed.aborted_releases),
-            )
-            logger.info(
-                "resuming after round %d (checkpoint of run(s) %s)",
-                resumed.round,
-                ", ".join(str(r) for r in resumed.run_ids),
-            )
-        elif ckpt is not None and ckpt.exists():
-            raise CheckpointError(
-                f"out-dir {cfg.out_dir} holds the checkpoint of another run "
-                f"({ckpt.state_path}): set resume = true to continue it, or use a new out-dir"
-            )
-
-        nodes = wait_for_nodes(grid, cfg)
-        logger.info("%d node(s) connected", len(nodes))
-        radius = update_radius(cfg, len(nodes), resumed.history if resumed else [])
-        rt.update_radius = radius["value"] if radius else 0.0
-        if radius:
-            logger.info("update radius R = %.4g (%s)", radius["value"], radius["source"])
-
-        def evaluate_now() -> dict[str, float]:
-            load_flat(model, rt.weights)
-            v = evaluate(model, val, batch_size=cfg.eval_batch_size, device=device)
-            t = evaluate(model, test, batch_size=cfg.eval_batch_size, device=device)
-            return {
-                "val_accuracy": v.accuracy,
-                "val_loss": v.loss,
-                "test_accuracy": t.accuracy,
-                "test_loss": t.loss,
-            }
-
-        train = resumed or TrainingState(
-            round=0,
-            weights=rt.weights,
-            best={"round": 0, **evaluate_now()},
-            best_weights=rt.weights.clone(),
-        )
-        train.run_ids.append(run_id)
-
-        def journal(rnd: int, nid: int, metrics: dict[str, float]) -> None:
-            """Journal an accepted update at once (a crash later in the round keeps it)."""
-            if ckpt is None:
-                return
-            paired = metrics.get(wire.M_PAIRED, 0.0) > 0
-            try:
-                ckpt.journal_release(run_id, release_event(cfg, rnd, nid, layout.m, paired=paired))
-            except OSError:  # the round's ledger events are committed from the round state
-                logger.exception("round %d: could not journal the release of node %d", rnd, nid)
-
-        rt.on_release = journal
-        for rnd in range(train.round + 1, cfg.num_rounds + 1):
-            files.round_start(rnd)
-            t0 = time.monotonic()
-            state = run_round(rt, rnd)
-            evals = evaluate_now()
-            record = round_record(state, time.monotonic() - t0, evals, cfg)
-            # Checkpoints (paper Sec. V.3): model selection on validation only.
-            if evals["val_accuracy"] > train.best["val_accuracy"]:
-                train.best = {"round": rnd, **evals}
-                train.best_weights = rt.weights.clone()
-                train.since_best = 0
-            else:
-                train.since_best += 1
-            record["checkpoint_reloaded"] = False
-            if cfg.checkpoint_patience and train.since_best >= cfg.checkpoint_patience:
-                logger.info(
-                    "round %d: validation accuracy has not improved for %d rounds; "
-                    "reloading the model of round %d",
-                    rnd,
-                    train.since_best,
-                    train.best["round"],
-                )
-                rt.weights = train.best_weights.clone()
-                train.since_best = 0
-                record["checkpoint_reloaded"] = True
-            for nid, metrics in sorted(state.client_metrics.items()):
-                paired = metrics.get(wire.M_PAIRED, 0.0) > 0
-                train.ledger.add(release_event(cfg, rnd, nid, layout.m, paired=paired))
-            train.history.append(record)
-            train.round, train.weights = rnd, rt.weights
-            if ckpt is not None:  # commit before the row: a visible row is a durable round
-                ckpt.save(train)
-                files.event("checkpoint", round=rnd, time=time.time())
-            files.metrics(record)
-            files.event(
-                "round_end",
-                round=rnd,
-                time=time.time(),
-                seconds=record["round_seconds"],
-                test_accuracy=evals["test_accuracy"],
-                participants=record["participants"],
-                dropped=sorted(int(n) for n in state.dropped),
-            )
-            logger.info(
-                "round %d/%d: test accuracy %.4f, val accuracy %.4f, %d/%d clients, "
-                "%d dropped, %.1f s",
-                rnd,
-                cfg.num_rounds,
-                evals["test_accuracy"],
-                evals["val_accuracy"],
-                record["participants"],
-                record["sampled"],
-                len(state.dropped),
-                record["round_seconds"],
-            )
-        summary = build_summary(cfg, train.history, train.best, layout.m, train=train)
-        if radius:
-            summary["update_radius"] = radius
-        files.summary(summary)
-        files.event("run_end", time=time.time())
-        return summary
-    except BaseException as exc:
-        files.event("run_end", time=time.time(), error=f"{type(exc).__name__}: {exc}")
-        raise
-    finally:
-        files.close()
 
 
 def build_summary(
@@ -722,21 +580,20 @@ def build_summary(
         "final_test_loss": final.get("test_loss"),
         "final_val_accuracy": final.get("val_accuracy"),
         "best_val_round": best["round"],
-        "best_val_accuracy": best["val_accuracy"],
-        "best_val_test_accuracy": best["test_accuracy"],
+        "best_val_accuracy": best.get("val_accuracy"),
+        "best_val_test_accuracy": best.get("test_accuracy"),
         "round_trips_per_round": [int(r["round_trips"]) for r in history],
         "participants_per_round": participation,
         "bytes_up_total": sum(int(r["bytes_up"]["total"]) for r in history),
         "bytes_down_total": sum(int(r["bytes_down"]["total"]) for r in history),
         "clip_fraction": clip_summary(history),
-        "privacy": privacy_summary(
-            cfg,
-            len(history),
-            num_params,
-            max(participation, default=0),
-            max((float(r["max_radius"]) for r in history), default=None),
-        ),
     }
+    clients = max(participation, default=0)
+    r_max = max((float(r["max_radius"]) for r in history), default=None)
+    if train is not None:
+        summary["privacy"] = ledger_privacy(cfg, train.ledger, num_params, clients, r_max)
+    else:
+        summary["privacy"] = privacy_summary(cfg, len(history), num_params, clients, r_max)
     if train is not None:
         from server.checkpoint import ledger_counts
 
@@ -758,6 +615,46 @@ def clip_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
         "mean": sum(known) / len(known) if known else None,
         "max": max(known, default=None),
     }
+
+
+def ledger_privacy(
+    cfg: RunConfig, ledger: Any, num_params: int, clients: int | None, r_max: float | None
+) -> dict[str, Any]:
+    """The run's privacy report from its privacy ledger (one typed event per released update).
+
+    The composition count is the largest number of updates any one node actually released
+    (including the releases of rounds a crash aborted), and ``eps_p``, ``m``, ``d`` come from
+    those events, not from the configuration; a run that released nothing falls back to the
+    configured worst case of zero rounds. ``ledger`` in the report says what was counted.
+    """
+    from collections import Counter
+
+    events = list(ledger)
+    if not events:
+        report = privacy_summary(cfg, 0, num_params, clients, r_max)
+        report["ledger"] = {"releases": 0, "nodes": 0, "max_releases_per_node": 0}
+        return report
+    per_node = Counter(e.node for e in events)
+    mechanisms = sorted({e.mechanism for e in events})
+    if mechanisms != [cfg.mechanism]:
+        logger.error("privacy ledger holds mechanisms %s, the run %s", mechanisms, cfg.mechanism)
+    released = [e.eps_p for e in events if e.eps_p is not None]
+    paired_d = [e.d for e in events if e.paired and e.d is not None]
+    from dataclasses import replace
+
+    view = replace(
+        cfg,
+        epsilon=max(released) if released else cfg.epsilon,
+        d=max(paired_d) if paired_d else cfg.d,
+    )
+    report = privacy_summary(view, max(per_node.values()), max(e.m for e in events), clients, r_max)
+    report["ledger"] = {
+        "releases": len(events),
+        "nodes": len(per_node),
+        "max_releases_per_node": max(per_node.values()),
+        "paired_releases": sum(1 for e in events if e.paired),
+    }
+    return report
 
 
 def privacy_summary(

@@ -22,11 +22,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 
-from corbin_fl.wire import STAGE_OF, WireError, payload_bytes
+from corbin_fl.wire import CFG, STAGE, WireError, payload_bytes
 from server.metrics import RunFiles
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,10 @@ class RoundState:
         Stages that sent at least one message.
     max_radius : float
         Largest layer radius sent this round (for the privacy report).
+    app_records : dict[int, RecordDict]
+        The app's own records (metrics) of each accepted update.
+    aggregate : ArrayRecord or None
+        The round's new global model (eq. 6), for the wrapped strategy.
     """
 
     round: int
@@ -104,6 +108,8 @@ class RoundState:
     bytes_down: dict[str, int] = field(default_factory=dict)
     round_trips: int = 0
     max_radius: float = 0.0
+    app_records: dict[int, RecordDict] = field(default_factory=dict)
+    aggregate: ArrayRecord | None = None
 
     def __post_init__(self) -> None:
         if not self.active:
@@ -186,11 +192,14 @@ def exchange(
     """
     if not messages:
         return []
-    types = {msg.metadata.message_type for msg in messages.values()}
-    if len(types) != 1:
-        raise ValueError(f"one stage sends one message type, got {sorted(types)}")
-    msg_type = types.pop()
-    stage = STAGE_OF[msg_type]
+    stages = {
+        (msg.metadata.message_type, msg.content.config_records[CFG][STAGE])
+        for msg in messages.values()
+    }
+    if len(stages) != 1:
+        raise ValueError(f"one stage sends one message type and stage, got {sorted(stages)}")
+    msg_type, stage = stages.pop()
+    stage = str(stage)
     t0 = time.monotonic()
     state.round_trips += 1
     state.bytes_down[stage] = state.bytes_down.get(stage, 0) + sum(

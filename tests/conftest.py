@@ -167,13 +167,13 @@ _CLIENTAPP_PROBE: Final[str] = """
 import json, sys, time
 import flwr.clientapp
 import client.app
-from client import encode
+from client import train as client_train
 print("imported", flush=True)
 from corbin_fl.config import RunConfig
 from corbin_fl.data import client_rows, dataset_rows
 from corbin_fl.training import train_local
 cfg = RunConfig.from_flower(json.loads(sys.argv[1]))
-task = encode.LocalTask.get(cfg)
+task = client_train.LocalTask.get(cfg)
 t0 = time.monotonic()
 rows = client_rows(
     cfg.dataset, 0, int(sys.argv[2]), partitioner=cfg.partitioner,

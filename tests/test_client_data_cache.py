@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from client import encode
+from client import train as client_train
 from corbin_fl import data
 from corbin_fl.config import RunConfig
 
@@ -18,7 +18,7 @@ def _context() -> Context:
 def test_rows_cached_in_state_and_reused(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = RunConfig.from_flower({})
     ctx = _context()
-    first = encode.local_dataset(cfg, ctx, 1, 3)
+    first = client_train.local_dataset(cfg, ctx, 1, 3)
     expected = data.client_dataset(cfg.dataset, 1, 3, data_seed=cfg.data_seed)
     assert np.array_equal(first.tensors[1].numpy(), expected.tensors[1].numpy())
     assert np.array_equal(first.tensors[0].numpy(), expected.tensors[0].numpy())
@@ -27,13 +27,13 @@ def test_rows_cached_in_state_and_reused(monkeypatch: pytest.MonkeyPatch) -> Non
         raise AssertionError("partitioner called although the rows are in context.state")
 
     monkeypatch.setattr(data, "client_rows", no_partitioner)
-    again = encode.local_dataset(cfg, ctx, 1, 3)
+    again = client_train.local_dataset(cfg, ctx, 1, 3)
     assert np.array_equal(again.tensors[1].numpy(), expected.tensors[1].numpy())
 
 
 def test_cache_key_change_recomputes(monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = _context()
-    encode.local_dataset(RunConfig.from_flower({}), ctx, 1, 3)
+    client_train.local_dataset(RunConfig.from_flower({}), ctx, 1, 3)
     calls: list[int] = []
     real = data.client_rows
 
@@ -42,7 +42,7 @@ def test_cache_key_change_recomputes(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(data, "client_rows", counting)
-    encode.local_dataset(RunConfig.from_flower({"data-seed": 5}), ctx, 1, 3)
+    client_train.local_dataset(RunConfig.from_flower({"data-seed": 5}), ctx, 1, 3)
     assert calls == [1]
 
 

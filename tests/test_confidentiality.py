@@ -44,14 +44,16 @@ from test_protocol_logic import (  # noqa: F401
     make_cfg,
     runtime,
 )
+from wire_helpers import is_stage, run_plain_round
 
 import mechanisms.pairing
 from client import app as client_app
 from client import encode, handlers, pair_crypto
+from client import train as client_train
 from corbin_fl import wire
 from corbin_fl.config import APP_LOGGERS, RunConfig
 from corbin_fl.launcher import ProcessRegistry, flower_executable
-from server import round as server_round
+from server import app as server_app
 
 REPO = Path(__file__).resolve().parents[1]
 MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
@@ -60,7 +62,7 @@ MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
 @pytest.fixture(autouse=True)
 def _no_client_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stub training ignores the data: skip loading the node's partition."""
-    monkeypatch.setattr(encode, "local_dataset", lambda *args, **kwargs: None)
+    monkeypatch.setattr(client_train, "local_dataset", lambda *args, **kwargs: None)
 
 
 # ============================================================================ 1. node auth
@@ -270,7 +272,7 @@ def test_a_third_node_cannot_open_another_pairs_blob(monkeypatch: pytest.MonkeyP
     keys = KeySpy(monkeypatch)
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
-    state = server_round.run_round(rt, 1)
+    state = run_plain_round(rt, 1)
     assert len(state.pairs) == 3 and not state.dropped
     assert {m[wire.M_PAIRED] for m in state.client_metrics.values()} == {1.0}
 
@@ -278,7 +280,7 @@ def test_a_third_node_cannot_open_another_pairs_blob(monkeypatch: pytest.MonkeyP
     blobs = {
         m.metadata.src_node_id: m.content.config_records[wire.PAIR_REC][wire.BLOB]
         for m in grid.received
-        if m.metadata.message_type == wire.PAIR
+        if is_stage(m, wire.PAIR)
     }
     assert set(blobs) == set(state.partner)
     attempts = 0
@@ -308,7 +310,7 @@ def test_a_third_node_cannot_open_another_pairs_blob(monkeypatch: pytest.MonkeyP
     # The server routed each blob to its sender's partner, and to nobody else.
     delivered: dict[bytes, list[int]] = {}
     for msg in grid.sent:
-        if msg.metadata.message_type != wire.UPDATE:
+        if not is_stage(msg, wire.UPDATE):
             continue
         cfg_rec = msg.content.config_records[wire.CFG]
         if wire.PARTNER_BLOB in cfg_rec:
@@ -319,7 +321,7 @@ def test_a_third_node_cannot_open_another_pairs_blob(monkeypatch: pytest.MonkeyP
         blob: [state.partner[sender]] for sender, blob in blobs.items()
     }
     for msg in grid.sent:  # a pair instruction names the partner's public key only
-        if msg.metadata.message_type == wire.PAIR:
+        if is_stage(msg, wire.PAIR):
             rec = msg.content.config_records[wire.CFG]
             partner = state.partner[msg.metadata.dst_node_id]
             assert rec[wire.PARTNER] == partner
@@ -492,7 +494,7 @@ def test_server_logs_and_files_hold_no_secret_and_no_role(
     for name in APP_LOGGERS:
         caplog.set_level(logging.DEBUG, logger=name)
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
-    summary = server_round.run_training(grid, cfg)
+    summary = server_app.run_training(grid, cfg)
     assert summary["participants_per_round"] == [nodes, nodes]
 
     # The spies saw what the run used (so the search below looks for real secrets).

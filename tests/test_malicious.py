@@ -59,8 +59,10 @@ from test_protocol_logic import (  # noqa: F401
     reply_hook,
     runtime,
 )
+from wire_helpers import is_stage, run_plain_round
 
 from client import encode
+from client import train as client_train
 from corbin_fl import wire
 from corbin_fl.config import RunConfig
 from corbin_fl.models import expand_per_element
@@ -74,7 +76,7 @@ N_NODES = 4
 @pytest.fixture(autouse=True)
 def _no_client_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stub training ignores the data: skip loading the node's partition."""
-    monkeypatch.setattr(encode, "local_dataset", lambda *args, **kwargs: None)
+    monkeypatch.setattr(client_train, "local_dataset", lambda *args, **kwargs: None)
 
 
 class Attack:
@@ -123,13 +125,13 @@ def counterfactual(
     through the server's aggregator and eq. (6); ``c, r`` are those the server sent.
     Returns ``(w_honest, c, r, n)``.
     """
-    sent = [m for m in grid.sent if m.metadata.message_type == wire.UPDATE]
-    model = sent[0].content.array_records[wire.MODEL]
+    sent = [m for m in grid.sent if is_stage(m, wire.UPDATE)]
+    model = sent[0].content.array_records[wire.RANGE]
     c = expand_per_element(torch.from_numpy(model[wire.CENTER].numpy()), rt.layout)
     r = expand_per_element(torch.from_numpy(model[wire.RADIUS].numpy()), rt.layout)
     aggregator = make_aggregator(rt.cfg, w0, c, r)
     for msg in grid.received:
-        if msg.metadata.message_type == wire.UPDATE and msg.metadata.src_node_id != attack.victim:
+        if is_stage(msg, wire.UPDATE) and msg.metadata.src_node_id != attack.victim:
             aggregator.add(msg.content.array_records[wire.UPDATE_REC])
     assert attack.honest is not None
     aggregator.add(attack.honest.array_records[wire.UPDATE_REC])
@@ -169,7 +171,7 @@ def test_all_ones_client_shift_on_the_server_path(
     attack.spy_encode(monkeypatch)
     w0 = rt.weights.clone()
 
-    state = server_round.run_round(rt, 1)
+    state = run_plain_round(rt, 1)
 
     assert state.dropped == {} and len(state.client_metrics) == N_NODES
     if cfg.mechanism == "corbin":  # the bound holds for a node inside a CorBinQ pair
@@ -269,7 +271,7 @@ def test_float_updates_nan_inf_huge_are_rejected_not_averaged(mechanism: str, ki
     victim = grid.node_ids[0]
     attack = Attack(grid, victim, _poison(kind, limit, c))
 
-    state = server_round.run_round(rt, 1)
+    state = run_plain_round(rt, 1)
 
     w_honest, _, _, _ = counterfactual(grid, attack, rt, w0)
     if kind == "inside":
@@ -290,7 +292,7 @@ def test_float_updates_nan_inf_huge_are_rejected_not_averaged(mechanism: str, ki
     others = [
         msg
         for msg in grid.received
-        if msg.metadata.message_type == wire.UPDATE and msg.metadata.src_node_id != victim
+        if is_stage(msg, wire.UPDATE) and msg.metadata.src_node_id != victim
     ]
     c_sent, r_sent = expand_per_element(c_l, rt.layout), expand_per_element(r_l, rt.layout)
     aggregator = make_aggregator(cfg, w0, c_sent, r_sent)

@@ -44,7 +44,7 @@ from netns import (
     wait_in_namespace,
 )
 
-from corbin_fl.launcher import ManagedProcess, ProcessRef, ProcessRegistry
+from corbin_fl.launcher import ManagedProcess, ProcessRef, ProcessRegistry, node_policy
 
 pytestmark = [pytest.mark.multihost]
 
@@ -352,7 +352,15 @@ def test_tls_run_survives_a_killed_and_an_unplugged_client(
         "wait-for-nodes": waits.ready,
     }
     deploy = FlowerHosts(
-        topology, SERVER, CLIENTS, tmp_path / "deploy", tls=True, ready_timeout=waits.ready
+        topology,
+        SERVER,
+        CLIENTS,
+        tmp_path / "deploy",
+        tls=True,
+        ready_timeout=waits.ready,
+        # each client's operator admits this run's eps_p = 8 in its own node config (the
+        # default policy refuses anything above 1: client/policy.py)
+        node_config=node_policy(RUN_CONFIG),
     )
     out_dir = tmp_path / "out"
     faults: dict[str, Any] = {}

@@ -29,11 +29,14 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+from wire_helpers import is_stage, message_stage, run_plain_round
 
 from client import app as client_app
 from client import handlers, pair_crypto
 from corbin_fl import wire
 from corbin_fl.config import RunConfig
+from corbin_fl.launcher import node_policy
+from server import app as server_app
 from server import round as server_round
 from server.aggregation import apply_global_lr, make_aggregator
 from server.metrics import RunFiles
@@ -78,7 +81,11 @@ class InProcessGrid(Grid):
             nid: Context(
                 run_id=RUN_ID,
                 node_id=nid,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
+                node_config={
+                    "partition-id": i,
+                    "num-partitions": num_nodes,
+                    **node_policy({**RunConfig().to_flower(), **run_config}),
+                },
                 state=RecordDict(),
                 run_config=dict(run_config),
             )
@@ -154,7 +161,7 @@ def make_cfg(**overrides: Any) -> dict[str, Any]:
 
 def run(grid: InProcessGrid, **overrides: Any) -> dict[str, Any]:
     cfg = RunConfig.from_flower({**grid.contexts[grid.node_ids[0]].run_config, **overrides})
-    return server_round.run_training(grid, cfg)
+    return server_app.run_training(grid, cfg)
 
 
 def payload_blobs(msg: Message) -> list[bytes]:
@@ -178,7 +185,7 @@ def reply_hook(
     msg_type: str, node: int, action: Callable[[Message, Message], list[Message]]
 ) -> Hook:
     def hook(nid: int, instruction: Message, reply: Message | None) -> list[Message] | None:
-        if nid == node and instruction.metadata.message_type == msg_type and reply is not None:
+        if nid == node and message_stage(instruction) == msg_type and reply is not None:
             return action(instruction, reply)
         return None
 
@@ -206,14 +213,14 @@ def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     layer, local training adds seeded noise to it, the data is 64 random images and evaluation a
     fixed score (one test keeps the real CNN, data, training and evaluation)."""
     if request.node.originalname in REAL_TRAINING:
-        from client import encode
+        from client import train as client_train
 
-        monkeypatch.setattr(encode.LocalTask, "_cache", {})
+        monkeypatch.setattr(client_train.LocalTask, "_cache", {})
         return
     import corbin_fl.data
     import corbin_fl.models
     import corbin_fl.training
-    from client import encode
+    from client import train as client_train
     from corbin_fl.training import EvalResult, TrainResult
 
     def fake_data(cfg: Any, context: Any, partition_id: int, num_partitions: int) -> Any:
@@ -240,8 +247,8 @@ def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
         return model
 
     monkeypatch.setattr(corbin_fl.models, "build_model", tiny_model)
-    monkeypatch.setattr(encode.LocalTask, "_cache", {})
-    monkeypatch.setattr(encode, "local_dataset", fake_data)
+    monkeypatch.setattr(client_train.LocalTask, "_cache", {})
+    monkeypatch.setattr(client_train, "local_dataset", fake_data)
     monkeypatch.setattr(corbin_fl.data, "server_datasets", lambda *a, **k: (None, None))
     monkeypatch.setattr(corbin_fl.training, "train_local", fake_train)
     monkeypatch.setattr(corbin_fl.training, "evaluate", fake_eval)
@@ -302,7 +309,7 @@ def test_relay_run_no_secret_in_the_clear(monkeypatch: pytest.MonkeyPatch, tmp_p
     for secret in secret_values:
         assert not any(secret in blob for blob in everything)
     # the two blobs of every pair have the same size; no role-like key anywhere
-    pair_replies = [m for m in grid.received if m.metadata.message_type == wire.PAIR]
+    pair_replies = [m for m in grid.received if is_stage(m, wire.PAIR)]
     assert {len(m.content.config_records[wire.PAIR_REC][wire.BLOB]) for m in pair_replies} == {
         wire.blob_len(wire.SEED_BYTES)
     }
@@ -338,7 +345,7 @@ def test_derived_and_exact_modes_share_z(mode: str, trips: list[int]) -> None:
         blobs = [
             m_.content.config_records[wire.PAIR_REC][wire.BLOB]
             for m_ in grid.received
-            if m_.metadata.message_type == wire.PAIR
+            if is_stage(m_, wire.PAIR)
         ]
         assert {len(b) for b in blobs} == {wire.blob_len(wire.packed_len(5 * m))}
 
@@ -416,7 +423,7 @@ def test_round_without_any_valid_update_keeps_the_model() -> None:
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     before = rt.weights.clone()
-    state = server_round.run_round(rt, 1)
+    state = run_plain_round(rt, 1)
     assert len(state.dropped) == 2 and not state.client_metrics
     assert torch.equal(rt.weights, before)
 
@@ -437,10 +444,14 @@ def _set_array(key: str, arr: np.ndarray) -> Callable[[RecordDict], None]:
 
 BAD_UPDATES: dict[str, tuple[Callable[[RecordDict], None], str]] = {
     "extra record": (
-        lambda c: c.__setitem__("junk", ConfigRecord({"a": 1})),
-        "unexpected ['junk']",
+        lambda c: c.__setitem__("corbin.junk", ConfigRecord({"a": 1})),
+        "unexpected ['corbin.junk']",
     ),
-    "missing record": (lambda c: c.__delitem__(wire.METRICS), "missing ['metrics']"),
+    "app arrays": (
+        lambda c: c.__setitem__("arrays", ArrayRecord({"w": Array(np.zeros(3, np.float32))})),
+        "app record 'arrays' is a ArrayRecord",
+    ),
+    "missing record": (lambda c: c.__delitem__(wire.METRICS), "missing ['corbin.metrics']"),
     "wrong array key": (_set_array("values", np.zeros(10, np.uint8)), "update keys"),
     "wrong length": (_set_array(wire.BITS, np.zeros(3, np.uint8)), "must be uint8"),
     "wrong dtype": (_set_array(wire.BITS, np.zeros(3, np.float32)), "must be uint8"),
@@ -457,8 +468,12 @@ BAD_UPDATES: dict[str, tuple[Callable[[RecordDict], None], str]] = {
         "32 bytes",
     ),
     "nan metric": (
-        lambda c: c.metric_records[wire.METRICS].__setitem__(wire.M_TRAIN_LOSS, float("nan")),
+        lambda c: c.metric_records[wire.METRICS].__setitem__(wire.M_CLIP_FRACTION, float("nan")),
         "not a finite number",
+    ),
+    "nan app metric": (
+        lambda c: c.metric_records["metrics"].__setitem__(wire.M_TRAIN_LOSS, float("nan")),
+        "app metric 'train-loss' is not a finite number",
     ),
     "extra metric": (
         lambda c: c.metric_records[wire.METRICS].__setitem__("is-lead", 1.0),
@@ -567,13 +582,13 @@ def test_tampered_or_misbound_blob_makes_the_client_fall_back() -> None:
     grid = InProcessGrid(make_cfg(num_rounds=1, test_z_digest=True), 4)
 
     def tamper(nid: int, msg: Message) -> Message | None:
-        if msg.metadata.message_type != wire.UPDATE or nid != grid.node_ids[0]:
+        if not is_stage(msg, wire.UPDATE) or nid != grid.node_ids[0]:
             return None
         content = copy.deepcopy(msg.content)
         blob = bytearray(content.config_records[wire.CFG][wire.PARTNER_BLOB])  # type: ignore[arg-type]
         blob[-1] ^= 1
         content.config_records[wire.CFG][wire.PARTNER_BLOB] = bytes(blob)
-        out = Message(content, dst_node_id=nid, message_type=wire.UPDATE, group_id="1")
+        out = Message(content, dst_node_id=nid, message_type=wire.TRAIN, group_id="1")
         out.metadata.__dict__["_message_id"] = msg.metadata.message_id
         return out
 
@@ -601,7 +616,7 @@ def test_blob_of_another_pair_fails_authentication() -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(server_round, "update_instruction", swapped)
-        state = server_round.run_round(rt, 1)
+        state = run_plain_round(rt, 1)
     codes = {m[wire.M_FALLBACK_CODE] for m in state.client_metrics.values()}
     assert codes == {float(wire.FALLBACK_REASONS.index("blob-auth-failed"))}
     assert len(state.client_metrics) == 4
@@ -611,15 +626,32 @@ def _ctx(run_config: dict[str, Any], nid: int = 5) -> Context:
     return Context(RUN_ID, nid, {"partition-id": 0, "num-partitions": 2}, RecordDict(), run_config)
 
 
-def _keygen(rnd: int = 1, group: str | None = None, **cfg: Any) -> Message:
+def _params(**overrides: Any) -> dict[str, Any]:
+    """The mechanism settings an instruction carries (``wire.PARAM_KEYS``)."""
+    settings = RunConfig.from_flower(make_cfg(**overrides)).to_flower()
+    return {k: settings[k] for k in wire.PARAM_KEYS}
+
+
+def _instruction(
+    stage: str,
+    rnd: int = 1,
+    group: str | None = None,
+    params: dict[str, Any] | None = None,
+    **keys: Any,
+) -> Message:
+    head = {wire.STAGE: stage, wire.ROUND: rnd, **(params or _params()), **keys}
     msg = Message(
-        RecordDict({wire.CFG: ConfigRecord({wire.ROUND: rnd, **cfg})}),
+        RecordDict({wire.CFG: ConfigRecord(head)}),
         dst_node_id=5,
-        message_type=wire.KEYGEN,
+        message_type=wire.TRAIN,
         group_id=group if group is not None else str(rnd),
     )
     msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
     return msg
+
+
+def _keygen(rnd: int = 1, group: str | None = None, **keys: Any) -> Message:
+    return _instruction(wire.KEYGEN, rnd, group, **keys)
 
 
 @pytest.mark.parametrize(
@@ -641,20 +673,7 @@ def test_client_rejects_pair_without_key_and_bad_partner_key() -> None:
     _sk, pk = pair_crypto.generate_keypair()
 
     def pair_msg(partner_pk: bytes, rnd: int = 1) -> Message:
-        content = {
-            wire.ROUND: rnd,
-            wire.PARTNER: 9,
-            wire.PARTNER_PUBKEY: partner_pk,
-            wire.CR_MODE: "relay",
-        }
-        msg = Message(
-            RecordDict({wire.CFG: ConfigRecord(content)}),
-            dst_node_id=5,
-            message_type=wire.PAIR,
-            group_id=str(rnd),
-        )
-        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-        return msg
+        return _instruction(wire.PAIR, rnd, **{wire.PARTNER: 9, wire.PARTNER_PUBKEY: partner_pk})
 
     reply = client_app.app(pair_msg(pk), ctx)
     assert reply.has_error() and "no private key for round 1" in (reply.error.reason or "")
@@ -666,11 +685,18 @@ def test_client_rejects_pair_without_key_and_bad_partner_key() -> None:
     assert reply.has_error() and "already answered" in (reply.error.reason or "")
 
 
-def test_client_rejects_a_bad_run_config_and_wrong_stage() -> None:
-    reply = client_app.app(_keygen(), _ctx({"epsilon": -1.0}))
+def test_client_rejects_bad_settings_and_a_stage_the_mechanism_lacks() -> None:
+    """Bad mechanism settings in the instruction (the run config is never read) and a keygen
+    for a mechanism that does not pair are refused, naming the cause."""
+    bad = {**_params(), "epsilon": -1.0}
+    reply = client_app.app(_instruction(wire.KEYGEN, params=bad), _ctx(make_cfg()))
     assert reply.has_error() and "epsilon" in (reply.error.reason or "")
-    reply = client_app.app(_keygen(), _ctx(make_cfg(mechanism="fedavg")))
+    ctx = _ctx({}, nid=5)
+    ctx.node_config.update({"corbin-mechanisms": "all"})
+    reply = client_app.app(_instruction(wire.KEYGEN, params=_params(mechanism="fedavg")), ctx)
     assert reply.has_error() and "does not pair" in (reply.error.reason or "")
+    reply = client_app.app(_instruction("shuffle"), _ctx(make_cfg()))
+    assert reply.has_error() and "unknown stage 'shuffle'" in (reply.error.reason or "")
 
 
 # ============================================================================ aggregation
@@ -715,10 +741,10 @@ def test_range_mode_update_quantizes_the_local_update_around_the_global_model(
         )
         rt = runtime(grid, RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
         before = rt.weights.clone()
-        state = server_round.run_round(rt, 1)
+        state = run_plain_round(rt, 1)
         assert len(state.client_metrics) == 4 and not state.dropped
-        sent = [m for m in grid.sent if m.metadata.message_type == wire.UPDATE]
-        rec = sent[0].content.array_records[wire.MODEL]
+        sent = [m for m in grid.sent if is_stage(m, wire.UPDATE)]
+        rec = sent[0].content.array_records[wire.RANGE]
         center = rec[wire.CENTER].numpy()
         spread = float((rt.weights - before).abs().max())
         models[mode] = rt.weights
@@ -820,7 +846,8 @@ def test_aggregators_reject_malformed_updates() -> None:
 def test_exchange_keeps_at_most_max_inflight_instructions_outstanding() -> None:
     grid = InProcessGrid(make_cfg(mechanism="corbin"), 5)
     state = RoundState(round=1, run_id=RUN_ID, sampled=list(grid.node_ids))
-    msgs = {nid: server_round.instruction(wire.KEYGEN, nid, 1, {}) for nid in state.sampled}
+    rt = runtime(grid, RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
+    msgs = {nid: server_round.instruction(rt, wire.KEYGEN, nid, 1, {}) for nid in state.sampled}
     outstanding: set[str] = set()
     most = 0
     push, pull = grid.push_messages, grid.pull_messages
@@ -850,7 +877,8 @@ def test_exchange_keeps_at_most_max_inflight_instructions_outstanding() -> None:
 def test_exchange_drops_nodes_that_cannot_be_pushed() -> None:
     grid = InProcessGrid(make_cfg(mechanism="ldpfl"), 2)
     state = RoundState(round=1, run_id=RUN_ID, sampled=[999, grid.node_ids[0]])
-    msgs = {nid: server_round.instruction(wire.KEYGEN, nid, 1, {}) for nid in state.sampled}
+    rt = runtime(grid, RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
+    msgs = {nid: server_round.instruction(rt, wire.KEYGEN, nid, 1, {}) for nid in state.sampled}
     accepted = exchange(grid, state, msgs, lambda n, r: None, timeout=0.1, poll_interval=0.01)
     assert 999 in state.dropped and "could not push" in state.dropped[999]
     assert accepted == [] and grid.node_ids[0] in state.dropped  # ldpfl rejects keygen
@@ -885,25 +913,18 @@ def _capture_metrics(grid: InProcessGrid) -> list[dict[str, Any]]:
     return records
 
 
-def test_checkpoint_rule_reloads_the_best_validation_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Validation never improves on round 0 (fixed fake score): patience 2 reloads at round 2."""
+def test_checkpoint_rule_reloads_the_best_validation_model() -> None:
+    """Validation never improves on round 0 (fixed fake score): patience 2 reloads at round 2,
+    so round 3 starts from the round-0 model, exactly what round 1 started from."""
+    from corbin_fl.arrays import flatten_arrays, layout_of_arrays
+
     grid = InProcessGrid(make_cfg(num_rounds=3, mechanism="fedavg", checkpoint_patience=2), 2)
-    loaded: list[torch.Tensor] = []
-    import corbin_fl.models
-
-    real_load = corbin_fl.models.load_flat
-
-    def spy(model: torch.nn.Module, vec: torch.Tensor) -> None:
-        loaded.append(vec.clone())
-        real_load(model, vec)
-
-    monkeypatch.setattr(corbin_fl.models, "load_flat", spy)
     records = _capture_metrics(grid)
     assert [r["checkpoint_reloaded"] for r in records] == [False, True, False]
-    # server-side loads happen before each evaluation: initial, after rounds 1, 2, 3
-    server_loads = loaded[:: len(grid.node_ids) + 1]
-    assert not torch.equal(server_loads[1], server_loads[0])  # round 1 changed the model
-    # round 3 started from the reloaded round-0 model: what the clients received equals it
-    sent = [m for m in grid.sent if m.metadata.message_type == wire.UPDATE]
-    w3 = sent[-1].content.array_records[wire.MODEL][wire.WEIGHTS].numpy()
-    np.testing.assert_array_equal(w3, server_loads[0].numpy())
+    sent = [m for m in grid.sent if is_stage(m, wire.UPDATE)]
+    by_round: dict[int, np.ndarray] = {}
+    for m in sent:
+        arrays = m.content.array_records["arrays"]
+        by_round[int(m.metadata.group_id)] = flatten_arrays(arrays, layout_of_arrays(arrays))
+    assert not np.array_equal(by_round[2], by_round[1])  # round 1 changed the model
+    np.testing.assert_array_equal(by_round[3], by_round[1])

@@ -49,11 +49,14 @@ from test_protocol_logic import (  # noqa: F401  (fixtures are used by name)
     _task_identity,
     make_cfg,
 )
+from wire_helpers import is_stage
 
 from client import handlers
 from corbin_fl import wire
+from corbin_fl.arrays import flatten_arrays, layout_of_arrays
 from corbin_fl.config import ConfigError, RunConfig
 from mechanisms.accounting import PrivacyLedger
+from server import app as server_app
 from server import round as server_round
 from server.checkpoint import (
     CHECKPOINT_DIR,
@@ -264,7 +267,7 @@ def test_rewrite_metrics_keeps_appending(tmp_path: Path) -> None:
 def _run(grid: InProcessGrid, **overrides: Any) -> dict[str, Any]:
     ctx = grid.contexts[grid.node_ids[0]]
     cfg = RunConfig.from_flower({**ctx.run_config, **overrides})
-    return server_round.run_training(grid, cfg)
+    return server_app.run_training(grid, cfg)
 
 
 def _new_flower_run(grid: InProcessGrid) -> None:
@@ -344,9 +347,9 @@ def _public_choices(grid: InProcessGrid) -> dict[int, dict[str, Any]]:
         rnd = int(msg.metadata.group_id)
         entry = out.setdefault(rnd, {"update": set(), "partner": {}})
         cfg = msg.content.config_records[wire.CFG]
-        if msg.metadata.message_type == wire.UPDATE:
+        if is_stage(msg, wire.UPDATE):
             entry["update"].add(msg.metadata.dst_node_id)
-        if msg.metadata.message_type == wire.PAIR:
+        if is_stage(msg, wire.PAIR):
             entry["partner"][msg.metadata.dst_node_id] = int(cfg[wire.PARTNER])  # type: ignore[arg-type]
     return out
 
@@ -390,9 +393,10 @@ def test_resumed_run_makes_the_same_public_choices_and_stores_no_secret(
         assert got[t]["update"] == ref[t]["update"], t
         assert got[t]["partner"] == ref[t]["partner"], t
         assert len(got[t]["update"]) == 5
-    updates = [m for m in grid.sent if m.metadata.message_type == wire.UPDATE]
+    updates = [m for m in grid.sent if is_stage(m, wire.UPDATE)]
     first_r2 = next(m for m in updates if m.metadata.group_id == "2")
-    sent = first_r2.content.array_records[wire.MODEL][wire.WEIGHTS].numpy()
+    arrays = first_r2.content.array_records["arrays"]
+    sent = flatten_arrays(arrays, layout_of_arrays(arrays))
     np.testing.assert_array_equal(sent, checkpoint_model)  # round 2 starts from the checkpoint
 
     secrets_seen: list[bytes] = list(seeds)

@@ -10,19 +10,56 @@ from corbin_fl import wire
 
 
 def test_message_types_are_valid_flower_types() -> None:
+    """Every protocol message is a Flower ``train`` message; the stage is named in the record."""
+    from flwr.app import MessageType
     from flwr.app.metadata import validate_message_type
 
-    for msg_type in wire.MESSAGE_TYPES:
-        assert validate_message_type(msg_type), msg_type
-    assert set(wire.STAGE_OF) == set(wire.MESSAGE_TYPES)
+    assert wire.TRAIN == MessageType.TRAIN
+    assert validate_message_type(wire.TRAIN)
+    assert wire.STAGES == (wire.KEYGEN, wire.PAIR, wire.UPDATE)
+    assert len(set(wire.STAGES)) == len(wire.STAGES)
+
+
+def test_stage_of_reads_the_instruction_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stage_of`` never raises: no record -> None, a non-str stage -> "" (refused later)."""
+    from flwr.app import Error, Message
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+    def msg(content: RecordDict) -> Message:
+        return Message(content, dst_node_id=1, message_type=wire.TRAIN, group_id="1")
+
+    assert wire.stage_of(msg(RecordDict())) is None
+    assert wire.stage_of(msg(RecordDict({"config": ConfigRecord({wire.STAGE: "pair"})}))) is None
+    assert wire.stage_of(msg(RecordDict({wire.CFG: ArrayRecord()}))) is None
+    for stage in wire.STAGES:
+        assert (
+            wire.stage_of(msg(RecordDict({wire.CFG: ConfigRecord({wire.STAGE: stage})}))) == stage
+        )
+    assert wire.stage_of(msg(RecordDict({wire.CFG: ConfigRecord({wire.STAGE: 3})}))) == ""
+    assert wire.stage_of(msg(RecordDict({wire.CFG: ConfigRecord({})}))) == ""
+    error = Message(Error(code=1, reason="x"), reply_to=msg(RecordDict()))
+    assert wire.stage_of(error) is None
+
+
+def test_protocol_records_are_named_by_prefix() -> None:
+    """Only ``corbin`` and ``corbin.*`` are the protocol's; every other name is the app's."""
+    for name in (wire.CFG, wire.RANGE, wire.KEYS, wire.PAIR_REC, wire.REPLY, wire.UPDATE_REC):
+        assert wire.is_protocol_record(name), name
+    assert wire.is_protocol_record(wire.METRICS)
+    for name in ("arrays", "metrics", "config", "corbinx", "xcorbin", "Corbin", "", "corbin_"):
+        assert not wire.is_protocol_record(name), name
 
 
 def test_check_records_exact_set_and_types() -> None:
     content = RecordDict({wire.CFG: ConfigRecord({"round": 1})})
     wire.check_records(content, {wire.CFG: ConfigRecord})
-    with pytest.raises(wire.WireError, match=r"missing \['model'\]"):
-        wire.check_records(content, {wire.CFG: ConfigRecord, wire.MODEL: ArrayRecord})
-    with pytest.raises(wire.WireError, match=r"unexpected \['cfg'\]"):
+    with pytest.raises(wire.WireError, match=r"missing \['corbin.range'\]"):
+        wire.check_records(content, {wire.CFG: ConfigRecord, wire.RANGE: ArrayRecord})
+    with pytest.raises(wire.WireError, match=r"unexpected \['corbin'\]"):
         wire.check_records(content, {})
     with pytest.raises(wire.WireError, match="must be a ArrayRecord"):
         wire.check_records(content, {wire.CFG: ArrayRecord})
@@ -109,17 +146,38 @@ def test_ternary_codec_rejects_bad_symbols() -> None:
 
 
 def test_cfg_key_sets() -> None:
-    assert wire.update_cfg_keys("corbin", wire.PAIRED, "relay") == {
-        wire.ROUND,
-        wire.MECHANISM,
+    """Every instruction carries stage, round and all mechanism settings, plus its stage's keys."""
+    common = {wire.STAGE, wire.ROUND, *wire.PARAM_KEYS}
+    assert wire.keygen_cfg_keys() == common
+    assert wire.update_cfg_keys("corbin", wire.PAIRED, "relay") == common | {
         wire.ASSIGNMENT,
+        wire.ARRAYS_KEY,
         wire.PARTNER,
         wire.PARTNER_BLOB,
     }
-    assert wire.PARTNER_PUBKEY in wire.update_cfg_keys("corbin", wire.PAIRED, "derived")
-    assert wire.update_cfg_keys("cq", wire.SOLO, "relay") >= {wire.CQ_SEED, wire.CQ_RANK}
-    assert wire.NUM_PARAMS in wire.pair_cfg_keys("exact")
-    assert wire.NUM_PARAMS not in wire.pair_cfg_keys("relay")
+    assert wire.update_cfg_keys("corbin", wire.PAIRED, "derived") == common | {
+        wire.ASSIGNMENT,
+        wire.ARRAYS_KEY,
+        wire.PARTNER,
+        wire.PARTNER_PUBKEY,
+    }
+    assert wire.update_cfg_keys("corbin", wire.PARTNER_GONE, "relay") == common | {
+        wire.ASSIGNMENT,
+        wire.ARRAYS_KEY,
+        wire.PARTNER,
+    }
+    assert wire.update_cfg_keys("gaussian", wire.SOLO, "relay") == common | {
+        wire.ASSIGNMENT,
+        wire.ARRAYS_KEY,
+    }
+    assert wire.update_cfg_keys("cq", wire.SOLO, "relay") >= {
+        wire.CQ_SEED,
+        wire.CQ_RANK,
+        wire.CQ_CLIENTS,
+    }
+    assert wire.pair_cfg_keys("relay") == common | {wire.PARTNER, wire.PARTNER_PUBKEY}
+    assert wire.pair_cfg_keys("exact") == wire.pair_cfg_keys("relay") | {wire.NUM_PARAMS}
+    assert wire.MECHANISM in wire.PARAM_KEYS and wire.CR_MODE in wire.PARAM_KEYS
 
 
 def test_blob_len_and_packed_len() -> None:

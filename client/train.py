@@ -1,0 +1,172 @@
+"""This project's own local training: the ``@app.train()`` handler of its ClientApp.
+
+It is an ordinary Flower train handler, like any app's: it reads the global model from
+``msg.content["arrays"]``, trains on the node's partition (Alg. 3 line 4) with the run config's
+settings (model, data, optimizer) and replies with ``{"arrays": the trained model, "metrics":
+{train-loss, num-examples, steps, train-seconds}}``. It knows nothing of privacy: the
+:func:`client.mod.corbin_mod` in front of it turns the trained model into the one-bit update and
+never lets these arrays leave the node.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from corbin_fl import wire
+from corbin_fl.config import RunConfig
+
+STATE_PARTITION = "corbin.partition"
+"""``context.state`` ConfigRecord ``{"key": ...}``: what the cached partition rows were computed for
+(dataset, split, partitioner, partition); the rows are the ArrayRecord
+:data:`STATE_PARTITION_ROWS` (a RecordDict has one namespace for all record types)."""
+STATE_PARTITION_ROWS = "corbin.partition.rows"
+ARRAYS: str = "arrays"
+"""Record of the model in the train instruction and reply (Flower's ``FedAvg`` default)."""
+
+
+def partition(context: Context, *, required: bool = True) -> tuple[int, int] | None:
+    """``(partition-id, num-partitions)`` from the node config (None if absent and not required)."""
+    pid, num = context.node_config.get("partition-id"), context.node_config.get("num-partitions")
+    if pid is None or num is None:
+        if required:
+            raise ValueError("node config lacks partition-id / num-partitions")
+        return None
+    if isinstance(pid, bool) or isinstance(num, bool):
+        raise TypeError("partition-id and num-partitions must be integers")
+    pid, num = int(pid), int(num)
+    if not 0 <= pid < num:
+        raise ValueError(f"partition-id {pid} not in [0, num-partitions={num})")
+    return pid, num
+
+
+class LocalTask:
+    """Model skeleton, layout, device and dataset facts of this process (built once).
+
+    In deployment every message starts a new ClientApp process, so the cache only helps within a
+    message; in simulation it spares rebuilding the model every round.
+    """
+
+    _cache: ClassVar[dict[tuple[Any, ...], LocalTask]] = {}
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from corbin_fl.data import dataset_info
+        from corbin_fl.models import build_model, layout_of
+        from corbin_fl.training import pick_device
+
+        self.device = pick_device(cfg.device)
+        self.info = dataset_info(cfg.dataset, cfg.data_dir or None)
+        self.model = build_model(
+            cfg.model, self.info.in_channels, self.info.num_classes, seed=cfg.seed
+        )
+        self.layout = layout_of(self.model)
+
+    @classmethod
+    def get(cls, cfg: RunConfig) -> LocalTask:
+        """The cached task for ``cfg``'s model, dataset and device."""
+        key = (cfg.model, cfg.dataset, cfg.data_dir, cfg.device, cfg.seed)
+        task = cls._cache.get(key)
+        if task is None:
+            task = cls._cache[key] = LocalTask(cfg)
+        return task
+
+
+def _train_seed(cfg: RunConfig, partition: int, rnd: int) -> int:
+    """Public, reproducible batch-order seed per (run seed, partition, round)."""
+    return int(
+        np.random.SeedSequence([cfg.seed, partition, rnd]).generate_state(1, np.uint64)[0] >> 1
+    )
+
+
+def local_dataset(cfg: RunConfig, context: Context, pid: int, num: int) -> Any:
+    """The node's training partition, with its row indices kept in ``context.state``.
+
+    In deployment every message runs in a fresh ClientApp process; computing the partition
+    needs the ``flwr_datasets`` partitioners (Hugging Face ``datasets``, pandas, pyarrow: several
+    seconds of imports), so only the first round does it and later rounds reuse the rows.
+    """
+    from corbin_fl.data import client_rows, dataset_rows
+
+    key = "|".join(
+        str(v)
+        for v in (
+            cfg.dataset,
+            cfg.data_dir,
+            cfg.data_seed,
+            cfg.use_official_test,
+            cfg.partitioner,
+            cfg.dirichlet_alpha,
+            pid,
+            num,
+        )
+    )
+    tag = context.state.config_records.get(STATE_PARTITION)
+    cached = context.state.array_records.get(STATE_PARTITION_ROWS)
+    if tag is not None and cached is not None and tag.get("key") == key and "rows" in cached:
+        return dataset_rows(cfg.dataset, cached["rows"].numpy(), data_dir=cfg.data_dir or None)
+    rows = client_rows(
+        cfg.dataset,
+        pid,
+        num,
+        partitioner=cfg.partitioner,
+        dirichlet_alpha=cfg.dirichlet_alpha,
+        data_seed=cfg.data_seed,
+        data_dir=cfg.data_dir or None,
+        use_official_test=cfg.use_official_test,
+    )
+    context.state.array_records[STATE_PARTITION_ROWS] = ArrayRecord(
+        {"rows": wire.to_array(np.ascontiguousarray(rows, dtype=np.int64))}
+    )
+    context.state.config_records[STATE_PARTITION] = ConfigRecord({"key": key})
+    return dataset_rows(cfg.dataset, rows, data_dir=cfg.data_dir or None)
+
+
+def train(msg: Message, context: Context) -> Message:
+    """Train the global model on this node's partition and reply with the trained model.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A bad run config or node config, or an instruction without the model.
+    """
+    from corbin_fl.training import train_local
+
+    cfg = RunConfig.from_flower(context.run_config)
+    if ARRAYS not in msg.content.array_records:
+        raise ValueError(f"train instruction without the model record {ARRAYS!r}")
+    task = LocalTask.get(cfg)
+    model = task.model
+    state = msg.content.array_records[ARRAYS].to_torch_state_dict()
+    model.load_state_dict(state, strict=True)
+    model.to(task.device)
+    rnd = (
+        int(msg.content.config_records["config"].get("server-round", 0))
+        if ("config" in msg.content.config_records)
+        else 0
+    )
+    pid, num = partition(context)  # type: ignore[misc]
+    data = local_dataset(cfg, context, pid, num)
+    trained = train_local(
+        model,
+        data,
+        epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
+        seed=_train_seed(cfg, pid, rnd),
+        device=task.device,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        max_steps=cfg.max_steps or None,
+    )
+    metrics = MetricRecord(
+        {
+            wire.M_TRAIN_LOSS: float(trained.loss),
+            wire.M_NUM_EXAMPLES: int(trained.num_examples),
+            "steps": int(trained.steps),
+            "train-seconds": float(trained.seconds),
+        }
+    )
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return Message(RecordDict({ARRAYS: arrays, "metrics": metrics}), reply_to=msg)

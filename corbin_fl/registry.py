@@ -1,0 +1,252 @@
+"""The mechanism registry: one object per mechanism, read by every part that depends on it.
+
+Config validation (:data:`corbin_fl.config.MECHANISMS`), the wire checks (update dtype and length,
+the instruction's keys), the client's policy defaults, the client encoder, the server aggregator
+and the privacy ledger's event all come from the :class:`Mechanism` registered under a name. A
+new mechanism is one module (its math in ``mechanisms/``, its encoder and aggregator) plus one
+:func:`register` call here; ``tests/test_protocol_logic.py`` walks every registered mechanism
+through the mod and the strategy.
+
+Encoders and aggregators are named by ``"module:attribute"`` and imported on first use, so this
+module (imported by ``corbin_fl.config``) stays free of torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from corbin_fl import wire
+
+if TYPE_CHECKING:
+    from corbin_fl.config import RunConfig
+    from mechanisms.accounting import PrivacyEvent
+
+WireSpec = tuple[str, np.dtype[Any], int]
+"""``(array key, dtype, length)`` of an update on the wire."""
+
+
+def one_bit(num_params: int, ternary_encoding: str = "bits") -> WireSpec:
+    """One packed bit per parameter: ``uint8[ceil(m / 8)]``."""
+    return wire.BITS, np.dtype(np.uint8), wire.packed_len(num_params)
+
+
+def float32(num_params: int, ternary_encoding: str = "bits") -> WireSpec:
+    """One float32 per parameter."""
+    return wire.VALUES, np.dtype(np.float32), num_params
+
+
+def ternary_wire(num_params: int, ternary_encoding: str = "bits") -> WireSpec:
+    """Ternary symbols: 2 packed bits per parameter (``bits``) or one int8 (``int8``)."""
+    return wire.ternary_update_spec(num_params, ternary_encoding)
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """Everything the protocol needs to know about one mechanism.
+
+    Attributes
+    ----------
+    name : str
+        The ``mechanism`` value of the run config and of every instruction.
+    summary : str
+        One line: what a client releases.
+    wire : Callable[[int, str], WireSpec]
+        Array key, dtype and length of one update of ``m`` parameters (and the run's
+        ``ternary-encoding``).
+    encoder : str
+        ``"module:function"`` of the client encoder, called as ``fn(cfg, context, w=..., ...)``
+        (see :func:`client.encode.encode`).
+    aggregator : str
+        ``"module:Class"`` of the server's streaming aggregator
+        (:class:`server.aggregation.Aggregator`).
+    pairs : bool
+        Pairs clients and shares common randomness (keygen, pairing, blobs; Alg. 3 lines 1-17).
+    local_dp : bool
+        Every release is eps_p-DP (or (eps, delta)-DP) at the client, against an eavesdropper on
+        its uplink: the node policy's default admits it.
+    has_delta : bool
+        An (eps, delta) mechanism: ``delta`` is checked against the node's ``corbin-max-delta``
+        and recorded in the ledger.
+    assignments : tuple[str, ...]
+        The update-stage assignments the server may send it.
+    instruction_keys : frozenset[str]
+        Keys its update instruction carries besides the common ones (e.g. CQ's shared seed).
+    """
+
+    name: str
+    summary: str
+    wire: Callable[[int, str], WireSpec]
+    encoder: str
+    aggregator: str
+    pairs: bool = False
+    local_dp: bool = True
+    has_delta: bool = False
+    assignments: tuple[str, ...] = ("solo",)
+    instruction_keys: frozenset[str] = field(default_factory=frozenset)
+
+    def encode_fn(self) -> Callable[..., Any]:
+        """The client encoder (imported now)."""
+        return _resolve(self.encoder)
+
+    def aggregator_class(self) -> type:
+        """The server aggregator class (imported now)."""
+        return _resolve(self.aggregator)  # type: ignore[return-value]
+
+    def release(
+        self, cfg: RunConfig, rnd: int, node: int, num_params: int, *, paired: bool
+    ) -> PrivacyEvent:
+        """The privacy ledger's event of one released update (one client, one round).
+
+        ``eps_p = epsilon`` (None without local DP), ``d`` for a release with the pair's
+        common randomness (CorBinQ, Alg. 2; accounted in the pair-joint view too), ``delta``
+        for an (eps, delta) mechanism.
+        """
+        from mechanisms.accounting import PrivacyEvent
+
+        if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 1:
+            raise ValueError(f"round must be an int >= 1, got {rnd!r}")
+        if isinstance(node, bool) or not isinstance(node, int):
+            raise TypeError(f"node must be an int node id, got {type(node).__name__}")
+        paired = bool(paired) and self.pairs
+        return PrivacyEvent(
+            round=rnd,
+            node=str(node),
+            mechanism=self.name,
+            eps_p=cfg.epsilon if self.local_dp else None,
+            m=num_params,
+            paired=paired,
+            d=cfg.d if paired else None,
+            delta=cfg.delta if self.has_delta else None,
+        )
+
+
+def _resolve(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+REGISTRY: dict[str, Mechanism] = {}
+"""Registered mechanisms, by name, in registration order."""
+
+
+def register(mechanism: Mechanism) -> Mechanism:
+    """Add ``mechanism`` to :data:`REGISTRY` (a name is registered once)."""
+    if mechanism.name in REGISTRY:
+        raise ValueError(f"mechanism {mechanism.name!r} is already registered")
+    REGISTRY[mechanism.name] = mechanism
+    return mechanism
+
+
+def get(name: str) -> Mechanism:
+    """The mechanism registered as ``name``.
+
+    Raises
+    ------
+    KeyError
+        If no mechanism has that name (the message lists the registered ones).
+    """
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown mechanism {name!r}; registered: {', '.join(REGISTRY)}") from None
+
+
+_ONE_BIT_ENCODER: Final[str] = "client.encode:encode_one_bit"
+_BITS_AGGREGATOR: Final[str] = "server.aggregation:BitsAggregator"
+_PAIRED_ASSIGNMENTS: Final[tuple[str, ...]] = ("paired", "partner-gone", "unpaired")
+
+register(
+    Mechanism(
+        "corbin",
+        "CorBinQ bit with the pair's common randomness (Alg. 2); LDPQ when unpaired",
+        one_bit,
+        _ONE_BIT_ENCODER,
+        _BITS_AGGREGATOR,
+        pairs=True,
+        assignments=_PAIRED_ASSIGNMENTS,
+    )
+)
+register(
+    Mechanism(
+        "augcorbin",
+        "as corbin; a gamma-fraction of the clients quantizes independently (Thm. 3)",
+        one_bit,
+        _ONE_BIT_ENCODER,
+        _BITS_AGGREGATOR,
+        pairs=True,
+        assignments=(*_PAIRED_ASSIGNMENTS, "independent"),
+    )
+)
+register(
+    Mechanism(
+        "ldpfl",
+        "LDPQ bit with independent coins (Alg. 1)",
+        one_bit,
+        _ONE_BIT_ENCODER,
+        _BITS_AGGREGATOR,
+    )
+)
+register(
+    Mechanism(
+        "gaussian",
+        "clip + analytic Gaussian noise for (eps, delta)",
+        float32,
+        "client.encode:encode_gaussian",
+        "server.aggregation:FloatAggregator",
+        has_delta=True,
+    )
+)
+register(
+    Mechanism(
+        "laplace",
+        "clip + Laplace noise of scale 2r/eps",
+        float32,
+        "client.encode:encode_laplace",
+        "server.aggregation:FloatAggregator",
+    )
+)
+register(
+    Mechanism(
+        "fedavg",
+        "the model in the clear (no privacy)",
+        float32,
+        "client.encode:encode_fedavg",
+        "server.aggregation:FloatAggregator",
+        local_dp=False,
+    )
+)
+register(
+    Mechanism(
+        "cq",
+        "correlated quantization with a server-shared seed (no privacy)",
+        one_bit,
+        "client.encode:encode_cq",
+        "server.aggregation:CQAggregator",
+        local_dp=False,
+        instruction_keys=frozenset({"cq-seed", "cq-rank", "cq-clients"}),
+    )
+)
+register(
+    Mechanism(
+        "ternary",
+        "ternary stochastic compressor (fdp paper Def. 6)",
+        ternary_wire,
+        "client.encode:encode_ternary",
+        "server.aggregation:TernaryAggregator",
+    )
+)
+register(
+    Mechanism(
+        "fedcad",
+        "FedCAD noisy update w - w_g (Fed-CAD Alg. 1)",
+        float32,
+        "client.encode:encode_fedcad",
+        "server.aggregation:FedCADAggregator",
+        has_delta=True,
+    )
+)

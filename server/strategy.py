@@ -1,0 +1,593 @@
+"""``CorBin``: the CorBin-FL strategy wrapper. Any Flower Message-API strategy becomes private.
+
+::
+
+    from corbin_fl import CorBin
+
+    strategy = CorBin(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), epsilon=1.0)
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=10, evaluate_fn=evaluate)
+
+Each round, :meth:`CorBin.start` runs the protocol of paper Alg. 3 itself
+(:func:`server.round.run_round`): the wrapped strategy's ``configure_train`` picks the nodes and
+the train config; the server pairs them, relays the X25519 keys and the encrypted
+common-randomness blobs, sends the update instruction (the global model, the train config and the
+mechanism's settings), and folds the one-bit replies into the decoded mean as they arrive
+(streaming: the server's memory does not grow with the number of clients). Per-stage timeouts,
+dropout at every stage, replay and tamper checks and ``max_inflight`` are those of
+:func:`server.stages.exchange`. The clients run :func:`client.mod.corbin_mod`.
+
+**What the wrapped strategy does.** Exactly what it does in Flower, on the decoded mean: its
+``aggregate_train`` receives one reply whose ArrayRecord is the round's aggregate ``w_agg``, and
+turns it into the next global model, so ``FedAdam``, ``FedYogi`` and ``FedAvgM`` give a
+server-side optimizer with no code of ours (``FedAvg`` returns ``w_agg`` itself). Its
+``train_metrics_aggr_fn`` aggregates the clients' own train metrics, and it runs federated
+evaluation (``configure_evaluate`` / ``aggregate_evaluate``) as usual.
+
+**Eq. 6's global learning rate.** ``w_agg = (1 - lambda) w_g + lambda w_bar``, with ``w_bar`` the
+decoded mean local model (Alg. 3 line 23; ``w_g + `` the decoded mean update in
+``range_mode = "update"``). With ``FedAvg`` this is eq. 6 exactly. With a server optimizer the
+pseudo-gradient it sees is ``w_g - w_agg = lambda (w_g - w_bar)``: ``lambda`` scales it, like a
+server learning rate in front of the optimizer's own.
+
+Privacy is stated per threat model in ``summary.json`` (``out_dir``); the clients enforce their
+own limits (:class:`client.policy.Policy`), whatever this object is told.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from corbin_fl import wire
+from corbin_fl.config import RunConfig
+
+if TYPE_CHECKING:
+    from server.checkpoint import TrainingState
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_UPDATE_RADIUS: Final[float] = 0.02
+"""``R`` of ``range_mode = "update"`` when the app does not give one: every client's update
+``w_i - w_g`` is clipped to ``[-R, R]`` per parameter. About the movement of a weight in a
+round of 10-20 Adam steps at ``lr = 1e-3``; set ``update_radius`` for your app (docs/DEFAULTS.md
+derives it from public settings for this project's app)."""
+
+RadiusRule = Callable[[int], float]
+"""``rule(num_nodes) -> R``, called once when the run starts with the connected nodes."""
+
+_PROTOCOL_FIELDS: Final[frozenset[str]] = frozenset(
+    {
+        "mechanism",
+        "epsilon",
+        "delta",
+        "d",
+        "gamma",
+        "p_x",
+        "cr_mode",
+        "global_lr",
+        "radius_margin",
+        "min_radius",
+        "range_quantile",
+        "range_mode",
+        "seed",
+        "min_clients",
+        "stage_timeout",
+        "first_stage_timeout",
+        "poll_interval",
+        "max_inflight",
+        "wait_for_nodes",
+        "out_dir",
+        "resume",
+        "checkpoint_patience",
+        "test_z_digest",
+        "ternary_sparsity",
+        "ternary_encoding",
+        "fedcad_clip",
+        "fedcad_gamma",
+        "fedcad_sigma_diff",
+        "fedcad_diff_init",
+        "fedcad_diff_floor",
+        "device",
+        "num_rounds",
+    }
+)
+"""``RunConfig`` fields that are keywords of :class:`CorBin` (the others describe this project's
+own task: data, model, local training)."""
+
+
+class CorBin(Strategy):
+    """Wrap a Flower Message-API strategy so that every update is released through CorBin-FL.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The wrapped strategy (``FedAvg``, ``FedAdam``, ``FedYogi``, ``FedAvgM``, ...): it samples
+        the nodes, turns the decoded mean into the next global model, aggregates the clients'
+        metrics and runs federated evaluation.
+    epsilon : float
+        Per-parameter privacy budget ``eps_p`` of every released update (Alg. 1/2).
+    update_radius : float or callable
+        ``R`` of ``range_mode = "update"``: a number, or ``rule(num_nodes) -> R`` called once at
+        the start of the run (a resumed run keeps its ``R``). Default
+        :data:`DEFAULT_UPDATE_RADIUS`.
+    select_metric : str
+        Metric of ``evaluate_fn`` for the paper's checkpoint rule (``checkpoint_patience``) and
+        the summary's best round; larger is better.
+    **options
+        Any other protocol setting of :class:`corbin_fl.config.RunConfig` in snake case:
+        ``mechanism`` (default ``"corbin"``; every mechanism of ``MECHANISMS``), ``delta``, ``d``,
+        ``cr_mode`` (``"relay"``), ``range_mode`` (``"update"``), ``global_lr``, ``gamma``,
+        ``p_x``, ``stage_timeout``, ``first_stage_timeout``, ``poll_interval``, ``max_inflight``,
+        ``min_clients``, ``wait_for_nodes``, ``out_dir`` (metrics, summary with the privacy
+        report, crash checkpoint), ``resume``, ``checkpoint_patience``, ``seed``, ``device``, the
+        ``ternary_*`` and ``fedcad_*`` settings.
+
+    Raises
+    ------
+    corbin_fl.config.ConfigError
+        An impossible setting, before anything starts (every bad key listed).
+    TypeError
+        An unknown keyword, or a wrapped object that is not a Flower ``Strategy``.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        epsilon: float = 1.0,
+        update_radius: float | RadiusRule = DEFAULT_UPDATE_RADIUS,
+        select_metric: str = "val_accuracy",
+        **options: Any,
+    ) -> None:
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"CorBin wraps a Flower Strategy, got {type(strategy).__name__}")
+        unknown = sorted(set(options) - _PROTOCOL_FIELDS)
+        if unknown:
+            raise TypeError(f"CorBin got unknown keyword(s) {unknown}")
+        fixed = update_radius if not callable(update_radius) else None
+        if fixed is not None and not (isinstance(fixed, int | float) and math.isfinite(fixed)):
+            raise TypeError(f"update_radius must be a number or a callable, got {fixed!r}")
+        flower = {k.replace("_", "-"): v for k, v in {**options, "epsilon": epsilon}.items()}
+        if fixed is not None:
+            flower["update-radius"] = float(fixed)
+        cfg = RunConfig.from_flower(flower)
+        if cfg.quantizes_update and fixed is not None and fixed <= 0:
+            from corbin_fl.config import ConfigError
+
+            raise ConfigError({"update-radius": "must be > 0 (the clip range of the updates)"})
+        self._init(strategy, cfg, None if fixed is not None else update_radius, select_metric)
+
+    @classmethod
+    def from_run_config(
+        cls,
+        strategy: Strategy,
+        cfg: RunConfig,
+        *,
+        update_radius: RadiusRule | None = None,
+        select_metric: str = "val_accuracy",
+    ) -> CorBin:
+        """A ``CorBin`` with every protocol setting of a validated ``RunConfig`` (this project's
+        app); its ``summary.json`` records the whole ``cfg``."""
+        self = cls.__new__(cls)
+        self._init(strategy, cfg, update_radius, select_metric)
+        return self
+
+    def _init(
+        self,
+        strategy: Strategy,
+        cfg: RunConfig,
+        radius_rule: RadiusRule | None,
+        select_metric: str,
+    ) -> None:
+        self.strategy = strategy
+        self.cfg = cfg
+        self.radius_rule = radius_rule
+        self.select_metric = select_metric
+        self.history: list[dict[str, Any]] = []
+        self.summary_: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ Strategy API
+    def summary(self) -> None:
+        """Log the protocol settings, then the wrapped strategy's summary."""
+        c = self.cfg
+        logger.info(
+            "CorBin-FL: mechanism %s, eps_p %g, d %d, cr-mode %s, range-mode %s, global-lr %g",
+            c.mechanism,
+            c.epsilon,
+            c.d,
+            c.cr_mode,
+            c.range_mode,
+            c.global_lr,
+        )
+        self.strategy.summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The wrapped strategy's train messages: who takes part, with which train config.
+
+        :meth:`start` never sends them as they are: their records become the app's part of the
+        update instruction (:func:`server.round.run_round`).
+        """
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The wrapped strategy's aggregation of the round's aggregate (see the module text)."""
+        return self.strategy.aggregate_train(server_round, replies)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Federated evaluation, as the wrapped strategy configures it."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Federated evaluation metrics, as the wrapped strategy aggregates them."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    # ------------------------------------------------------------------ the run
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run ``num_rounds`` rounds of CorBin-FL (Flower's ``Strategy.start`` contract).
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower grid.
+        initial_arrays : ArrayRecord
+            The initial global model (its floating-point arrays are quantized; the others are
+            kept at their initial values, see :mod:`corbin_fl.arrays`).
+        num_rounds : int
+            Rounds ``T``.
+        timeout : float
+            Seconds federated evaluation waits for replies (the protocol's stages use
+            ``stage_timeout`` / ``first_stage_timeout``).
+        train_config, evaluate_config : ConfigRecord, optional
+            Sent to the app's train / evaluate handlers, as with any strategy.
+        evaluate_fn : callable, optional
+            ``evaluate_fn(round, arrays) -> MetricRecord``: server-side evaluation, before the
+            first round and after each round. Its metrics go into ``metrics.jsonl``.
+
+        Returns
+        -------
+        Result
+            Final arrays, the clients' aggregated train metrics, federated and server-side
+            evaluation metrics per round.
+
+        Raises
+        ------
+        server.checkpoint.CheckpointError
+            ``resume`` without a usable checkpoint, or an ``out_dir`` holding another run's.
+        """
+        from corbin_fl.arrays import flatten_arrays, layout_of_arrays, unflatten_arrays
+        from corbin_fl.training import pick_device
+        from server.checkpoint import Checkpointer, CheckpointError, TrainingState, release_event
+        from server.metrics import RunFiles
+        from server.round import (
+            ServerRuntime,
+            build_summary,
+            round_record,
+            wait_for_nodes,
+        )
+
+        cfg = dataclasses.replace(self.cfg, num_rounds=num_rounds)
+        self.cfg = cfg
+        self.summary()
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        layout = layout_of_arrays(initial_arrays)
+        device = pick_device(cfg.device)
+        files = RunFiles(cfg.out_dir)
+        run_id = int(grid.run.run_id)
+        rt = ServerRuntime(
+            grid=grid,
+            cfg=cfg,
+            run_id=run_id,
+            weights=torch.from_numpy(flatten_arrays(initial_arrays, layout)).to(device),
+            layout=layout,
+            device=device,
+            files=files,
+        )
+        template = initial_arrays
+        result = Result()
+
+        def arrays_of(weights: torch.Tensor) -> ArrayRecord:
+            return unflatten_arrays(weights.detach().cpu().numpy(), layout, template)
+
+        def evaluate_now(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+            if evaluate_fn is None:
+                return {}
+            res = evaluate_fn(rnd, arrays)
+            if res is None:
+                return {}
+            result.evaluate_metrics_serverapp[rnd] = res
+            return {k: float(v) for k, v in res.items() if isinstance(v, int | float)}
+
+        files.event(
+            "run_start",
+            time=time.time(),
+            run_id=run_id,
+            config=cfg.to_flower(),
+            num_params=layout.m,
+            device=str(device),
+        )
+        logger.info(
+            "CorBin-FL run %d: mechanism %s, %d rounds, %d parameters, device %s",
+            run_id,
+            cfg.mechanism,
+            cfg.num_rounds,
+            layout.m,
+            device,
+        )
+        try:
+            ckpt = Checkpointer(cfg.out_dir, cfg, layout.m) if cfg.out_dir else None
+            resumed: TrainingState | None = None
+            if ckpt is not None and cfg.resume:
+                resumed = ckpt.load()
+                rt.weights = resumed.weights.to(device)
+                resumed.best_weights = resumed.best_weights.to(device)
+                files.rewrite_metrics(resumed.history)
+                files.event(
+                    "resume",
+                    time=time.time(),
+                    from_round=resumed.round,
+                    run_ids=resumed.run_ids,
+                    aborted_releases=len(resumed.aborted_releases),
+                )
+                logger.info(
+                    "resuming after round %d (checkpoint of run(s) %s)",
+                    resumed.round,
+                    ", ".join(str(r) for r in resumed.run_ids),
+                )
+            elif ckpt is not None and ckpt.exists():
+                raise CheckpointError(
+                    f"out-dir {cfg.out_dir} holds the checkpoint of another run "
+                    f"({ckpt.state_path}): set resume = true to continue it, or use a new out-dir"
+                )
+
+            nodes = wait_for_nodes(grid, cfg)
+            logger.info("%d node(s) connected", len(nodes))
+            radius = self._resolve_radius(len(nodes), resumed.history if resumed else [])
+            rt.update_radius = radius["value"] if radius else 0.0
+            if radius:
+                logger.info("update radius R = %.4g (%s)", radius["value"], radius["source"])
+
+            arrays = arrays_of(rt.weights)
+            train = resumed or TrainingState(
+                round=0,
+                weights=rt.weights,
+                best={"round": 0, **self._best_view(evaluate_now(0, arrays))},
+                best_weights=rt.weights.clone(),
+            )
+            train.run_ids.append(run_id)
+
+            def journal(rnd: int, nid: int, metrics: dict[str, float]) -> None:
+                """Journal an accepted update at once (a crash later in the round keeps it)."""
+                if ckpt is None:
+                    return
+                paired = metrics.get(wire.M_PAIRED, 0.0) > 0
+                try:
+                    ckpt.journal_release(
+                        run_id, release_event(cfg, rnd, nid, layout.m, paired=paired)
+                    )
+                except OSError:  # the round's ledger events are committed from the round state
+                    logger.exception("round %d: could not journal the release of node %d", rnd, nid)
+
+            rt.on_release = journal
+            for rnd in range(train.round + 1, cfg.num_rounds + 1):
+                files.round_start(rnd)
+                t0 = time.monotonic()
+                arrays = arrays_of(rt.weights)
+                state = self._train_round(rt, rnd, arrays, train_config, result)
+                arrays = arrays_of(rt.weights)
+                self._evaluate_round(grid, rnd, arrays, evaluate_config, timeout, result)
+                evals = evaluate_now(rnd, arrays)
+                record = round_record(state, time.monotonic() - t0, evals, cfg)
+                # Checkpoints (paper Sec. V.3): model selection on validation only.
+                score = evals.get(self.select_metric)
+                best = train.best.get(self.select_metric)
+                if score is not None and (best is None or score > best):
+                    train.best = {"round": rnd, **self._best_view(evals)}
+                    train.best_weights = rt.weights.clone()
+                    train.since_best = 0
+                else:
+                    train.since_best += 1
+                record["checkpoint_reloaded"] = False
+                if cfg.checkpoint_patience and train.since_best >= cfg.checkpoint_patience:
+                    logger.info(
+                        "round %d: %s has not improved for %d rounds; reloading the model of "
+                        "round %d",
+                        rnd,
+                        self.select_metric,
+                        train.since_best,
+                        train.best["round"],
+                    )
+                    rt.weights = train.best_weights.clone()
+                    train.since_best = 0
+                    record["checkpoint_reloaded"] = True
+                for nid, metrics in sorted(state.client_metrics.items()):
+                    paired = metrics.get(wire.M_PAIRED, 0.0) > 0
+                    train.ledger.add(release_event(cfg, rnd, nid, layout.m, paired=paired))
+                train.history.append(record)
+                train.round, train.weights = rnd, rt.weights
+                if ckpt is not None:  # commit before the row: a visible row is a durable round
+                    ckpt.save(train)
+                    files.event("checkpoint", round=rnd, time=time.time())
+                files.metrics(record)
+                self.history.append(record)
+                files.event(
+                    "round_end",
+                    round=rnd,
+                    time=time.time(),
+                    seconds=record["round_seconds"],
+                    test_accuracy=evals.get("test_accuracy"),
+                    participants=record["participants"],
+                    dropped=sorted(int(n) for n in state.dropped),
+                )
+                logger.info(
+                    "round %d/%d: %s, %d/%d clients, %d dropped, %.1f s",
+                    rnd,
+                    cfg.num_rounds,
+                    _metrics_text(evals),
+                    record["participants"],
+                    record["sampled"],
+                    len(state.dropped),
+                    record["round_seconds"],
+                )
+            result.arrays = arrays_of(rt.weights)
+            summary = build_summary(cfg, train.history, train.best, layout.m, train=train)
+            if radius:
+                summary["update_radius"] = radius
+            files.summary(summary)
+            self.summary_ = summary
+            files.event("run_end", time=time.time())
+            return result
+        except BaseException as exc:
+            files.event("run_end", time=time.time(), error=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            files.close()
+
+    # ------------------------------------------------------------------ pieces of a round
+    def _train_round(
+        self,
+        rt: Any,
+        rnd: int,
+        arrays: ArrayRecord,
+        train_config: ConfigRecord,
+        result: Result,
+    ) -> Any:
+        """One training round: sampling by the wrapped strategy, the protocol, its aggregation."""
+        from corbin_fl.arrays import flatten_arrays
+        from server.round import run_round, skipped_round
+
+        connected = len(list(rt.grid.get_node_ids()))
+        if connected < rt.cfg.min_clients:
+            return skipped_round(rt, rnd, connected)
+        messages = list(
+            self.strategy.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), rt.grid)
+        )
+        sampled = sorted({int(m.metadata.dst_node_id) for m in messages})
+        app_records = messages[0].content if messages else RecordDict()
+        state = run_round(rt, rnd, sampled, app_records, arrays_key(self.strategy, app_records))
+        if state.aggregate is None:
+            return state
+        weight_key = getattr(self.strategy, "weighted_by_key", wire.M_NUM_EXAMPLES)
+        reply = Message(
+            RecordDict(
+                {
+                    arrays_key(self.strategy, app_records): state.aggregate,
+                    "metrics": MetricRecord({weight_key: 1}),
+                }
+            ),
+            dst_node_id=0,
+            message_type=wire.TRAIN,
+        )
+        state.aggregate = None
+        new_arrays, _ = self.strategy.aggregate_train(rnd, [reply])
+        if new_arrays is not None:  # its non-float arrays (cast to float by FedAvg) are ignored
+            rt.weights = torch.from_numpy(flatten_arrays(new_arrays, rt.layout)).to(
+                rt.weights.device
+            )
+        metrics = self._client_metrics(state, weight_key)
+        if metrics is not None:
+            result.train_metrics_clientapp[rnd] = metrics
+        return state
+
+    def _client_metrics(self, state: Any, weight_key: str) -> MetricRecord | None:
+        """The clients' own train metrics, aggregated by the wrapped strategy's function."""
+        contents = [
+            RecordDict({name: rec for name, rec in records.items()})
+            for _, records in sorted(state.app_records.items())
+        ]
+        if not contents:
+            return None
+        aggr = getattr(self.strategy, "train_metrics_aggr_fn", None)
+        if aggr is None:
+            return None
+        try:
+            return aggr(contents, weight_key)
+        except Exception as exc:  # an app without the weight key: no aggregated metrics
+            logger.warning("round %d: client metrics not aggregated: %s", state.round, exc)
+            return None
+
+    def _evaluate_round(
+        self,
+        grid: Grid,
+        rnd: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        timeout: float,
+        result: Result,
+    ) -> None:
+        """Federated evaluation by the wrapped strategy (nothing when it samples no node)."""
+        messages = list(
+            self.strategy.configure_evaluate(rnd, arrays, ConfigRecord(dict(config)), grid)
+        )
+        if not messages:
+            return
+        replies = grid.send_and_receive(messages=messages, timeout=timeout)
+        metrics = self.strategy.aggregate_evaluate(rnd, replies)
+        if metrics is not None:
+            result.evaluate_metrics_clientapp[rnd] = metrics
+
+    def _resolve_radius(
+        self, num_nodes: int, history: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The run's ``R`` (``range_mode = "update"``) and how it was chosen; a resumed run keeps
+        the ``R`` of its checkpointed rounds."""
+        cfg = self.cfg
+        if not cfg.quantizes_update:
+            return None
+        if history and history[-1].get("update_radius"):
+            return {"value": float(history[-1]["update_radius"]), "source": "the resumed run's R"}
+        if self.radius_rule is None:
+            return {"value": cfg.update_radius, "source": "update_radius (given)"}
+        value = self.radius_rule(num_nodes)
+        if isinstance(value, dict):
+            return value
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"the update radius rule returned {value!r}; R must be > 0")
+        return {"value": float(value), "source": "update_radius rule"}
+
+    def _best_view(self, evals: dict[str, float]) -> dict[str, float]:
+        """What the checkpoint rule keeps of a round's evaluation (all of it)."""
+        return dict(evals)
+
+
+def arrays_key(strategy: Strategy, records: RecordDict) -> str:
+    """Name of the model's ArrayRecord in the wrapped strategy's messages."""
+    key = getattr(strategy, "arrayrecord_key", None)
+    if isinstance(key, str):
+        return key
+    names = list(records.array_records)
+    return names[0] if len(names) == 1 else "arrays"
+
+
+def _metrics_text(evals: dict[str, float]) -> str:
+    """``test accuracy 0.9012, val accuracy ...``: test accuracy first (what the launcher and the
+    tests read from the log), then the others in order."""
+    first = [k for k in ("test_accuracy", "val_accuracy") if k in evals]
+    keys = first + [k for k in evals if k not in first]
+    return ", ".join(f"{k.replace('_', ' ')} {evals[k]:.4f}" for k in keys) or "no evaluation"

@@ -1,0 +1,198 @@
+"""The mechanism registry (corbin_fl/registry.py): one object per mechanism that every part reads.
+
+Checks that the registered facts agree with the math layer (``mechanisms.accounting``), that
+every encoder and aggregator resolves and speaks the registered wire format, and that a new
+mechanism is one registration: once registered, the config accepts it, the mod encodes with it
+and the server decodes it, with no other change.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from client.encode import Encoded, EncodeInput
+from client.mod import corbin_mod
+from client.policy import Policy
+from corbin_fl import registry, wire
+from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
+from mechanisms import accounting
+from server.aggregation import Aggregator, FloatAggregator, make_aggregator
+
+
+@pytest.fixture(autouse=True)
+def _task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TaskIdentity, "_run_id", 9)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+
+def test_config_mechanisms_are_the_registered_ones() -> None:
+    assert tuple(registry.REGISTRY) == MECHANISMS
+    assert set(MECHANISMS) == {
+        "corbin",
+        "augcorbin",
+        "ldpfl",
+        "gaussian",
+        "laplace",
+        "fedavg",
+        "cq",
+        "ternary",
+        "fedcad",
+    }
+    with pytest.raises(KeyError, match="unknown mechanism 'rot13'; registered: corbin"):
+        registry.get("rot13")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(registry.get("corbin"))
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_registered_facts_agree_with_the_math_layer(name: str) -> None:
+    mech = registry.get(name)
+    assert mech.local_dp == (name not in accounting._NO_DP)
+    assert RunConfig(mechanism=name).paired == mech.pairs
+    event = mech.release(RunConfig(mechanism=name, epsilon=0.5), 3, 17, 100, paired=True)
+    assert event.mechanism == name and event.round == 3 and event.node == "17"
+    assert (event.eps_p is None) == (not mech.local_dp)
+    assert (event.delta is not None) == mech.has_delta
+    assert (event.d is not None) == mech.pairs
+    assert issubclass(mech.aggregator_class(), Aggregator)
+    assert callable(mech.encode_fn())
+    key, _, length = mech.wire(13, "bits")
+    assert key in (wire.BITS, wire.VALUES) and length >= 2
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_every_encoder_speaks_its_registered_wire_format(name: str) -> None:
+    """Encode 37 parameters with each registered encoder; the server's aggregator accepts it."""
+    from client.encode import encode
+    from client.shared import Fallback
+
+    m = 37
+    cfg = RunConfig(mechanism=name, range_mode="layer")
+    gen = torch.Generator().manual_seed(0)
+    w = torch.rand(m, generator=gen) - 0.5
+    c, r = torch.zeros(m), torch.ones(m)
+    ctx = Context(run_id=9, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    shared = Fallback("unpaired") if mech_pairs(name) else None
+    cq = (123, 0, 2) if name == "cq" else None
+    key, array, flags, _ = encode(
+        cfg,
+        ctx,
+        w=w,
+        w_global=torch.zeros(m),
+        c=c,
+        r=r,
+        rnd=1,
+        assignment="solo",
+        shared=shared,
+        cq=cq,
+    )
+    want_key, want_dtype, want_len = wire.update_spec(name, m, cfg.ternary_encoding)
+    assert (key, array.dtype, array.shape) == (want_key, want_dtype, (want_len,))
+    assert set(flags) <= wire.METRIC_KEYS
+    agg = make_aggregator(cfg, torch.zeros(m), c, r)
+    assert isinstance(agg, registry.get(name).aggregator_class())
+    agg.add(ArrayRecord({key: wire.to_array(array)}))
+    est = agg.estimate()
+    assert est is not None and est.shape == (m,) and bool(torch.isfinite(est).all())
+
+
+def mech_pairs(name: str) -> bool:
+    return registry.get(name).pairs
+
+
+# ----------------------------------------------------------------------------- a new mechanism
+def encode_halves(job: EncodeInput) -> Encoded:
+    """A toy mechanism: each parameter clipped into its range and rounded to a multiple of r/2."""
+    out = torch.empty_like(job.w)
+    for b in job.blocks:
+        part = job.w[b.lo : b.hi]
+        c_b, r_b = b.c, b.r
+        step = r_b / 2
+        out[b.lo : b.hi] = torch.round((torch.clamp(part, c_b - r_b, c_b + r_b) - c_b) / step)
+        out[b.lo : b.hi] = out[b.lo : b.hi] * step + c_b
+    return wire.VALUES, out.numpy().astype(np.float32), None
+
+
+def test_a_new_mechanism_is_one_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+    toy = registry.Mechanism(
+        "halves",
+        "clip and round to multiples of r/2 (no privacy)",
+        registry.float32,
+        f"{__name__}:encode_halves",
+        "server.aggregation:FloatAggregator",
+        local_dp=False,
+    )
+    with pytest.raises(ConfigError, match="mechanism"):
+        RunConfig.from_flower({"mechanism": "halves"})
+    monkeypatch.setitem(registry.REGISTRY, "halves", toy)
+    cfg = RunConfig.from_flower({"mechanism": "halves", "range-mode": "layer"})
+    assert "halves" not in Policy.from_node({}, {}).mechanisms  # no local DP: not by default
+
+    # The mod encodes with it, for a node that admits it.
+    settings = cfg.to_flower()
+    head = {
+        wire.STAGE: wire.UPDATE,
+        wire.ROUND: 1,
+        wire.ASSIGNMENT: wire.SOLO,
+        wire.ARRAYS_KEY: "arrays",
+        **{k: settings[k] for k in wire.PARAM_KEYS},
+    }
+    w0 = np.linspace(-1.0, 1.0, 8, dtype=np.float32)
+    msg = Message(
+        RecordDict(
+            {
+                wire.CFG: ConfigRecord(head),
+                wire.RANGE: ArrayRecord(
+                    {
+                        wire.CENTER: wire.to_array(np.zeros(1, np.float32)),
+                        wire.RADIUS: wire.to_array(np.ones(1, np.float32)),
+                    }
+                ),
+                "arrays": ArrayRecord({"w": Array(w0)}),
+            }
+        ),
+        dst_node_id=5,
+        message_type=wire.TRAIN,
+        group_id="1",
+    )
+
+    def train(inner: Message, context: Context) -> Message:
+        trained = inner.content["arrays"]["w"].numpy() * np.float32(0.5)  # type: ignore[index,union-attr]
+        return Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({"w": Array(trained)}),
+                    "metrics": MetricRecord({"num-examples": 1}),
+                }
+            ),
+            reply_to=inner,
+        )
+
+    ctx = Context(
+        run_id=9,
+        node_id=5,
+        node_config={"corbin-mechanisms": "halves"},
+        state=RecordDict(),
+        run_config={},
+    )
+    reply = corbin_mod(msg, ctx, train)
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    values = reply.content.array_records[wire.UPDATE_REC][wire.VALUES].numpy()
+    np.testing.assert_allclose(values, np.round(w0 * 0.5 / 0.5) * 0.5)
+
+    # The server decodes it with the registered aggregator.
+    from corbin_fl.arrays import layout_of_arrays
+
+    layout = layout_of_arrays(ArrayRecord({"w": Array(w0)}))
+    agg = make_aggregator(cfg, torch.zeros(8), torch.zeros(1), torch.ones(1), layout)
+    assert isinstance(agg, FloatAggregator)
+    agg.add(reply.content.array_records[wire.UPDATE_REC])
+    est = agg.estimate()
+    assert est is not None and math.isclose(float(est.sum()), float(values.sum()), abs_tol=1e-6)
