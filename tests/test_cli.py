@@ -842,13 +842,15 @@ def test_interrupts_wait_for_process_bookkeeping() -> None:
     from corbin_fl.launcher import _deferred_interrupts
 
     steps: list[str] = []
-    with pytest.raises(KeyboardInterrupt), _deferred_interrupts():
-        signal.raise_signal(signal.SIGINT)
-        steps.append("registered")  # still runs: the interrupt waits
-    assert steps == ["registered"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A test run started in the background inherits SIGINT ignored: start from Python's default.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        with pytest.raises(KeyboardInterrupt), _deferred_interrupts():
+            signal.raise_signal(signal.SIGINT)
+            steps.append("registered")  # still runs: the interrupt waits
+        assert steps == ["registered"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         with _deferred_interrupts():
             signal.raise_signal(signal.SIGINT)
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # ignored stays ignored
