@@ -9,6 +9,9 @@
             train handler trains (line 4); :func:`finish_update` encodes the trained model with the
             mechanism (line 19, ``client/encode.py``) and builds the reply: the packed update, the
             mechanism's metrics, the app's metrics and the public key for the next round (line 21).
+            Relay is pipelined: when the instruction names the partner of round ``t+1``, the reply
+            also carries this node's sealed ``Y || seed`` for round ``t+1`` (lines 6-8 one round
+            early; the pair key is derived with this round's private key and bound to ``t+1``).
 
 Every instruction is validated (message type, records, keys, types, sizes, round in group id and
 record, round not already handled). The mechanism's settings come from the instruction, parsed
@@ -55,8 +58,10 @@ logger = logging.getLogger(__name__)
 STATE_KEY = "corbin.key"
 """``context.state`` ConfigRecord: ``{"round": t, "sk": 32 bytes}``, the X25519 key of round t."""
 STATE_PAIR = "corbin.pair"
-"""``context.state`` ConfigRecord of the pair stage of round t: partner, pair key, own Y, own
-secret (seed or packed z)."""
+"""``context.state`` ConfigRecord of the pair of round t: partner, pair key, own Y, own secret
+(seed or packed z), and ``source``: ``"pair"`` (the pair stage of round t) or ``"pipeline"``
+(sealed with the update reply of round t-1; a pair stage of round t may replace it)."""
+SOURCE_PAIR, SOURCE_PIPELINE = "pair", "pipeline"
 STATE_PROGRESS = "corbin.progress"
 """``context.state`` ConfigRecord: ``{"last-update": t}``, last round whose update was sent."""
 
@@ -138,24 +143,46 @@ def pair(msg: Message, context: Context, cfg: RunConfig, *, max_params: int) -> 
     if sk is None:
         raise wire.WireError(f"no private key for round {rnd} (keygen missed or state lost)")
     old = context.state.config_records.get(STATE_PAIR)
-    if old is not None and old.get(wire.ROUND) == rnd:
+    if old is not None and old.get(wire.ROUND) == rnd and old.get("source") != SOURCE_PIPELINE:
         raise wire.WireError(f"pair stage of round {rnd} already answered (replayed instruction)")
-    ctx = PairContext(context.run_id, rnd, context.node_id, partner)
-    pair_key = derive_pair_key(sk, partner_pk, ctx)
-    y = draw_y()
+    num_params = None
     if mode == "exact":
         num_params = wire.get_int(cfg_rec, wire.NUM_PARAMS, low=1)
         if num_params > max_params:
             # d * num-params bits are drawn: an unchecked value could exhaust the memory.
             raise wire.WireError(f"num-params {num_params} above this node's limit {max_params}")
-        secret = _exact_bits(cfg, ctx, num_params)
-    else:
-        secret = draw_seed()
+    ctx = PairContext(context.run_id, rnd, context.node_id, partner)
+    blob = _seal_pair(context, cfg, sk, partner_pk, ctx, num_params, SOURCE_PAIR)
+    return RecordDict({wire.PAIR_REC: ConfigRecord({wire.ROUND: rnd, wire.BLOB: blob})})
+
+
+def _seal_pair(
+    context: Context,
+    cfg: RunConfig,
+    sk: bytes,
+    partner_pk: bytes,
+    ctx: PairContext,
+    num_params: int | None,
+    source: str,
+) -> bytes:
+    """Alg. 3 lines 6-8 for the pair ``ctx`` (its round, self, partner): derive the pair key,
+    draw ``Y`` and the secret (a seed, or the packed ``z`` of exact mode when ``num_params`` is
+    given), keep them in ``context.state`` (:data:`STATE_PAIR`) and return the sealed blob."""
+    pair_key = derive_pair_key(sk, partner_pk, ctx)
+    y = draw_y()
+    secret = draw_seed() if num_params is None else _exact_bits(cfg, ctx, num_params)
     blob = seal_blob(pair_key, y, secret, ctx)
     context.state.config_records[STATE_PAIR] = ConfigRecord(
-        {wire.ROUND: rnd, wire.PARTNER: partner, "key": pair_key, "y": y, "secret": secret}
+        {
+            wire.ROUND: ctx.round,
+            wire.PARTNER: ctx.partner_id,
+            "key": pair_key,
+            "y": y,
+            "secret": secret,
+            "source": source,
+        }
     )
-    return RecordDict({wire.PAIR_REC: ConfigRecord({wire.ROUND: rnd, wire.BLOB: blob})})
+    return blob
 
 
 def _exact_bits(cfg: RunConfig, ctx: PairContext, num_params: int) -> bytes:
@@ -194,6 +221,8 @@ class UpdatePlan:
         The pair's common randomness, the reason for a fall-back, or None (solo mechanisms).
     cq : tuple[int, int, int] | None
         ``(seed, rank, clients)`` of the CQ baseline.
+    next_pair : tuple[int, bytes] | None
+        Pipelined relay: the partner of round ``t+1`` and its public key (of round ``t``).
     """
 
     round: int
@@ -205,6 +234,7 @@ class UpdatePlan:
     radius: np.ndarray
     shared: Shared | Fallback | None
     cq: tuple[int, int, int] | None
+    next_pair: tuple[int, bytes] | None = None
 
 
 def prepare_update(
@@ -233,8 +263,12 @@ def prepare_update(
         raise wire.WireError("update records sent with another stage")
     rnd = wire.check_round(msg, cfg_rec)
     assignment = wire.get_str(cfg_rec, wire.ASSIGNMENT, assignments_of(cfg))
+    pipelined = wire.pipelined(cfg.paired, cfg.cr_mode)
     wire.check_keys(
-        cfg_rec, wire.update_cfg_keys(cfg.mechanism, assignment, cfg.cr_mode), what="update cfg"
+        cfg_rec,
+        wire.update_cfg_keys(cfg.mechanism, assignment, cfg.cr_mode),
+        wire.NEXT_PAIR_KEYS if pipelined else (),
+        what="update cfg",
     )
     progress = context.state.config_records.get(STATE_PROGRESS)
     last = progress.get("last-update", 0) if progress is not None else 0
@@ -259,6 +293,7 @@ def prepare_update(
     if not (radius > 0).all():
         raise wire.WireError("radius must be > 0 in every layer")
     cq = _cq_instruction(cfg_rec) if cfg.mechanism == "cq" else None
+    next_pair = _next_pair(cfg_rec, context) if pipelined else None
     # Common randomness first: cheap, and a failure is a fall-back, not an error.
     shared = _resolve_common_randomness(cfg_rec, context, cfg, rnd, assignment)
     if (
@@ -280,7 +315,21 @@ def prepare_update(
         radius=radius,
         shared=shared,
         cq=cq,
+        next_pair=next_pair,
     )
+
+
+def _next_pair(cfg_rec: ConfigRecord, context: Context) -> tuple[int, bytes] | None:
+    """The pipelined partner of the next round and its public key, or None (both keys or none)."""
+    present = wire.NEXT_PAIR_KEYS & set(cfg_rec.keys())
+    if not present:
+        return None
+    if present != wire.NEXT_PAIR_KEYS:
+        raise wire.WireError(f"pipelined pair needs both of {sorted(wire.NEXT_PAIR_KEYS)}")
+    partner = wire.get_int(cfg_rec, wire.NEXT_PARTNER, low=0)
+    if partner >= 2**64 or partner == context.node_id:
+        raise wire.WireError(f"next-partner {partner} is not another node's id")
+    return partner, wire.get_bytes(cfg_rec, wire.NEXT_PARTNER_PUBKEY, KEY_BYTES)
 
 
 def _exact_bits_fit(shared: Shared, num_bits: int) -> bool:
@@ -343,11 +392,15 @@ def finish_update(
         cq=plan.cq,
     )
     reply_cfg: dict[str, Any] = {wire.ROUND: plan.round}
+    context.state.config_records.pop(STATE_PAIR, None)
+    if plan.next_pair is not None:
+        next_blob = _seal_next(plan, context, cfg)
+        if next_blob is not None:
+            reply_cfg[wire.NEXT_BLOB] = next_blob
     if cfg.paired:
         reply_cfg[wire.NEXT_PUBKEY] = _store_key(context, plan.round + 1)
     if result.z_digest is not None:
         reply_cfg[wire.Z_DIGEST] = result.z_digest
-    context.state.config_records.pop(STATE_PAIR, None)
     context.state.config_records[STATE_PROGRESS] = ConfigRecord({"last-update": plan.round})
     out = RecordDict(
         {
@@ -360,6 +413,31 @@ def finish_update(
         if isinstance(rec, MetricRecord | ConfigRecord) and not wire.is_protocol_record(name):
             out[name] = rec
     return out
+
+
+def _seal_next(plan: UpdatePlan, context: Context, cfg: RunConfig) -> bytes | None:
+    """Pipelined relay: seal ``Y || seed`` for the partner of round ``t+1`` with this round's
+    private key; the pair key and the AAD are bound to round ``t+1``, sender and recipient.
+
+    None (no blob; the partner pairs again or falls back next round, the update still counts)
+    when this node has no private key for round ``t`` or the partner's key is refused.
+    """
+    assert plan.next_pair is not None
+    partner, partner_pk = plan.next_pair
+    sk = _private_key(context, plan.round)
+    if sk is None:
+        logger.warning(
+            "node %d: no private key for round %d, no pipelined blob", context.node_id, plan.round
+        )
+        return None
+    ctx = PairContext(context.run_id, plan.round + 1, context.node_id, partner)
+    try:
+        return _seal_pair(context, cfg, sk, partner_pk, ctx, None, SOURCE_PIPELINE)
+    except PairCryptoError as exc:
+        logger.warning(
+            "node %d: next partner's key refused (%s), no pipelined blob", context.node_id, exc
+        )
+        return None
 
 
 def _cq_instruction(cfg_rec: ConfigRecord) -> tuple[int, int, int]:

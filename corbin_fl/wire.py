@@ -14,11 +14,20 @@ same). Its ``corbin`` ConfigRecord names the stage. One round (paper Alg. 3, see
             C->S  corbin.keys{round, pubkey}
     pair    S->C  corbin{stage, round, params, partner, partner-pubkey[, num-params]}
             C->S  corbin.pair{round, blob}         blob = nonce || AES-GCM(Y || seed or z)
-    update  S->C  corbin{stage, round, params, assignment, arrays-key, ...},
+    update  S->C  corbin{stage, round, params, assignment, arrays-key, ...
+                         [, next-partner, next-partner-pubkey]},
                   corbin.range{center, radius}, and the wrapped strategy's own records
                   (``arrays``: the global model, ``config``: the app's train config)
-            C->S  corbin.reply{round[, next-pubkey][, z-digest]}, corbin.update{bits | values},
-                  corbin.metrics{...}, and the app's own MetricRecords / ConfigRecords
+            C->S  corbin.reply{round[, next-pubkey][, next-blob][, z-digest]},
+                  corbin.update{bits | values}, corbin.metrics{...}, and the app's own
+                  MetricRecords / ConfigRecords
+
+Relay is pipelined one round ahead (:func:`pipelined`): round ``t``'s update instruction names
+the node's partner for round ``t+1`` and that partner's public key, and the reply carries the
+node's blob for round ``t+1`` (``next-blob``, sealed under the pair key of round ``t+1``). The
+server relays it in round ``t+1``'s update instruction (``partner-blob``), so a steady relay round
+is one round trip; the ``pair`` stage runs only for nodes without a usable pipelined pair
+(round 1, a node that joined late, a partner that was not sampled or did not answer).
 
 ``params`` are the mechanism's settings (:data:`PARAM_KEYS`): the client takes them from the
 instruction, checks them against its own privacy policy (``client/policy.py``) and never from the
@@ -107,6 +116,9 @@ CQ_SEED: Final[str] = "cq-seed"
 CQ_RANK: Final[str] = "cq-rank"
 CQ_CLIENTS: Final[str] = "cq-clients"
 NEXT_PUBKEY: Final[str] = "next-pubkey"
+NEXT_PARTNER: Final[str] = "next-partner"
+NEXT_PARTNER_PUBKEY: Final[str] = "next-partner-pubkey"
+NEXT_BLOB: Final[str] = "next-blob"
 Z_DIGEST: Final[str] = "z-digest"
 
 # ----------------------------------------------------------------------------- array keys
@@ -263,8 +275,22 @@ def keygen_cfg_keys() -> frozenset[str]:
     return frozenset({STAGE, ROUND, *PARAM_KEYS})
 
 
+def pipelined(paired: bool, cr_mode: str) -> bool:
+    """Whether the pair stage rides one round ahead: a pairing mechanism in ``relay`` mode.
+
+    ``derived`` needs no blob at all; ``exact`` keeps its own ``pair`` stage every round (its blob
+    is ``d*m`` bits, too large to ride with every update reply).
+    """
+    return paired and cr_mode == "relay"
+
+
+NEXT_PAIR_KEYS: Final[frozenset[str]] = frozenset({NEXT_PARTNER, NEXT_PARTNER_PUBKEY})
+"""The optional keys of a pipelined update instruction (both or neither)."""
+
+
 def update_cfg_keys(mechanism: str, assignment: str, cr_mode: str) -> frozenset[str]:
-    """The exact key set of the ``corbin`` record of an update instruction."""
+    """The required key set of the ``corbin`` record of an update instruction (a pipelined
+    instruction may add :data:`NEXT_PAIR_KEYS`)."""
     keys = {STAGE, ROUND, ASSIGNMENT, ARRAYS_KEY, *PARAM_KEYS}
     if assignment == PAIRED:
         keys |= {PARTNER, PARTNER_PUBKEY if cr_mode == "derived" else PARTNER_BLOB}

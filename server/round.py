@@ -45,6 +45,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """Pipelined relay: what round ``round`` inherits from the previous round's update stage.
+
+    Attributes
+    ----------
+    round : int
+        The round the pairing and blobs are for.
+    partner : dict[int, int]
+        Node -> partner (both directions), fixed when the previous round's update stage began.
+    blobs : dict[int, bytes]
+        Node -> the blob it sealed for its partner (only nodes whose update reply was accepted).
+    """
+
+    round: int
+    partner: dict[int, int]
+    blobs: dict[int, bytes]
+
+
 @dataclass
 class ServerRuntime:
     """What the server keeps across rounds.
@@ -76,6 +95,10 @@ class ServerRuntime:
         aggregated): the run journals the release for the privacy ledger before the round ends.
     update_radius : float
         ``R`` of ``range-mode = "update"`` for every round of the run (:func:`update_radius`).
+    pipeline : Pipeline or None
+        Pipelined relay: the pairing and blobs the last update stage fixed for the next round.
+        Never checkpointed: a resumed run (a new Flower run id, which every blob's AAD binds)
+        starts with a fresh bootstrap.
     """
 
     grid: Grid
@@ -90,6 +113,7 @@ class ServerRuntime:
     stages_seen: set[str] = field(default_factory=set)
     on_release: Callable[[int, int, dict[str, float]], None] | None = None
     update_radius: float = 0.0
+    pipeline: Pipeline | None = None
 
     def rng(self, rnd: int, purpose: int) -> np.random.Generator:
         """Public, reproducible generator for (run seed, round, purpose)."""
@@ -104,7 +128,7 @@ class ServerRuntime:
         return max(self.cfg.first_stage_timeout, self.cfg.stage_timeout)
 
 
-_PURPOSE_SPLIT, _PURPOSE_PAIRING = 2, 3
+_PURPOSE_SPLIT, _PURPOSE_PAIRING, _PURPOSE_PIPELINE = 2, 3, 4
 
 
 # ============================================================================ one round
@@ -179,13 +203,19 @@ def run_round(
             )
         state.independent = set(independent)
 
-    # 2. Keys (Alg. 3 line 1): fresh per round; nodes without one answer query.keygen.
+    # 2. Pipelined relay: the pairs fixed last round whose two blobs came with its update replies.
+    pipelined = wire.pipelined(cfg.paired, cfg.cr_mode)
+    if pipelined:
+        carry_pipeline(rt, state, to_pair)
+    leftover = [nid for nid in to_pair if nid not in state.partner]
+
+    # 3. Keys (Alg. 3 line 1): fresh per round; nodes without one answer query.keygen.
     if cfg.paired:
         for nid in to_pair:
             known = rt.pubkeys.get(nid)
             if known is not None and known[0] == rnd:
                 state.pubkeys[nid] = known[1]
-        need = [nid for nid in to_pair if nid not in state.pubkeys]
+        need = [nid for nid in leftover if nid not in state.pubkeys]
         exchange(
             grid,
             state,
@@ -197,26 +227,30 @@ def run_round(
             files=rt.files,
         )
 
-    # 3. Pairing (Alg. 3 line 2): uniform over pairings of the nodes that have a key.
+    # 4. Pairing (Alg. 3 line 2): uniform over pairings of the other nodes that have a key.
+    fresh: list[tuple[int, int]] = []
     if cfg.paired:
         from mechanisms.pairing import random_pairing
 
-        candidates = active_of(state, to_pair)
-        pairs, odd = random_pairing(candidates, rt.rng(rnd, _PURPOSE_PAIRING))
-        state.pairs = [(int(a), int(b)) for a, b in pairs]
+        pairs, odd = random_pairing(active_of(state, leftover), rt.rng(rnd, _PURPOSE_PAIRING))
+        fresh = [(int(a), int(b)) for a, b in pairs]
+        state.pairs += fresh
         state.unpaired = [int(n) for n in odd]
-        for a, b in state.pairs:
+        for a, b in fresh:
             state.partner[a], state.partner[b] = b, a
+            state.lost_partner.pop(a, None)
+            state.lost_partner.pop(b, None)
 
-    # 4. Pair stage (relay / exact; Alg. 3 lines 6-8, 14-17): both partners send one AEAD blob.
-    if cfg.paired and cfg.cr_mode != "derived" and state.pairs:
+    # 5. Pair stage (relay / exact; Alg. 3 lines 6-8, 14-17): both partners of each fresh pair
+    #    send one AEAD blob (pipelined pairs sent theirs with the last update reply).
+    if cfg.paired and cfg.cr_mode != "derived" and fresh:
         secret_len = (
             wire.packed_len(cfg.d * rt.layout.m) if cfg.cr_mode == "exact" else wire.SEED_BYTES
         )
         exchange(
             grid,
             state,
-            {nid: pair_instruction(state, nid, rt) for nid in state.partner},
+            {nid: pair_instruction(state, nid, rt) for pair in fresh for nid in pair},
             lambda nid, reply: accept_blob(state, nid, reply, wire.blob_len(secret_len)),
             timeout=rt.timeout("pair"),
             poll_interval=cfg.poll_interval,
@@ -224,7 +258,8 @@ def run_round(
             files=rt.files,
         )
 
-    # 5. Update stage (Alg. 3 lines 3-4, 9-21): model, center/radius, partner blob or key.
+    # 6. Update stage (Alg. 3 lines 3-4, 9-21): model, center/radius, partner blob or key, and
+    #    (pipelined relay) the pairing of round t+1, fixed now over this stage's nodes.
     if cfg.quantizes_update:  # clients encode w_i - w_g in [-R, R]
         shape, dev = (rt.layout.num_layers,), rt.weights.device  # as layer_center_radius
         c_layer = torch.zeros(shape, dtype=torch.float32, device=dev)
@@ -245,6 +280,8 @@ def run_round(
     )
     aggregator = make_aggregator(cfg, rt.weights, c_layer, r_layer, rt.layout)
     participants = active_of(state, state.sampled)
+    if pipelined and rnd < cfg.num_rounds:  # no blob for a round that will not run
+        pair_next_round(rt, state, participants)
     cq_seed = secrets.token_bytes(wire.CQ_SEED_BYTES)
 
     def on_update(nid: int, reply: Message) -> None:
@@ -272,8 +309,10 @@ def run_round(
         rt.pubkeys.pop(nid, None)  # its key state is unknown now: keygen next time
     for nid, pk in state.next_pubkeys.items():
         rt.pubkeys[nid] = (rnd + 1, pk)
+    if pipelined:
+        rt.pipeline = Pipeline(rnd + 1, dict(state.next_partner), dict(state.next_blobs))
 
-    # 6. Aggregate (Alg. 3 line 23) and apply the global learning rate (paper eq. 6).
+    # 7. Aggregate (Alg. 3 line 23) and apply the global learning rate (paper eq. 6).
     estimate = aggregator.estimate()
     if estimate is None:
         logger.warning("round %d: no valid update; the global model is kept", rnd)
@@ -285,6 +324,61 @@ def run_round(
             rt.weights.detach().cpu().numpy(), rt.layout, app_records[arrays_key]
         )
     return state
+
+
+# ============================================================================ pipelined relay
+def carry_pipeline(rt: ServerRuntime, state: RoundState, to_pair: list[int]) -> None:
+    """Take over the pairs :attr:`ServerRuntime.pipeline` fixed for this round.
+
+    A pair is kept when both nodes are to pair this round (sampled, not AugCorBin's independent
+    share) and both blobs came with accepted update replies; its blobs become this round's
+    ``state.blobs``. Every other node of the pipelined pairing pairs afresh with this round's
+    leftovers (or falls back to ``ldpq``); ``state.pipeline_broken`` counts why. A pipeline of
+    another round (a skipped round in between) is dropped whole.
+    """
+    pipe, rt.pipeline = rt.pipeline, None
+    if pipe is None:
+        return
+    if pipe.round != state.round:
+        logger.info("round %d: pipelined pairing of round %d dropped", state.round, pipe.round)
+        return
+    members = set(to_pair)
+    for a in sorted(members & set(pipe.partner)):
+        b = pipe.partner[a]
+        if b not in members:
+            reason = "independent" if b in state.independent else "partner-not-sampled"
+        elif a not in pipe.blobs:
+            reason = "no-blob"
+        elif b not in pipe.blobs:
+            reason = "partner-no-blob"
+        else:
+            if a < b:
+                state.pairs.append((a, b))
+                state.carried_pairs += 1
+            state.partner[a] = b
+            state.blobs[a] = pipe.blobs[a]
+            continue
+        state.pipeline_broken[reason] = state.pipeline_broken.get(reason, 0) + 1
+        state.lost_partner[a] = b
+
+
+def pair_next_round(rt: ServerRuntime, state: RoundState, participants: list[int]) -> None:
+    """Fix round ``t+1``'s pairing (Alg. 3 line 2, one round early) over this round's update
+    stage nodes that hold a key of round ``t`` (uniform, from the public generator)."""
+    from mechanisms.pairing import random_pairing
+
+    keyed = [nid for nid in participants if round_key(rt, state, nid) is not None]
+    pairs, _ = random_pairing(keyed, rt.rng(state.round + 1, _PURPOSE_PIPELINE))
+    for a, b in pairs:
+        state.next_partner[int(a)], state.next_partner[int(b)] = int(b), int(a)
+
+
+def round_key(rt: ServerRuntime, state: RoundState, nid: int) -> bytes | None:
+    """Node ``nid``'s public key of this round (from keygen or the last update reply)."""
+    if nid in state.pubkeys:
+        return state.pubkeys[nid]
+    known = rt.pubkeys.get(nid)
+    return known[1] if known is not None and known[0] == state.round else None
 
 
 # ============================================================================ messages
@@ -337,7 +431,11 @@ def update_instruction(
         else:
             body[wire.PARTNER_BLOB] = state.blobs[partner]
     elif body[wire.ASSIGNMENT] == wire.PARTNER_GONE:
-        body[wire.PARTNER] = state.partner[nid]
+        body[wire.PARTNER] = state.partner.get(nid, state.lost_partner.get(nid))
+    if nid in state.next_partner:
+        nxt = state.next_partner[nid]
+        body[wire.NEXT_PARTNER] = nxt
+        body[wire.NEXT_PARTNER_PUBKEY] = round_key(rt, state, nxt)
     if cfg.mechanism == "cq":
         from mechanisms.baselines.cq import cq_shared_randomness
 
@@ -360,7 +458,7 @@ def assignment_of(state: RoundState, nid: int, cfg: RunConfig) -> str:
         return wire.INDEPENDENT
     partner = state.partner.get(nid)
     if partner is None:
-        return wire.UNPAIRED
+        return wire.PARTNER_GONE if nid in state.lost_partner else wire.UNPAIRED
     if partner not in state.active:
         return wire.PARTNER_GONE
     if cfg.cr_mode != "derived" and partner not in state.blobs:
@@ -425,10 +523,17 @@ def accept_update(
     head = content.config_records[wire.REPLY]
     required = {wire.ROUND} | ({wire.NEXT_PUBKEY} if cfg.paired else set())
     optional = {wire.Z_DIGEST} if cfg.paired and cfg.test_z_digest else set()
+    if nid in state.next_partner:
+        optional.add(wire.NEXT_BLOB)
     wire.check_keys(head, required, optional, what="reply")
     wire.check_round(reply, head, state.round)
     next_pk = wire.check_pubkey(head[wire.NEXT_PUBKEY], "next-pubkey") if cfg.paired else None
     digest = wire.get_bytes(head, wire.Z_DIGEST, 32) if wire.Z_DIGEST in head else None
+    next_blob = (
+        wire.get_bytes(head, wire.NEXT_BLOB, wire.blob_len(wire.SEED_BYTES))
+        if wire.NEXT_BLOB in head
+        else None
+    )
     metrics = content.metric_records[wire.METRICS]
     wire.check_keys(metrics, wire.METRIC_KEYS, what="metrics")
     for key, value in metrics.items():
@@ -441,6 +546,8 @@ def accept_update(
         state.next_pubkeys[nid] = next_pk
     if digest is not None:
         state.z_digests[nid] = digest
+    if next_blob is not None:
+        state.next_blobs[nid] = next_blob
 
 
 # ============================================================================ nodes
@@ -514,6 +621,8 @@ def round_record(
         "participants": len(accepted),
         "dropped": {str(n): why for n, why in sorted(state.dropped.items())},
         "pairs": len(state.pairs),
+        "carried_pairs": state.carried_pairs,
+        "pipeline_broken": dict(sorted(state.pipeline_broken.items())),
         "unpaired": len(state.unpaired),
         "independent": len(state.independent),
         "fallbacks": fallbacks,

@@ -66,7 +66,20 @@ class RoundState:
     independent : set[int]
         AugCorBin-FL nodes told to quantize independently.
     blobs : dict[int, bytes]
-        Relay/exact: the blob each node sent for its partner (opaque ciphertext).
+        Relay/exact: the blob each node sent for its partner (opaque ciphertext), from this
+        round's pair stage or, pipelined, from the previous round's update reply.
+    carried_pairs : int
+        Pairs of this round whose blobs came with the previous round's update replies.
+    pipeline_broken : dict[str, int]
+        Nodes whose pipelined pair could not be used, by reason (``partner-not-sampled``,
+        ``partner-no-blob``, ``no-blob``, ``independent``).
+    next_partner : dict[int, int]
+        Pipelined relay: the pairing of round ``t+1`` sent with this round's update instructions.
+    next_blobs : dict[int, bytes]
+        Pipelined relay: the blobs for round ``t+1`` that came with accepted update replies.
+    lost_partner : dict[int, int]
+        Node -> its pipelined partner, for a node whose pipelined pair broke and that found no
+        new partner this round (its assignment is ``partner-gone``).
     client_metrics : dict[int, dict[str, float]]
         Metrics of each accepted update.
     z_digests : dict[int, bytes]
@@ -100,6 +113,11 @@ class RoundState:
     unpaired: list[int] = field(default_factory=list)
     independent: set[int] = field(default_factory=set)
     blobs: dict[int, bytes] = field(default_factory=dict)
+    carried_pairs: int = 0
+    pipeline_broken: dict[str, int] = field(default_factory=dict)
+    next_partner: dict[int, int] = field(default_factory=dict)
+    next_blobs: dict[int, bytes] = field(default_factory=dict)
+    lost_partner: dict[int, int] = field(default_factory=dict)
     client_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     z_digests: dict[int, bytes] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)

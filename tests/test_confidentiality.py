@@ -328,6 +328,50 @@ def test_a_third_node_cannot_open_another_pairs_blob(monkeypatch: pytest.MonkeyP
             assert rec[wire.PARTNER_PUBKEY] == state.pubkeys[partner]
 
 
+def test_a_third_node_cannot_open_another_pairs_pipelined_blob(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The blobs for round 2 ride with round 1's update replies: sealed under the round-1 keys,
+    bound to round 2; only the round-2 partner opens one, and the server relays each to it
+    alone."""
+    grid = InProcessGrid(make_cfg(num_rounds=2, cr_mode="relay"), 6)
+    keys = KeySpy(monkeypatch)
+    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    rt = runtime(grid, cfg)
+    first = run_plain_round(rt, 1)
+    round_key = {nid: keys.private_of[pk] for nid, pk in first.pubkeys.items()}
+    blobs = {
+        m.metadata.src_node_id: m.content.config_records[wire.REPLY][wire.NEXT_BLOB]
+        for m in grid.received
+        if is_stage(m, wire.UPDATE)
+    }
+    assert set(blobs) == set(first.next_partner) == set(grid.node_ids)
+    for sender, blob in blobs.items():
+        assert isinstance(blob, bytes)
+        partner = first.next_partner[sender]
+        own = pair_crypto.PairContext(RUN_ID, 2, partner, sender)
+        key = pair_crypto.derive_pair_key(round_key[partner], first.pubkeys[sender], own)
+        assert pair_crypto.open_blob(key, blob, own, wire.SEED_BYTES)[0] in (0, 1)
+        for wrong_round in (1, 3):  # the same keys, another round: refused
+            ctx = pair_crypto.PairContext(RUN_ID, wrong_round, partner, sender)
+            wrong = pair_crypto.derive_pair_key(round_key[partner], first.pubkeys[sender], ctx)
+            with pytest.raises(pair_crypto.BlobAuthError):
+                pair_crypto.open_blob(wrong, blob, ctx, wire.SEED_BYTES)
+        for third in set(grid.node_ids) - {sender, partner}:
+            ctx = pair_crypto.PairContext(RUN_ID, 2, third, sender)
+            wrong = pair_crypto.derive_pair_key(round_key[third], first.pubkeys[sender], ctx)
+            with pytest.raises(pair_crypto.BlobAuthError):
+                pair_crypto.open_blob(wrong, blob, ctx, wire.SEED_BYTES)
+    second = run_plain_round(rt, 2)
+    assert second.round_trips == 1 and second.carried_pairs == 3
+    delivered = {
+        msg.content.config_records[wire.CFG][wire.PARTNER_BLOB]: msg.metadata.dst_node_id
+        for msg in grid.sent
+        if is_stage(msg, wire.UPDATE) and msg.metadata.group_id == "2"
+    }
+    assert delivered == {blob: first.next_partner[sender] for sender, blob in blobs.items()}
+
+
 # ============================================================================ 3. logs, files
 ROLE_WORDS = re.compile(r"\b(lead|leads|leader|follow|follower|is-lead|role|q1|q2)\b", re.I)
 

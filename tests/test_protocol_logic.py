@@ -287,7 +287,9 @@ def test_relay_run_no_secret_in_the_clear(monkeypatch: pytest.MonkeyPatch, tmp_p
     grid = InProcessGrid(make_cfg(test_z_digest=True, num_rounds=2, out_dir=str(tmp_path)), 5)
     summary = run(grid)
 
-    assert summary["round_trips_per_round"] == [3, 2]  # keygen only in round 1
+    # round 1: keygen -> pair -> update; round 2: update only (its blobs came with round 1's
+    # update replies: the relay is pipelined one round ahead)
+    assert summary["round_trips_per_round"] == [3, 1]
     assert summary["participants_per_round"] == [5, 5]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     import json
@@ -298,21 +300,30 @@ def test_relay_run_no_secret_in_the_clear(monkeypatch: pytest.MonkeyPatch, tmp_p
         assert row["z_matched_pairs"] == 2 and row["z_mismatched_pairs"] == 0
         assert row["fallbacks"] == 0 and row["dropped"] == {}
         assert row["paired_updates"] == 4
+    assert [row["carried_pairs"] for row in rows] == [0, 2]
     # nothing secret in any message: seeds, private keys, pair keys
     secret_values = list(secrets_drawn)
     for ctx in grid.contexts.values():
         key_rec = ctx.state.config_records.get(handlers.STATE_KEY)
         assert key_rec is not None
         secret_values.append(key_rec["sk"])  # type: ignore[arg-type]
-    assert len(secrets_drawn) == 8 and len(ys) == 8  # 2 pairs x 2 nodes x 2 rounds
+    # 2 pairs x 2 nodes x 2 rounds: round 1's in its pair stage, round 2's with round 1's
+    # update replies; none with round 2's (the last round)
+    assert len(secrets_drawn) == 8 and len(ys) == 8
     everything = [p for m in grid.sent + grid.received for p in payload_blobs(m)]
     for secret in secret_values:
         assert not any(secret in blob for blob in everything)
     # the two blobs of every pair have the same size; no role-like key anywhere
     pair_replies = [m for m in grid.received if is_stage(m, wire.PAIR)]
-    assert {len(m.content.config_records[wire.PAIR_REC][wire.BLOB]) for m in pair_replies} == {
-        wire.blob_len(wire.SEED_BYTES)
-    }
+    blob_sizes = {len(m.content.config_records[wire.PAIR_REC][wire.BLOB]) for m in pair_replies}
+    next_blobs = [
+        m.content.config_records[wire.REPLY][wire.NEXT_BLOB]
+        for m in grid.received
+        if is_stage(m, wire.UPDATE) and wire.NEXT_BLOB in m.content.config_records[wire.REPLY]
+    ]
+    assert len(next_blobs) == 4  # round 1's update replies: both nodes of round 2's 2 pairs
+    blob_sizes |= {len(blob) for blob in next_blobs}  # type: ignore[arg-type]
+    assert blob_sizes == {wire.blob_len(wire.SEED_BYTES)}
     for msg in grid.sent + grid.received:
         if msg.has_content():
             for rec in msg.content.values():
@@ -323,7 +334,6 @@ def test_relay_run_no_secret_in_the_clear(monkeypatch: pytest.MonkeyPatch, tmp_p
         "keygen",
         "pair",
         "update",
-        "pair",
         "update",
     ]
     saved = json.loads((tmp_path / "summary.json").read_text())
