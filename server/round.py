@@ -637,6 +637,13 @@ def round_record(
         "max_radius": state.max_radius,
         "update_radius": state.max_radius if cfg.quantizes_update else None,
         "train_loss": _mean(_app_metric(r, wire.M_TRAIN_LOSS) for r in state.app_records.values()),
+        "clientapp_seconds": {  # startup / handler as this project's app reports them
+            **{
+                key: _mean(_app_metric(r, f"{key}-seconds") for r in state.app_records.values())
+                for key in ("startup", "handler")
+            },
+            "encode": _mean(m.get(wire.M_ENCODE_SECONDS) for m in state.client_metrics.values()),
+        },
         "clip_fraction": _mean(m.get(wire.M_CLIP_FRACTION) for m in state.client_metrics.values()),
     }
     if cfg.paired and cfg.test_z_digest:

@@ -47,11 +47,11 @@ from typing import Any, ClassVar, Final
 import tomli_w
 
 from corbin_fl.launcher import (
-    FLOWER_ENV,
     JsonlTail,
     ManagedProcess,
     ProcessRef,
     ProcessRegistry,
+    flower_env,
     flower_executable,
     format_config_args,
     process_ref,
@@ -712,10 +712,7 @@ class FlowerHosts:
     @property
     def env(self) -> dict[str, str]:
         """Environment of every ``flwr`` command against this deployment."""
-        env = dict(os.environ)
-        env.update(FLOWER_ENV)
-        env.update(self.registry.env)
-        return env
+        return flower_env(self.registry.env)
 
     @property
     def ca_cert(self) -> Path:

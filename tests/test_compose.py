@@ -435,6 +435,21 @@ def test_client_compose_takes_its_settings_from_env(certs: Path) -> None:
     shared = ("/certs/ca.crt", "/certs/superexec.secret")
     for target in shared:
         assert bind_mounts(svc["clientapp"])[target] == bind_mounts(svc["supernode"])[target]
+    assert svc["clientapp"]["environment"] == {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2"}
+    custom = render([CLIENT], env={**env, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"})
+    assert custom["services"]["clientapp"]["environment"] == {
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5"
+    }
+
+
+def test_every_demo_executor_polls_for_tasks_at_the_tuned_interval() -> None:
+    from corbin_fl.launcher import DEFAULT_TASK_POLL_INTERVAL, TASK_POLL_ENV
+
+    services = render([DEMO])["services"]
+    executors = [name for name in services if name.startswith("clientapp")]
+    assert len(executors) == 3
+    for name in executors:
+        assert services[name]["environment"] == {TASK_POLL_ENV: DEFAULT_TASK_POLL_INTERVAL}
 
 
 # --------------------------------------------------------------------------- loopback run

@@ -25,7 +25,6 @@ import contextlib
 import datetime as _dt
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -274,7 +273,7 @@ class DeploymentBackend:
 
     def _flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         cmd = [launcher.flower_executable("flwr"), *args]
-        env = {**os.environ, **launcher.FLOWER_ENV}
+        env = launcher.flower_env()
         try:
             return subprocess.run(
                 cmd,
