@@ -95,12 +95,13 @@ def _store_key(context: Context, rnd: int) -> bytes:
     return pk
 
 
-def _partner_id(cfg_rec: ConfigRecord, context: Context) -> int:
-    partner = wire.get_int(cfg_rec, wire.PARTNER, low=0)
+def _partner_id(cfg_rec: ConfigRecord, context: Context, key: str = wire.PARTNER) -> int:
+    """The node id under ``key``: an unsigned 64-bit id other than this node's."""
+    partner = wire.get_int(cfg_rec, key, low=0)
     if partner >= 2**64:
-        raise wire.WireError(f"partner {partner} is not a node id (unsigned 64-bit)")
+        raise wire.WireError(f"{key} {partner} is not a node id (unsigned 64-bit)")
     if partner == context.node_id:
-        raise wire.WireError("partner is this node itself")
+        raise wire.WireError(f"{key} {partner} is not another node's id (it is this node)")
     return partner
 
 
@@ -326,9 +327,7 @@ def _next_pair(cfg_rec: ConfigRecord, context: Context) -> tuple[int, bytes] | N
         return None
     if present != wire.NEXT_PAIR_KEYS:
         raise wire.WireError(f"pipelined pair needs both of {sorted(wire.NEXT_PAIR_KEYS)}")
-    partner = wire.get_int(cfg_rec, wire.NEXT_PARTNER, low=0)
-    if partner >= 2**64 or partner == context.node_id:
-        raise wire.WireError(f"next-partner {partner} is not another node's id")
+    partner = _partner_id(cfg_rec, context, wire.NEXT_PARTNER)
     return partner, wire.get_bytes(cfg_rec, wire.NEXT_PARTNER_PUBKEY, KEY_BYTES)
 
 
@@ -394,7 +393,7 @@ def finish_update(
     reply_cfg: dict[str, Any] = {wire.ROUND: plan.round}
     context.state.config_records.pop(STATE_PAIR, None)
     if plan.next_pair is not None:
-        next_blob = _seal_next(plan, context, cfg)
+        next_blob = _seal_next(plan.next_pair, plan.round, context, cfg)
         if next_blob is not None:
             reply_cfg[wire.NEXT_BLOB] = next_blob
     if cfg.paired:
@@ -415,22 +414,23 @@ def finish_update(
     return out
 
 
-def _seal_next(plan: UpdatePlan, context: Context, cfg: RunConfig) -> bytes | None:
+def _seal_next(
+    next_pair: tuple[int, bytes], rnd: int, context: Context, cfg: RunConfig
+) -> bytes | None:
     """Pipelined relay: seal ``Y || seed`` for the partner of round ``t+1`` with this round's
     private key; the pair key and the AAD are bound to round ``t+1``, sender and recipient.
 
     None (no blob; the partner pairs again or falls back next round, the update still counts)
     when this node has no private key for round ``t`` or the partner's key is refused.
     """
-    assert plan.next_pair is not None
-    partner, partner_pk = plan.next_pair
-    sk = _private_key(context, plan.round)
+    partner, partner_pk = next_pair
+    sk = _private_key(context, rnd)
     if sk is None:
         logger.warning(
-            "node %d: no private key for round %d, no pipelined blob", context.node_id, plan.round
+            "node %d: no private key for round %d, no pipelined blob", context.node_id, rnd
         )
         return None
-    ctx = PairContext(context.run_id, plan.round + 1, context.node_id, partner)
+    ctx = PairContext(context.run_id, rnd + 1, context.node_id, partner)
     try:
         return _seal_pair(context, cfg, sk, partner_pk, ctx, None, SOURCE_PIPELINE)
     except PairCryptoError as exc:

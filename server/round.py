@@ -212,9 +212,9 @@ def run_round(
     # 3. Keys (Alg. 3 line 1): fresh per round; nodes without one answer query.keygen.
     if cfg.paired:
         for nid in to_pair:
-            known = rt.pubkeys.get(nid)
-            if known is not None and known[0] == rnd:
-                state.pubkeys[nid] = known[1]
+            key = round_key(rt, state, nid)
+            if key is not None:
+                state.pubkeys[nid] = key
         need = [nid for nid in leftover if nid not in state.pubkeys]
         exchange(
             grid,
