@@ -291,3 +291,32 @@ def test_pair_stage_may_replace_a_pipelined_pair_but_not_itself() -> None:
     assert state[wire.PARTNER] == 11 and state["source"] == handlers.SOURCE_PAIR
     reply = client_app.app(pair_msg(11, pk_c), ctx)  # the same stage again: a replay
     assert reply.has_error() and "already answered" in (reply.error.reason or "")
+
+
+@pytest.mark.parametrize("case", ["wrong-size", "unasked"])
+def test_a_bad_next_blob_drops_only_its_sender(case: str) -> None:
+    """A ``next-blob`` of the wrong size, or one the instruction did not ask for (no
+    ``next-partner``: the odd one out of round 2's pairing), is a wire error: that node is
+    dropped, the others count."""
+    grid, rt = _setup(5)
+    forged: list[int] = []
+
+    def forge(nid: int, instruction: Message, reply: Message | None) -> list[Message] | None:
+        if reply is None or not is_stage(instruction, wire.UPDATE) or reply.has_error():
+            return None
+        asked = wire.NEXT_PARTNER in instruction.content[wire.CFG]
+        head = reply.content[wire.REPLY]
+        if case == "unasked" and not asked:
+            head[wire.NEXT_BLOB] = bytes(wire.blob_len(wire.SEED_BYTES))
+        elif case == "wrong-size" and asked and not forged:
+            head[wire.NEXT_BLOB] = b"x" * 7
+        else:
+            return None
+        forged.append(nid)
+        return [reply]
+
+    grid.hooks.append(forge)
+    state = _round(rt, 1, grid.node_ids)
+    assert len(forged) == 1 and set(state.dropped) == set(forged)
+    assert wire.NEXT_BLOB in state.dropped[forged[0]]
+    assert len(state.client_metrics) == 4
