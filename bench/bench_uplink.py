@@ -193,8 +193,9 @@ def figures_from(
     counters: Mapping[tuple[int, str], Mapping[str, Mapping[str, int]]],
     series: Mapping[int, Sequence[tuple[float, Mapping[str, int]]]],
     wall: float,
+    num_clients: int,
 ) -> Figures:
-    """Reduce one run to its figures.
+    """Reduce one run to its figures (not ok unless every round aggregated every client).
 
     Parameters
     ----------
@@ -210,6 +211,15 @@ def figures_from(
     reason = outcome.reason or (
         "completed" if ok else f"exit {outcome.exit_code}, status {status}: {outcome.log_tail}"
     )
+    # A round that aggregated fewer updates than there are clients is not a round of this
+    # config (a refused instruction, a dropped node): its time says nothing about the uplink.
+    short = [
+        f"round {r.get('round')}: {r.get('participants')} of {num_clients} updates"
+        for r in rows
+        if r.get("participants") != num_clients
+    ]
+    if ok and short:
+        ok, reason = False, "; ".join(short)
     per_round: list[dict[str, Any]] = []
     for row in rows:
         rnd = int(row["round"])
@@ -300,7 +310,7 @@ def run_one(
     outcome = deploy.follow(proc, out_dir, timeout=timeout, on_tick=sample)
     status = deploy.run_status(outcome.run_id) if outcome.run_id is not None else None
     figures = figures_from(
-        condition, config, outcome, status, counters, series, time.monotonic() - t0
+        condition, config, outcome, status, counters, series, time.monotonic() - t0, len(clients)
     )
     if not figures.ok:
         logger.error("%s / %s failed: %s", condition, config, figures.reason[-1500:])
@@ -479,7 +489,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures: list[Figures] = []
     shaping = ""
     with Topology(hosts) as topo:
-        deploy = FlowerHosts(topo, SERVER, clients, out_root / "deploy", tls=args.tls)
+        # The bench operates every node, so the nodes admit exactly the mechanisms it runs
+        # (as `corbin-fl local` does with launcher.node_policy); the default policy refuses
+        # fedavg, which would leave FedAvg's rounds without a single update.
+        mechanisms = sorted({CONFIGS[c]["mechanism"] for c in configs})
+        deploy = FlowerHosts(
+            topo,
+            SERVER,
+            clients,
+            out_root / "deploy",
+            tls=args.tls,
+            node_config={"corbin-mechanisms": ",".join(mechanisms)},
+        )
         try:
             delay = args.delay_ms
             if delay > 0 and not topo.netem_available():

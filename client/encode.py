@@ -16,6 +16,12 @@ fedavg        ``w`` (no clip, no privacy)                                 float3
 cq            correlated quantization with the server's shared seed       packed bits, m
 ternary       ternary stochastic compressor (fdp paper Def. 6)            2 bits or int8, m
 fedcad        FedCAD noisy update ``w - w_g`` (Fed-CAD Alg. 1)            float32, m
+pbm           Poisson binomial mechanism, ``m`` trials (Chen et al. 2022)  b-bit symbols, m
+rqm           randomized quantization, 2 or 3 levels (Youn et al. 2023)   b-bit symbols, m
+imvu          interpolated MVU, 1/2/4 bits (Guo et al. 2023)              b-bit symbols, m
+signsgd       ``sign(w - w_g)``, majority vote (Bernstein et al. 2019)    packed bits, m
+central-      ``w - w_g`` clipped to L2 norm C; the server adds the noise  float32, m
+gaussian      (DP-FedAvg; no privacy against the server)
 ============  ==========================================================  =====================
 
 ``z = expand_seed(seed, context_label(run, round, a, b), m, d, p_x)``, the same on both sides of a
@@ -407,6 +413,41 @@ def encode_ternary(job: EncodeInput) -> Encoded:
     )
     key, _, _ = wire.ternary_update_spec(w.numel(), cfg.ternary_encoding)
     return key, wire.encode_ternary(_np(t), cfg.ternary_encoding), None
+
+
+def encode_central(job: EncodeInput) -> Encoded:
+    """Central Gaussian: the update ``w_i - w_g`` clipped to L2 norm ``central-clip``, float32.
+
+    No noise here: the server adds it (the client trusts the server; its policy must list
+    ``central-gaussian`` explicitly)."""
+    from mechanisms.baselines.central_gaussian import clip_l2
+
+    return wire.VALUES, _np(clip_l2(job.w, job.cfg.central_clip).to(torch.float32)), None
+
+
+def encode_signsgd(job: EncodeInput) -> Encoded:
+    """SignSGD: ``sign(w_i - w_g)`` per parameter, one packed bit (zeros: a fair coin)."""
+    from mechanisms.baselines.signsgd import sign_bits
+    from mechanisms.packing import pack_bits
+
+    w, gen = job.w, job.gen
+    bits = by_block(
+        w, job.blocks, lambda s, c_b, r_b: sign_bits(w[s] - c_b, generator=gen), torch.bool
+    )
+    return wire.BITS, pack_bits(bits), None
+
+
+def encode_levels(job: EncodeInput) -> Encoded:
+    """A finite-output mechanism (pbm, rqm, imvu): one ``b``-bit symbol per parameter, packed."""
+    from corbin_fl.registry import finite_mechanism
+    from mechanisms.packing import pack_symbols
+
+    mech = finite_mechanism(job.cfg)
+    w, gen = job.w, job.gen
+    symbols = by_block(
+        w, job.blocks, lambda s, c_b, r_b: mech.sample(w[s], c_b, r_b, generator=gen), torch.uint8
+    )
+    return wire.BITS, pack_symbols(symbols, mech.bits), None
 
 
 def encode_fedcad(job: EncodeInput) -> Encoded:

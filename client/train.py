@@ -61,20 +61,19 @@ class LocalTask:
 
     def __init__(self, cfg: RunConfig) -> None:
         from corbin_fl.data import dataset_info
-        from corbin_fl.models import build_model, layout_of
+        from corbin_fl.models import empty_model, layout_of
         from corbin_fl.training import pick_device
 
         self.device = pick_device(cfg.device)
         self.info = dataset_info(cfg.dataset, cfg.data_dir or None)
-        self.model = build_model(
-            cfg.model, self.info.in_channels, self.info.num_classes, seed=cfg.seed
-        )
+        # Uninitialised: the handler overwrites every entry with the global model (strict load).
+        self.model = empty_model(cfg.model, self.info.in_channels, self.info.num_classes)
         self.layout = layout_of(self.model)
 
     @classmethod
     def get(cls, cfg: RunConfig) -> LocalTask:
         """The cached task for ``cfg``'s model, dataset and device."""
-        key = (cfg.model, cfg.dataset, cfg.data_dir, cfg.device, cfg.seed)
+        key = (cfg.model, cfg.dataset, cfg.data_dir, cfg.device)
         task = cls._cache.get(key)
         if task is None:
             task = cls._cache[key] = LocalTask(cfg)

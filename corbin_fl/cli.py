@@ -199,8 +199,16 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="quantize the update w_i - w_g in [-R, R] (update) or the weights in the layer "
         f"range of the global model (layer, the paper) (default: {app['range-mode']})",
     )
-    parser.add_argument("--model", default=None, help="model: cnn (MNIST) or resnet18 (CIFAR-10)")
-    parser.add_argument("--dataset", default=None, help="dataset: mnist (embedded) or cifar10")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model: cnn (MNIST, FEMNIST), resnet18 (CIFAR-10) or char-lstm (Shakespeare)",
+    )
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="dataset: mnist (embedded), cifar10, femnist or shakespeare (data-dir or the hub)",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -346,16 +354,27 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
     if app_dir.resolve() != repo_root():
         return  # another app: Flower itself validates its keys
     try:
-        from corbin_fl.config import DATASETS_NEEDING_DIR, RunConfig
+        from corbin_fl.config import DATASETS_NEEDING_DIR, LEAF_DATASETS, RunConfig
     except ImportError:  # pragma: no cover - the package ships config.py
         return
     cfg = RunConfig.from_flower({**run_config, "out-dir": "/validate"})
-    readers = f"{', '.join(DATASETS_NEEDING_DIR)} (and hf:<hub-id>, as its download cache)"
-    if cfg.data_dir and cfg.dataset not in DATASETS_NEEDING_DIR and ":" not in cfg.dataset:
+    readers = (
+        f"{', '.join(DATASETS_NEEDING_DIR)}, {', '.join(LEAF_DATASETS)} (a local copy of the "
+        "hub files) and hf:<hub-id> (as its download cache)"
+    )
+    reads_dir = cfg.dataset in DATASETS_NEEDING_DIR or cfg.dataset in LEAF_DATASETS
+    if cfg.data_dir and not reads_dir and ":" not in cfg.dataset:
         raise ValueError(
             f'data-dir = "{cfg.data_dir}" would be ignored: dataset "{cfg.dataset}" is embedded '
             f"in the package and reads no folder; remove data-dir, or choose a dataset that "
             f"reads it: {readers}"
+        )
+    leaf_dir = cfg.dataset in LEAF_DATASETS and cfg.data_dir
+    if leaf_dir and not Path(cfg.data_dir).expanduser().is_dir():
+        raise ValueError(
+            f'data-dir "{cfg.data_dir}" of dataset "{cfg.dataset}" is not a folder on this '
+            "machine: give a local copy of the hub files, or leave data-dir empty to load them "
+            "from the hub"
         )
     if cfg.dataset in DATASETS_NEEDING_DIR and not Path(cfg.data_dir).expanduser().is_dir():
         raise ValueError(

@@ -35,7 +35,7 @@ RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
 """How a pair gets its common randomness: an encrypted ``Y || seed`` blob relayed by the server,
 a seed derived from the X25519 secret, or the lead's ``d*m`` raw bits (Alg. 3 line 17)."""
 
-DATASETS: Final[tuple[str, ...]] = ("mnist", "mnist-idx", "cifar10")
+DATASETS: Final[tuple[str, ...]] = ("mnist", "mnist-idx", "cifar10", "femnist", "shakespeare")
 """Dataset names of ``corbin_fl.data`` (``hf:<hub-id>`` is accepted too)."""
 DATASETS_NEEDING_DIR: Final[Mapping[str, str]] = {
     "mnist-idx": "the MNIST IDX files (train-images-idx3-ubyte[.gz], ...)",
@@ -43,8 +43,11 @@ DATASETS_NEEDING_DIR: Final[Mapping[str, str]] = {
 }
 """Datasets read from files in ``data-dir`` (-> what that folder holds); ``hf:<hub-id>`` uses
 ``data-dir`` as an optional download cache, and ``mnist`` is embedded and reads none."""
-PARTITIONERS: Final[tuple[str, ...]] = ("iid", "dirichlet")
-MODELS: Final[tuple[str, ...]] = ("cnn", "resnet18")
+PARTITIONERS: Final[tuple[str, ...]] = ("iid", "dirichlet", "natural")
+MODELS: Final[tuple[str, ...]] = ("cnn", "resnet18", "char-lstm")
+LEAF_DATASETS: Final[tuple[str, ...]] = ("femnist", "shakespeare")
+"""Datasets whose rows carry a writer / role (the ``natural`` partition); ``data-dir`` is a local
+copy of the hub files, or empty for the hub (``corbin_fl/leaf.py``)."""
 OPTIMIZERS: Final[tuple[str, ...]] = ("adam", "sgd")
 DEVICES: Final[tuple[str, ...]] = ("auto", "cpu", "cuda")
 TERNARY_ENCODINGS: Final[tuple[str, ...]] = ("bits", "int8")
@@ -183,11 +186,14 @@ class RunConfig:
         ``N`` the nodes connected at the start of the run. Needs ``optimizer = "adam"`` (an SGD
         step has no such bound: give ``R > 0``). The resolved ``R`` is in ``summary.json``.
     dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
-        Data (``corbin_fl.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10`` or
-        ``hf:<hub-id>``; folder with the files; keep the source's own test split; seed of the
-        split; partition scheme and its Dirichlet concentration.
+        Data (``corbin_fl.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10``, the LEAF
+        tasks ``femnist`` and ``shakespeare`` (``corbin_fl.leaf``) or ``hf:<hub-id>``; folder
+        with the files; keep the source's own test split; seed of the split; partition scheme
+        (``iid``, ``dirichlet``, or ``natural``: one LEAF writer / role per client) and its
+        Dirichlet concentration.
     model : str
-        ``cnn`` (small VGG-style, MNIST) or ``resnet18`` (CIFAR-10).
+        ``cnn`` (small VGG-style, MNIST; FEMNIST with 62 classes), ``resnet18`` (CIFAR-10) or
+        ``char-lstm`` (Shakespeare, LEAF's next-letter LSTM).
     local_epochs, batch_size, optimizer, lr, weight_decay, max_steps
         Local training; ``max_steps`` caps the optimizer steps per round (0 = no cap).
     seed : int
@@ -229,6 +235,20 @@ class RunConfig:
         (fdp paper Def. 6, ``A = r alpha(eps)``), in [0, 1).
     ternary_encoding : str
         ``bits`` (2 bits per parameter) or ``int8``.
+    pbm_trials : int
+        PBM's ``m`` in [1, 255] (``ceil(log2(m + 1))`` bits per parameter, rounded up to 1, 2,
+        4 or 8; ``mechanisms/baselines/pbm.py``).
+    rqm_levels : int
+        RQM's levels: 2 (1 bit) or 3 (2 bits) (``mechanisms/baselines/rqm.py``).
+    rqm_q : float
+        Probability in [0, 1) that RQM keeps its middle level (3 levels); 0 = derived: the ``q``
+        that minimises the worst-case variance at ``epsilon``.
+    imvu_bits : int
+        I-MVU's budget: 1, 2 or 4 bits per parameter (``mechanisms/baselines/imvu.py``).
+    central_clip : float
+        ``central-gaussian``: the L2 clip ``C`` of each client's update ``w_i - w_g`` (the
+        sensitivity of the server's noisy sum; ``mechanisms/baselines/central_gaussian.py``).
+        With this mechanism ``epsilon`` and ``delta`` are the central guarantee of the whole run.
     fedcad_clip : float
         FedCAD L2 clip threshold ``C`` of the update (Fed-CAD Alg. 1 line 9).
     fedcad_gamma : float
@@ -286,6 +306,11 @@ class RunConfig:
     test_z_digest: bool = False
     ternary_sparsity: float = 0.5
     ternary_encoding: str = "bits"
+    pbm_trials: int = 1
+    rqm_levels: int = 2
+    rqm_q: float = 0.0
+    imvu_bits: int = 1
+    central_clip: float = 1.0
     fedcad_clip: float = 1.0
     fedcad_gamma: float = 0.5
     fedcad_sigma_diff: float = 0.01
@@ -417,6 +442,24 @@ class RunConfig:
                 "and needs none)"
             )
         choice("partitioner", self.partitioner, PARTITIONERS)
+        # Combinations are reported on the key that must change given the other (dataset,
+        # partitioner or model alone is always valid; experiment specs check keys one by one).
+        if self.partitioner == "natural" and self.dataset not in LEAF_DATASETS:
+            errors.setdefault(
+                "dataset",
+                f'partitioner "natural" needs a dataset whose rows have a writer or role '
+                f"({', '.join(LEAF_DATASETS)}), not {self.dataset!r}",
+            )
+        if self.model == "char-lstm" and self.dataset != "shakespeare":
+            errors.setdefault(
+                "dataset",
+                f'model "char-lstm" predicts letters: dataset = "shakespeare", not '
+                f"{self.dataset!r}",
+            )
+        if self.dataset == "shakespeare" and self.model != "char-lstm":
+            errors["model"] = (
+                f'shakespeare is next-letter prediction: model = "char-lstm", not {self.model!r}'
+            )
         choice("model", self.model, MODELS)
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("device", self.device, DEVICES)
@@ -465,6 +508,18 @@ class RunConfig:
             errors["resume"] = "needs out-dir (the folder that holds the checkpoint)"
         at_least("checkpoint-patience", self.checkpoint_patience, 0)
         interval("ternary-sparsity", self.ternary_sparsity, 0.0, 1.0, lo_open=False, hi_open=True)
+        if not 1 <= self.pbm_trials <= 255:
+            errors["pbm-trials"] = f"must be in [1, 255], got {self.pbm_trials}"
+        if self.rqm_levels not in (2, 3):
+            errors["rqm-levels"] = f"must be 2 or 3, got {self.rqm_levels}"
+        interval("rqm-q", self.rqm_q, 0.0, 1.0, lo_open=False, hi_open=True)
+        if self.mechanism in ("signsgd", "central-gaussian") and self.range_mode != "update":
+            errors["range-mode"] = (
+                f'{self.mechanism} works on the updates w_i - w_g: set range-mode = "update"'
+            )
+        positive("central-clip", self.central_clip)
+        if self.imvu_bits not in (1, 2, 4):
+            errors["imvu-bits"] = f"must be 1, 2 or 4, got {self.imvu_bits}"
         positive("fedcad-clip", self.fedcad_clip)
         interval("fedcad-gamma", self.fedcad_gamma, 0.0, 1.0, lo_open=False, hi_open=False)
         at_least("fedcad-sigma-diff", self.fedcad_sigma_diff, 0.0)

@@ -17,6 +17,11 @@ Sources (selected by the string ``dataset``)
     A local directory with the CIFAR-10 python batches (``data_batch_1`` .. ``data_batch_5``,
     ``test_batch``), directly or inside ``cifar-10-batches-py/``; read by
     :func:`read_cifar10_batch` with a restricted unpickler.
+``"femnist"``, ``"shakespeare"``
+    The LEAF tasks as Flower Labs serves them (``flwrlabs/femnist``, ``flwrlabs/shakespeare``),
+    from a local copy in ``data_dir`` or the hub (:mod:`corbin_fl.leaf`). Each row carries its
+    writer / speaking role, the ids of the ``natural`` partition; Shakespeare's inputs are letter
+    indices (int64 ``N x 80``), not images.
 ``"hf:<hub-id>"``
     A Hugging Face hub dataset (e.g. ``hf:ylecun/mnist``, ``hf:uoft-cs/cifar10``) loaded with
     ``datasets.load_dataset`` (``data_dir`` is used as the cache directory) and converted by
@@ -36,7 +41,10 @@ Partitions
 The training part is divided among ``num_partitions`` clients with the ``flwr_datasets``
 partitioners: :class:`~flwr_datasets.partitioner.IidPartitioner` (the paper's setting: "each
 client receives an equal fraction of the samples randomly and without replacement") or
-:class:`~flwr_datasets.partitioner.DirichletPartitioner` over the label (label skew).
+:class:`~flwr_datasets.partitioner.DirichletPartitioner` over the label (label skew), or, for
+the LEAF tasks, :class:`~flwr_datasets.partitioner.NaturalIdPartitioner` over the writer / role
+(``natural``: client ``i`` holds the ``i``-th writer's training rows; writers beyond the number
+of clients are not used, as in LEAF's sampled federations).
 
 Images are returned as float32 ``N x C x H x W`` tensors normalised per channel,
 ``x = (p / 255 - mean_c) / std_c``, with int64 labels. Raw ``uint8`` arrays are cached once per
@@ -81,7 +89,7 @@ __all__ = [
 ]
 
 #: Partitioner names accepted by :func:`client_dataset` and :func:`partition_indices`.
-PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet")
+PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "natural")
 
 # Per-channel mean and standard deviation of p / 255 (the customary constants of the full
 # training sets; MNIST: 0.1307 / 0.3081, CIFAR-10: Krizhevsky's training set statistics).
@@ -157,9 +165,11 @@ class DatasetInfo:
     num_classes : int
         Number of classes.
     in_channels : int
-        Image channels ``C``.
+        Image channels ``C`` (1 for letter sequences).
     image_size : tuple of int
-        ``(H, W)``.
+        ``(H, W)``; ``(1, L)`` for letter sequences of length ``L``.
+    tokens : bool
+        The inputs are letter indices (``shakespeare``), not images.
     """
 
     name: str
@@ -167,6 +177,7 @@ class DatasetInfo:
     num_classes: int
     in_channels: int
     image_size: tuple[int, int]
+    tokens: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,7 +196,8 @@ class Split:
 
 @dataclass(frozen=True, eq=False)
 class _Raw:
-    """Cached raw source: uint8 ``N x C x H x W`` images (read-only) and int64 labels."""
+    """Cached raw source: uint8 ``N x C x H x W`` images (or ``N x L`` letter indices when
+    ``tokens``; read-only), int64 labels and, for the LEAF tasks, int64 group ids."""
 
     images: np.ndarray
     labels: np.ndarray
@@ -194,6 +206,8 @@ class _Raw:
     std: tuple[float, ...]
     name: str
     official_test_start: int | None
+    groups: np.ndarray | None = None
+    tokens: bool = False
 
 
 # --------------------------------------------------------------------------- IDX (MNIST)
@@ -542,12 +556,13 @@ def _require_dir(dataset: str, data_dir: str | None) -> Path:
 def _check_dataset_name(dataset: object) -> str:
     if not isinstance(dataset, str):
         raise TypeError(f"dataset must be a str, got {type(dataset).__name__}")
-    if dataset in ("mnist", "mnist-idx", "cifar10"):
+    if dataset in ("mnist", "mnist-idx", "cifar10", "femnist", "shakespeare"):
         return dataset
     if dataset.startswith("hf:") and len(dataset) > 3:
         return dataset
     raise ValueError(
-        f"unknown dataset {dataset!r}: expected 'mnist', 'mnist-idx', 'cifar10' or 'hf:<hub-id>'"
+        f"unknown dataset {dataset!r}: expected 'mnist', 'mnist-idx', 'cifar10', 'femnist', "
+        "'shakespeare' or 'hf:<hub-id>'"
     )
 
 
@@ -604,6 +619,21 @@ def _load_raw(dataset: str, data_dir: str | None) -> _Raw:
             dataset,
             n_train,
         )
+    elif dataset in ("femnist", "shakespeare"):
+        from corbin_fl.leaf import load_leaf
+
+        leaf = load_leaf(dataset, data_dir)
+        stats = ((0.0,), (1.0,)) if leaf.tokens else _channel_stats(leaf.inputs)
+        raw = _Raw(
+            leaf.inputs,
+            leaf.labels,
+            leaf.num_classes,
+            *stats,
+            dataset,
+            None,
+            leaf.groups,
+            leaf.tokens,
+        )
     else:  # "hf:<hub-id>" (validated by _check_dataset_name)
         raw = _load_hf(dataset[3:], Path(data_dir) if data_dir else None)
     if raw.images.shape[0] == 0:
@@ -626,8 +656,10 @@ def _raw(dataset: str, data_dir: str | Path | None) -> _Raw:
 
 
 def _normalise(raw: _Raw, rows: np.ndarray | None = None) -> torch.Tensor:
-    """float32 ``(raw.images[rows] / 255 - mean) / std`` per channel."""
+    """float32 ``(raw.images[rows] / 255 - mean) / std`` per channel (letter indices: int64)."""
     x = raw.images if rows is None else raw.images[rows]
+    if raw.tokens:
+        return torch.from_numpy(np.array(x, dtype=np.int64, copy=True))
     out = torch.from_numpy(np.array(x, dtype=np.float32, copy=True)).div_(255.0)
     mean = torch.tensor(raw.mean, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(raw.std, dtype=torch.float32).view(1, -1, 1, 1)
@@ -668,7 +700,7 @@ def load_source(dataset: str, data_dir: str | Path | None = None) -> Source:
         images=_normalise(raw),
         labels=torch.from_numpy(raw.labels.copy()),
         num_classes=raw.num_classes,
-        in_channels=int(raw.images.shape[1]),
+        in_channels=1 if raw.tokens else int(raw.images.shape[1]),
         name=raw.name,
         official_test_start=raw.official_test_start,
     )
@@ -687,6 +719,9 @@ def dataset_info(dataset: str, data_dir: str | Path | None = None) -> DatasetInf
     DatasetInfo
     """
     raw = _raw(dataset, data_dir)
+    if raw.tokens:
+        n, length = raw.images.shape
+        return DatasetInfo(raw.name, int(n), raw.num_classes, 1, (1, int(length)), tokens=True)
     n, c, h, w = raw.images.shape
     return DatasetInfo(raw.name, int(n), raw.num_classes, int(c), (int(h), int(w)))
 
@@ -794,11 +829,16 @@ def _all_partitions(
     dirichlet_alpha: float,
     seed: int,
     min_partition_size: int,
+    groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Every partition of ``indices`` via ``flwr_datasets`` (see :func:`partition_indices`)."""
     try:
         import datasets
-        from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+        from flwr_datasets.partitioner import (
+            DirichletPartitioner,
+            IidPartitioner,
+            NaturalIdPartitioner,
+        )
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise ImportError(
             "client partitions need flwr-datasets (pip install 'flwr-datasets>=0.5')"
@@ -809,10 +849,27 @@ def _all_partitions(
             f"cannot give {num_partitions} clients data from {indices.size} training samples: "
             "some partitions would be empty (use fewer partitions or more data)"
         )
-    ds = datasets.Dataset.from_dict({"index": indices.tolist(), "label": labels.tolist()})
-    part: IidPartitioner | DirichletPartitioner
+    columns = {"index": indices.tolist(), "label": labels.tolist()}
+    if partitioner == "natural":
+        if groups is None:
+            raise ValueError(
+                "the natural partition needs a dataset with writers or roles (femnist, shakespeare)"
+            )
+        columns["group"] = groups.tolist()
+    ds = datasets.Dataset.from_dict(columns)
+    part: IidPartitioner | DirichletPartitioner | NaturalIdPartitioner
     if partitioner == "iid":
         part = IidPartitioner(num_partitions=num_partitions)
+    elif partitioner == "natural":
+        natural = NaturalIdPartitioner(partition_by="group")
+        natural.dataset = ds
+        if natural.num_partitions < num_partitions:
+            raise ValueError(
+                f"the natural partition has {natural.num_partitions} writers/roles in the "
+                "training "
+                f"part, fewer than the {num_partitions} clients"
+            )
+        part = natural
     else:
         part = DirichletPartitioner(
             num_partitions=num_partitions,
@@ -823,14 +880,15 @@ def _all_partitions(
             shuffle=True,
             seed=seed,
         )
-    part.dataset = ds
+    if partitioner != "natural":  # the natural partitioner has it already
+        part.dataset = ds
     out = []
     for pid in range(num_partitions):
         try:
             rows = part.load_partition(pid)
         except ValueError as exc:
             raise ValueError(
-                f"Dirichlet partitioning (alpha={dirichlet_alpha}) of {indices.size} samples "
+                f"{partitioner} partitioning (alpha={dirichlet_alpha}) of {indices.size} samples "
                 f"into {num_partitions} partitions of >= {min_partition_size} failed: {exc}"
             ) from exc
         idx = np.asarray(rows["index"], dtype=np.int64)
@@ -853,6 +911,7 @@ def partition_indices(
     dirichlet_alpha: float = 0.5,
     seed: int = 0,
     min_partition_size: int = 1,
+    groups: Sequence[int] | np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Divide sample indices among ``num_partitions`` clients.
 
@@ -871,13 +930,17 @@ def partition_indices(
         ``labels[i]`` is the label of ``indices[i]``.
     num_partitions : int
         ``k >= 1``.
-    partitioner : {"iid", "dirichlet"}
+    partitioner : {"iid", "dirichlet", "natural"}
+        ``natural``: ``NaturalIdPartitioner`` over ``groups`` (one writer or role per client, in
+        the order of first appearance in ``indices``; the rest unused).
     dirichlet_alpha : float
         ``> 0``; smaller is more skewed.
     seed : int
         Seed of the Dirichlet draws and of the within-partition shuffle.
     min_partition_size : int
         Every partition must get at least this many samples (``>= 1``).
+    groups : array_like of int, optional
+        ``groups[i]`` is the writer / role of ``indices[i]`` (``natural`` only).
 
     Returns
     -------
@@ -903,6 +966,7 @@ def partition_indices(
         alpha,
         _check_int("seed", seed, 0),
         _check_int("min_partition_size", min_partition_size, 1),
+        None if groups is None else np.asarray(groups, dtype=np.int64),
     )
     return [p.copy() for p in parts]
 
@@ -943,6 +1007,7 @@ def _partitions_cached(
         dirichlet_alpha,
         data_seed,
         min_partition_size,
+        None if raw.groups is None else raw.groups[train],
     )
     logger.debug(
         "partitioned %d training samples of %s into %d (%s) in %.2fs",

@@ -25,24 +25,67 @@ from corbin_fl import wire
 if TYPE_CHECKING:
     from corbin_fl.config import RunConfig
     from mechanisms.accounting import PrivacyEvent
+    from mechanisms.baselines.levels import FiniteMechanism
 
 WireSpec = tuple[str, np.dtype[Any], int]
 """``(array key, dtype, length)`` of an update on the wire."""
 
 
-def one_bit(num_params: int, ternary_encoding: str = "bits") -> WireSpec:
+def one_bit(num_params: int, cfg: RunConfig) -> WireSpec:
     """One packed bit per parameter: ``uint8[ceil(m / 8)]``."""
     return wire.BITS, np.dtype(np.uint8), wire.packed_len(num_params)
 
 
-def float32(num_params: int, ternary_encoding: str = "bits") -> WireSpec:
+def float32(num_params: int, cfg: RunConfig) -> WireSpec:
     """One float32 per parameter."""
     return wire.VALUES, np.dtype(np.float32), num_params
 
 
-def ternary_wire(num_params: int, ternary_encoding: str = "bits") -> WireSpec:
+def ternary_wire(num_params: int, cfg: RunConfig) -> WireSpec:
     """Ternary symbols: 2 packed bits per parameter (``bits``) or one int8 (``int8``)."""
-    return wire.ternary_update_spec(num_params, ternary_encoding)
+    return wire.ternary_update_spec(num_params, cfg.ternary_encoding)
+
+
+def symbols_wire(num_params: int, cfg: RunConfig) -> WireSpec:
+    """``b``-bit symbols of a finite-output mechanism, packed: ``uint8[ceil(m b / 8)]``."""
+    bits = symbol_bits_of(cfg)
+    return wire.BITS, np.dtype(np.uint8), (num_params * bits + 7) // 8
+
+
+def symbol_bits_of(cfg: RunConfig) -> int:
+    """Bits per parameter of the finite-output mechanism of ``cfg`` (no solve needed)."""
+    from mechanisms.baselines.levels import symbol_bits
+
+    if cfg.mechanism == "pbm":
+        return symbol_bits(cfg.pbm_trials + 1)
+    if cfg.mechanism == "rqm":
+        return symbol_bits(cfg.rqm_levels)
+    if cfg.mechanism == "imvu":
+        return int(cfg.imvu_bits)
+    raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
+
+
+def finite_mechanism(cfg: RunConfig) -> FiniteMechanism:
+    """The PBM / RQM / I-MVU object of ``cfg`` (``mechanisms/baselines``), the same on both sides.
+
+    RQM with 3 levels and ``rqm-q = 0`` takes the variance-optimal ``q`` (:func:`rqm_optimal_q`).
+    """
+    if cfg.mechanism == "pbm":
+        from mechanisms.baselines.pbm import PBM
+
+        return PBM(cfg.epsilon, cfg.pbm_trials)
+    if cfg.mechanism == "rqm":
+        from mechanisms.baselines.rqm import RQM, rqm_optimal_q
+
+        q = cfg.rqm_q
+        if cfg.rqm_levels == 3 and q == 0.0:
+            q = rqm_optimal_q(cfg.epsilon)
+        return RQM(cfg.epsilon, cfg.rqm_levels, q)
+    if cfg.mechanism == "imvu":
+        from mechanisms.baselines.imvu import IMVU
+
+        return IMVU(cfg.epsilon, cfg.imvu_bits)
+    raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
 
 
 @dataclass(frozen=True)
@@ -55,9 +98,9 @@ class Mechanism:
         The ``mechanism`` value of the run config and of every instruction.
     summary : str
         One line: what a client releases.
-    wire : Callable[[int, str], WireSpec]
-        Array key, dtype and length of one update of ``m`` parameters (and the run's
-        ``ternary-encoding``).
+    wire : Callable[[int, RunConfig], WireSpec]
+        Array key, dtype and length of one update of ``m`` parameters under the run's settings
+        (e.g. ``ternary-encoding``, ``pbm-trials``).
     encoder : str
         ``"module:function"`` of the client encoder, called as ``fn(cfg, context, w=..., ...)``
         (see :func:`client.encode.encode`).
@@ -80,7 +123,7 @@ class Mechanism:
 
     name: str
     summary: str
-    wire: Callable[[int, str], WireSpec]
+    wire: Callable[[int, RunConfig], WireSpec]
     encoder: str
     aggregator: str
     pairs: bool = False
@@ -247,6 +290,56 @@ register(
         float32,
         "client.encode:encode_fedcad",
         "server.aggregation:FedCADAggregator",
+        has_delta=True,
+    )
+)
+_LEVELS_ENCODER: Final[str] = "client.encode:encode_levels"
+_LEVELS_AGGREGATOR: Final[str] = "server.aggregation:LevelsAggregator"
+register(
+    Mechanism(
+        "pbm",
+        "Poisson binomial mechanism, m trials, pure eps-LDP (Chen et al. 2022)",
+        symbols_wire,
+        _LEVELS_ENCODER,
+        _LEVELS_AGGREGATOR,
+    )
+)
+register(
+    Mechanism(
+        "rqm",
+        "randomized quantization mechanism, 2 or 3 levels (Youn et al. 2023, Alg. 2)",
+        symbols_wire,
+        _LEVELS_ENCODER,
+        _LEVELS_AGGREGATOR,
+    )
+)
+register(
+    Mechanism(
+        "imvu",
+        "interpolated minimum-variance unbiased mechanism, 1/2/4 bits (Guo et al. 2023)",
+        symbols_wire,
+        _LEVELS_ENCODER,
+        _LEVELS_AGGREGATOR,
+    )
+)
+register(
+    Mechanism(
+        "signsgd",
+        "sign of the update, majority vote at the server (Bernstein et al. 2019; no privacy)",
+        one_bit,
+        "client.encode:encode_signsgd",
+        "server.aggregation:SignAggregator",
+        local_dp=False,
+    )
+)
+register(
+    Mechanism(
+        "central-gaussian",
+        "update clipped to L2 norm C; the server adds Gaussian noise (central DP, trusts it)",
+        float32,
+        "client.encode:encode_central",
+        "server.aggregation:CentralGaussianAggregator",
+        local_dp=False,
         has_delta=True,
     )
 )

@@ -142,10 +142,12 @@ def set_threads(n: int) -> None:
 
 def _check_dataset(dataset: object) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(dataset, TensorDataset) or len(dataset.tensors) != 2:
-        raise TypeError("dataset must be a TensorDataset of (images, labels)")
+        raise TypeError("dataset must be a TensorDataset of (inputs, labels)")
     x, y = dataset.tensors
-    if not x.is_floating_point():
-        raise TypeError(f"images must be floating point, got {x.dtype}")
+    if not (x.is_floating_point() or x.dtype == torch.int64):
+        raise TypeError(
+            f"inputs must be floating-point images or int64 letter indices, got {x.dtype}"
+        )
     if y.dtype != torch.int64 or y.ndim != 1:
         raise TypeError(f"labels must be a 1-D int64 tensor, got {y.dtype} {tuple(y.shape)}")
     if x.shape[0] == 0:

@@ -47,11 +47,14 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SType
+
+if TYPE_CHECKING:
+    from corbin_fl.config import RunConfig
 
 PROTOCOL_VERSION: Final[str] = "corbin-fl/v1"
 """Bound into every HKDF ``info`` and AEAD AAD. Must equal
@@ -160,6 +163,11 @@ PARAM_KEYS: Final[tuple[str, ...]] = (
     "range-mode",
     "ternary-sparsity",
     "ternary-encoding",
+    "pbm-trials",
+    "rqm-levels",
+    "rqm-q",
+    "imvu-bits",
+    "central-clip",
     "fedcad-clip",
     "fedcad-gamma",
     "fedcad-sigma-diff",
@@ -256,18 +264,16 @@ def decode_ternary(values: np.ndarray, m: int, encoding: str) -> np.ndarray:
     return np.where(nonzero, np.where(positive, 1, -1), 0).astype(np.int8)
 
 
-def update_spec(
-    mechanism: str, num_params: int, ternary_encoding: str = "bits"
-) -> tuple[str, np.dtype[Any], int]:
-    """Array key, dtype and length of the update of ``mechanism`` for ``num_params``
-    (from the mechanism registry, :mod:`corbin_fl.registry`)."""
+def update_spec(cfg: RunConfig, num_params: int) -> tuple[str, np.dtype[Any], int]:
+    """Array key, dtype and length of the update of ``cfg.mechanism`` for ``num_params``
+    under ``cfg``'s settings (from the mechanism registry, :mod:`corbin_fl.registry`)."""
     from corbin_fl import registry
 
     try:
-        spec = registry.get(mechanism).wire
+        spec = registry.get(cfg.mechanism).wire
     except KeyError as exc:
         raise WireError(str(exc.args[0])) from exc
-    return spec(num_params, ternary_encoding)
+    return spec(num_params, cfg)
 
 
 def keygen_cfg_keys() -> frozenset[str]:

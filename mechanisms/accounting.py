@@ -100,14 +100,22 @@ MECHANISMS: tuple[str, ...] = (
     "gaussian",
     "laplace",
     "ternary",
+    "pbm",
+    "rqm",
+    "imvu",
+    "signsgd",
+    "central-gaussian",
     "fedcad",
     "cq",
     "fedavg",
 )
 _ALIASES = {"ldp": "ldpfl", "ldp-fl": "ldpfl", "vanilla": "fedavg", "corbin-fl": "corbin"}
-_PURE_EPS = {"corbin", "augcorbin", "ldpfl", "laplace", "ternary"}
+_FINITE = {"pbm", "rqm", "imvu"}
+_PURE_EPS = {"corbin", "augcorbin", "ldpfl", "laplace", "ternary", *_FINITE}
 _PAIRED = {"corbin", "augcorbin"}
-_NO_DP = {"cq", "fedavg"}
+_NO_DP = {"cq", "fedavg", "signsgd"}
+_CENTRAL = {"central-gaussian"}
+"""Central DP: no guarantee on the uplink or against the server; the released models are DP."""
 
 #: Largest ``d`` for which the pair-joint view is computed (cost grows like ``2^d``); matches
 #: ``mechanisms.quantizers.MAX_SHARED_BITS``.
@@ -821,9 +829,9 @@ class PrivacyEvent:
             raise ValueError(f"round must be an int >= 0, got {self.round!r}")
         object.__setattr__(self, "node", str(self.node))
         _check_count(self.m, "m")
-        if self.mechanism in _NO_DP:
+        if self.mechanism in _NO_DP | _CENTRAL:  # no local DP on what a client releases
             if self.eps_p is not None:
-                raise ValueError(f"{self.mechanism} has no DP guarantee; eps_p must be None")
+                raise ValueError(f"{self.mechanism} has no local DP guarantee; eps_p must be None")
         else:
             if self.eps_p is None:
                 raise ValueError(f"{self.mechanism} needs eps_p")
@@ -969,12 +977,13 @@ class Accountant:
         r"""Guarantees of one client at target ``delta``.
 
         Threat model (A): pure-``eps`` releases (``corbin``, ``augcorbin``, ``ldpfl``,
-        ``laplace``, ``ternary``) are each dominated by randomized response with their
-        ``eps_p`` (optimal composition, Kairouz et al. 2015), hence all together by ``k``-fold
-        RR with the largest ``eps_p`` (exact when all are equal); Gaussian releases compose
-        exactly as ``mu = sqrt(sum mu_i^2)`` GDP; different families are combined by basic
-        composition (``delta`` split evenly). Threat model (B): the paired parameters, grouped by
-        ``(eps_p, d)``, through :func:`pair_joint_epsilon`; unpaired parameters of the same
+        ``laplace``, ``ternary``, ``pbm``, ``rqm``, ``imvu``) are each dominated by randomized
+        response with their ``eps_p`` (optimal composition, Kairouz et al. 2015), hence all
+        together by ``k``-fold RR with the largest ``eps_p`` (exact when all are equal);
+        Gaussian releases compose exactly as ``mu = sqrt(sum mu_i^2)`` GDP; different families
+        are combined by basic composition (``delta`` split evenly). Threat model (B): the paired
+        parameters, grouped by ``(eps_p, d)``, through :func:`pair_joint_epsilon`; unpaired
+        parameters of the same
         client are added by basic composition.
         """
         delta = _check_delta(delta)
@@ -985,8 +994,11 @@ class Accountant:
         k = sum(e.m for e in events)
         rounds = len({e.round for e in events})
         notes: list[str] = []
-        if any(e.mechanism in _NO_DP for e in events):
-            notes.append("a release without DP (cq/fedavg): no guarantee")
+        if any(e.mechanism in _NO_DP | _CENTRAL for e in events):
+            notes.append(
+                "a release without local DP (cq/fedavg/signsgd, or central-gaussian, whose "
+                "noise the server adds): no guarantee on the uplink"
+            )
             return ClientPrivacy(key, rounds, k, math.inf, delta, None, None, tuple(notes))
         pure = [e for e in events if e.mechanism in _PURE_EPS]
         gauss = [e for e in events if e.mechanism in ("gaussian", "fedcad")]
@@ -1059,6 +1071,11 @@ _NO_DP_A = {
         "No DP: cq sends one stochastically rounded bit per parameter with no privacy budget "
         "(its bits aim at accuracy, not privacy); only TLS hides them on the link.",
     ),
+    "signsgd": (
+        "no DP (the signs of the update)",
+        "No DP: signsgd sends the sign of every parameter's update, a deterministic function of "
+        "it; only TLS hides the bits on the link.",
+    ),
 }
 _NO_DP_B = {
     "fedavg": ("no DP (it sees every update)", "No DP: the server receives every update as it is."),
@@ -1066,12 +1083,81 @@ _NO_DP_B = {
         "no DP (it sees every bit)",
         "No DP: the server receives every client's bits, which carry no privacy budget.",
     ),
+    "signsgd": (
+        "no DP (it sees every sign)",
+        "No DP: the server receives the signs of every client's update.",
+    ),
 }
 _NO_DP_C = {
     "fedavg": "No DP: the global model every client receives is the plain average of the updates.",
     "cq": "No DP: the global model every client receives is decoded from bits with no privacy "
     "budget.",
+    "signsgd": "No DP: the global model moves by the majority vote of the clients' signs.",
 }
+
+
+def _central_threat_models(
+    epsilon: float, delta: float, rounds: int, planned: int
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The threat-model view of ``central-gaussian`` (DP-FedAvg's Gaussian sum query).
+
+    The noise multiplier ``z`` is calibrated for ``planned`` rounds at (epsilon, delta); the run's
+    ``rounds`` (at most ``planned``) compose exactly to one Gaussian with ``mu = sqrt(T) / z``
+    (``mechanisms/baselines/central_gaussian.py``).
+    """
+    from mechanisms.baselines.central_gaussian import central_epsilon, central_noise_multiplier
+
+    z = central_noise_multiplier(epsilon, delta, planned)
+    tm: dict[str, dict[str, Any]] = {
+        key: {"name": name, "dp": False} for key, name in THREAT_MODELS.items()
+    }
+    tm["A"]["headline"] = "no DP (the clipped update in the clear)"
+    tm["A"]["guarantee"] = (
+        "No DP: central-gaussian uploads the client's clipped update as it is (the server adds "
+        "the noise); only TLS hides it on the link."
+    )
+    tm["B"]["headline"] = "no DP (it sees every clipped update)"
+    tm["B"]["guarantee"] = (
+        "No DP: the server receives every clipped update as it is; the noise is its own to add."
+    )
+    eps_run = central_epsilon(z, delta, rounds)
+    tm["C"].update(
+        {
+            "dp": True,
+            "headline": f"({eps_run:.3g}, {delta:.3g}) central, {rounds} rounds",
+            "guarantee": (
+                f"The {rounds} global models every client receives are ({eps_run:g}, {delta:g})-DP "
+                "with respect to any one client's data (add or remove one client; worst case: it "
+                f"takes part in every round): each round adds N(0, (z C)^2) with z = {z:.4g} to "
+                "the sum of updates clipped to L2 norm C, and the rounds compose exactly to one "
+                f"Gaussian with mu = sqrt({rounds})/z. This trusts the server to add the noise."
+            ),
+            "per_update": {
+                "k": 1,
+                "eps": central_epsilon(z, delta, 1),
+                "delta": delta,
+                "mu": 1 / z,
+            },
+            "all_rounds": {
+                "k": rounds,
+                "eps": eps_run,
+                "delta": delta,
+                "mu": math.sqrt(rounds) / z,
+            },
+        }
+    )
+    tm["D"]["headline"] = "no DP (it need not add the noise)"
+    tm["D"]["guarantee"] = (
+        "No DP: a malicious server sees every clipped update and need not add any noise."
+    )
+    notes = [
+        "central DP (DP-FedAvg's Gaussian sum query): clients send their clipped updates in the "
+        f"clear and the server adds the noise; z = {z:.6g} makes {planned} rounds "
+        f"({epsilon:g}, {delta:g})-DP (analytic Gaussian calibration, exact GDP composition)",
+        "worst case: a client is assumed to take part in every round; no amplification by "
+        "sampling is claimed",
+    ]
+    return tm, notes
 
 
 def _rr_block(eps_p: float, k: int, delta: float) -> dict[str, Any]:
@@ -1212,6 +1298,8 @@ def _threat_models(
                 "released parameter carries Laplace noise"
                 if mech == "laplace"
                 else "released parameter is ternary stochastic rounding"
+                if mech == "ternary"
+                else f"released parameter is one symbol of {mech} (exact pure eps_p)"
             )
         )
         a["headline"] = f"eps_p = {ep:g} per parameter"
@@ -1365,7 +1453,7 @@ def _threat_models(
             "distribution, which gives (eps, delta)"
             + ("; CorBinQ's marginal equals LDPQ's (Theorem 1)" if mech in _PAIRED else "")
         )
-    elif mech in ("laplace", "ternary"):
+    elif mech in ("laplace", "ternary", *_FINITE):
         notes.append(
             f"(A) {mech} is pure eps_p-DP per parameter; k parameters are dominated by k-fold "
             "randomized response (optimal composition, Kairouz et al. 2015)"
@@ -1407,6 +1495,7 @@ def privacy_report(
     r: float | None = None,
     delta_p: float | None = None,
     fedcad_delta: float | None = None,
+    planned_rounds: int | None = None,
 ) -> dict[str, Any]:
     """JSON-ready privacy summary of a run, per threat model (the server calls this once).
 
@@ -1436,6 +1525,9 @@ def privacy_report(
         Per-parameter ``delta`` of the ``gaussian`` mechanism (default ``delta``).
     fedcad_delta : float, optional
         Per-round ``delta`` of ``fedcad`` (default ``delta``).
+    planned_rounds : int, optional
+        ``central-gaussian``: the rounds its noise was calibrated for (``num-rounds``; default
+        ``rounds``); ``eps_p`` is then the central ``epsilon`` of those rounds.
 
     Returns
     -------
@@ -1473,6 +1565,14 @@ def privacy_report(
     if mech in _NO_DP:
         report["threat_models"], report["notes"] = _threat_models(
             mech, None, m, rounds, None, None, None, None, gamma
+        )
+        return report
+    if mech in _CENTRAL:
+        target = _check_pos_float(eps_p, "eps_p")
+        planned = rounds if planned_rounds is None else _check_count(planned_rounds, "rounds")
+        report["delta"] = delta
+        report["threat_models"], report["notes"] = _central_threat_models(
+            target, delta, rounds, planned
         )
         return report
     ep = _check_pos_float(eps_p, "eps_p")

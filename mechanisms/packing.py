@@ -32,8 +32,11 @@ __all__ = [
     "SumAccumulator",
     "mean_from_counts",
     "pack_bits",
+    "pack_symbols",
     "packed_len",
+    "symbols_len",
     "unpack_bits",
+    "unpack_symbols",
 ]
 
 logger = logging.getLogger(__name__)
@@ -146,6 +149,66 @@ def unpack_bits(
     bits = np.unpackbits(arr, count=m_v)
     out = torch.from_numpy(bits).view(torch.bool)
     return out.to(device) if device is not None else out
+
+
+# ------------------------------------------------------------------------------ b-bit symbols
+_SYMBOL_BITS: Final[tuple[int, ...]] = (1, 2, 4, 8)
+
+
+def _check_bits(bits: object) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, Integral) or int(bits) not in _SYMBOL_BITS:
+        raise ValueError(f"bits per symbol must be one of {_SYMBOL_BITS}, got {bits!r}")
+    return int(bits)
+
+
+def symbols_len(m: int, bits: int) -> int:
+    """Bytes of ``m`` symbols of ``bits`` bits: ``ceil(m b / 8)``."""
+    return (_check_m(m) * _check_bits(bits) + 7) // 8
+
+
+def pack_symbols(symbols: torch.Tensor | np.ndarray, bits: int) -> np.ndarray:
+    """Pack symbols in ``[0, 2^b)`` at ``b`` bits each (``b`` in 1, 2, 4, 8), big-endian.
+
+    Symbol ``i`` occupies bits ``[i b, (i + 1) b)`` of the stream, most significant bit first,
+    the stream in ``np.packbits`` order; the padding bits of the last byte are zero. ``b = 1``
+    is :func:`pack_bits` of ``symbols == 1``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint8[ceil(m b / 8)]``.
+    """
+    b = _check_bits(bits)
+    arr = symbols.detach().cpu().numpy() if isinstance(symbols, torch.Tensor) else symbols
+    flat = np.ascontiguousarray(np.asarray(arr).reshape(-1))
+    if flat.size and (flat.min() < 0 or flat.max() >= 1 << b):
+        raise ValueError(f"symbols must be in [0, {1 << b}) for {b} bits")
+    per = 8 // b
+    padded = np.zeros(-(-flat.size // per) * per, dtype=np.uint8)
+    padded[: flat.size] = flat
+    shifts = np.arange(8 - b, -1, -b, dtype=np.uint8)  # first symbol in the high bits
+    return np.bitwise_or.reduce(padded.reshape(-1, per) << shifts, axis=1).astype(np.uint8)
+
+
+def unpack_symbols(packed: np.ndarray | bytes, m: int, bits: int) -> np.ndarray:
+    """Inverse of :func:`pack_symbols`: ``uint8[m]``; wrong length or set padding raises.
+
+    Raises
+    ------
+    ValueError
+        Not ``uint8[ceil(m b / 8)]``, or non-zero padding bits.
+    """
+    b, m_v = _check_bits(bits), _check_m(m)
+    arr = np.frombuffer(packed, dtype=np.uint8) if isinstance(packed, bytes) else packed
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 1:
+        raise ValueError("packed symbols must be a 1-D uint8 array")
+    if arr.size != symbols_len(m_v, b):
+        raise ValueError(f"packed symbols: expected {symbols_len(m_v, b)} bytes, got {arr.size}")
+    shifts = np.arange(8 - b, -1, -b, dtype=np.uint8)
+    out = ((arr[:, None] >> shifts) & np.uint8((1 << b) - 1)).reshape(-1)
+    if out[m_v:].any():
+        raise ValueError("packed symbols have non-zero padding bits")
+    return np.ascontiguousarray(out[:m_v])
 
 
 # ------------------------------------------------------------------------------ BitCounter

@@ -8,9 +8,13 @@ local model ``(1/n) sum_i w_i`` (Alg. 3 line 23):
   signs ``k_j`` per parameter; ``w_bar_j = c_j + r_j alpha(eps) (2 k_j / n - 1)``, the mean of
   the decoded values ``c + U r alpha`` (Alg. 1 line 4);
 - cq: the same counts, ``w_bar_j = c_j + r_j (2 k_j / n - 1)`` (``alpha = 1``, no privacy);
+- signsgd: the same counts, ``w_bar_j = c_j + r_j sign(2 k_j - n)`` (majority vote);
+- pbm, rqm, imvu: the float64 sum of the decoded levels, ``w_bar_j = c_j + r_j (sum v) / n``;
 - ternary: the sum of ``t_j`` in {-1, 0, 1}; ``w_bar_j = c_j + B_j (sum t_j) / n`` (fdp Def. 6);
 - float mechanisms (gaussian, laplace, fedavg): float64 sum of the released models / n;
 - fedcad: float64 sum of the released updates / n, added to the global model;
+- central-gaussian: float64 sum of the clipped updates plus the server's Gaussian noise, divided
+  by the round's cohort (DP-FedAvg's Gaussian sum query);
   a float release outside :func:`float_release_bounds` (or NaN/inf) is rejected, not averaged.
 
 :func:`apply_global_lr` is paper eq. (6): ``w_g <- (1 - lambda) w_g + lambda w_bar``.
@@ -50,6 +54,9 @@ class Aggregator(ABC):
         deployment uses) or per element (``[m]``, without).
     layout : ParamLayout, optional
         The model's layer layout when ``c`` and ``r`` are per layer.
+    cohort : int, optional
+        Nodes asked for an update this round, fixed before any reply (the central Gaussian's
+        denominator); default: the number of accepted updates.
 
     Memory: the accumulator is the only model-sized state (int32 counts, float64 sums); ``c`` and
     ``r`` are walked layer by layer (:func:`corbin_fl.models.range_blocks`), never expanded.
@@ -62,17 +69,17 @@ class Aggregator(ABC):
         c: torch.Tensor,
         r: torch.Tensor,
         layout: ParamLayout | None = None,
+        cohort: int | None = None,
     ) -> None:
         from corbin_fl.models import range_blocks
 
         self.cfg = cfg
+        self.cohort = cohort
         self.m = int(w_global.numel())
         self.w_global = w_global
         self.blocks = range_blocks(_cpu(c), _cpu(r), self.m, layout)
         self.n = 0
-        self.key, self.dtype, self.length = wire.update_spec(
-            cfg.mechanism, self.m, cfg.ternary_encoding
-        )
+        self.key, self.dtype, self.length = wire.update_spec(cfg, self.m)
         self._start()
 
     def add(self, record: ArrayRecord) -> None:
@@ -154,6 +161,18 @@ class CQAggregator(BitsAggregator):
         return c + r * (2.0 * k.to(torch.float64) / self.n - 1.0)
 
 
+class SignAggregator(BitsAggregator):
+    """SignSGD with majority vote: the same counts, ``c + r sign(2 k - n)`` (no privacy)."""
+
+    def _decode(
+        self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
+    ) -> torch.Tensor:
+        """``c + r sign(2 k - n)``: the layer's step ``r = R`` in the voted direction."""
+        from mechanisms.baselines.signsgd import majority_vote
+
+        return c + r * majority_vote(k, self.n)
+
+
 class TernaryAggregator(Aggregator):
     """Ternary compressor: sum of ``t`` in {-1, 0, 1}; decode ``c + B * mean(t)``."""
 
@@ -171,6 +190,42 @@ class TernaryAggregator(Aggregator):
         for lo, hi, c, r in _chunks(self.blocks):
             _, big_b = ternary_params(r, self.cfg.epsilon, self.cfg.ternary_sparsity)
             out[lo:hi] = c + big_b * (self.total[lo:hi].to(torch.float64) / self.n)
+        return out
+
+
+class LevelsAggregator(Aggregator):
+    """Finite-output mechanisms (pbm, rqm, imvu): ``b``-bit symbols decoded to their levels.
+
+    The accumulator is the float64 sum of the normalised levels ``v_k`` per parameter;
+    ``w_bar = c + r (sum v) / n``, the mean of the decoded values ``c + r v_k``. A symbol outside
+    ``[0, K)`` (possible when ``K`` is not a power of 2) or a set padding bit is rejected.
+    """
+
+    def _start(self) -> None:
+        from corbin_fl.registry import finite_mechanism
+
+        self.mechanism = finite_mechanism(self.cfg)
+        self.levels = torch.as_tensor(self.mechanism.levels, dtype=torch.float64)
+        self.total = torch.zeros(self.m, dtype=torch.float64)
+
+    def _add(self, values: np.ndarray) -> None:
+        from mechanisms.packing import unpack_symbols
+
+        try:
+            symbols = unpack_symbols(values, self.m, self.mechanism.bits)
+        except ValueError as exc:
+            raise wire.WireError(str(exc)) from exc
+        if symbols.size and int(symbols.max()) >= self.mechanism.num_levels:
+            raise wire.WireError(
+                f"update has a symbol outside [0, {self.mechanism.num_levels}) "
+                f"({self.cfg.mechanism} has {self.mechanism.num_levels} levels)"
+            )
+        self.total += self.levels[torch.from_numpy(symbols).to(torch.int64)]
+
+    def _estimate(self) -> torch.Tensor:
+        out = torch.empty(self.m, dtype=torch.float32)
+        for lo, hi, c, r in _chunks(self.blocks):
+            out[lo:hi] = c + r * (self.total[lo:hi] / self.n)
         return out
 
 
@@ -255,6 +310,45 @@ class FloatAggregator(Aggregator):
         return self.total / self.n
 
 
+class CentralGaussianAggregator(Aggregator):
+    """Gaussian central DP (``mechanisms/baselines/central_gaussian.py``): the server's noise.
+
+    Each update is the client's clipped ``w_i - w_g``; one whose L2 norm exceeds ``C`` (with a
+    float32 slack of ``1e-5``) or that is not finite is rejected, so no client can exceed the
+    sensitivity the accounting assumes. The estimate is ``(sum + N(0, z^2 C^2 I)) / cohort``,
+    with ``z`` for (epsilon, delta) over ``num-rounds`` rounds and the noise from a generator
+    seeded by the OS CSPRNG (:attr:`noise_generator`, None, in production).
+    """
+
+    noise_generator: torch.Generator | None = None
+
+    def _start(self) -> None:
+        from mechanisms.baselines.central_gaussian import central_noise_multiplier
+
+        self.total = torch.zeros(self.m, dtype=torch.float64)
+        self.z = central_noise_multiplier(self.cfg.epsilon, self.cfg.delta, self.cfg.num_rounds)
+
+    def _add(self, values: np.ndarray) -> None:
+        v = torch.from_numpy(values).to(torch.float64)
+        norm = float(torch.linalg.vector_norm(v))
+        limit = self.cfg.central_clip * (1.0 + 1e-5)
+        if not norm <= limit:  # also NaN
+            raise wire.WireError(
+                f"update L2 norm {norm:.6g} is above the clip {self.cfg.central_clip:g} of "
+                "central-gaussian (the sensitivity the accounting assumes)"
+            )
+        self.total += v
+
+    def _estimate(self) -> torch.Tensor:
+        from mechanisms.baselines.central_gaussian import central_noise
+
+        noise = central_noise(
+            (self.m,), self.z, self.cfg.central_clip, generator=self.noise_generator
+        )
+        denominator = self.cohort if self.cohort else self.n
+        return (self.total.add_(noise)).div_(denominator)
+
+
 class FedCADAggregator(FloatAggregator):
     """FedCAD releases updates ``w_i - w_g``: their mean is added back to the global model."""
 
@@ -268,13 +362,14 @@ def make_aggregator(
     c: torch.Tensor,
     r: torch.Tensor,
     layout: ParamLayout | None = None,
+    cohort: int | None = None,
 ) -> Aggregator:
     """The registered aggregator of ``cfg.mechanism`` (``c``, ``r`` per layer with ``layout``;
     :mod:`corbin_fl.registry`)."""
     from corbin_fl import registry
 
     cls = registry.get(cfg.mechanism).aggregator_class()
-    return cls(cfg, w_global, c, r, layout)  # type: ignore[no-any-return]
+    return cls(cfg, w_global, c, r, layout, cohort)  # type: ignore[no-any-return]
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:

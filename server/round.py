@@ -278,8 +278,10 @@ def run_round(
             wire.RADIUS: wire.to_array(r_layer.cpu().numpy()),
         }
     )
-    aggregator = make_aggregator(cfg, rt.weights, c_layer, r_layer, rt.layout)
     participants = active_of(state, state.sampled)
+    aggregator = make_aggregator(
+        cfg, rt.weights, c_layer, r_layer, rt.layout, cohort=len(participants)
+    )
     if pipelined and rnd < cfg.num_rounds:  # no blob for a round that will not run
         pair_next_round(rt, state, participants)
     cq_seed = secrets.token_bytes(wire.CQ_SEED_BYTES)
@@ -799,6 +801,7 @@ def privacy_summary(
             gamma=cfg.gamma if cfg.mechanism == "augcorbin" else None,
             n=clients or None,
             r=r_max,
+            planned_rounds=cfg.num_rounds,
         )
     except (ValueError, TypeError, ArithmeticError) as exc:
         logger.exception("privacy report failed")

@@ -171,9 +171,15 @@ from client import train as client_train
 print("imported", flush=True)
 from corbin_fl.config import RunConfig
 from corbin_fl.data import client_rows, dataset_rows
+from corbin_fl.models import build_model
 from corbin_fl.training import train_local
 cfg = RunConfig.from_flower(json.loads(sys.argv[1]))
 task = client_train.LocalTask.get(cfg)
+# As the train handler does: the global model is loaded into the skeleton (strict).
+task.model.load_state_dict(
+    build_model(cfg.model, task.info.in_channels, task.info.num_classes, seed=cfg.seed)
+    .state_dict(), strict=True,
+)
 t0 = time.monotonic()
 rows = client_rows(
     cfg.dataset, 0, int(sys.argv[2]), partitioner=cfg.partitioner,

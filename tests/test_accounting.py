@@ -331,9 +331,14 @@ EXPECTED_DP = {
     "gaussian": {"A": True, "B": True, "C": True, "D": True},
     "laplace": {"A": True, "B": True, "C": True, "D": True},
     "ternary": {"A": True, "B": True, "C": True, "D": True},
+    "pbm": {"A": True, "B": True, "C": True, "D": True},
+    "rqm": {"A": True, "B": True, "C": True, "D": True},
+    "imvu": {"A": True, "B": True, "C": True, "D": True},
     "fedcad": {"A": True, "B": True, "C": True, "D": True},
     "fedavg": {"A": False, "B": False, "C": False, "D": False},
     "cq": {"A": False, "B": False, "C": False, "D": False},
+    "signsgd": {"A": False, "B": False, "C": False, "D": False},
+    "central-gaussian": {"A": False, "B": False, "C": True, "D": False},
 }
 
 
@@ -507,7 +512,8 @@ def _first_layout(mech: str) -> dict:
 
 
 def test_read_privacy_report_rearranges_the_first_layout() -> None:
-    for mech in CONFIG_MECHANISMS:
+    # central-gaussian came after the first layout: no report of it was ever written that way.
+    for mech in sorted(set(CONFIG_MECHANISMS) - {"central-gaussian"}):
         new = privacy_report(mech, 0.5, 1e-5, 2_000, 3, d=5, gamma=0.2, n=10, r=0.05)
         new.pop("mse_bounds", None)
         got = read_privacy_report(_first_layout(mech))

@@ -281,7 +281,8 @@ def test_documented_commands_run_the_app_defaults(
     from corbin_fl.config import RunConfig
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "data" / "cifar-10-batches-py").mkdir(parents=True)  # the documented data-dir
+    for folder in ("cifar-10-batches-py", "femnist", "shakespeare"):  # the documented data-dirs
+        (tmp_path / "data" / folder).mkdir(parents=True)
     args = cli.build_parser().parse_args(shlex.split(command))
     options = cli.options_from_args(args)
     argv = shlex.split(command)

@@ -285,7 +285,35 @@ def test_quick_and_paper_scale_match_the_brief() -> None:
     )
     assert (prun.run_config["d"], prun.run_config["gamma"]) == (5, 0.2)
     mechs = {r.run_config["mechanism"] for r in expand_runs(paper)}
-    assert mechs == set(MECHANISMS)
+    # The paper's Experiment 1: every mechanism it compares (the later ones are in the bits
+    # frontier below).
+    assert mechs == set(MECHANISMS) - {"pbm", "rqm", "imvu", "signsgd", "central-gaussian"}
+
+
+@pytest.mark.parametrize(("task", "model"), [("femnist", "cnn"), ("shakespeare", "char-lstm")])
+def test_paper_bits_frontier_specs_cover_every_private_mechanism_and_bit_budget(
+    task: str, model: str
+) -> None:
+    spec = load_spec(REPO / f"experiments/paper/bits-frontier-{task}.toml")
+    runs = expand_runs(spec)
+    settings = {
+        (
+            r.run_config["mechanism"],
+            r.run_config.get("pbm-trials"),
+            r.run_config.get("rqm-levels"),
+            r.run_config.get("imvu-bits"),
+            r.run_config["epsilon"],
+        )
+        for r in runs
+    }
+    eps = (0.1, 0.3, 1.0, 3.0)
+    want = {(m, None, None, None, e) for m in ("corbin", "ldpfl") for e in eps}
+    want |= {("pbm", t, None, None, e) for t in (1, 2) for e in eps}
+    want |= {("rqm", None, k, None, e) for k in (2, 3) for e in eps}
+    want |= {("imvu", None, None, b, e) for b in (1, 2, 4) for e in eps}
+    assert settings == want
+    assert {(r.run_config["dataset"], r.run_config["model"]) for r in runs} == {(task, model)}
+    assert {r.run_config["partitioner"] for r in runs} == {"natural"}
 
 
 BAD_SPECS = [
@@ -1005,7 +1033,7 @@ def _mechanism_groups(tmp_path: Path, mechanisms: tuple[str, ...]) -> list[Any]:
             d = tmp_path / f"{mech}-s{seed}"
             cfg = {
                 "mechanism": mech, "epsilon": 5.0, "delta": 1e-5, "d": 5, "num-rounds": 2,
-                "dataset": "mnist", "global-lr": 1.0, "seed": seed,
+                "dataset": "mnist", "global-lr": 1.0, "seed": seed, "range-mode": "update",
             }  # fmt: skip
             write_run(d, cfg, rows_of([(acc - 0.1, acc - 0.1), (acc, acc)]), clients=10)
             runs.append(load_run(d))
@@ -1070,7 +1098,11 @@ def test_mechanism_bar_chart_marks_each_bars_guarantee(tmp_path: Path) -> None:
     assert title.startswith("All mechanisms\nfixed: ")
     flat_title = _flat(title)
     assert "clients=10" in flat_title and "rounds=2" in flat_title and "d=5" in flat_title
-    assert "ε=5 (per parameter; fedcad: per update)" in flat_title and "δ=1e-05" in flat_title
+    assert (
+        "ε=5 (per parameter; central-gaussian: central, all rounds; fedcad: per update)"
+        in flat_title
+    )
+    assert "δ=1e-05" in flat_title
     assert "± 1 sample std (ddof=1) over 2 seeds (0, 1)" in _flat(caption)
     assert "not one unit" in _flat(caption)
     fig.savefig(tmp_path / "bar.png")  # lays out and draws without error

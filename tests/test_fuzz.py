@@ -355,7 +355,18 @@ def mutations(draw: st.DrawFn, base: RecordDict, arrays: st.SearchStrategy[Array
 # ============================================================================ spec oracles
 def one_bit(mechanism: str) -> bool:
     """Whether ``mechanism`` sends one packed bit per parameter (by its registered wire spec)."""
-    return mechanism != "ternary" and wire.update_spec(mechanism, 9)[0] == wire.BITS
+    return (
+        mechanism not in ("ternary", *FINITE_LEVELS)
+        and wire.update_spec(RunConfig(mechanism=mechanism), 9)[0] == wire.BITS
+    )
+
+
+FINITE_LEVELS = {
+    "pbm": lambda cfg: cfg.pbm_trials + 1,
+    "rqm": lambda cfg: cfg.rqm_levels,
+    "imvu": lambda cfg: 1 << cfg.imvu_bits,
+}
+"""The finite-output mechanisms and their number of symbols ``K``."""
 
 
 def finite_number(value: object) -> bool:
@@ -465,6 +476,14 @@ def spec_update_values(
     mech = cfg.mechanism
     if one_bit(mech):
         return not np.unpackbits(values)[m:].any()
+    if mech in FINITE_LEVELS:
+        k = FINITE_LEVELS[mech](cfg)
+        b = next(b for b in (1, 2, 4, 8) if k <= 1 << b)
+        bits = np.unpackbits(values)
+        if bits[m * b :].any():
+            return False
+        symbols = bits[: m * b].reshape(m, b) @ (1 << np.arange(b - 1, -1, -1))
+        return bool((symbols < k).all())
     if mech == "ternary":
         if cfg.ternary_encoding == "int8":
             return bool(np.isin(values, (-1, 0, 1)).all())
@@ -507,7 +526,7 @@ def spec_update_reply(
             return False
         if not np.isfinite(float(value)):
             return False
-    key, dtype, length = wire.update_spec(cfg.mechanism, c.numel(), cfg.ternary_encoding)
+    key, dtype, length = wire.update_spec(cfg, c.numel())
     update = content[wire.UPDATE_REC]
     if set(update) != {key}:
         return False
@@ -881,7 +900,7 @@ def test_server_update_reply_decoding(
     r = 0.5 + torch.rand(M, generator=gen)
     honest = {nid: honest_update(cfg, c, r, rng) for nid in HONEST}
     base = honest_update(cfg, c, r, rng)
-    key, _, _ = wire.update_spec(cfg.mechanism, M, cfg.ternary_encoding)
+    key, _, _ = wire.update_spec(cfg, M)
     plan = data.draw(plans(base, arrays_for(base.array_records[wire.UPDATE_REC][key].numpy())))
     aggregator = make_aggregator(cfg, w_g, c, r)
     state, accepted = run_stage(

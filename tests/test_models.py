@@ -308,3 +308,17 @@ def test_flat_view_on_cuda() -> None:
     assert models.layer_ids(layout, device="cuda").device.type == "cuda"
     models.load_flat(cpu, vec * 0.5)  # a CUDA vector into a CPU model
     assert torch.equal(models.flatten(cpu), (vec * 0.5).cpu())
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet18"])
+def test_empty_model_has_the_built_models_layout_and_loads_it_exactly(name: str) -> None:
+    """The client's uninitialised skeleton takes a strict load of the global model bit for bit."""
+    channels = 1 if name == "cnn" else 3
+    built = models.build_model(name, channels, 10, seed=3)
+    empty = models.empty_model(name, channels, 10)
+    assert models.layout_of(empty) == models.layout_of(built)
+    empty.load_state_dict(built.state_dict(), strict=True)
+    for (k, a), (k2, b) in zip(built.state_dict().items(), empty.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(a, b)
+    with pytest.raises(ValueError, match="unknown model"):
+        models.empty_model("vgg", 3, 10)

@@ -48,6 +48,9 @@ def test_defaults_admit_the_private_mechanisms_at_eps_1_only() -> None:
         "laplace",
         "ternary",
         "fedcad",
+        "pbm",
+        "rqm",
+        "imvu",
     }
     policy.check(RunConfig(mechanism="corbin", epsilon=1.0))
     with pytest.raises(PolicyError, match=r"epsilon 1\.5 is above"):

@@ -247,6 +247,7 @@ def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
         return model
 
     monkeypatch.setattr(corbin_fl.models, "build_model", tiny_model)
+    monkeypatch.setattr(corbin_fl.models, "empty_model", tiny_model)  # the client's skeleton
     monkeypatch.setattr(client_train.LocalTask, "_cache", {})
     monkeypatch.setattr(client_train, "local_dataset", fake_data)
     monkeypatch.setattr(corbin_fl.data, "server_datasets", lambda *a, **k: (None, None))
@@ -770,7 +771,7 @@ def test_range_mode_update_quantizes_the_local_update_around_the_global_model(
 
 
 @pytest.mark.parametrize(
-    "mechanism", ["corbin", "cq", "ternary", "gaussian", "laplace", "fedavg", "fedcad"]
+    "mechanism", ["corbin", "cq", "ternary", "gaussian", "laplace", "fedavg", "fedcad", "pbm"]
 )
 @pytest.mark.parametrize("lam", [1.0, 0.4])
 def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, lam: float) -> None:
@@ -790,7 +791,7 @@ def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, l
     w_g = torch.from_numpy(gen.normal(0, 0.3, m).astype(np.float32))
     c_l = torch.tensor([0.1, -0.2, 0.0])
     r_l = torch.tensor([0.5, 1.0, 0.25])
-    key, dtype, length = wire.update_spec(mechanism, m, cfg.ternary_encoding)
+    key, dtype, length = wire.update_spec(cfg, m)
     updates = []
     for _ in range(4):
         if dtype == np.uint8 and mechanism != "ternary":

@@ -44,6 +44,11 @@ def test_config_mechanisms_are_the_registered_ones() -> None:
         "cq",
         "ternary",
         "fedcad",
+        "pbm",
+        "rqm",
+        "imvu",
+        "signsgd",
+        "central-gaussian",
     }
     with pytest.raises(KeyError, match="unknown mechanism 'rot13'; registered: corbin"):
         registry.get("rot13")
@@ -54,7 +59,7 @@ def test_config_mechanisms_are_the_registered_ones() -> None:
 @pytest.mark.parametrize("name", MECHANISMS)
 def test_registered_facts_agree_with_the_math_layer(name: str) -> None:
     mech = registry.get(name)
-    assert mech.local_dp == (name not in accounting._NO_DP)
+    assert mech.local_dp == (name not in accounting._NO_DP | accounting._CENTRAL)
     assert RunConfig(mechanism=name).paired == mech.pairs
     event = mech.release(RunConfig(mechanism=name, epsilon=0.5), 3, 17, 100, paired=True)
     assert event.mechanism == name and event.round == 3 and event.node == "17"
@@ -63,7 +68,7 @@ def test_registered_facts_agree_with_the_math_layer(name: str) -> None:
     assert (event.d is not None) == mech.pairs
     assert issubclass(mech.aggregator_class(), Aggregator)
     assert callable(mech.encode_fn())
-    key, _, length = mech.wire(13, "bits")
+    key, _, length = mech.wire(13, RunConfig(mechanism=name))
     assert key in (wire.BITS, wire.VALUES) and length >= 2
 
 
@@ -74,7 +79,7 @@ def test_every_encoder_speaks_its_registered_wire_format(name: str) -> None:
     from client.shared import Fallback
 
     m = 37
-    cfg = RunConfig(mechanism=name, range_mode="layer")
+    cfg = RunConfig(mechanism=name, range_mode="update" if name == "signsgd" else "layer")
     gen = torch.Generator().manual_seed(0)
     w = torch.rand(m, generator=gen) - 0.5
     c, r = torch.zeros(m), torch.ones(m)
@@ -93,7 +98,7 @@ def test_every_encoder_speaks_its_registered_wire_format(name: str) -> None:
         shared=shared,
         cq=cq,
     )
-    want_key, want_dtype, want_len = wire.update_spec(name, m, cfg.ternary_encoding)
+    want_key, want_dtype, want_len = wire.update_spec(cfg, m)
     assert (key, array.dtype, array.shape) == (want_key, want_dtype, (want_len,))
     assert set(flags) <= wire.METRIC_KEYS
     agg = make_aggregator(cfg, torch.zeros(m), c, r)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from corbin_fl import wire
+from corbin_fl.config import RunConfig
 
 
 def test_message_types_are_valid_flower_types() -> None:
@@ -116,16 +119,37 @@ def test_read_array_checks_header_then_content() -> None:
         ("gaussian", wire.VALUES, np.float32, 100),
         ("fedcad", wire.VALUES, np.float32, 100),
         ("ternary", wire.BITS, np.uint8, 25),
+        ("pbm", wire.BITS, np.uint8, 13),
+        ("rqm", wire.BITS, np.uint8, 13),
+        ("imvu", wire.BITS, np.uint8, 13),
     ],
 )
 def test_update_spec(mechanism: str, key: str, dtype: type, length: int) -> None:
-    assert wire.update_spec(mechanism, 100) == (key, np.dtype(dtype), length)
+    cfg = RunConfig(mechanism=mechanism)
+    assert wire.update_spec(cfg, 100) == (key, np.dtype(dtype), length)
+
+
+@pytest.mark.parametrize(
+    ("params", "length"),
+    [
+        ({"mechanism": "pbm", "pbm_trials": 2}, 25),  # 3 symbols: 2 bits
+        ({"mechanism": "pbm", "pbm_trials": 3}, 25),
+        ({"mechanism": "pbm", "pbm_trials": 4}, 50),  # 5 symbols: 4 bits
+        ({"mechanism": "rqm", "rqm_levels": 3}, 25),
+        ({"mechanism": "imvu", "imvu_bits": 2}, 25),
+        ({"mechanism": "imvu", "imvu_bits": 4}, 50),
+    ],
+)
+def test_update_spec_of_multi_bit_mechanisms(params: dict[str, object], length: int) -> None:
+    """b bits per parameter, packed: ceil(100 b / 8) bytes."""
+    assert wire.update_spec(RunConfig(**params), 100) == (wire.BITS, np.dtype(np.uint8), length)
 
 
 def test_update_spec_ternary_int8_and_unknown() -> None:
-    assert wire.update_spec("ternary", 7, "int8") == (wire.VALUES, np.dtype(np.int8), 7)
+    int8 = RunConfig(mechanism="ternary", ternary_encoding="int8")
+    assert wire.update_spec(int8, 7) == (wire.VALUES, np.dtype(np.int8), 7)
     with pytest.raises(wire.WireError):
-        wire.update_spec("nope", 7)
+        wire.update_spec(SimpleNamespace(mechanism="nope"), 7)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("encoding", ["bits", "int8"])

@@ -60,3 +60,36 @@ def run_plain_round(rt: Any, rnd: int) -> Any:
 
     nodes = sorted(int(n) for n in rt.grid.get_node_ids())
     return run_round(rt, rnd, nodes, app_records(rt.weights, rt.layout, rnd), "arrays")
+
+
+def encode_solo(
+    cfg: Any,
+    node: int,
+    w: Any,
+    c: Any,
+    r: Any,
+    *,
+    shared: Any = None,
+    cq: tuple[int, int, int] | None = None,
+) -> tuple[str, Any]:
+    """One client's update of ``w`` (an update, ``w_g = 0``) with ``cfg``'s mechanism, as the
+    mod encodes it (``client.encode.encode``): ``(array key, array)``."""
+    import torch
+    from flwr.app import Context
+
+    from client.encode import encode
+
+    ctx = Context(run_id=9, node_id=node, node_config={}, state=RecordDict(), run_config={})
+    key, array, _, _ = encode(
+        cfg,
+        ctx,
+        w=w,
+        w_global=torch.zeros(w.numel()),
+        c=c,
+        r=r,
+        rnd=1,
+        assignment="solo",
+        shared=shared,
+        cq=cq,
+    )
+    return key, array

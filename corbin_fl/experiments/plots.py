@@ -83,13 +83,14 @@ STD_SPAN = 5.0
 
 NO_DP_MECHANISMS = frozenset({"fedavg", "cq", "signsgd"})
 """Mechanisms without any DP guarantee."""
-PER_PARAMETER_LDP = frozenset({"ldpfl", "laplace", "ternary"})
+PER_PARAMETER_LDP = frozenset({"ldpfl", "laplace", "ternary", "pbm", "rqm", "imvu"})
 """Mechanisms with a per-parameter eps_p-LDP guarantee (every observer, server included)."""
 
 PAIRED_KIND = "ε_p per parameter vs an eavesdropper on one uplink only; no DP vs the server"
 LDP_KIND = "ε_p-LDP per parameter"
 GAUSSIAN_KIND = "(ε_p, δ)-LDP per parameter"
 UPDATE_KIND = "(ε, δ)-DP per client update (all parameters together)"
+CENTRAL_KIND = "(ε, δ)-DP of the released models; trusts the server; no DP vs it"
 NO_DP_KIND = "no DP"
 
 GUARANTEE_COLORS: dict[str, str] = {
@@ -97,6 +98,7 @@ GUARANTEE_COLORS: dict[str, str] = {
     LDP_KIND: "tab:green",
     GAUSSIAN_KIND: "tab:purple",
     UPDATE_KIND: "tab:orange",
+    CENTRAL_KIND: "tab:red",
     NO_DP_KIND: "tab:gray",
 }
 """One colour per guarantee class in the mechanism bar chart (legend order)."""
@@ -106,6 +108,7 @@ _SHORT_KIND = {
     LDP_KIND: "ε_p-LDP/param.",
     GAUSSIAN_KIND: "(ε_p, δ)-LDP/param.",
     UPDATE_KIND: "(ε, δ)-DP/update",
+    CENTRAL_KIND: "(ε, δ) central; no DP vs server",
     NO_DP_KIND: "no DP",
 }
 
@@ -132,7 +135,8 @@ def guarantee_kind(mechanism: str) -> str | None:
     corbin / augcorbin: per-parameter eps_p-LDP against an eavesdropper on one uplink only (the
     server sees both bits of a pair: no DP against it); ldpfl / laplace / ternary: per-parameter
     eps_p-LDP; gaussian: per-parameter (eps_p, delta)-LDP; fedcad: (eps, delta)-DP of a whole
-    update; fedavg / cq / signsgd: no DP.
+    update; central-gaussian: central (eps, delta)-DP of the released models, no DP against the
+    server; fedavg / cq / signsgd: no DP.
     """
     if mechanism in NO_DP_MECHANISMS:
         return NO_DP_KIND
@@ -144,6 +148,8 @@ def guarantee_kind(mechanism: str) -> str | None:
         return GAUSSIAN_KIND
     if mechanism == "fedcad":
         return UPDATE_KIND
+    if mechanism == "central-gaussian":
+        return CENTRAL_KIND
     return None
 
 
@@ -183,6 +189,8 @@ def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
     delta = _setting_number(setting, "delta", mech)
     if kind == GAUSSIAN_KIND:
         return Guarantee(kind, f"(ε_p={eps:g}, δ={delta:g})\nper param.")
+    if kind == CENTRAL_KIND:
+        return Guarantee(kind, f"(ε={eps:g}, δ={delta:g}) central;\nno DP vs server")
     return Guarantee(kind, f"(ε={eps:g}, δ={delta:g})\nper update")
 
 
@@ -242,14 +250,19 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         parts.append(f"{name}={_fmt(value)}")
     eps = fixed("epsilon")
     if eps is not None and private:
-        if private <= {"fedcad"}:
-            parts.append(f"ε={_fmt(eps)} per update")
-        elif "fedcad" in private:
-            parts.append(f"ε={_fmt(eps)} (per parameter; fedcad: per update)")
+        # What epsilon measures differs: per parameter (local DP), per update (fedcad), the
+        # whole run's released models (central-gaussian).
+        scopes = {"fedcad": "per update", "central-gaussian": "central, all rounds"}
+        special = sorted(private & set(scopes))
+        if special and private <= set(scopes) and len(special) == 1:
+            parts.append(f"ε={_fmt(eps)} {scopes[special[0]]}")
+        elif special:
+            rest = "; ".join(f"{m}: {scopes[m]}" for m in special)
+            parts.append(f"ε={_fmt(eps)} (per parameter; {rest})")
         else:
             parts.append(f"ε_p={_fmt(eps)}")
     delta = fixed("delta")
-    if delta is not None and private & {"gaussian", "fedcad"}:
+    if delta is not None and private & {"gaussian", "fedcad", "central-gaussian"}:
         parts.append(f"δ={_fmt(delta)}")
     d = fixed("d")
     if d is not None and mechs & PAIRED_MECHANISMS:
@@ -645,8 +658,14 @@ def accuracy_vs_figure(
     if log_x:
         ax.set_xscale("log")
     x_label = _X_LABEL.get(x_key, x_key)
-    if x_key == "epsilon" and "fedcad" in {_mech(g) for g in plotted}:
-        x_label = "privacy budget $\\epsilon$ ($\\epsilon_p$ per parameter; fedcad: per update)"
+    plotted_mechs = {_mech(g) for g in plotted}
+    if x_key == "epsilon" and plotted_mechs & {"fedcad", "central-gaussian"}:
+        rest = "; ".join(
+            f"{m}: {scope}"
+            for m, scope in (("fedcad", "per update"), ("central-gaussian", "central"))
+            if m in plotted_mechs
+        )
+        x_label = f"privacy budget $\\epsilon$ ($\\epsilon_p$ per parameter; {rest})"
     ax.set_xlabel(x_label)
     ax.set_ylabel("test accuracy (%) at val-selected round")
     ax.set_ylim(*accuracy_ylim(lo, hi, max_std))

@@ -13,6 +13,12 @@ module                    mechanism
 :mod:`.cq`                one-bit correlated quantization without privacy (Suresh et al. 2022)
 :mod:`.ternary`           ternary stochastic compressor (f-DP paper, Definition 6)
 :mod:`.fedcad`            Fed-CAD correlated Gaussian noise on updates (stateful)
+:mod:`.levels`            finite-output mechanisms: K symbols of b bits, exact pure eps
+:mod:`.pbm`               Poisson binomial mechanism, m trials (Chen et al. 2022)
+:mod:`.rqm`               randomized quantization mechanism, 2 or 3 levels (Youn et al. 2023)
+:mod:`.imvu`              interpolated minimum-variance unbiased, 1/2/4 bits (Guo et al. 2023)
+:mod:`.signsgd`           sign of the update, majority vote (Bernstein et al. 2019; no DP)
+:mod:`.central_gaussian`  clipped update, the server's Gaussian noise (DP-FedAvg; central DP)
 ========================  ==================================================================
 """
 

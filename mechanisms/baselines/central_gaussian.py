@@ -1,0 +1,75 @@
+r"""Gaussian central DP: the server adds the noise to the aggregate (DP-FedAvg).
+
+McMahan, Ramage, Talwar & Zhang, "Learning differentially private recurrent language models"
+(ICLR 2018, arXiv:1710.06963), the Gaussian sum query of DP-FedAvg: each client clips its update
+``Delta_i = w_i - w_g`` to L2 norm ``C``, the server adds ``N(0, z^2 C^2 I)`` to their sum and
+divides by the round's cohort size ``n`` (fixed before any update is seen):
+
+.. math::
+    \bar\Delta = \frac1n\Bigl(\sum_i \Delta_i \min\bigl(1, C / \|\Delta_i\|_2\bigr)
+    + \mathcal N(0, z^2 C^2 I)\Bigr).
+
+**Trust.** The server sees every clipped update in the clear and is trusted to add the noise:
+there is no privacy against the server, nor on the uplink (only TLS hides the update). The
+guarantee is *central*, user level (add or remove one client's data): the sequence of global
+models, which every client receives, is ``(eps, delta)``-DP.
+
+**Accounting.** Adding or removing one client changes the sum by at most ``C``, so one round is
+a Gaussian mechanism with ``mu = C / (z C) = 1 / z`` (``mu``-GDP, Dong, Roth & Su 2022), and
+``T`` rounds compose exactly to ``mu_T = sqrt(T) / z``. The worst case is assumed: the client
+takes part in every round (no amplification by sampling is claimed). Its exact privacy profile
+is that of one Gaussian (Balle & Wang 2018, Theorem 8; :func:`gaussian_delta`), so
+
+.. math:: z = \sqrt T\,\sigma_1(\epsilon, \delta),
+
+with ``sigma_1`` the analytic Gaussian calibration at sensitivity 1
+(:func:`analytic_gaussian_sigma`): the smallest ``z`` whose ``T`` rounds are ``(eps, delta)``-DP.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mechanisms.baselines._common import check_eps, check_int, check_prob, resolve_generator
+from mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+
+__all__ = ["central_epsilon", "central_noise", "central_noise_multiplier", "clip_l2"]
+
+
+def clip_l2(delta: torch.Tensor, clip: float) -> torch.Tensor:
+    """``Delta min(1, C / ||Delta||_2)`` (a new tensor; the norm is taken in float64)."""
+    c = check_eps(clip, "clip")
+    norm = float(torch.linalg.vector_norm(delta.to(torch.float64)))
+    if not math.isfinite(norm):
+        raise ValueError("the update has a non-finite entry")
+    return delta * (c / norm) if norm > c else delta.clone()
+
+
+def central_noise_multiplier(epsilon: float, delta: float, rounds: int) -> float:
+    """``z = sqrt(T) sigma_1(eps, delta)``: ``T`` rounds of the Gaussian sum are (eps, delta)-DP."""
+    e = check_eps(epsilon, "epsilon")
+    d = check_prob(delta, "delta", lo_open=True, hi_open=True)
+    t = check_int(rounds, "rounds", 1)
+    return math.sqrt(t) * analytic_gaussian_sigma(e, d, 1.0)
+
+
+def central_epsilon(z: float, delta: float, rounds: int) -> float:
+    """The exact ``eps`` at ``delta`` of ``rounds`` Gaussian sums with noise multiplier ``z``."""
+    zz = check_eps(z, "z")
+    t = check_int(rounds, "rounds", 1)
+    return gaussian_epsilon(delta, math.sqrt(t) / zz)
+
+
+def central_noise(
+    shape: tuple[int, ...], z: float, clip: float, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """``N(0, (z C)^2)`` of ``shape`` in float64 (``generator`` None: seeded from the CSPRNG).
+
+    The server's noise must be unpredictable to everyone else: pass None in production; an
+    injected generator is for tests.
+    """
+    sigma = check_eps(z, "z") * check_eps(clip, "clip")
+    g = resolve_generator(generator, torch.device("cpu"))
+    return sigma * torch.randn(shape, generator=g, dtype=torch.float64)
