@@ -43,6 +43,7 @@ from corbin_fl.experiments.results import (
     group_results,
     load_run,
     select_round,
+    varying_keys,
 )
 from corbin_fl.experiments.runner import (
     Submission,
@@ -1394,3 +1395,44 @@ def test_quick_experiment_on_the_real_app(tmp_path: Path, flwr_home: Path) -> No
     # resuming does nothing
     again = ex.run_federated(spec, tmp_path / "results", progress=False)
     assert again.executed == 0 and again.skipped == 2
+
+
+def test_accuracy_vs_bits_puts_each_mechanism_at_its_uplink_bits(tmp_path: Path) -> None:
+    """One panel per eps_p; pbm at 1 and 2 bits, imvu at 1, 2, 4, corbin and ldpfl at 1."""
+    settings = [
+        ("corbin", {}),
+        ("ldpfl", {}),
+        ("pbm", {"pbm-trials": 1}),
+        ("pbm", {"pbm-trials": 2}),
+        ("rqm", {"rqm-levels": 3}),
+        ("imvu", {"imvu-bits": 1}),
+        ("imvu", {"imvu-bits": 2}),
+        ("imvu", {"imvu-bits": 4}),
+    ]
+    runs = []
+    for eps in (0.3, 1.0):
+        for i, (mech, extra) in enumerate(settings):
+            for seed in (0, 1):
+                acc = 0.5 + 0.03 * i + 0.1 * eps + 0.01 * seed
+                d = tmp_path / f"{mech}-{i}-{eps}-s{seed}"
+                cfg = {
+                    "mechanism": mech, "epsilon": eps, "d": 5, "num-rounds": 2,
+                    "global-lr": 1.0, "seed": seed, "range-mode": "update", **extra,
+                }  # fmt: skip
+                write_run(d, cfg, rows_of([(acc - 0.1, acc - 0.1), (acc, acc)]), clients=10)
+                runs.append(load_run(d))
+    groups = group_results(runs)
+    assert {plots.bits_per_parameter(g.setting) for g in groups} == {1, 2, 4}
+    assert plots.bits_per_parameter({"mechanism": "fedavg"}) == 32
+    fig = plots.accuracy_vs_bits_figure(groups, varying_keys(runs), title="Bits frontier")
+    axes = fig.axes
+    assert [a.get_title() for a in axes] == ["ε_p = 0.3", "ε_p = 1"]
+    xs = [tuple(float(x) for x in c.lines[0].get_xdata()) for c in axes[0].containers]
+    # corbin, ldpfl, pbm (m = 1, 2), rqm (3 levels), imvu (1, 2, 4 bits)
+    assert sorted(xs) == sorted([(1.0,), (1.0,), (1.0, 2.0), (2.0,), (1.0, 2.0, 4.0)])
+    legend = _legend_texts(fig)
+    assert "corbin (1 bit + shared randomness)" in legend
+    assert any(t.startswith("imvu [") for t in legend)
+    fig.savefig(tmp_path / "bits.png")
+    with pytest.raises(ValueError, match="no settings"):
+        plots.accuracy_vs_bits_figure([], [])

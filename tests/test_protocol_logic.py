@@ -362,10 +362,19 @@ def test_derived_and_exact_modes_share_z(mode: str, trips: list[int]) -> None:
 
 
 @pytest.mark.parametrize(
-    "mechanism", ["ldpfl", "gaussian", "laplace", "fedavg", "cq", "ternary", "fedcad", "augcorbin"]
+    ("mechanism", "params"),
+    [
+        *((m, {}) for m in ("ldpfl", "gaussian", "laplace", "fedavg", "cq", "ternary", "fedcad")),
+        ("augcorbin", {}),
+        ("pbm", {"pbm_trials": 2}),
+        ("rqm", {"rqm_levels": 3}),
+        ("imvu", {"imvu_bits": 4}),
+        ("signsgd", {}),
+        ("central-gaussian", {"central_clip": 0.5}),
+    ],
 )
-def test_every_mechanism_runs_through_the_same_loop(mechanism: str) -> None:
-    grid = InProcessGrid(make_cfg(mechanism=mechanism, num_rounds=2, gamma=0.5), 4)
+def test_every_mechanism_runs_through_the_same_loop(mechanism: str, params: dict[str, Any]) -> None:
+    grid = InProcessGrid(make_cfg(mechanism=mechanism, num_rounds=2, gamma=0.5, **params), 4)
     summary = run(grid)
     assert summary["participants_per_round"] == [4, 4]
     expected = {"augcorbin": [3, 2]}.get(mechanism, [1, 1])

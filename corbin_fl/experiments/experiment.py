@@ -369,6 +369,8 @@ def finalize_federated(
             figures[name] = plots.plot_accuracy_vs_round(groups, keys, out, title=title)
         elif name == "accuracy-bar":
             figures[name] = plots.plot_accuracy_bar(groups, keys, out, title=title)
+        elif name == "accuracy-vs-bits":
+            figures[name] = plots.plot_accuracy_vs_bits(groups, keys, out, title=title)
         elif name in plots.X_KEY_OF_FIGURE:
             x_key = plots.X_KEY_OF_FIGURE[name]
             if x_key not in keys:

@@ -20,6 +20,8 @@ band / error bar of one sample standard deviation:
   each bar coloured by the privacy guarantee of its mechanism (:func:`guarantee`) and labelled
   with it, because the budgets differ in kind: ``eps_p`` per parameter (and for the paired
   mechanisms only against an eavesdropper on one uplink), ``eps`` per update, or no DP;
+* ``accuracy-vs-bits``: test accuracy against uplink bits per parameter, one panel per eps_p
+  (the bits frontier).
 * ``accuracy-vs-epsilon`` / ``-d`` / ``-dropout`` / ``-clients``: test accuracy at the
   validation-selected round against the swept key, one line per mechanism; a mechanism that
   was run at a single value of that key (a reference such as FedAvg) is a horizontal line with
@@ -702,6 +704,111 @@ def plot_accuracy_vs(
         If no group sets ``x_key`` or none has a test accuracy.
     """
     return _save(accuracy_vs_figure(groups, x_key, keys, title=title, log_x=log_x), path)
+
+
+# --------------------------------------------------------------------------- bits frontier
+def bits_per_parameter(setting: Mapping[str, RunValue]) -> int | None:
+    """Uplink bits per parameter of a setting's mechanism, from its registered wire format
+    (``corbin``: its one bit, the shared randomness aside); None without a mechanism."""
+    import dataclasses as _dc
+
+    from corbin_fl import registry
+    from corbin_fl.config import RunConfig
+
+    mech = setting.get("mechanism")
+    if not isinstance(mech, str) or mech not in registry.REGISTRY:
+        return None
+    fields = {f.name.replace("_", "-") for f in _dc.fields(RunConfig)}
+    cfg = RunConfig.from_flower(
+        {"range-mode": "update", **{k: v for k, v in setting.items() if k in fields}}
+    )
+    _, dtype, length = registry.get(mech).wire(8, cfg)  # 8 parameters fill whole bytes
+    return int(length * dtype.itemsize)  # 8 parameters' bytes = bits per parameter
+
+
+def accuracy_vs_bits_figure(
+    groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
+) -> Figure:
+    """The figure of :func:`plot_accuracy_vs_bits` (not saved)."""
+    _check_groups(groups)
+    panels: dict[float, dict[str, list[tuple[int, GroupResult]]]] = {}
+    for g in groups:
+        eps, bits = g.setting.get("epsilon"), bits_per_parameter(g.setting)
+        if bits is None or not isinstance(eps, int | float) or not g.test.n:
+            continue
+        panels.setdefault(float(eps), {}).setdefault(_mech(g), []).append((bits, g))
+    if not panels:
+        raise ValueError("no finished run with a mechanism and an epsilon to plot")
+    fig = _figure(ncols=len(panels), w=3.6)
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    lo, hi, max_std = math.inf, -math.inf, 0.0
+    handles: dict[str, Any] = {}
+    plotted: list[GroupResult] = []
+    all_bits: set[int] = set()
+    mechs = sorted({m for panel in panels.values() for m in panel}, key=_mech_order)
+    colors = {m: f"C{i % 10}" for i, m in enumerate(mechs)}  # distinct within this figure
+    for ax, eps in zip(axes, sorted(panels), strict=True):
+        for mech, points in sorted(panels[eps].items(), key=lambda kv: _mech_order(kv[0])):
+            points.sort(key=lambda p: p[0])
+            xs = np.array([b for b, _ in points], dtype=float)
+            mean = np.array([100 * g.test.mean for _, g in points])
+            std = np.array([100 * (g.test.std if g.test.n > 1 else 0.0) for _, g in points])
+            lo, hi = min(lo, float(np.min(mean - std))), max(hi, float(np.max(mean + std)))
+            max_std = max(max_std, float(np.max(std)))
+            marker = "*" if mech in PAIRED_MECHANISMS else "o"
+            handles[mech] = ax.errorbar(
+                xs,
+                mean,
+                yerr=std,
+                marker=marker,
+                markersize=9 if marker == "*" else 5,
+                capsize=3,
+                color=colors[mech],
+            )
+            plotted += [g for _, g in points]
+            all_bits.update(int(b) for b in xs)
+        ax.set_title(f"ε_p = {_fmt(eps)}", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    for ax in axes:
+        ax.set_xticks(sorted(all_bits), [str(b) for b in sorted(all_bits)])
+        ax.set_xlabel("uplink bits per parameter")
+    axes[0].set_ylabel("test accuracy (%) at val-selected round")
+    axes[0].set_ylim(*accuracy_ylim(lo, hi, max_std))
+    labels = [
+        f"{m} (1 bit + shared randomness)" if m in PAIRED_MECHANISMS else _with_kind(m, m)
+        for m in handles
+    ]
+    _annotate(
+        fig,
+        figure_title(title, groups, [k for k in keys if k != "epsilon"]),
+        "one panel per eps_p; points: mean test accuracy at each run's validation-selected "
+        f"round against the mechanism's uplink bits per parameter; {seed_note(plotted)}; "
+        f"{Y_RULE}",
+    )
+    # Then the legend beside the panels, once title and caption are wrapped to their width.
+    fig.legend(list(handles.values()), labels, fontsize=7, loc="outside right center")
+    fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)
+    return fig
+
+
+def _mech_order(mech: str) -> int:
+    return MECHANISMS.index(mech) if mech in MECHANISMS else len(MECHANISMS)
+
+
+def plot_accuracy_vs_bits(
+    groups: Sequence[GroupResult], keys: Sequence[str], path: Path, *, title: str = ""
+) -> Path:
+    """Test accuracy against uplink bits per parameter, one panel per eps_p, one line per
+    mechanism (``pbm`` at m = 1, 2; ``rqm`` at 2, 3 levels; ``imvu`` at 1, 2, 4 bits; the
+    paired mechanisms as a star at their one bit).
+
+    Raises
+    ------
+    ValueError
+        If no group has a mechanism, an epsilon and a finished test accuracy.
+    """
+    return _save(accuracy_vs_bits_figure(groups, keys, title=title), path)
 
 
 # --------------------------------------------------------------------------- MSE figures

@@ -76,6 +76,7 @@ FIGURES: tuple[str, ...] = (
     "accuracy-vs-d",
     "accuracy-vs-dropout",
     "accuracy-vs-clients",
+    "accuracy-vs-bits",
     "mse-heatmap",
     "mse-vs-epsilon",
     "mse-real-weights",
