@@ -292,7 +292,7 @@ def test_the_uplink_is_the_stated_bits_per_coordinate(params: dict[str, object],
     from corbin_fl import wire
 
     for i in range(n):
-        key, array = encode_solo(cfg, i + 1, w, c, r)
+        key, array, _ = encode_solo(cfg, i + 1, w, c, r)
         assert array.dtype == np.uint8 and array.size == -(-m * bits // 8)
         agg.add(ArrayRecord({key: wire.to_array(array)}))
     est = agg.estimate()
@@ -338,7 +338,7 @@ def test_signsgd_through_encoder_and_aggregator_moves_by_r_in_the_voted_directio
     c, r = torch.zeros(m), torch.full((m,), 0.25)
     agg = make_aggregator(cfg, torch.zeros(m), c, r)
     for i, u in enumerate(updates):
-        key, array = encode_solo(cfg, i + 1, u, c, r)
+        key, array, _ = encode_solo(cfg, i + 1, u, c, r)
         assert key == wire.BITS and array.size == 1
         agg.add(ArrayRecord({key: wire.to_array(array)}))
     est = agg.estimate()

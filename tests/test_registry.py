@@ -75,7 +75,8 @@ def test_registered_facts_agree_with_the_math_layer(name: str) -> None:
 @pytest.mark.parametrize("name", MECHANISMS)
 def test_every_encoder_speaks_its_registered_wire_format(name: str) -> None:
     """Encode 37 parameters with each registered encoder; the server's aggregator accepts it."""
-    from client.encode import encode
+    from wire_helpers import encode_solo
+
     from client.shared import Fallback
 
     m = 37
@@ -83,21 +84,9 @@ def test_every_encoder_speaks_its_registered_wire_format(name: str) -> None:
     gen = torch.Generator().manual_seed(0)
     w = torch.rand(m, generator=gen) - 0.5
     c, r = torch.zeros(m), torch.ones(m)
-    ctx = Context(run_id=9, node_id=5, node_config={}, state=RecordDict(), run_config={})
     shared = Fallback("unpaired") if mech_pairs(name) else None
     cq = (123, 0, 2) if name == "cq" else None
-    key, array, flags, _ = encode(
-        cfg,
-        ctx,
-        w=w,
-        w_global=torch.zeros(m),
-        c=c,
-        r=r,
-        rnd=1,
-        assignment="solo",
-        shared=shared,
-        cq=cq,
-    )
+    key, array, flags = encode_solo(cfg, 5, w, c, r, shared=shared, cq=cq)
     want_key, want_dtype, want_len = wire.update_spec(cfg, m)
     assert (key, array.dtype, array.shape) == (want_key, want_dtype, (want_len,))
     assert set(flags) <= wire.METRIC_KEYS

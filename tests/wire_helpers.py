@@ -71,16 +71,16 @@ def encode_solo(
     *,
     shared: Any = None,
     cq: tuple[int, int, int] | None = None,
-) -> tuple[str, Any]:
+) -> tuple[str, Any, Any]:
     """One client's update of ``w`` (an update, ``w_g = 0``) with ``cfg``'s mechanism, as the
-    mod encodes it (``client.encode.encode``): ``(array key, array)``."""
+    mod encodes it (``client.encode.encode``): ``(array key, array, metric flags)``."""
     import torch
     from flwr.app import Context
 
     from client.encode import encode
 
     ctx = Context(run_id=9, node_id=node, node_config={}, state=RecordDict(), run_config={})
-    key, array, _, _ = encode(
+    key, array, flags, _ = encode(
         cfg,
         ctx,
         w=w,
@@ -92,4 +92,4 @@ def encode_solo(
         shared=shared,
         cq=cq,
     )
-    return key, array
+    return key, array, flags
