@@ -135,8 +135,8 @@ def test_dataset_validation() -> None:
         training.evaluate(model, [(x[0], 0)], device="cpu")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="int64"):
         training.evaluate(model, TensorDataset(x, torch.zeros(4, dtype=torch.int32)), device="cpu")
-    with pytest.raises(TypeError, match="floating"):
-        training.evaluate(model, TensorDataset(x.long(), torch.zeros(4).long()), device="cpu")
+    with pytest.raises(TypeError, match="floating-point images or int64 letter indices"):
+        training.evaluate(model, TensorDataset(x.int(), torch.zeros(4).long()), device="cpu")
     with pytest.raises(ValueError, match="empty"):
         training.evaluate(model, TensorDataset(x[:0], torch.zeros(0).long()), device="cpu")
 
