@@ -149,7 +149,10 @@ def test_data_dir_for_embedded_mnist_is_refused(
     argv = ["local", "--run-config", f'data-dir="{tmp_path}"']
     (cause,) = _usage_error(argv, tmp_path, capsys)
     assert 'dataset "mnist" is embedded' in cause and "would be ignored" in cause
-    assert "mnist-idx, cifar10 (and hf:<hub-id>, as its download cache)" in cause
+    assert (
+        "mnist-idx, cifar10, femnist, shakespeare (a local copy of the hub files) and "
+        "hf:<hub-id> (as its download cache)"
+    ) in " ".join(cause.split())
     RunConfig.from_flower({"dataset": "hf:ylecun/mnist", "data-dir": str(tmp_path)})  # a cache
 
 
