@@ -710,15 +710,13 @@ def plot_accuracy_vs(
 def bits_per_parameter(setting: Mapping[str, RunValue]) -> int | None:
     """Uplink bits per parameter of a setting's mechanism, from its registered wire format
     (``corbin``: its one bit, the shared randomness aside); None without a mechanism."""
-    import dataclasses as _dc
-
     from corbin_fl import registry
     from corbin_fl.config import RunConfig
 
     mech = setting.get("mechanism")
     if not isinstance(mech, str) or mech not in registry.REGISTRY:
         return None
-    fields = {f.name.replace("_", "-") for f in _dc.fields(RunConfig)}
+    fields = set(RunConfig.keys())
     cfg = RunConfig.from_flower(
         {"range-mode": "update", **{k: v for k, v in setting.items() if k in fields}}
     )
