@@ -29,6 +29,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from corbin_fl.readers import hf_to_arrays
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["HUB_IDS", "LEAF_LETTERS", "LeafArrays", "encode_text", "load_leaf"]
@@ -140,8 +142,6 @@ def load_leaf(name: str, data_dir: str | Path | None) -> LeafArrays:
         raise ValueError(f"data-dir {str(folder)!r} for {name} is not a directory")
     ds = _load_split(name, folder)
     if name == "femnist":
-        from corbin_fl.data import hf_to_arrays
-
         images, labels, k = hf_to_arrays(ds, image_column="image", label_column="character")
         if images.shape[1:] != (1, 28, 28):
             raise ValueError(f"femnist images must be 28 x 28 grey, got {images.shape[1:]}")

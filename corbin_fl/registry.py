@@ -82,9 +82,10 @@ def finite_mechanism(cfg: RunConfig) -> FiniteMechanism:
             q = rqm_optimal_q(cfg.epsilon)
         return RQM(cfg.epsilon, cfg.rqm_levels, q)
     if cfg.mechanism == "imvu":
+        from corbin_fl.mvu_store import mvu_table
         from mechanisms.baselines.imvu import IMVU
 
-        return IMVU(cfg.epsilon, cfg.imvu_bits)
+        return IMVU(cfg.epsilon, cfg.imvu_bits, mvu_table(cfg.epsilon, cfg.imvu_bits))
     raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
 
 

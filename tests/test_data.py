@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from corbin_fl import data
+from corbin_fl import data, readers
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -83,7 +83,7 @@ def test_read_idx_round_trip(tmp_path: Path, gz: bool, type_code: int, dtype: ty
     rng = np.random.default_rng(1)
     arr = rng.integers(-100 if dtype != np.uint8 else 0, 127, size=(3, 4, 5)).astype(dtype)
     path = write_idx(tmp_path / "x-idx3", arr, gz=gz, type_code=type_code)
-    out = data.read_idx(path)
+    out = readers.read_idx(path)
     assert out.dtype == np.dtype(dtype)
     assert out.dtype.byteorder in ("=", "|")
     np.testing.assert_array_equal(out, arr)
@@ -106,7 +106,7 @@ def test_read_idx_rejects_corrupt_files(tmp_path: Path, payload: bytes, message:
     path = tmp_path / "bad-idx"
     path.write_bytes(payload)
     with pytest.raises(ValueError, match=message):
-        data.read_idx(path)
+        readers.read_idx(path)
 
 
 def test_read_idx_rejects_truncated_gzip_body(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_read_idx_rejects_truncated_gzip_body(tmp_path: Path) -> None:
     path = tmp_path / "cut.gz"
     path.write_bytes(payload[: len(payload) // 2])
     with pytest.raises(ValueError, match="gzip"):
-        data.read_idx(path)
+        readers.read_idx(path)
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -194,7 +194,7 @@ def test_read_cifar10_batch_numpy1_pickle(tmp_path: Path) -> None:
     assert b"numpy._core.multiarray" in payload
     legacy = payload.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
     (tmp_path / "legacy").write_bytes(legacy)
-    images, labels = data.read_cifar10_batch(tmp_path / "legacy")
+    images, labels = readers.read_cifar10_batch(tmp_path / "legacy")
     np.testing.assert_array_equal(images.reshape(3, -1), batch[b"data"])
     np.testing.assert_array_equal(labels, batch[b"labels"])
 
@@ -232,7 +232,7 @@ def test_read_cifar10_batch_rejects(tmp_path: Path) -> None:
         path = tmp_path / name
         path.write_bytes(payload)
         with pytest.raises(ValueError, match=message):
-            data.read_cifar10_batch(path)
+            readers.read_cifar10_batch(path)
 
 
 def test_cifar10_missing_batches(tmp_path: Path) -> None:
@@ -259,7 +259,7 @@ def test_hf_to_arrays_pil_grey_and_rgb() -> None:
             {"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=4)}
         ),
     )
-    images, labels, k = data.hf_to_arrays(ds)
+    images, labels, k = readers.hf_to_arrays(ds)
     assert images.dtype == np.uint8 and images.shape == (5, 1, 6, 7)
     np.testing.assert_array_equal(images[:, 0], grey)
     np.testing.assert_array_equal(labels, [0, 1, 2, 1, 0])
@@ -270,7 +270,7 @@ def test_hf_to_arrays_pil_grey_and_rgb() -> None:
         {"img": [Image.fromarray(x) for x in rgb], "label": [2, 0, 5]},
         features=datasets.Features({"img": datasets.Image(), "label": datasets.Value("int64")}),
     )
-    images, labels, k = data.hf_to_arrays(ds)
+    images, labels, k = readers.hf_to_arrays(ds)
     assert images.shape == (3, 3, 8, 9)
     np.testing.assert_array_equal(images, rgb.transpose(0, 3, 1, 2))
     assert k == 6
@@ -280,29 +280,29 @@ def test_hf_to_arrays_nested_arrays_and_errors() -> None:
     datasets = pytest.importorskip("datasets")
     arrays = np.arange(2 * 3 * 4 * 4).reshape(2, 3, 4, 4) % 256  # channels first
     ds = datasets.Dataset.from_dict({"image": arrays.tolist(), "labels": [1, 0]})
-    images, labels, k = data.hf_to_arrays(ds)
+    images, labels, k = readers.hf_to_arrays(ds)
     np.testing.assert_array_equal(images, arrays)
     np.testing.assert_array_equal(labels, [1, 0])
     assert images.dtype == np.uint8 and k == 2
 
     with pytest.raises(TypeError, match=r"datasets\.Dataset"):
-        data.hf_to_arrays({"image": [], "label": []})
+        readers.hf_to_arrays({"image": [], "label": []})
     with pytest.raises(ValueError, match="no image column"):
-        data.hf_to_arrays(datasets.Dataset.from_dict({"pixels": [[1]], "label": [0]}))
+        readers.hf_to_arrays(datasets.Dataset.from_dict({"pixels": [[1]], "label": [0]}))
     with pytest.raises(ValueError, match="no label column"):
-        data.hf_to_arrays(datasets.Dataset.from_dict({"image": [[[1]]], "y": [0]}))
+        readers.hf_to_arrays(datasets.Dataset.from_dict({"image": [[[1]]], "y": [0]}))
     ragged = datasets.Dataset.from_dict({"image": [[[1, 2]], [[1, 2, 3]]], "label": [0, 1]})
     with pytest.raises(ValueError, match="same shape"):
-        data.hf_to_arrays(ragged)
+        readers.hf_to_arrays(ragged)
     floats = datasets.Dataset.from_dict({"image": [[[0.5]]], "label": [0]})
     with pytest.raises(TypeError, match="integers"):
-        data.hf_to_arrays(floats)
+        readers.hf_to_arrays(floats)
     big = datasets.Dataset.from_dict({"image": [[[300]]], "label": [0]})
     with pytest.raises(ValueError, match=r"\[0, 255\]"):
-        data.hf_to_arrays(big)
+        readers.hf_to_arrays(big)
     neg = datasets.Dataset.from_dict({"image": [[[3]]], "label": [-1]})
     with pytest.raises(ValueError, match="non-negative"):
-        data.hf_to_arrays(neg)
+        readers.hf_to_arrays(neg)
 
 
 def test_hf_source_through_load_dataset(monkeypatch: pytest.MonkeyPatch) -> None:

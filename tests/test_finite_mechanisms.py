@@ -15,10 +15,12 @@ import pytest
 import torch
 from wire_helpers import encode_solo
 
+from corbin_fl import mvu_store
 from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.mvu_store import mvu_table
 from corbin_fl.registry import finite_mechanism, symbol_bits_of
 from mechanisms.baselines import imvu as imvu_module
-from mechanisms.baselines.imvu import IMVU, MVUTable, mvu_table, table_epsilon
+from mechanisms.baselines.imvu import IMVU, MVUTable, table_epsilon
 from mechanisms.baselines.levels import FiniteMechanism, symbol_bits
 from mechanisms.baselines.pbm import PBM, pbm_theta
 from mechanisms.baselines.rqm import RQM, rqm_epsilon, rqm_optimal_q, rqm_xmax
@@ -33,7 +35,7 @@ GRID = torch.linspace(-1.0, 1.0, 4001, dtype=torch.float64)
 @pytest.fixture(autouse=True)
 def _mvu_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """The I-MVU tables of this module live in one temporary cache (solved once per session)."""
-    monkeypatch.setenv(imvu_module.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "mvu-cache"))
+    monkeypatch.setenv(mvu_store.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "mvu-cache"))
 
 
 def mechanisms_at(eps: float) -> list[FiniteMechanism]:
@@ -44,9 +46,9 @@ def mechanisms_at(eps: float) -> list[FiniteMechanism]:
         RQM(eps, 2),
         RQM(eps, 3, 0.5),
         RQM(eps, 3, rqm_optimal_q(eps)),
-        IMVU(eps, 1),
-        IMVU(eps, 2),
-        IMVU(eps, 4),
+        IMVU(eps, 1, mvu_table(eps, 1)),
+        IMVU(eps, 2, mvu_table(eps, 2)),
+        IMVU(eps, 4, mvu_table(eps, 4)),
     ]
 
 
@@ -191,7 +193,7 @@ def test_imvu_more_bits_never_raise_the_variance() -> None:
 
 def test_shipped_tables_are_what_the_solver_gives() -> None:
     """The shipped designs pass the check, and a re-solve reproduces one (deterministic)."""
-    files = sorted(imvu_module.SHIPPED.glob("*.json"))
+    files = sorted(mvu_store.SHIPPED.glob("*.json"))
     assert len(files) == len(EPSILONS) * len(imvu_module.IMVU_BITS)
     for eps in EPSILONS:
         for bits in imvu_module.IMVU_BITS:
@@ -204,7 +206,7 @@ def test_shipped_tables_are_what_the_solver_gives() -> None:
 def test_imvu_table_cache_round_trip_and_tampering(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(imvu_module.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(mvu_store.CACHE_ENV, str(tmp_path))
     mvu_table.cache_clear()
     eps = 0.7  # not shipped: solved (2 bits: a fraction of a second) and cached
     try:

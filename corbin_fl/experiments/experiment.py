@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from corbin_fl.experiments import plots
-from corbin_fl.experiments.fsio import atomic_write_json
 from corbin_fl.experiments.report import Target, write_federated_report, write_mse_report
 from corbin_fl.experiments.results import (
     RunResult,
@@ -62,6 +61,7 @@ from corbin_fl.experiments.sweep import (
     run_state,
     same_run,
 )
+from corbin_fl.fsio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 

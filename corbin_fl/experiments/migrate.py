@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corbin_fl.experiments.fsio import atomic_write_json
 from corbin_fl.experiments.spec import ExperimentSpec
 from corbin_fl.experiments.sweep import (
     METRICS_FILE,
@@ -56,6 +55,7 @@ from corbin_fl.experiments.sweep import (
     stale_keys,
     with_added_defaults,
 )
+from corbin_fl.fsio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 

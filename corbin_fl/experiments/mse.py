@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from corbin_fl.experiments.fsio import atomic_write_text
 from corbin_fl.experiments.results import Stat
 from corbin_fl.experiments.spec import MSESpec, RealWeightsSpec
+from corbin_fl.fsio import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

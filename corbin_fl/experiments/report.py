@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from corbin_fl.experiments.fsio import atomic_write_text
 from corbin_fl.experiments.results import (
     SELECTION_RULE,
     GroupResult,
@@ -33,6 +32,7 @@ from corbin_fl.experiments.results import (
     privacy_view,
 )
 from corbin_fl.experiments.spec import ExperimentSpec
+from corbin_fl.fsio import atomic_write_text
 
 if TYPE_CHECKING:  # typing only: a federated report must not import torch
     from corbin_fl.experiments.mse import GridMSE, RealWeightsMSE

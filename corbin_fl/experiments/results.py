@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from corbin_fl.experiments.fsio import atomic_write_text
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
 from corbin_fl.experiments.sweep import (
     METRICS_FILE,
@@ -40,6 +39,7 @@ from corbin_fl.experiments.sweep import (
     read_metrics,
     with_added_defaults,
 )
+from corbin_fl.fsio import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,6 @@ from typing import Any, Protocol
 import tomli_w
 
 from corbin_fl import launcher
-from corbin_fl.experiments.fsio import atomic_write_json
 from corbin_fl.experiments.sweep import (
     METRICS_FILE,
     RUN_RECORD_KEY,
@@ -46,6 +45,7 @@ from corbin_fl.experiments.sweep import (
     Run,
     read_metrics,
 )
+from corbin_fl.fsio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 

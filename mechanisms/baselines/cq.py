@@ -41,11 +41,11 @@ import torch
 
 from mechanisms.baselines._common import (
     COMPUTE_DTYPE,
-    check_int,
     clip_to_box,
     prepare,
     resolve_generator,
 )
+from mechanisms.validate import integer
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,10 @@ def cq_shared_randomness(
         ``perm[i]``); ``offsets`` is ``int64`` of ``shape`` with i.i.d. uniform values in
         ``0..n-1``.
     """
-    seed = check_int(seed, "seed", 0)
+    seed = integer(seed, "seed", 0)
     if seed >= 1 << 64:
         raise ValueError(f"seed must be < 2**64, got {seed}")
-    n = check_int(n, "n", 1)
+    n = integer(n, "n", 1)
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
     perm = torch.randperm(n, generator=g, dtype=torch.int64)
@@ -127,8 +127,8 @@ def cq(
     torch.Tensor
         ``torch.bool``; ``True`` means the output value ``c + r``.
     """
-    n = check_int(n, "n", 1)
-    rank = check_int(rank, "rank", 0)
+    n = integer(n, "n", 1)
+    rank = integer(rank, "rank", 0)
     if rank >= n:
         raise ValueError(f"rank must be in [0, n) = [0, {n}), got {rank}")
     wt, ct, rt = prepare(w, c, r)
