@@ -64,7 +64,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from corbin_fl.cli import total_bytes
+from deploy.cli import total_bytes
 
 REPO: Final[Path] = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))

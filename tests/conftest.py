@@ -1,6 +1,6 @@
 """Shared fixtures: free loopback ports, a private ``FLWR_HOME``, and process cleanup.
 
-Every test that starts Flower processes must do it through :class:`corbin_fl.launcher`
+Every test that starts Flower processes must do it through :class:`deploy.launcher`
 (``run_local``/``run_simulation``/``LocalDeployment``) or through the ``process_registry``
 fixture, so that whatever it started is stopped at teardown, even when the test fails, and a
 leftover process fails the test instead of slowing down the rest of the suite.
@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import pytest
 
-from corbin_fl.launcher import FLOWER_ENV, ProcessRegistry, free_ports
+from deploy.launcher import FLOWER_ENV, ProcessRegistry, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ Two layers, both used by ``tests/test_multihost.py`` and ``bench/bench_uplink.py
   the ServerApp) on the server host, one SuperNode per client host, optionally with TLS
   (``docker/certs/make-certs.sh`` for the server address) and SuperNode authentication (keys
   registered with ``docker/certs/register-nodes.sh``), then ``flwr run`` from the server host.
-  Processes are started and stopped by :class:`corbin_fl.launcher.ProcessRegistry`, whose
+  Processes are started and stopped by :class:`deploy.launcher.ProcessRegistry`, whose
   process-tree tracking kills the ServerApp/ClientApp helpers too.
 
 Requirements: Linux, root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN`` for ``ip netns``), iproute2
@@ -46,7 +46,7 @@ from typing import Any, ClassVar, Final
 
 import tomli_w
 
-from corbin_fl.launcher import (
+from deploy.launcher import (
     JsonlTail,
     ManagedProcess,
     ProcessRef,

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from corbin_fl import cli, launcher
 from corbin_fl.config import ConfigError, RunConfig
-from corbin_fl.launcher import LocalRunOptions, MissingDependencyError
+from deploy import cli, launcher
+from deploy.launcher import LocalRunOptions, MissingDependencyError
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_simulate_without_ray_names_the_install_command(
     monkeypatch.setattr(launcher, "_module_available", lambda name: name != "ray" and real(name))
     (cause,) = _usage_error(["simulate"], tmp_path, capsys)
     assert "needs Ray (the [simulation] extra)" in cause
-    assert 'pip install -e ".[simulation]"' in cause
+    assert 'pip install -e ".[tools,simulation]"' in cause
     with pytest.raises(MissingDependencyError, match="simulation"):
         launcher.run_simulation(
             LocalRunOptions(app_dir=cli.repo_root(), out_dir=tmp_path / "o", num_clients=2)

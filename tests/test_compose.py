@@ -34,7 +34,7 @@ from conftest import (
     StartupTiming,
 )
 
-from corbin_fl.launcher import ProcessRegistry
+from deploy.launcher import ProcessRegistry
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = "docker-compose.yml"
@@ -443,7 +443,7 @@ def test_client_compose_takes_its_settings_from_env(certs: Path) -> None:
 
 
 def test_every_demo_executor_polls_for_tasks_at_the_tuned_interval() -> None:
-    from corbin_fl.launcher import DEFAULT_TASK_POLL_INTERVAL, TASK_POLL_ENV
+    from deploy.launcher import DEFAULT_TASK_POLL_INTERVAL, TASK_POLL_ENV
 
     services = render([DEMO])["services"]
     executors = [name for name in services if name.startswith("clientapp")]

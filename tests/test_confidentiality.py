@@ -52,7 +52,7 @@ from client import encode, handlers, pair_crypto
 from client import train as client_train
 from corbin_fl import wire
 from corbin_fl.config import APP_LOGGERS, RunConfig
-from corbin_fl.launcher import ProcessRegistry, flower_executable
+from deploy.launcher import ProcessRegistry, flower_executable
 from server import app as server_app
 
 REPO = Path(__file__).resolve().parents[1]

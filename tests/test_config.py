@@ -37,6 +37,39 @@ def test_the_app_bundle_holds_the_app_code_and_nothing_else() -> None:
     assert len(fab) < 2 * 1024 * 1024
 
 
+def test_the_app_bundle_imports_only_the_app_and_its_dependencies() -> None:
+    """The tooling (deploy/, experiments/, rich, tomli-w, pandas, matplotlib) stays out of the
+    app: no module of the FAB imports it, even lazily, so a SuperNode never needs it."""
+    import ast
+    import sys
+
+    from flwr.cli.build import build_fab_from_disk
+
+    fab = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(PYPROJECT.parent)))
+    roots: dict[str, set[str]] = {}
+    for name in fab.namelist():
+        if not name.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(fab.read(name))):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found = [node.module]
+            else:
+                continue
+            for module in found:
+                roots.setdefault(module.split(".")[0], set()).add(name)
+    third_party = {r: sorted(f) for r, f in roots.items() if r not in sys.stdlib_module_names}
+    app = {"client", "server", "mechanisms", "corbin_fl"}
+    runtime = {"flwr", "numpy", "torch", "cryptography", "scipy", "mlxtend", "flwr_datasets"}
+    runtime |= {"datasets"}  # flwr-datasets' own dependency (the LEAF and hub loaders)
+    optional = {"dp_accounting": ["mechanisms/accounting.py"]}  # method="dp_accounting" only
+    unexpected = {r: f for r, f in third_party.items() if r not in app | runtime | set(optional)}
+    assert not unexpected, f"the app imports tooling or undeclared packages: {unexpected}"
+    for root, files in optional.items():
+        assert third_party.get(root, files) == files
+
+
 def test_pyproject_defaults_equal_dataclass_defaults() -> None:
     table = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
     assert table == RunConfig.defaults()

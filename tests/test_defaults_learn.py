@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 from conftest import ClientAppTiming
 
-from corbin_fl.cli import repo_root
 from corbin_fl.config import RunConfig
-from corbin_fl.launcher import CONNECTION_NAME, LocalDeployment
+from deploy.cli import repo_root
+from deploy.launcher import CONNECTION_NAME, LocalDeployment
 
 pytestmark = [pytest.mark.e2e]
 

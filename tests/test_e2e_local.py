@@ -27,8 +27,8 @@ from typing import Any, Final
 import pytest
 from conftest import ClientAppTiming
 
-from corbin_fl.cli import repo_root, total_bytes
-from corbin_fl.launcher import KillSpec, LocalRunOptions, RunResult, alive_matching, run_local
+from deploy.cli import repo_root, total_bytes
+from deploy.launcher import KillSpec, LocalRunOptions, RunResult, alive_matching, run_local
 
 pytestmark = [pytest.mark.e2e]
 

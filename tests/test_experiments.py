@@ -1,4 +1,4 @@
-"""Tests of the experiment framework (``corbin-fl experiment``, ``corbin_fl.experiments``).
+"""Tests of the experiment framework (``corbin-fl experiment``, ``experiments``).
 
 Fast tests use a fake backend that writes real files in the app's contract format
 (``metrics.jsonl``: one object per round; ``summary.json``: config, final accuracy, privacy);
@@ -23,18 +23,18 @@ import numpy as np
 import pytest
 
 from corbin_fl.config import MECHANISMS, RunConfig
-from corbin_fl.experiments import cli as exp_cli
-from corbin_fl.experiments import experiment as ex
-from corbin_fl.experiments import plots
-from corbin_fl.experiments.mse import (
+from experiments import cli as exp_cli
+from experiments import experiment as ex
+from experiments import plots
+from experiments.mse import (
     GridMSE,
     load_measurement,
     measure_grid,
     measure_real_weights,
     save_measurement,
 )
-from corbin_fl.experiments.report import federated_targets, mse_targets
-from corbin_fl.experiments.results import (
+from experiments.report import federated_targets, mse_targets
+from experiments.results import (
     SELECTION_RULE,
     RunResult,
     Selection,
@@ -45,13 +45,13 @@ from corbin_fl.experiments.results import (
     select_round,
     varying_keys,
 )
-from corbin_fl.experiments.runner import (
+from experiments.runner import (
     Submission,
     app_run_config,
     check_app_accepts,
     execute_run,
 )
-from corbin_fl.experiments.spec import (
+from experiments.spec import (
     ExperimentSpec,
     MSESpec,
     RealWeightsSpec,
@@ -60,7 +60,7 @@ from corbin_fl.experiments.spec import (
     load_spec,
     parse_spec,
 )
-from corbin_fl.experiments.sweep import (
+from experiments.sweep import (
     Run,
     RunState,
     expand_runs,
@@ -736,7 +736,7 @@ def test_deployment_backend_with_a_stand_in_flwr(
 ) -> None:
     import sys
 
-    from corbin_fl import launcher
+    from deploy import launcher
 
     log = tmp_path / "flwr-calls.log"
     script = tmp_path / "flwr"

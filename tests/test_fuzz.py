@@ -93,7 +93,7 @@ from corbin_fl.arrays import (
     unflatten_arrays,
 )
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
-from corbin_fl.launcher import node_policy
+from deploy.launcher import node_policy
 from server import round as server_round
 from server.aggregation import float_release_bounds, make_aggregator
 from server.stages import RoundState, exchange

@@ -199,8 +199,8 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(5400)
 def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
-    from corbin_fl.cli import repo_root
-    from corbin_fl.launcher import (
+    from deploy.cli import repo_root
+    from deploy.launcher import (
         CONNECTION_NAME,
         JsonlTail,
         LauncherError,

@@ -1,4 +1,4 @@
-"""Tests of ``corbin-fl experiment migrate`` (:mod:`corbin_fl.experiments.migrate`).
+"""Tests of ``corbin-fl experiment migrate`` (:mod:`experiments.migrate`).
 
 The scenario is the one the module exists for: an experiment is run (fake backend, real runner,
 real run records) while the app's default is ``range-mode = "layer"``; the default becomes
@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from corbin_fl.experiments import cli as exp_cli
-from corbin_fl.experiments import experiment as ex
-from corbin_fl.experiments.migrate import (
+from experiments import cli as exp_cli
+from experiments import experiment as ex
+from experiments.migrate import (
     MigrationError,
     migrate_experiments,
     plan_migration,
 )
-from corbin_fl.experiments.spec import load_app_defaults
-from corbin_fl.experiments.sweep import Run, RunState, expand_runs
+from experiments.spec import load_app_defaults
+from experiments.sweep import Run, RunState, expand_runs
 from tests.test_experiments import TINY, FakeBackend, fake_app_dir, spec_from
 
 LAYER = TINY.replace("d = 5\n", 'd = 5\nrange-mode = "layer"\n')

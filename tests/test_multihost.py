@@ -44,7 +44,7 @@ from netns import (
     wait_in_namespace,
 )
 
-from corbin_fl.launcher import ManagedProcess, ProcessRef, ProcessRegistry, node_policy
+from deploy.launcher import ManagedProcess, ProcessRef, ProcessRegistry, node_policy
 
 pytestmark = [pytest.mark.multihost]
 

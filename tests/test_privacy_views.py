@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from corbin_fl import cli
 from corbin_fl.config import MECHANISMS
-from corbin_fl.experiments.report import privacy_section
-from corbin_fl.experiments.results import (
+from deploy import cli
+from deploy.launcher import RunResult
+from experiments.report import privacy_section
+from experiments.results import (
     group_results,
     load_run,
     privacy_fields,
     privacy_view,
     varying_keys,
 )
-from corbin_fl.launcher import RunResult
 from mechanisms.accounting import THREAT_MODELS, privacy_report
 
 MECHANISMS_RUNS = (

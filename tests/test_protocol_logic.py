@@ -35,7 +35,7 @@ from client import app as client_app
 from client import handlers, pair_crypto
 from corbin_fl import wire
 from corbin_fl.config import RunConfig
-from corbin_fl.launcher import node_policy
+from deploy.launcher import node_policy
 from server import app as server_app
 from server import round as server_round
 from server.aggregation import apply_global_lr, make_aggregator

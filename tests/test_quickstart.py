@@ -39,7 +39,7 @@ from typing import Any, Final
 import pytest
 from conftest import REPO_ROOT, ClientAppTiming
 
-from corbin_fl.launcher import (
+from deploy.launcher import (
     CONNECTION_NAME,
     JsonlTail,
     KilledNode,

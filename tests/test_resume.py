@@ -482,8 +482,8 @@ def test_server_side_sigkill_and_resume_on_real_processes(
     clientapp_timing: Callable[[Mapping[str, Any], int], ClientAppTiming],
     rearm_timeout: Callable[[float], None],
 ) -> None:
-    from corbin_fl.cli import repo_root
-    from corbin_fl.launcher import (
+    from deploy.cli import repo_root
+    from deploy.launcher import (
         CONNECTION_NAME,
         LocalDeployment,
         descendants,

@@ -2,7 +2,7 @@
 
 Layout of ``<results>/<experiment>/``::
 
-    runs/<run-id>/        one folder per federated run (see corbin_fl.experiments.runner)
+    runs/<run-id>/        one folder per federated run (see experiments.runner)
     runs.csv              one row per run (all lambdas)
     groups.csv            one row per setting at its validation-chosen lambda
     figures/*.png         the figures listed in [plots]
@@ -10,7 +10,7 @@ Layout of ``<results>/<experiment>/``::
     mse_grid.npz, mse_grid.csv, mse_real.npz, mse_real_weights.csv   (kind = "mse")
 
 Resume: a run whose folder holds a complete ``summary.json`` (see
-:func:`corbin_fl.experiments.sweep.run_state`) is skipped; anything else is redone from scratch.
+:func:`experiments.sweep.run_state`) is skipped; anything else is redone from scratch.
 A run that is done in another experiment of the same results folder (the same run id, or another
 id with the same effective configuration) is copied from there instead of being run again
 (:func:`reuse_finished_run`; its summary's ``"run"`` record gets ``"reused_from"``).
@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corbin_fl.experiments import plots
-from corbin_fl.experiments.report import Target, write_federated_report, write_mse_report
-from corbin_fl.experiments.results import (
+from corbin_fl.fsio import atomic_write_json
+from experiments import plots
+from experiments.report import Target, write_federated_report, write_mse_report
+from experiments.results import (
     RunResult,
     group_results,
     load_run,
@@ -41,7 +42,7 @@ from corbin_fl.experiments.results import (
     write_groups_csv,
     write_runs_csv,
 )
-from corbin_fl.experiments.runner import (
+from experiments.runner import (
     Backend,
     DeploymentBackend,
     RunFailedError,
@@ -50,8 +51,8 @@ from corbin_fl.experiments.runner import (
     execute_run,
     find_app_dir,
 )
-from corbin_fl.experiments.spec import ExperimentSpec, load_app_defaults
-from corbin_fl.experiments.sweep import (
+from experiments.spec import ExperimentSpec, load_app_defaults
+from experiments.sweep import (
     RUN_RECORD_KEY,
     SUMMARY_FILE,
     Run,
@@ -61,7 +62,6 @@ from corbin_fl.experiments.sweep import (
     run_state,
     same_run,
 )
-from corbin_fl.fsio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def plan(
     """Every run of ``spec`` with its resume state (done runs are skipped by :func:`run`).
 
     With ``app_defaults`` (the app's ``[tool.flwr.app.config]``), a done run made under other
-    app defaults is :attr:`RunState.STALE` (see :func:`corbin_fl.experiments.sweep.run_state`).
+    app defaults is :attr:`RunState.STALE` (see :func:`experiments.sweep.run_state`).
     """
     paths = ExperimentPaths.of(spec, results_root)
     return [(r, run_state(paths.run_dir(r), r, app_defaults)) for r in expand_runs(spec)]
@@ -210,7 +210,7 @@ def plan(
 @dataclass(frozen=True)
 class RecordedRuns:
     """The run folders under ``<results_root>/*/runs/`` with what each ``summary.json`` records
-    (:func:`corbin_fl.experiments.sweep.recorded_run`), read on first use and then kept."""
+    (:func:`experiments.sweep.recorded_run`), read on first use and then kept."""
 
     root: Path
 
@@ -229,9 +229,9 @@ class RecordedRuns:
         """Done run folders that are runs of ``run``, best first.
 
         First the folders named ``run.run_id`` (the id hashes the keys the spec sets, and
-        :func:`corbin_fl.experiments.sweep.run_state` checks it). Then, with ``app_defaults``,
+        :func:`experiments.sweep.run_state` checks it). Then, with ``app_defaults``,
         any other done folder with the same number of clients and the same spec ``data-dir``
-        whose recorded effective config is ``run``'s (:func:`corbin_fl.experiments.sweep.same_run`):
+        whose recorded effective config is ``run``'s (:func:`experiments.sweep.same_run`):
         a spec that spells out a default (``delta = 1e-5``) names the same run under another id.
         """
         for source in sorted(self.root.glob(f"*/runs/{run.run_id}")):
@@ -530,7 +530,7 @@ def run_mse(
     The measurements are saved (``mse_grid.npz``, ``mse_real.npz``) so
     :func:`finalize_mse` can redraw without sampling again.
     """
-    from corbin_fl.experiments import mse
+    from experiments import mse
 
     if spec.kind != "mse" or spec.mse is None:
         raise ValueError(f"run_mse needs kind = 'mse', got {spec.kind!r}")
@@ -561,7 +561,7 @@ def run_mse(
 
 def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target], Path | None]:
     """Write the MSE CSVs, figures and report from the saved measurements."""
-    from corbin_fl.experiments import mse
+    from experiments import mse
 
     paths = ExperimentPaths.of(spec, results_root)
     grid_path = paths.root / "mse_grid.npz"

@@ -11,7 +11,7 @@ Every figure states on itself what a reader needs to read it:
 * a **legend entry for every line**, reference lines included.
 
 Federated figures use the lambda-selected runs of each setting
-(:func:`corbin_fl.experiments.results.group_results`) and show the mean over seeds with a
+(:func:`experiments.results.group_results`) and show the mean over seeds with a
 band / error bar of one sample standard deviation:
 
 * ``accuracy-vs-round``: test accuracy per round, one line per mechanism, one panel per value
@@ -32,7 +32,7 @@ Accuracy line figures never zoom in on seed noise: the y-axis spans at least
 plotted, kept inside ``[0, 100]`` (:func:`accuracy_ylim`). A 3-point spread with 4-point seed
 stds then looks as flat as it is.
 
-MSE figures (paper Fig. 4) take the arrays of :mod:`corbin_fl.experiments.mse`.
+MSE figures (paper Fig. 4) take the arrays of :mod:`experiments.mse`.
 
 Each ``plot_*`` function saves the figure its ``*_figure`` twin builds (tests read the
 :class:`~matplotlib.figure.Figure` of the latter).
@@ -51,15 +51,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS
-from corbin_fl.experiments.results import GroupResult, group_label
-from corbin_fl.experiments.spec import CLIENTS_KEY
+from experiments.results import GroupResult, group_label
+from experiments.spec import CLIENTS_KEY
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from corbin_fl.experiments.mse import GridMSE, RealWeightsMSE
-    from corbin_fl.experiments.results import RunValue
+    from experiments.mse import GridMSE, RealWeightsMSE
+    from experiments.results import RunValue
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ def _figure(ncols: int = 1, nrows: int = 1, *, w: float = 5.0, h: float = 3.6) -
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - matplotlib is a declared extra
         raise ImportError(
-            "figures need matplotlib: pip install 'corbin-fl[plots]' (or matplotlib>=3.8)"
+            "figures need matplotlib: pip install 'corbin-fl[tools]' (or matplotlib>=3.8)"
         ) from exc
     fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
     FigureCanvasAgg(fig)

@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corbin_fl.experiments.spec import ExperimentSpec
-from corbin_fl.experiments.sweep import (
+from corbin_fl.fsio import atomic_write_json
+from experiments.spec import ExperimentSpec
+from experiments.sweep import (
     METRICS_FILE,
     RUN_RECORD_KEY,
     SUMMARY_FILE,
@@ -55,7 +56,6 @@ from corbin_fl.experiments.sweep import (
     stale_keys,
     with_added_defaults,
 )
-from corbin_fl.fsio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 

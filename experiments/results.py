@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
-from corbin_fl.experiments.sweep import (
+from corbin_fl.fsio import atomic_write_text
+from experiments.spec import CLIENTS_KEY, RunValue
+from experiments.sweep import (
     METRICS_FILE,
     RUN_RECORD_KEY,
     SUMMARY_FILE,
@@ -39,7 +40,6 @@ from corbin_fl.experiments.sweep import (
     read_metrics,
     with_added_defaults,
 )
-from corbin_fl.fsio import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

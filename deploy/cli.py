@@ -37,7 +37,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
-from corbin_fl.launcher import (
+from deploy.launcher import (
     KillSpec,
     LauncherError,
     LocalRunOptions,
@@ -681,7 +681,7 @@ class ProgressView:
     stay in ``metrics.jsonl``).
 
     ``nodes k/N``: ``N`` SuperNodes deployed, ``k`` the nodes the ServerApp still counts
-    (:meth:`corbin_fl.launcher.RunProgress.active_nodes`: sampled in the last finished round,
+    (:meth:`deploy.launcher.RunProgress.active_nodes`: sampled in the last finished round,
     less the nodes dropped since).
     """
 
@@ -876,12 +876,12 @@ def _configure_logging(verbose: bool, console: Console) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``corbin-fl``; returns the exit code (see module docstring).
 
-    ``corbin-fl experiment ...`` is handed whole to :func:`corbin_fl.experiments.cli.main`
+    ``corbin-fl experiment ...`` is handed whole to :func:`experiments.cli.main`
     (TOML-driven sweeps; it has its own sub-commands and ``--help``).
     """
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["experiment"]:
-        from corbin_fl.experiments.cli import main as experiment_main
+        from experiments.cli import main as experiment_main
 
         return experiment_main(words[1:])
     parser = build_parser()
@@ -904,7 +904,7 @@ def _interruptible() -> Iterator[None]:
     A non-interactive shell starts ``corbin-fl local &`` with SIGINT ignored, and Python then
     leaves it ignored: Ctrl-C and ``kill -INT`` would do nothing. Python's own handler is put in
     place for the command (the launcher keeps it while the run goes on, see
-    :func:`corbin_fl.launcher.run_local`), and the previous disposition is restored after.
+    :func:`deploy.launcher.run_local`), and the previous disposition is restored after.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corbin_fl.experiments.spec import ExperimentSpec, SpecError, load_spec
+from experiments.spec import ExperimentSpec, SpecError, load_spec
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -105,7 +105,7 @@ def _migrate(
     """``corbin-fl experiment migrate``: 0 done, 2 when an experiment was refused (unchanged)."""
     from rich.markup import escape
 
-    from corbin_fl.experiments.migrate import migrate_experiments
+    from experiments.migrate import migrate_experiments
 
     if defaults is None:
         err.print(
@@ -169,8 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
 
-    from corbin_fl.experiments import experiment as ex
-    from corbin_fl.experiments.sweep import RunState
+    from experiments import experiment as ex
+    from experiments.sweep import RunState
 
     if args.command in ("plan", "report", "migrate"):  # what finished runs are checked against
         defaults = ex.current_app_defaults(args.app)

@@ -1265,7 +1265,7 @@ class LocalRunOptions:
             )
 
 
-SIMULATION_INSTALL_HINT: Final[str] = 'pip install -e ".[simulation]"'
+SIMULATION_INSTALL_HINT: Final[str] = 'pip install -e ".[tools,simulation]"'
 """How to install the simulation extra in a checkout of this repository."""
 
 

@@ -33,7 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 from corbin_fl.config import RunConfig
-from corbin_fl.experiments.spec import (
+from experiments.spec import (
     CLIENTS_KEY,
     ExperimentSpec,
     RunValue,
@@ -231,7 +231,7 @@ class RunState(enum.Enum):
 
 #: Run-config keys that say how or where a run executes, not what it computes: a finished run is
 #: not stale when only these differ from what the app would run now (``data-dir`` is recorded
-#: resolved to an absolute path, see :func:`corbin_fl.experiments.runner.app_run_config`).
+#: resolved to an absolute path, see :func:`experiments.runner.app_run_config`).
 EXECUTION_KEYS = frozenset(
     {
         "out-dir",

@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from corbin_fl.experiments.results import (
+from corbin_fl.fsio import atomic_write_text
+from experiments.results import (
     SELECTION_RULE,
     GroupResult,
     RunResult,
     group_label,
     privacy_view,
 )
-from corbin_fl.experiments.spec import ExperimentSpec
-from corbin_fl.fsio import atomic_write_text
+from experiments.spec import ExperimentSpec
 
 if TYPE_CHECKING:  # typing only: a federated report must not import torch
-    from corbin_fl.experiments.mse import GridMSE, RealWeightsMSE
+    from experiments.mse import GridMSE, RealWeightsMSE
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     """The privacy of every setting, one column per threat model, from the ``privacy`` report
     the ServerApp wrote into ``summary.json`` (:func:`mechanisms.accounting.privacy_report`,
     computed from the run's real configuration, number of parameters and rounds; reports of
-    the earlier layout are read through :func:`corbin_fl.experiments.results.privacy_view`)."""
+    the earlier layout are read through :func:`experiments.results.privacy_view`)."""
     lines = [
         "From each run's `summary.json` (`mechanisms.accounting.privacy_report`, evaluated by "
         "the ServerApp on the run's actual m parameters, T rounds and clients; see SECURITY.md). "

@@ -3,20 +3,20 @@
 Two backends run the app of this repository (``server.app:app`` / ``client.app:app``):
 
 * :class:`SimulationBackend` -- Flower's simulation runtime, through
-  :func:`corbin_fl.launcher.run_simulation` (the engine of ``corbin-fl simulate``): a private
+  :func:`deploy.launcher.run_simulation` (the engine of ``corbin-fl simulate``): a private
   simulation SuperLink on a free loopback port with a temporary ``FLWR_HOME`` whose connection
   is ``:local:``, ``flwr run <app> <conn> --stream --run-config <file> --federation-config
   "num-supernodes=N client-resources-num-cpus=C ..."``, and every process it started (SuperLink,
   simulation, Ray) stopped by PID at the end of the run, whatever happens.
 * :class:`DeploymentBackend` -- a named connection of a running SuperLink
   (``flwr run <app> <connection> --stream``), its ``flwr`` process owned by a
-  :class:`corbin_fl.launcher.ProcessRegistry`. The ServerApp must write ``out-dir`` on a
+  :class:`deploy.launcher.ProcessRegistry`. The ServerApp must write ``out-dir`` on a
   filesystem this machine can read (same machine or a shared mount).
 
 Each run writes into ``runs/<run-id>/``: ``app/`` (the app's ``out-dir``: ``metrics.jsonl``,
 ``summary.json``, ``events.jsonl``, the run-config file and, after a failure, the process logs),
 then a copy of ``metrics.jsonl`` and, last and atomically, ``summary.json`` with the runner's
-``"run"`` record (see :mod:`corbin_fl.experiments.sweep` for the resume rule).
+``"run"`` record (see :mod:`experiments.sweep` for the resume rule).
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from typing import Any, Protocol
 
 import tomli_w
 
-from corbin_fl import launcher
-from corbin_fl.experiments.sweep import (
+from corbin_fl.fsio import atomic_write_json
+from deploy import launcher
+from experiments.sweep import (
     METRICS_FILE,
     RUN_RECORD_KEY,
     SUMMARY_FILE,
     Run,
     read_metrics,
 )
-from corbin_fl.fsio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 

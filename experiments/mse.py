@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from corbin_fl.experiments.results import Stat
-from corbin_fl.experiments.spec import MSESpec, RealWeightsSpec
 from corbin_fl.fsio import atomic_write_text
+from experiments.results import Stat
+from experiments.spec import MSESpec, RealWeightsSpec
 
 logger = logging.getLogger(__name__)
 
