@@ -45,7 +45,8 @@ from rich.console import Console
 from rich.table import Table
 
 from deploy.cli import repo_root
-from deploy.launcher import TASK_POLL_ENV, LocalRunOptions, run_local
+from deploy.processes import TASK_POLL_ENV
+from deploy.run import LocalRunOptions, run_local
 
 logger = logging.getLogger("bench_roundtrip")
 

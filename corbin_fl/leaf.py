@@ -17,7 +17,7 @@ Flower Labs, or from a local copy of those files (``data-dir``):
 Offline use: copy the hub repository once (``huggingface-cli download flwrlabs/femnist
 --repo-type dataset --local-dir data/femnist``) and set ``data-dir`` to that folder; with
 ``data-dir`` empty the hub is asked (network, cached in Hugging Face's cache). Tests write tiny
-files of the same format (``tests/test_leaf.py``).
+files of the same format (``tests/unit/test_leaf.py``).
 """
 
 from __future__ import annotations

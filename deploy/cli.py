@@ -37,17 +37,10 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
-from deploy.launcher import (
-    KillSpec,
-    LauncherError,
-    LocalRunOptions,
-    RunProgress,
-    RunResult,
-    app_config,
-    parse_config_string,
-    run_local,
-    run_simulation,
-)
+from deploy.flower import app_config, parse_config_string
+from deploy.follow import RunProgress, RunResult
+from deploy.processes import LauncherError
+from deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 
 logger = logging.getLogger(__name__)
 
@@ -681,7 +674,7 @@ class ProgressView:
     stay in ``metrics.jsonl``).
 
     ``nodes k/N``: ``N`` SuperNodes deployed, ``k`` the nodes the ServerApp still counts
-    (:meth:`deploy.launcher.RunProgress.active_nodes`: sampled in the last finished round,
+    (:meth:`deploy.follow.RunProgress.active_nodes`: sampled in the last finished round,
     less the nodes dropped since).
     """
 
@@ -904,7 +897,7 @@ def _interruptible() -> Iterator[None]:
     A non-interactive shell starts ``corbin-fl local &`` with SIGINT ignored, and Python then
     leaves it ignored: Ctrl-C and ``kill -INT`` would do nothing. Python's own handler is put in
     place for the command (the launcher keeps it while the run goes on, see
-    :func:`deploy.launcher.run_local`), and the previous disposition is restored after.
+    :func:`deploy.run.run_local`), and the previous disposition is restored after.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

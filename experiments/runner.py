@@ -3,14 +3,14 @@
 Two backends run the app of this repository (``server.app:app`` / ``client.app:app``):
 
 * :class:`SimulationBackend` -- Flower's simulation runtime, through
-  :func:`deploy.launcher.run_simulation` (the engine of ``corbin-fl simulate``): a private
+  :func:`deploy.run.run_simulation` (the engine of ``corbin-fl simulate``): a private
   simulation SuperLink on a free loopback port with a temporary ``FLWR_HOME`` whose connection
   is ``:local:``, ``flwr run <app> <conn> --stream --run-config <file> --federation-config
   "num-supernodes=N client-resources-num-cpus=C ..."``, and every process it started (SuperLink,
   simulation, Ray) stopped by PID at the end of the run, whatever happens.
 * :class:`DeploymentBackend` -- a named connection of a running SuperLink
   (``flwr run <app> <connection> --stream``), its ``flwr`` process owned by a
-  :class:`deploy.launcher.ProcessRegistry`. The ServerApp must write ``out-dir`` on a
+  :class:`deploy.processes.ProcessRegistry`. The ServerApp must write ``out-dir`` on a
   filesystem this machine can read (same machine or a shared mount).
 
 Each run writes into ``runs/<run-id>/``: ``app/`` (the app's ``out-dir``: ``metrics.jsonl``,
@@ -25,9 +25,7 @@ import contextlib
 import datetime as _dt
 import json
 import logging
-import re
 import shutil
-import subprocess
 import time
 import tomllib
 from collections.abc import Callable, Mapping
@@ -38,7 +36,8 @@ from typing import Any, Protocol
 import tomli_w
 
 from corbin_fl.fsio import atomic_write_json
-from deploy import launcher
+from deploy import flower, follow, processes
+from deploy.run import LocalRunOptions, run_simulation
 from experiments.sweep import (
     METRICS_FILE,
     RUN_RECORD_KEY,
@@ -51,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 APP_OUT_DIR = "app"
 FAILED_FILE = "failed.json"
-_RUN_ID_RE = re.compile(r"Successfully started run (\d+)")
 
 
 class RunFailedError(RuntimeError):
@@ -230,7 +228,7 @@ class SimulationBackend:
         """
         if run.clients is None:
             raise ValueError(f"run {run.run_id}: the simulation backend needs `clients`")
-        options = launcher.LocalRunOptions(
+        options = LocalRunOptions(
             app_dir=self.app_dir,
             out_dir=Path(out_dir),
             num_clients=int(run.clients),
@@ -240,10 +238,10 @@ class SimulationBackend:
             federation_config=self.federation_config(),
         )
 
-        def progress(state: launcher.RunProgress) -> None:
+        def progress(state: follow.RunProgress) -> None:
             on_round(len(state.metrics))
 
-        result = launcher.run_simulation(options, progress)
+        result = run_simulation(options, progress)
         return Submission(
             ok=result.ok, reason=result.reason, flwr_run_id=result.run_id, status=result.status
         )
@@ -271,33 +269,14 @@ class DeploymentBackend:
         self.app_dir = Path(app_dir).resolve()
         self.connection = connection
 
-    def _flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        cmd = [launcher.flower_executable("flwr"), *args]
-        env = launcher.flower_env()
-        try:
-            return subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(cmd, 124, "", "timed out")
+    @property
+    def cli(self) -> flower.FlowerCli:
+        """The ``flwr`` CLI against the connection."""
+        return flower.FlowerCli(self.connection, processes.flower_env(), timeout=60.0)
 
     def run_status(self, flwr_run_id: int) -> str | None:
         """Flower's status of a run (``flwr ls <conn> --run-id N --format json``)."""
-        res = self._flwr("ls", self.connection, "--run-id", str(flwr_run_id), "--format", "json")
-        start = res.stdout.find("{")
-        if res.returncode != 0 or start < 0:
-            return None
-        try:
-            payload, _ = json.JSONDecoder().raw_decode(res.stdout[start:])
-            return str(payload["runs"][0]["status"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            return None
+        return self.cli.run_status(flwr_run_id)[0]
 
     def execute(
         self,
@@ -315,18 +294,10 @@ class DeploymentBackend:
         config_path.write_text(
             tomli_w.dumps({**run_config, "out-dir": str(out_dir)}), encoding="utf-8"
         )
-        registry = launcher.ProcessRegistry()
-        metrics = launcher.JsonlTail(out_dir / METRICS_FILE)
+        registry = processes.ProcessRegistry()
+        metrics = follow.JsonlTail(out_dir / METRICS_FILE)
         rounds = 0
-        cmd = [
-            launcher.flower_executable("flwr"),
-            "run",
-            str(self.app_dir),
-            self.connection,
-            "--stream",
-            "--run-config",
-            str(config_path),
-        ]
+        cmd = self.cli.run_argv(self.app_dir, config_path)
         try:
             proc = registry.start("flwr-run", cmd, out_dir / "logs" / "flwr-run.log")
             deadline = time.monotonic() + timeout_s
@@ -340,11 +311,11 @@ class DeploymentBackend:
                 time.sleep(0.5)
             rounds += len(metrics.read_new())
             on_round(rounds)
-            match = _RUN_ID_RE.search(proc.log_text())
+            match = flower.RUN_ID_RE.search(proc.log_text())
             flwr_run_id = int(match.group(1)) if match else None
             if timed_out:
                 if flwr_run_id is not None:
-                    self._flwr("stop", str(flwr_run_id), self.connection)
+                    self.cli.stop(flwr_run_id)
                 return Submission(False, f"timed out after {timeout_s:.0f} s", flwr_run_id, None)
             rc = proc.popen.returncode
             if rc != 0 or flwr_run_id is None:
@@ -355,7 +326,7 @@ class DeploymentBackend:
                     None,
                 )
             status = self.run_status(flwr_run_id)
-            if status != launcher.COMPLETED_STATUS:
+            if status != flower.COMPLETED_STATUS:
                 return Submission(False, f"run ended with status {status}", flwr_run_id, status)
             return Submission(True, "completed", flwr_run_id, status)
         finally:
@@ -367,8 +338,6 @@ class DeploymentBackend:
 
 # --------------------------------------------------------------------------- one run
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
-
 
 def _log_tail(path: Path, lines: int = 15) -> str:
     """Last non-empty ``lines`` of a log (ANSI colours stripped), or ``""`` if there is none."""
@@ -376,7 +345,7 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-    kept = [ln for ln in _ANSI_RE.sub("", text).splitlines() if ln.strip()]
+    kept = [ln for ln in processes.ANSI_RE.sub("", text).splitlines() if ln.strip()]
     return "\n".join(kept[-lines:])
 
 

@@ -666,7 +666,7 @@ def load_app_defaults(app_dir: Path) -> dict[str, RunValue]:
     SpecError
         If it has no ``[tool.flwr.app.config]`` table.
     """
-    from deploy.launcher import app_config
+    from deploy.flower import app_config
 
     try:
         return app_config(app_dir, strict=True)

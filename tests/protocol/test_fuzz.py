@@ -65,18 +65,13 @@ from flwr.app import (
 from flwr.common.constant import SUPERLINK_NODE_ID, SType
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 # The in-process harness of the protocol tests: Flower's task identity for Message(), and the
 # tiny linear model with stub training/evaluation (autouse fixtures, active here too).
-from test_protocol_logic import (  # noqa: F401
-    RUN_ID,
-    _stub_training,
-    _task_identity,
-    make_cfg,
-)
+from harness import RUN_ID, make_cfg
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from client import app as client_app
 from client import handlers, pair_crypto
@@ -93,7 +88,7 @@ from corbin_fl.arrays import (
     unflatten_arrays,
 )
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
-from deploy.launcher import node_policy
+from deploy.run import node_policy
 from server import round as server_round
 from server.aggregation import float_release_bounds, make_aggregator
 from server.stages import RoundState, exchange
@@ -1126,7 +1121,7 @@ def check_client(
     if plan.msg_type != wire.TRAIN:
         # Not a train message: corbin_mod hands it to the app untouched (evaluate and query
         # carry only the public global model); Flower's router never gives it a train handler.
-        def app(got: Message, _ctx: Context) -> Message:
+        def app(got: Message, node_context: Context) -> Message:
             assert got is msg
             return Message(Error(code=0, reason=PASSED_THROUGH), reply_to=got)
 

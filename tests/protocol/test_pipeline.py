@@ -12,15 +12,12 @@ from typing import Any
 
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
-from test_protocol_logic import (  # noqa: F401  (autouse fixtures)
+from harness import (
     InProcessGrid,
-    _ctx,
-    _instruction,
-    _keygen,
-    _quiet,
-    _stub_training,
-    _task_identity,
+    keygen_instruction,
     make_cfg,
+    make_instruction,
+    node_context,
     reply_hook,
     runtime,
 )
@@ -267,8 +264,8 @@ def test_client_pipelined_pair_to_itself_is_refused() -> None:
 def test_pair_stage_may_replace_a_pipelined_pair_but_not_itself() -> None:
     """A node whose pipelined partner is gone is paired afresh by the pair stage (the pipelined
     state is replaced); a replayed pair instruction of that round is still refused."""
-    ctx = _ctx(make_cfg())
-    assert not client_app.app(_keygen(rnd=2), ctx).has_error()
+    ctx = node_context(make_cfg())
+    assert not client_app.app(keygen_instruction(rnd=2), ctx).has_error()
     _sk, pk_b = pair_crypto.generate_keypair()
     _sk, pk_c = pair_crypto.generate_keypair()
     sk = ctx.state.config_records[handlers.STATE_KEY]["sk"]
@@ -284,7 +281,7 @@ def test_pair_stage_may_replace_a_pipelined_pair_but_not_itself() -> None:
     )
 
     def pair_msg(partner: int, pk: bytes) -> Message:
-        return _instruction(wire.PAIR, 2, **{wire.PARTNER: partner, wire.PARTNER_PUBKEY: pk})
+        return make_instruction(wire.PAIR, 2, **{wire.PARTNER: partner, wire.PARTNER_PUBKEY: pk})
 
     assert not client_app.app(pair_msg(11, pk_c), ctx).has_error()
     state = ctx.state.config_records[handlers.STATE_PAIR]

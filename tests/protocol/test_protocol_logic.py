@@ -1,17 +1,10 @@
-"""The CorBin-FL protocol without network: server stages and client handlers in one process.
-
-An :class:`InProcessGrid` implements Flower's ``Grid`` by calling the ClientApp handlers
-directly (each node has its own ``Context`` with a persistent ``state``), assigns message ids like
-the SuperLink does, records every message, and lets a test drop, delay, replay or rewrite any
-reply or instruction. This drives the real ``server.round`` code and the real ``client`` code.
-"""
+"""The CorBin-FL protocol without network: server stages and client handlers in one process
+(the harness: ``harness.py``; its fixtures: ``conftest.py``)."""
 
 from __future__ import annotations
 
 import copy
-import logging
-import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,238 +14,35 @@ from flwr.app import (
     Array,
     ArrayRecord,
     ConfigRecord,
-    Context,
     Error,
     Message,
     RecordDict,
 )
-from flwr.serverapp import Grid
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
-from wire_helpers import is_stage, message_stage, run_plain_round
+from harness import (
+    RUN_ID,
+    InProcessGrid,
+    capture_metrics,
+    keygen_instruction,
+    make_cfg,
+    make_instruction,
+    mechanism_params,
+    node_context,
+    payload_blobs,
+    rebuild,
+    reply_hook,
+    run,
+    runtime,
+)
+from wire_helpers import is_stage, run_plain_round
 
 from client import app as client_app
 from client import handlers, pair_crypto
 from corbin_fl import wire
 from corbin_fl.config import RunConfig
-from deploy.launcher import node_policy
-from server import app as server_app
 from server import round as server_round
 from server.aggregation import apply_global_lr, make_aggregator
 from server.metrics import RunFiles
 from server.stages import RoundState, exchange
-
-RUN_ID = 4242
-SERVER_NODE = 1
-
-
-@pytest.fixture(autouse=True)
-def _task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What Flower's ServerApp runtime sets before ``main`` runs (Message() needs it)."""
-    monkeypatch.setattr(TaskIdentity, "_run_id", RUN_ID)
-    monkeypatch.setattr(TaskIdentity, "_node_id", SERVER_NODE)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-
-
-FAST: dict[str, Any] = {
-    "max-steps": 1,
-    "batch-size": 16,
-    "eval-batch-size": 1000,
-    "stage-timeout": 0.3,
-    "first-stage-timeout": 0.3,
-    "poll-interval": 0.01,
-    "wait-for-nodes": 1.0,
-    "min-clients": 1,
-    "device": "cpu",
-}
-
-Hook = Callable[[int, Message, Message | None], list[Message] | None]
-"""``hook(node, instruction, reply)`` -> replies to deliver (None: deliver ``reply`` as is)."""
-
-
-# ============================================================================ harness
-class InProcessGrid(Grid):
-    """A Flower Grid whose nodes are ClientApp handler calls in this process."""
-
-    def __init__(self, run_config: dict[str, Any], num_nodes: int, *, first_id: int = 101) -> None:
-        self._run = Run.create_empty(RUN_ID)
-        self.node_ids = [first_id + 7 * i for i in range(num_nodes)]
-        self.contexts = {
-            nid: Context(
-                run_id=RUN_ID,
-                node_id=nid,
-                node_config={
-                    "partition-id": i,
-                    "num-partitions": num_nodes,
-                    **node_policy({**RunConfig().to_flower(), **run_config}),
-                },
-                state=RecordDict(),
-                run_config=dict(run_config),
-            )
-            for i, nid in enumerate(self.node_ids)
-        }
-        self.sent: list[Message] = []
-        self.received: list[Message] = []
-        self.hooks: list[Hook] = []
-        self.instruction_hooks: list[Callable[[int, Message], Message | None]] = []
-        self._outbox: dict[str, list[Message]] = {}
-
-    # --- Grid API
-    def set_run(self, run: Run) -> None:  # pragma: no cover - not used by the ServerApp
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        return self._run
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # pragma: no cover
-        raise NotImplementedError("the ServerApp uses the Message constructor")
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids: list[str] = []
-        for msg in messages:
-            nid = msg.metadata.dst_node_id
-            if nid not in self.contexts:
-                ids.append("")
-                continue
-            mid = uuid.uuid4().hex
-            msg.metadata.__dict__["_message_id"] = mid
-            self.sent.append(msg)
-            delivered = msg
-            for ihook in self.instruction_hooks:
-                delivered = ihook(nid, delivered) or delivered
-            try:
-                reply: Message | None = client_app.app(delivered, self.contexts[nid])
-            except Exception as exc:  # what Flower does with a raising ClientApp
-                reply = Message(Error(code=2, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-            outs: list[Message] | None = None
-            for hook in self.hooks:
-                outs = hook(nid, msg, reply)
-                if outs is not None:
-                    break
-            if outs is None:
-                outs = [reply] if reply is not None else []
-            for out in outs:
-                if not out.metadata.message_id and not out.__dict__.get("_keep_empty_id"):
-                    out.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            self._outbox[mid] = outs
-            ids.append(mid)
-        return ids
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        out: list[Message] = []
-        for mid in message_ids:
-            out.extend(self._outbox.pop(mid, []))
-        self.received.extend(out)
-        return out
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        return self.pull_messages(list(self.push_messages(messages)))
-
-
-def make_cfg(**overrides: Any) -> dict[str, Any]:
-    return {**FAST, **{k.replace("_", "-"): v for k, v in overrides.items()}}
-
-
-def run(grid: InProcessGrid, **overrides: Any) -> dict[str, Any]:
-    cfg = RunConfig.from_flower({**grid.contexts[grid.node_ids[0]].run_config, **overrides})
-    return server_app.run_training(grid, cfg)
-
-
-def payload_blobs(msg: Message) -> list[bytes]:
-    """Every bytes-like payload of a message (config bytes and raw array data)."""
-    if not msg.has_content():
-        return [(msg.error.reason or "").encode()]
-    out: list[bytes] = []
-    for rec in msg.content.values():
-        if isinstance(rec, ConfigRecord):
-            for v in rec.values():
-                if isinstance(v, bytes):
-                    out.append(v)
-                elif isinstance(v, str):
-                    out.append(v.encode())
-        elif isinstance(rec, ArrayRecord):
-            out.extend(arr.data for arr in rec.values())
-    return out
-
-
-def reply_hook(
-    msg_type: str, node: int, action: Callable[[Message, Message], list[Message]]
-) -> Hook:
-    def hook(nid: int, instruction: Message, reply: Message | None) -> list[Message] | None:
-        if nid == node and message_stage(instruction) == msg_type and reply is not None:
-            return action(instruction, reply)
-        return None
-
-    return hook
-
-
-def rebuild(reply: Message, instruction: Message, mutate: Callable[[RecordDict], None]) -> Message:
-    content = copy.deepcopy(reply.content)
-    mutate(content)
-    return Message(content, reply_to=instruction)
-
-
-# ============================================================================ fixtures
-REAL_TRAINING = {"test_real_training_and_evaluation_in_process"}
-
-
-@pytest.fixture(autouse=True)
-def _quiet(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING)
-
-
-@pytest.fixture(autouse=True)
-def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Protocol tests need neither SGD nor a real model: the model is a 7,850-parameter linear
-    layer, local training adds seeded noise to it, the data is 64 random images and evaluation a
-    fixed score (one test keeps the real CNN, data, training and evaluation)."""
-    if request.node.originalname in REAL_TRAINING:
-        from client import train as client_train
-
-        monkeypatch.setattr(client_train.LocalTask, "_cache", {})
-        return
-    import corbin_fl.data
-    import corbin_fl.models
-    import corbin_fl.training
-    from client import train as client_train
-    from corbin_fl.training import EvalResult, TrainResult
-
-    def fake_data(cfg: Any, context: Any, partition_id: int, num_partitions: int) -> Any:
-        gen = torch.Generator().manual_seed(partition_id)
-        x = torch.randn(64, 1, 28, 28, generator=gen)
-        return torch.utils.data.TensorDataset(x, torch.randint(0, 10, (64,), generator=gen))
-
-    def fake_train(model: torch.nn.Module, dataset: Any, *, seed: int, **_: Any) -> TrainResult:
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(1e-3 * torch.randn(p.shape, generator=gen))
-        return TrainResult(loss=1.0, num_examples=64, steps=1, seconds=0.0, examples_seen=64)
-
-    def fake_eval(model: torch.nn.Module, dataset: Any, **_: Any) -> EvalResult:
-        return EvalResult(loss=2.0, accuracy=0.5, num_examples=10)
-
-    def tiny_model(name: str, in_channels: int, num_classes: int, **kw: Any) -> torch.nn.Module:
-        gen = torch.Generator().manual_seed(int(kw.get("seed") or 0))
-        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, num_classes))
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
-        return model
-
-    monkeypatch.setattr(corbin_fl.models, "build_model", tiny_model)
-    monkeypatch.setattr(corbin_fl.models, "empty_model", tiny_model)  # the client's skeleton
-    monkeypatch.setattr(client_train.LocalTask, "_cache", {})
-    monkeypatch.setattr(client_train, "local_dataset", fake_data)
-    monkeypatch.setattr(corbin_fl.data, "server_datasets", lambda *a, **k: (None, None))
-    monkeypatch.setattr(corbin_fl.training, "train_local", fake_train)
-    monkeypatch.setattr(corbin_fl.training, "evaluate", fake_eval)
 
 
 # ============================================================================ full rounds
@@ -389,7 +179,7 @@ def test_partner_silent_in_pair_stage_gets_partner_gone(caplog: pytest.LogCaptur
     grid = InProcessGrid(make_cfg(num_rounds=1), 4)
     victim = grid.node_ids[0]
     grid.hooks.append(reply_hook(wire.PAIR, victim, lambda i, r: []))  # never answers
-    records = _capture_metrics(grid)
+    records = capture_metrics(grid)
     row = records[0]
     assert set(row["dropped"]) == {str(victim)}
     assert "no reply" in row["dropped"][str(victim)]
@@ -404,7 +194,7 @@ def test_update_lost_after_pairing_partner_still_counts() -> None:
     grid.hooks.append(
         reply_hook(wire.UPDATE, victim, lambda i, r: [Message(Error(5, "node gone"), reply_to=i)])
     )
-    row = _capture_metrics(grid)[0]
+    row = capture_metrics(grid)[0]
     assert row["participants"] == 3 and row["fallbacks"] == 0
     assert "error reply (code 5)" in row["dropped"][str(victim)]
     assert row["paired_updates"] == 3  # the victim's partner used corbinq and counted
@@ -421,14 +211,14 @@ def test_superlink_error_replies_without_message_id_are_not_replays() -> None:
 
     for nid in grid.node_ids[:2]:
         grid.hooks.append(reply_hook(wire.UPDATE, nid, unavailable))
-    row = _capture_metrics(grid)[0]
+    row = capture_metrics(grid)[0]
     assert row["participants"] == 1
     assert all("error reply (code 5): Node unavailable" in why for why in row["dropped"].values())
 
 
 def test_simulated_dropout_raises_and_the_round_goes_on() -> None:
     grid = InProcessGrid(make_cfg(num_rounds=2, dropout_prob=0.5, seed=3), 6)
-    records = _capture_metrics(grid)
+    records = capture_metrics(grid)
     dropped = [len(r["dropped"]) for r in records]
     assert sum(dropped) > 0
     for r in records:
@@ -510,7 +300,7 @@ def test_bad_update_reply_is_dropped_with_reason(
     grid = InProcessGrid(make_cfg(num_rounds=1), 4)
     victim = grid.node_ids[2]
     grid.hooks.append(reply_hook(wire.UPDATE, victim, _mutate_update(mutate)))
-    row = _capture_metrics(grid)[0]
+    row = capture_metrics(grid)[0]
     assert list(row["dropped"]) == [str(victim)]
     assert reason in row["dropped"][str(victim)]
     assert row["participants"] == 3
@@ -528,7 +318,7 @@ def test_nan_in_float_update_is_dropped() -> None:
         c.array_records[wire.UPDATE_REC] = ArrayRecord({wire.VALUES: Array(arr)})
 
     grid.hooks.append(reply_hook(wire.UPDATE, victim, _mutate_update(poison)))
-    row = _capture_metrics(grid)[0]
+    row = capture_metrics(grid)[0]
     assert "NaN or inf" in row["dropped"][str(victim)]
     assert row["participants"] == 2
 
@@ -551,7 +341,7 @@ def test_wrong_message_type_and_replay_and_duplicate() -> None:
         return [r, second["msg"]]
 
     grid.hooks.append(reply_hook(wire.UPDATE, c, two_replies))
-    row = _capture_metrics(grid)[0]
+    row = capture_metrics(grid)[0]
     assert "wrong message type" in row["dropped"][str(a)]
     assert "replayed reply" in row["dropped"][str(b)]
     assert "more than one reply" in row["dropped"][str(c)]
@@ -572,7 +362,7 @@ def test_reply_replayed_from_an_earlier_round_is_rejected() -> None:
         return [stale]
 
     grid.hooks.append(reply_hook(wire.UPDATE, victim, replay))
-    rows = _capture_metrics(grid)
+    rows = capture_metrics(grid)
     assert rows[0]["dropped"] == {}
     assert "replayed reply" in rows[1]["dropped"][str(victim)]
 
@@ -589,7 +379,7 @@ def test_bad_keygen_and_pair_replies() -> None:
 
     grid.hooks.append(reply_hook(wire.KEYGEN, a, lambda i, r: [rebuild(r, i, low_order_key)]))
     grid.hooks.append(reply_hook(wire.PAIR, b, lambda i, r: [rebuild(r, i, short_blob)]))
-    row = _capture_metrics(grid)[0]
+    row = capture_metrics(grid)[0]
     assert "keygen" in row["dropped"][str(a)] and "X25519" in row["dropped"][str(a)]
     assert "pair" in row["dropped"][str(b)] and "bytes" in row["dropped"][str(b)]
     assert row["participants"] == 4
@@ -613,7 +403,7 @@ def test_tampered_or_misbound_blob_makes_the_client_fall_back() -> None:
         return out
 
     grid.instruction_hooks.append(tamper)
-    row = _capture_metrics(grid)[0]
+    row = capture_metrics(grid)[0]
     assert row["participants"] == 4 and row["dropped"] == {}
     assert row["fallbacks"] == 1
     assert row["z_matched_pairs"] == 1  # the intact pair still matched
@@ -642,38 +432,6 @@ def test_blob_of_another_pair_fails_authentication() -> None:
     assert len(state.client_metrics) == 4
 
 
-def _ctx(run_config: dict[str, Any], nid: int = 5) -> Context:
-    return Context(RUN_ID, nid, {"partition-id": 0, "num-partitions": 2}, RecordDict(), run_config)
-
-
-def _params(**overrides: Any) -> dict[str, Any]:
-    """The mechanism settings an instruction carries (``wire.PARAM_KEYS``)."""
-    settings = RunConfig.from_flower(make_cfg(**overrides)).to_flower()
-    return {k: settings[k] for k in wire.PARAM_KEYS}
-
-
-def _instruction(
-    stage: str,
-    rnd: int = 1,
-    group: str | None = None,
-    params: dict[str, Any] | None = None,
-    **keys: Any,
-) -> Message:
-    head = {wire.STAGE: stage, wire.ROUND: rnd, **(params or _params()), **keys}
-    msg = Message(
-        RecordDict({wire.CFG: ConfigRecord(head)}),
-        dst_node_id=5,
-        message_type=wire.TRAIN,
-        group_id=group if group is not None else str(rnd),
-    )
-    msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-    return msg
-
-
-def _keygen(rnd: int = 1, group: str | None = None, **keys: Any) -> Message:
-    return _instruction(wire.KEYGEN, rnd, group, **keys)
-
-
 @pytest.mark.parametrize(
     ("kwargs", "reason"),
     [
@@ -683,21 +441,23 @@ def _keygen(rnd: int = 1, group: str | None = None, **keys: Any) -> Message:
     ],
 )
 def test_client_answers_bad_instructions_with_an_error(kwargs: dict[str, Any], reason: str) -> None:
-    reply = client_app.app(_keygen(**kwargs), _ctx(make_cfg()))
+    reply = client_app.app(keygen_instruction(**kwargs), node_context(make_cfg()))
     assert reply.has_error() and reply.error.code == wire.ERROR_CODE_REJECTED
     assert reason in (reply.error.reason or "")
 
 
 def test_client_rejects_pair_without_key_and_bad_partner_key() -> None:
-    ctx = _ctx(make_cfg())
+    ctx = node_context(make_cfg())
     _sk, pk = pair_crypto.generate_keypair()
 
     def pair_msg(partner_pk: bytes, rnd: int = 1) -> Message:
-        return _instruction(wire.PAIR, rnd, **{wire.PARTNER: 9, wire.PARTNER_PUBKEY: partner_pk})
+        return make_instruction(
+            wire.PAIR, rnd, **{wire.PARTNER: 9, wire.PARTNER_PUBKEY: partner_pk}
+        )
 
     reply = client_app.app(pair_msg(pk), ctx)
     assert reply.has_error() and "no private key for round 1" in (reply.error.reason or "")
-    assert not client_app.app(_keygen(), ctx).has_error()
+    assert not client_app.app(keygen_instruction(), ctx).has_error()
     reply = client_app.app(pair_msg(bytes(32)), ctx)
     assert reply.has_error() and "invalid partner public key" in (reply.error.reason or "")
     assert not client_app.app(pair_msg(pk), ctx).has_error()
@@ -708,14 +468,16 @@ def test_client_rejects_pair_without_key_and_bad_partner_key() -> None:
 def test_client_rejects_bad_settings_and_a_stage_the_mechanism_lacks() -> None:
     """Bad mechanism settings in the instruction (the run config is never read) and a keygen
     for a mechanism that does not pair are refused, naming the cause."""
-    bad = {**_params(), "epsilon": -1.0}
-    reply = client_app.app(_instruction(wire.KEYGEN, params=bad), _ctx(make_cfg()))
+    bad = {**mechanism_params(), "epsilon": -1.0}
+    reply = client_app.app(make_instruction(wire.KEYGEN, params=bad), node_context(make_cfg()))
     assert reply.has_error() and "epsilon" in (reply.error.reason or "")
-    ctx = _ctx({}, nid=5)
+    ctx = node_context({}, nid=5)
     ctx.node_config.update({"corbin-mechanisms": "all"})
-    reply = client_app.app(_instruction(wire.KEYGEN, params=_params(mechanism="fedavg")), ctx)
+    reply = client_app.app(
+        make_instruction(wire.KEYGEN, params=mechanism_params(mechanism="fedavg")), ctx
+    )
     assert reply.has_error() and "does not pair" in (reply.error.reason or "")
-    reply = client_app.app(_instruction("shuffle"), _ctx(make_cfg()))
+    reply = client_app.app(make_instruction("shuffle"), node_context(make_cfg()))
     assert reply.has_error() and "unknown stage 'shuffle'" in (reply.error.reason or "")
 
 
@@ -905,41 +667,13 @@ def test_exchange_drops_nodes_that_cannot_be_pushed() -> None:
     assert "does not pair" in state.dropped[grid.node_ids[0]]
 
 
-# ============================================================================ helpers
-def runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
-    """The server's state before round 1 (as ``run_training`` builds it)."""
-    from corbin_fl.data import dataset_info
-    from corbin_fl.models import build_model, flatten, layout_of
-
-    info = dataset_info(cfg.dataset)
-    model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
-    return server_round.ServerRuntime(
-        grid=grid,
-        cfg=cfg,
-        run_id=RUN_ID,
-        weights=flatten(model),
-        layout=layout_of(model),
-        device=torch.device("cpu"),
-        files=RunFiles(""),
-    )
-
-
-def _capture_metrics(grid: InProcessGrid) -> list[dict[str, Any]]:
-    """Run the whole training loop and return its ``metrics.jsonl`` rows (in memory)."""
-    records: list[dict[str, Any]] = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(RunFiles, "metrics", lambda self, rec: records.append(rec))
-        run(grid)
-    return records
-
-
 def test_checkpoint_rule_reloads_the_best_validation_model() -> None:
     """Validation never improves on round 0 (fixed fake score): patience 2 reloads at round 2,
     so round 3 starts from the round-0 model, exactly what round 1 started from."""
     from corbin_fl.arrays import flatten_arrays, layout_of_arrays
 
     grid = InProcessGrid(make_cfg(num_rounds=3, mechanism="fedavg", checkpoint_patience=2), 2)
-    records = _capture_metrics(grid)
+    records = capture_metrics(grid)
     assert [r["checkpoint_reloaded"] for r in records] == [False, True, False]
     sent = [m for m in grid.sent if is_stage(m, wire.UPDATE)]
     by_round: dict[int, np.ndarray] = {}

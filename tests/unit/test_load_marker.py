@@ -2,7 +2,7 @@
 
 Each case runs pytest (pytester, in-process) on a throw-away project whose conftest is this
 repository's ``tests/conftest.py`` and whose tests are one ``load`` + ``e2e``-marked (as
-tests/test_load.py), one ``e2e``-marked and one plain test that each only pass, so the
+tests/system/test_load.py), one ``e2e``-marked and one plain test that each only pass, so the
 outcome shows what the selection did. Stand-in Flower executables on ``PATH`` keep the
 conftest's "Flower not installed" skip of ``e2e`` tests out of the counts.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import RUN_LOAD_ENV, markexpr_names_load
 
-CONFTEST = Path(__file__).with_name("conftest.py")
+CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 _INI = """
 [pytest]

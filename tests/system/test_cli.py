@@ -26,24 +26,19 @@ import pytest
 from rich.console import Console
 
 from deploy import cli
-from deploy.launcher import (
-    KillSpec,
+from deploy.flower import format_config_args, parse_config_string, write_connection
+from deploy.follow import read_jsonl
+from deploy.local import LocalDeployment
+from deploy.processes import (
     LauncherError,
-    LocalDeployment,
-    LocalRunOptions,
     ProcessRegistry,
     alive_matching,
     descendants,
-    format_config_args,
     free_ports,
     is_alive,
-    parse_config_string,
     process_ref,
-    read_jsonl,
-    run_local,
-    run_simulation,
-    write_connection,
 )
+from deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 
 # ====================================================================== tiny Flower app
 _TINY_PYPROJECT = """\
@@ -423,7 +418,8 @@ def _drop_run_state() -> tuple[Any, list[list[tuple[str, Any]]]]:
     """A run in round 3 of 3: partition 1 (a 19-digit node id) killed and dropped in round 2
     with a long reason. Each step is what one poll of the launcher reads (a round's row, its
     ``round_end`` and the next ``round_start`` can come in one), or a kill."""
-    from deploy.launcher import KilledNode, RunProgress
+    from deploy.follow import RunProgress
+    from deploy.local import KilledNode
 
     node = 1234567890123456789
     reason = "update: no reply within 30 s " + "(the SuperNode was gone) " * 8
@@ -533,7 +529,7 @@ def test_progress_view_at_80_columns(terminal: bool) -> None:
 
 def test_node_count_follows_the_server() -> None:
     """``nodes``: deployed before any report, less each drop, not counting a dead node twice."""
-    from deploy.launcher import RunProgress
+    from deploy.follow import RunProgress
 
     state = RunProgress(num_clients=4)
     assert (state.active_nodes(), state.drop_count()) == (4, 0)
@@ -590,7 +586,7 @@ def test_write_connection(tmp_path: Path) -> None:
 
 
 def test_jsonl_tail_waits_for_complete_lines(tmp_path: Path) -> None:
-    from deploy.launcher import JsonlTail
+    from deploy.follow import JsonlTail
 
     path = tmp_path / "e.jsonl"
     tail = JsonlTail(path)
@@ -659,7 +655,7 @@ def test_registry_cleans_up_at_interpreter_exit(tmp_path: Path) -> None:
         f"""
         import sys, time
         from pathlib import Path
-        from deploy.launcher import ProcessRegistry, descendants
+        from deploy.processes import ProcessRegistry, descendants
         reg = ProcessRegistry()
         p = reg.start("tree", [sys.executable, "-c", {_TREE_SCRIPT!r}, "polite"],
                       Path({str(tmp_path / "x.log")!r}))
@@ -840,7 +836,7 @@ def _log_lines(path: Path) -> int:
 
 def test_interrupts_wait_for_process_bookkeeping() -> None:
     """A signal inside ``_deferred_interrupts`` acts only when the block is done."""
-    from deploy.launcher import _deferred_interrupts
+    from deploy.processes import _deferred_interrupts
 
     steps: list[str] = []
     # A test run started in the background inherits SIGINT ignored: start from Python's default.

@@ -9,11 +9,11 @@ checks: accuracy clearly above chance, every pair's common randomness ``z`` matc
 (``test-z-digest``), one bit per parameter on the uplink, 3 then 2 round trips, the privacy
 report in ``summary.json``, and a SuperNode SIGKILLed in round 2 recorded as dropped while the
 round completes. ``cr-mode = "derived"`` (1 round trip per steady round) runs on real processes
-in ``tests/test_resume.py`` (crash of the whole server side, then resume).
+in ``tests/protocol/test_resume.py`` (crash of the whole server side, then resume).
 
 Tampered and replayed pair blobs are rejected by the client/server logic, covered by
-``tests/test_pair_crypto.py`` and ``tests/test_protocol_logic.py`` (the app offers no run-config
-hook to inject a tampered blob into a real deployment).
+``tests/unit/test_pair_crypto.py`` and ``tests/protocol/test_protocol_logic.py`` (the app
+offers no run-config hook to inject a tampered blob into a real deployment).
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from conftest import ClientAppTiming
+from waits import ClientAppTiming
 
 from deploy.cli import repo_root, total_bytes
-from deploy.launcher import KillSpec, LocalRunOptions, RunResult, alive_matching, run_local
+from deploy.follow import RunResult
+from deploy.processes import alive_matching
+from deploy.run import KillSpec, LocalRunOptions, run_local
 
 pytestmark = [pytest.mark.e2e]
 

@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ClientAppTiming
+from waits import ClientAppTiming
 
 from corbin_fl.config import RunConfig
 from deploy.cli import repo_root
-from deploy.launcher import CONNECTION_NAME, LocalDeployment
+from deploy.flower import CONNECTION_NAME
+from deploy.local import LocalDeployment
 
 pytestmark = [pytest.mark.e2e]
 

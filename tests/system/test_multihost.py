@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from conftest import ClientAppTiming
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
-from netns import (
+from waits import ClientAppTiming
+
+from deploy.netns import (
     FlowerHosts,
     NetnsError,
     RunOutcome,
@@ -43,8 +44,8 @@ from netns import (
     sweep_stale,
     wait_in_namespace,
 )
-
-from deploy.launcher import ManagedProcess, ProcessRef, ProcessRegistry, node_policy
+from deploy.processes import ManagedProcess, ProcessRef, ProcessRegistry
+from deploy.run import node_policy
 
 pytestmark = [pytest.mark.multihost]
 

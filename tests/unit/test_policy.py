@@ -26,7 +26,7 @@ from client.mod import corbin_mod
 from client.policy import Policy, PolicyError, private_mechanisms
 from corbin_fl import wire
 from corbin_fl.config import MECHANISMS, RunConfig
-from deploy.launcher import node_policy, policy_env
+from deploy.run import node_policy, policy_env
 
 
 @pytest.fixture(autouse=True)

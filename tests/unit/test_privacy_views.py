@@ -14,7 +14,7 @@ from rich.console import Console
 
 from corbin_fl.config import MECHANISMS
 from deploy import cli
-from deploy.launcher import RunResult
+from deploy.follow import RunResult
 from experiments.report import privacy_section
 from experiments.results import (
     group_results,
@@ -26,11 +26,11 @@ from experiments.results import (
 from mechanisms.accounting import THREAT_MODELS, privacy_report
 
 MECHANISMS_RUNS = (
-    Path(__file__).resolve().parents[1] / "docs" / "results" / "quick" / "mechanisms" / "runs"
+    Path(__file__).resolve().parents[2] / "docs" / "results" / "quick" / "mechanisms" / "runs"
 )
 RECORDED_MECHANISMS = frozenset(
     tomllib.loads(
-        (Path(__file__).resolve().parents[1] / "experiments/quick/mechanisms.toml").read_text()
+        (Path(__file__).resolve().parents[2] / "experiments/quick/mechanisms.toml").read_text()
     )["grid"]["mechanism"]
 )
 """The mechanisms of the committed quick-scale mechanisms experiment (the later ones are in

@@ -11,8 +11,8 @@ the report printed by the test).
 
 Run::
 
-    pytest -m load -s tests/test_load.py                # 30 SuperNodes
-    CORBIN_LOAD_NODES=40 pytest -m load -s tests/test_load.py
+    pytest -m load -s tests/system/test_load.py                # 30 SuperNodes
+    CORBIN_LOAD_NODES=40 pytest -m load -s tests/system/test_load.py
 """
 
 from __future__ import annotations
@@ -200,13 +200,10 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 @pytest.mark.timeout(5400)
 def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
     from deploy.cli import repo_root
-    from deploy.launcher import (
-        CONNECTION_NAME,
-        JsonlTail,
-        LauncherError,
-        LocalDeployment,
-        flower_executable,
-    )
+    from deploy.flower import CONNECTION_NAME, flower_executable
+    from deploy.follow import JsonlTail
+    from deploy.local import LocalDeployment
+    from deploy.processes import LauncherError
 
     out = tmp_path / "out"
     logs = tmp_path / "logs"
@@ -261,7 +258,7 @@ def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
             tail = run.log_tail(30)
             run_id = re.search(r"Successfully started run (\d+)", run.log_text())
             if run_id and guard.tripped is None:
-                status = dep.run_status(int(run_id.group(1)))[0]
+                status = dep.cli.run_status(int(run_id.group(1)))[0]
     except LauncherError as exc:
         if guard.tripped is None:
             raise

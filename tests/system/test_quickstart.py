@@ -37,17 +37,11 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from conftest import REPO_ROOT, ClientAppTiming
+from waits import REPO_ROOT, ClientAppTiming
 
-from deploy.launcher import (
-    CONNECTION_NAME,
-    JsonlTail,
-    KilledNode,
-    LocalDeployment,
-    app_config,
-    flower_executable,
-    format_config_args,
-)
+from deploy.flower import CONNECTION_NAME, app_config, flower_executable, format_config_args
+from deploy.follow import JsonlTail
+from deploy.local import KilledNode, LocalDeployment
 
 pytestmark = [pytest.mark.e2e]
 

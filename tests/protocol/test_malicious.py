@@ -49,16 +49,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 # In-process harness: Flower task identity, tiny model and stub training (autouse fixtures).
-from test_protocol_logic import (  # noqa: F401
-    RUN_ID,
-    InProcessGrid,
-    _quiet,
-    _stub_training,
-    _task_identity,
-    make_cfg,
-    reply_hook,
-    runtime,
-)
+from harness import InProcessGrid, make_cfg, reply_hook, runtime
 from wire_helpers import is_stage, run_plain_round
 
 from client import encode

@@ -38,7 +38,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["docker/Dockerfile.server", "docker/Dockerfile.client"]
 TARGETS = {
     "superlink": "docker/Dockerfile.server",

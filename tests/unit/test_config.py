@@ -13,7 +13,7 @@ import pytest
 
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
 
-PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def test_the_app_bundle_holds_the_app_code_and_nothing_else() -> None:

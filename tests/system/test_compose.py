@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import (
+from waits import (
     LOAD_HEADROOM,
     SUPERNODE_POLL_S,
     SUPERNODE_REPLY_POLL_S,
@@ -34,9 +34,9 @@ from conftest import (
     StartupTiming,
 )
 
-from deploy.launcher import ProcessRegistry
+from deploy.processes import ProcessRegistry
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = "docker-compose.yml"
 GPU = "docker-compose.gpu.yml"
 TLS = "docker-compose.tls.yml"
@@ -443,7 +443,7 @@ def test_client_compose_takes_its_settings_from_env(certs: Path) -> None:
 
 
 def test_every_demo_executor_polls_for_tasks_at_the_tuned_interval() -> None:
-    from deploy.launcher import DEFAULT_TASK_POLL_INTERVAL, TASK_POLL_ENV
+    from deploy.processes import DEFAULT_TASK_POLL_INTERVAL, TASK_POLL_ENV
 
     services = render([DEMO])["services"]
     executors = [name for name in services if name.startswith("clientapp")]

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from corbin_fl.config import ConfigError, RunConfig
-from deploy import cli, launcher
-from deploy.launcher import LocalRunOptions, MissingDependencyError
+from deploy import cli, flower, processes, run
+from deploy.flower import MissingDependencyError
+from deploy.run import LocalRunOptions
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def no_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError(f"a process was started: {args[:2]!r}")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
-    monkeypatch.setattr(launcher.ProcessRegistry, "start", refuse)
+    monkeypatch.setattr(processes.ProcessRegistry, "start", refuse)
     monkeypatch.setattr(cli, "run_local", refuse)
     monkeypatch.setattr(cli, "run_simulation", refuse)
 
@@ -97,7 +98,7 @@ def test_options_refuse_the_same_without_the_cli(repo_root: Path, tmp_path: Path
     """``run_local`` callers get the check too (it runs in ``LocalRunOptions.validate``)."""
     options = LocalRunOptions(app_dir=repo_root, out_dir=tmp_path / "o", num_clients=1)
     with pytest.raises(ValueError, match="fewer than min-clients = 2"):
-        launcher.run_local(options)
+        run.run_local(options)
     assert not (tmp_path / "o").exists()
 
 
@@ -108,14 +109,14 @@ def test_simulate_without_ray_names_the_install_command(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert launcher.simulation_extra_missing() is None  # Ray is installed here
-    real = launcher._module_available
-    monkeypatch.setattr(launcher, "_module_available", lambda name: name != "ray" and real(name))
+    assert flower.simulation_extra_missing() is None  # Ray is installed here
+    real = flower._module_available
+    monkeypatch.setattr(flower, "_module_available", lambda name: name != "ray" and real(name))
     (cause,) = _usage_error(["simulate"], tmp_path, capsys)
     assert "needs Ray (the [simulation] extra)" in cause
     assert 'pip install -e ".[tools,simulation]"' in cause
     with pytest.raises(MissingDependencyError, match="simulation"):
-        launcher.run_simulation(
+        run.run_simulation(
             LocalRunOptions(app_dir=cli.repo_root(), out_dir=tmp_path / "o", num_clients=2)
         )
     # `local` does not need Ray

@@ -1,6 +1,8 @@
 """Multi-host harness: one Linux network namespace per machine, on a private bridge.
 
-Two layers, both used by ``tests/test_multihost.py`` and ``bench/bench_uplink.py``:
+Two layers, both used by ``tests/system/test_multihost.py`` and ``bench/bench_uplink.py``; the Flower
+plumbing (``flwr`` CLI, node-id waits, config strings, process trees) is shared with the local
+deployment (:mod:`deploy.flower`, :mod:`deploy.processes`):
 
 * :class:`Topology` builds the "machines": one network namespace per host, each with a veth
   ``eth0`` that carries the host's IPv4 address, and a Linux bridge ``br0`` in a dedicated
@@ -15,7 +17,7 @@ Two layers, both used by ``tests/test_multihost.py`` and ``bench/bench_uplink.py
   the ServerApp) on the server host, one SuperNode per client host, optionally with TLS
   (``docker/certs/make-certs.sh`` for the server address) and SuperNode authentication (keys
   registered with ``docker/certs/register-nodes.sh``), then ``flwr run`` from the server host.
-  Processes are started and stopped by :class:`deploy.launcher.ProcessRegistry`, whose
+  Processes are started and stopped by :class:`deploy.processes.ProcessRegistry`, whose
   process-tree tracking kills the ServerApp/ClientApp helpers too.
 
 Requirements: Linux, root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN`` for ``ip netns``), iproute2
@@ -46,14 +48,20 @@ from typing import Any, ClassVar, Final
 
 import tomli_w
 
-from deploy.launcher import (
-    JsonlTail,
+from deploy.flower import (
+    RUN_ID_RE,
+    FlowerCli,
+    flower_executable,
+    format_config_args,
+    wait_online,
+)
+from deploy.follow import JsonlTail
+from deploy.processes import (
+    LauncherError,
     ManagedProcess,
     ProcessRef,
     ProcessRegistry,
     flower_env,
-    flower_executable,
-    format_config_args,
     process_ref,
 )
 
@@ -72,11 +80,9 @@ BRIDGE_HOST: Final[str] = "br"
 HOST_IFNAME: Final[str] = "eth0"
 """Interface of every host (inside its own namespace)."""
 BRIDGE_IFNAME: Final[str] = "br0"
-_NODE_ID_RE: Final[re.Pattern[str]] = re.compile(r"SuperNode ID: (\d+)")
-_RUN_ID_RE: Final[re.Pattern[str]] = re.compile(r"Successfully started run (\d+)")
 
 
-class NetnsError(RuntimeError):
+class NetnsError(LauncherError):
     """A namespace operation (``ip``/``tc``) or a deployment step inside namespaces failed."""
 
 
@@ -747,7 +753,9 @@ class FlowerHosts:
         t3 = time.monotonic()
         for index, name in enumerate(self.clients):
             self._start_supernode(index, name)
-        self._wait_online()
+        wait_online(
+            self.supernodes, self.node_ids, self.cli, self.ready_timeout, str(self.logs_dir)
+        )
         self.registry.snapshot()
         logger.info(
             "deployment up in %.1f s (certs %.1f, SuperLink %.1f, registration %.1f, "
@@ -849,22 +857,16 @@ class FlowerHosts:
             return False
         return out.returncode == 0
 
-    def flwr(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-        """Run a ``flwr`` CLI command on the server host against this deployment.
-
-        ``timeout`` defaults to ``ready_timeout``: a CLI call is one Flower process start-up
-        plus a request. One that does not finish in time returns exit code 124.
-        """
-        try:
-            return self.topology.run(
-                self.server,
-                [flower_executable("flwr"), *args],
-                timeout=self.ready_timeout if timeout is None else timeout,
-                check=False,
-                env=self.env,
-            )
-        except NetnsError as exc:
-            return subprocess.CompletedProcess(["flwr", *args], 124, "", str(exc))
+    @property
+    def cli(self) -> FlowerCli:
+        """The ``flwr`` CLI on the server host against this deployment; each call is bounded by
+        ``ready_timeout`` (a CLI call is one Flower process start-up plus a request)."""
+        return FlowerCli(
+            self.CONNECTION,
+            self.env,
+            timeout=self.ready_timeout,
+            wrap=lambda cmd: self.topology.argv(self.server, cmd),
+        )
 
     def _register_nodes(self) -> None:
         out = self.topology.run(
@@ -906,60 +908,13 @@ class FlowerHosts:
             meta={"partition": index},
         )
 
-    def _wait_online(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            for name, proc in self.supernodes.items():
-                if not proc.running():
-                    raise NetnsError(
-                        f"SuperNode on {name} exited (code {proc.popen.returncode}):\n"
-                        f"{proc.log_tail()}"
-                    )
-                if name not in self.node_ids and (m := _NODE_ID_RE.search(proc.log_text())):
-                    self.node_ids[name] = int(m.group(1))
-            if len(self.node_ids) == len(self.supernodes):
-                online = self.online_node_ids()
-                if online is not None and set(self.node_ids.values()) <= online:
-                    logger.info("SuperNodes online: %s", self.node_ids)
-                    return
-            time.sleep(0.5)
-        raise NetnsError(
-            f"SuperNodes not online within {self.ready_timeout:g} s (ids so far {self.node_ids}); "
-            f"logs in {self.logs_dir}"
-        )
-
-    def online_node_ids(self) -> set[int] | None:
-        """Node ids the SuperLink lists as online, None if ``flwr supernode list`` failed."""
-        out = self.flwr("supernode", "list", self.CONNECTION, "--format", "json")
-        start = out.stdout.find("{")
-        if out.returncode != 0 or start < 0:
-            return None
-        try:
-            payload, _ = json.JSONDecoder().raw_decode(out.stdout[start:])
-        except json.JSONDecodeError:
-            return None
-        return {
-            int(node["node-id"])
-            for node in payload.get("nodes", [])
-            if str(node.get("status", "")).lower() == "online"
-        }
-
     # ------------------------------------------------------------------ run
     def submit(self, run_config: Mapping[str, Any], app_dir: Path = REPO_ROOT) -> ManagedProcess:
         """Start ``flwr run <app_dir> <conn> --stream --run-config FILE`` on the server host."""
         path = self.work_dir / "run-config.toml"
         path.write_text(tomli_w.dumps(dict(run_config)))
-        cmd = [
-            flower_executable("flwr"),
-            "run",
-            str(Path(app_dir).resolve()),
-            self.CONNECTION,
-            "--stream",
-            "--run-config",
-            str(path),
-        ]
         return self.registry.start(
-            "flwr-run", self.topology.argv(self.server, cmd), self.logs_dir / "flwr-run.log"
+            "flwr-run", self.cli.run_argv(app_dir, path), self.logs_dir / "flwr-run.log"
         )
 
     def follow(
@@ -1006,23 +961,18 @@ class FlowerHosts:
         outcome.events.extend(events_tail.read_new())
         outcome.metrics.extend(metrics_tail.read_new())
         log = flwr_run.log_text()
-        if m := _RUN_ID_RE.search(log):
+        if m := RUN_ID_RE.search(log):
             outcome.run_id = int(m.group(1))
         outcome.exit_code = flwr_run.popen.returncode
         outcome.log_tail = "\n".join(log.splitlines()[-30:])
         return outcome
 
     def run_status(self, run_id: int, wait: float = 20.0) -> str | None:
-        """Final status of a run (``flwr ls --run-id``), e.g. ``finished:completed``."""
+        """Final status of a run (``flwr ls --run-id``), e.g. ``finished:completed``; polled for
+        up to ``wait`` seconds until it is ``finished:*``."""
         deadline = time.monotonic() + wait
-        status: str | None = None
         while True:
-            out = self.flwr("ls", self.CONNECTION, "--run-id", str(run_id), "--format", "json")
-            start = out.stdout.find("{")
-            if out.returncode == 0 and start >= 0:
-                with contextlib.suppress(json.JSONDecodeError, IndexError, KeyError):
-                    payload, _ = json.JSONDecoder().raw_decode(out.stdout[start:])
-                    status = str(payload["runs"][0]["status"])
+            status, _ = self.cli.run_status(run_id)
             if (status is not None and status.startswith("finished")) or (
                 time.monotonic() > deadline
             ):

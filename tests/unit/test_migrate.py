@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_experiments import TINY, FakeBackend, fake_app_dir, spec_from
 
 from experiments import cli as exp_cli
 from experiments import experiment as ex
@@ -25,7 +26,6 @@ from experiments.migrate import (
 )
 from experiments.spec import load_app_defaults
 from experiments.sweep import Run, RunState, expand_runs
-from tests.test_experiments import TINY, FakeBackend, fake_app_dir, spec_from
 
 LAYER = TINY.replace("d = 5\n", 'd = 5\nrange-mode = "layer"\n')
 """TINY with the range mode its runs were made with, stated."""
