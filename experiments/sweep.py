@@ -229,24 +229,11 @@ class RunState(enum.Enum):
     DONE = "done"
 
 
-#: Run-config keys that say how or where a run executes, not what it computes: a finished run is
-#: not stale when only these differ from what the app would run now (``data-dir`` is recorded
-#: resolved to an absolute path, see :func:`experiments.runner.app_run_config`).
-EXECUTION_KEYS = frozenset(
-    {
-        "out-dir",
-        "data-dir",
-        "device",
-        "resume",
-        "poll-interval",
-        "stage-timeout",
-        "first-stage-timeout",
-        "wait-for-nodes",
-        "max-inflight",
-        "eval-batch-size",
-        "test-z-digest",
-    }
-)
+#: Run-config keys that say how or where a run executes, not what it computes (declared once, on
+#: the ``RunConfig`` fields): a finished run is not stale when only these differ from what the app
+#: would run now (``data-dir`` is recorded resolved to an absolute path, see
+#: :func:`experiments.runner.app_run_config`).
+EXECUTION_KEYS = RunConfig.execution_keys()
 
 
 #: Run-config keys whose app default changed after they were added, with the value they were added

@@ -61,25 +61,12 @@ STATE_FILE: Final[str] = "state.json"
 JOURNAL_FILE: Final[str] = "releases.jsonl"
 FORMAT_VERSION: Final[int] = 1
 
-MAY_DIFFER_ON_RESUME: Final[frozenset[str]] = frozenset(
-    {
-        "num-rounds",
-        "resume",
-        "out-dir",
-        "stage-timeout",
-        "first-stage-timeout",
-        "poll-interval",
-        "wait-for-nodes",
-        "min-clients",
-        "device",
-        "eval-batch-size",
-        "test-z-digest",
-    }
-)
-"""Run-config keys a resumed run may change: the run length, timeouts, where the server computes,
-and test instrumentation. Every other key (mechanism, privacy parameters, model, data, seeds,
-training, aggregation) must equal the checkpoint's, or the resumed run would not continue the
-same experiment."""
+MAY_DIFFER_ON_RESUME: Final[frozenset[str]] = RunConfig.resumable_keys()
+"""Run-config keys a resumed run may change (declared on the ``RunConfig`` fields): the run length,
+the smallest cohort, and every key that cannot change the result (timeouts, where the server
+computes, test instrumentation). Every other key (mechanism, privacy parameters, model, data,
+seeds, training, aggregation) must equal the checkpoint's, or the resumed run would not continue
+the same experiment."""
 
 
 class CheckpointError(ValueError):

@@ -228,3 +228,19 @@ def test_frozen_and_replace_revalidates() -> None:
 def test_paired_property() -> None:
     assert RunConfig(mechanism="corbin").paired and RunConfig(mechanism="augcorbin").paired
     assert not any(RunConfig(mechanism=m).paired for m in MECHANISMS if "corbin" not in m)
+
+
+def test_execution_and_resumable_keys_are_declared_once_on_the_fields() -> None:
+    """The sweeps and resume read the same declaration: every key that cannot change a result
+    may differ on resume, and the keys that change the result are never among them."""
+    from experiments.sweep import EXECUTION_KEYS
+    from server.checkpoint import MAY_DIFFER_ON_RESUME
+
+    execution = RunConfig.execution_keys()
+    assert execution == EXECUTION_KEYS
+    assert RunConfig.resumable_keys() == MAY_DIFFER_ON_RESUME
+    assert execution < MAY_DIFFER_ON_RESUME
+    assert MAY_DIFFER_ON_RESUME - execution == {"num-rounds", "min-clients"}
+    for key in ("mechanism", "epsilon", "seed", "data-seed", "lr", "model", "dataset", "d"):
+        assert key not in MAY_DIFFER_ON_RESUME
+    assert {"out-dir", "data-dir", "stage-timeout", "device", "resume"} <= execution
