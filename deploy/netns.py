@@ -1,8 +1,8 @@
 """Multi-host harness: one Linux network namespace per machine, on a private bridge.
 
 Two layers, both used by ``tests/system/test_multihost.py`` and ``bench/bench_uplink.py``; the
-Flower plumbing (``flwr`` CLI, node-id waits, config strings, process trees) is shared with the local
-deployment (:mod:`deploy.flower`, :mod:`deploy.processes`):
+Flower plumbing (``flwr`` CLI, node-id waits, config strings, process trees) is shared with the
+local deployment (:mod:`deploy.flower`, :mod:`deploy.processes`):
 
 * :class:`Topology` builds the "machines": one network namespace per host, each with a veth
   ``eth0`` that carries the host's IPv4 address, and a Linux bridge ``br0`` in a dedicated
