@@ -41,14 +41,20 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 
-from mechanisms.validate import integer, interval, operand, positive
+from mechanisms.validate import (
+    integer,
+    interval,
+    one_device,
+    operand,
+    positive,
+    torch_generator,
+)
 
 __all__ = [
     "MAX_SHARED_BITS",
@@ -80,48 +86,6 @@ _NAN_MESSAGE = "w contains NaN; cannot quantize a non-finite weight"
 
 
 # --------------------------------------------------------------------------------- validation
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    """Device equality that treats ``cuda`` and ``cuda:<current>`` as the same device."""
-    if a.type != b.type:
-        return False
-    if a.index is None or b.index is None:
-        if a.type == "cuda" and torch.cuda.is_available():
-            cur = torch.cuda.current_device()
-            return (a.index if a.index is not None else cur) == (
-                b.index if b.index is not None else cur
-            )
-        return True
-    return a.index == b.index
-
-
-def _resolve_device(tensors: list[torch.Tensor]) -> torch.device:
-    if not tensors:
-        return torch.device("cpu")
-    dev = tensors[0].device
-    for t in tensors[1:]:
-        if not _same_device(t.device, dev):
-            raise ValueError(
-                f"all tensor arguments must be on one device, got {dev} and {t.device}"
-            )
-    return dev
-
-
-def _resolve_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator:
-    if generator is None:
-        # Never the global RNG: a fresh generator seeded from the OS CSPRNG.
-        g = torch.Generator(device=device)
-        g.manual_seed(secrets.randbits(63))
-        return g
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if not _same_device(generator.device, device):
-        raise ValueError(
-            f"generator is on {generator.device} but the tensors are on {device}; "
-            "create the generator with torch.Generator(device=<tensor device>)"
-        )
-    return generator
 
 
 _R_MIN: float = float(torch.finfo(torch.float32).tiny)
@@ -222,7 +186,7 @@ def _prepare(
     c = operand(c, "c", finite=False)
     r = operand(r, "r", finite=False)
     tensors = [t for t in (w, c, r, z) if isinstance(t, torch.Tensor)]
-    device = _resolve_device(tensors)
+    device = one_device(tensors)
     try:
         # numpy's rule is torch's; torch.broadcast_shapes would import sympy (seconds) once.
         shape = torch.Size(np.broadcast_shapes(*(tuple(t.shape) for t in tensors)))
@@ -560,7 +524,7 @@ def ldpq(
     """
     eps_v = positive(eps)
     flat = _prepare(w, c, r, None)
-    g = _resolve_generator(generator, flat.device)
+    g = torch_generator(generator, flat.device)
     return _run(flat, eps_v, 0, None, g, 0.5)
 
 
@@ -641,7 +605,7 @@ def corbinq(
         raise TypeError(f"lead must be a bool, got {type(lead).__name__}")
     z = _check_z(z, d_v)
     flat = _prepare(w, c, r, z)
-    g = _resolve_generator(generator, flat.device)
+    g = torch_generator(generator, flat.device)
     return _run(flat, eps_v, d_v, "lead" if lead else "follow", g, px)
 
 
@@ -674,7 +638,7 @@ def decode(
     eps_v = positive(eps)
     c = operand(c, "c", finite=False)
     r = operand(r, "r", finite=False)
-    _resolve_device([t for t in (bits, c, r) if isinstance(t, torch.Tensor)])
+    one_device([t for t in (bits, c, r) if isinstance(t, torch.Tensor)])
     _check_c_r(c, r)
     a = 1.0 / math.tanh(eps_v * 0.5)
     if isinstance(c, torch.Tensor):

@@ -9,6 +9,7 @@ message that names the argument. NumPy scalars count as numbers (``numbers.Integ
 from __future__ import annotations
 
 import math
+import secrets
 from numbers import Integral, Real
 
 import numpy as np
@@ -19,12 +20,15 @@ __all__ = [
     "generator",
     "integer",
     "interval",
+    "one_device",
     "operand",
     "positive",
     "positive_array",
     "probability",
     "real",
     "real_array",
+    "same_device",
+    "torch_generator",
 ]
 
 
@@ -120,6 +124,48 @@ def positive_array(x: ArrayLike, name: str = "eps") -> NDArray[np.float64]:
     if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
         raise ValueError(f"{name} must be finite and > 0, got {x!r}")
     return arr
+
+
+def _canonical(device: torch.device) -> torch.device:
+    """``cuda`` and ``cuda:<current>`` are the same device."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Device equality that treats ``cuda`` and ``cuda:<current>`` as one device."""
+    return _canonical(a) == _canonical(b)
+
+
+def one_device(tensors: list[torch.Tensor]) -> torch.device:
+    """The device of every tensor in ``tensors`` (CPU for none); raise if they differ."""
+    if not tensors:
+        return torch.device("cpu")
+    dev = tensors[0].device
+    for t in tensors[1:]:
+        if not same_device(t.device, dev):
+            raise ValueError(
+                f"all tensor arguments must be on one device, got {dev} and {t.device}"
+            )
+    return dev
+
+
+def torch_generator(generator: object, device: torch.device) -> torch.Generator:
+    """``generator`` if it is a ``torch.Generator`` on ``device``; ``None`` gives a fresh one
+    on ``device`` seeded with ``secrets.randbits(63)`` (the OS CSPRNG, never the global RNG)."""
+    if generator is None:
+        g = torch.Generator(device=device)
+        g.manual_seed(secrets.randbits(63))
+        return g
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if not same_device(generator.device, device):
+        raise ValueError(
+            f"generator is on {generator.device} but the tensors are on {device}; "
+            "create it with torch.Generator(device=<tensor device>)"
+        )
+    return generator
 
 
 def generator(rng: object, name: str = "rng") -> np.random.Generator:

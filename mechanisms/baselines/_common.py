@@ -8,42 +8,20 @@ sensitivity of the clipped value is ``2 r``.
 
 from __future__ import annotations
 
-import secrets
-
 import torch
 
-from mechanisms.validate import operand
+from mechanisms.validate import one_device, operand
 
 __all__ = [
     "COMPUTE_DTYPE",
     "Operand",
     "clip_to_box",
     "prepare",
-    "resolve_generator",
 ]
 
 COMPUTE_DTYPE = torch.float32
 
 Operand = torch.Tensor | float | int
-
-
-def _norm_device(dev: torch.device) -> torch.device:
-    """``cuda`` and ``cuda:<current>`` are the same device."""
-    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
-def _device_of(tensors: list[torch.Tensor]) -> torch.device:
-    if not tensors:
-        return torch.device("cpu")
-    dev = tensors[0].device
-    for t in tensors[1:]:
-        if _norm_device(t.device) != _norm_device(dev):
-            raise ValueError(
-                f"all tensor arguments must be on one device, got {dev} and {t.device}"
-            )
-    return dev
 
 
 def prepare(w: object, c: object, r: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -72,7 +50,7 @@ def prepare(w: object, c: object, r: object) -> tuple[torch.Tensor, torch.Tensor
     cv = operand(c, "c")
     rv = operand(r, "r")
     tensors = [t for t in (wv, cv, rv) if isinstance(t, torch.Tensor)]
-    device = _device_of(tensors)
+    device = one_device(tensors)
     wt = torch.as_tensor(wv, dtype=COMPUTE_DTYPE, device=device)
     ct = torch.as_tensor(cv, dtype=COMPUTE_DTYPE, device=device)
     rt = torch.as_tensor(rv, dtype=COMPUTE_DTYPE, device=device)
@@ -95,33 +73,3 @@ def prepare(w: object, c: object, r: object) -> tuple[torch.Tensor, torch.Tensor
 def clip_to_box(w: torch.Tensor, c: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """Clip ``w`` elementwise into ``[c - r, c + r]`` (new tensor; inputs from :func:`prepare`)."""
     return torch.minimum(torch.maximum(w, c - r), c + r)
-
-
-def resolve_generator(generator: object, device: torch.device) -> torch.Generator:
-    """Return the injected generator, or a fresh one seeded from the OS CSPRNG.
-
-    Parameters
-    ----------
-    generator : torch.Generator or None
-        Must live on ``device``; ``None`` creates ``torch.Generator(device)`` seeded with
-        ``secrets.randbits(63)`` (never the global RNG).
-    device : torch.device
-        Device of the tensors being perturbed.
-
-    Returns
-    -------
-    torch.Generator
-        A generator on ``device``.
-    """
-    if generator is None:
-        g = torch.Generator(device=device)
-        g.manual_seed(secrets.randbits(63))
-        return g
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if _norm_device(generator.device) != _norm_device(device):
-        raise ValueError(
-            f"generator is on {generator.device} but the tensors are on {device}; "
-            "create it with torch.Generator(device=<tensor device>)"
-        )
-    return generator

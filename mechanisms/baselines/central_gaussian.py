@@ -32,9 +32,8 @@ import math
 
 import torch
 
-from mechanisms.baselines._common import resolve_generator
 from mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
-from mechanisms.validate import integer, positive, probability
+from mechanisms.validate import integer, positive, probability, torch_generator
 
 __all__ = ["central_epsilon", "central_noise", "central_noise_multiplier", "clip_l2"]
 
@@ -72,5 +71,5 @@ def central_noise(
     injected generator is for tests.
     """
     sigma = positive(z, "z") * positive(clip, "clip")
-    g = resolve_generator(generator, torch.device("cpu"))
+    g = torch_generator(generator, torch.device("cpu"))
     return sigma * torch.randn(shape, generator=g, dtype=torch.float64)

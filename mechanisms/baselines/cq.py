@@ -43,9 +43,8 @@ from mechanisms.baselines._common import (
     COMPUTE_DTYPE,
     clip_to_box,
     prepare,
-    resolve_generator,
 )
-from mechanisms.validate import integer
+from mechanisms.validate import integer, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +131,7 @@ def cq(
     if rank >= n:
         raise ValueError(f"rank must be in [0, n) = [0, {n}), got {rank}")
     wt, ct, rt = prepare(w, c, r)
-    g = resolve_generator(generator, wt.device)
+    g = torch_generator(generator, wt.device)
     stratum = torch.full(wt.shape, rank, dtype=torch.int64, device=wt.device)
     if shared_offset is not None:
         if not isinstance(shared_offset, torch.Tensor) or shared_offset.dtype.is_floating_point:

@@ -61,10 +61,9 @@ import torch
 
 from mechanisms.baselines._common import (
     COMPUTE_DTYPE,
-    resolve_generator,
 )
 from mechanisms.baselines.gaussian import analytic_gaussian_sigma
-from mechanisms.validate import positive, probability
+from mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -256,7 +255,7 @@ class FedCAD:
         if not bool(torch.isfinite(x).all()):
             raise ValueError("delta_update must be finite")
         device = x.device
-        g = resolve_generator(generator, device)
+        g = torch_generator(generator, device)
         big_c = self.clip_norm
         sigma = self.noise_multiplier
 

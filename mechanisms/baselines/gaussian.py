@@ -30,9 +30,8 @@ import torch
 from mechanisms.baselines._common import (
     clip_to_box,
     prepare,
-    resolve_generator,
 )
-from mechanisms.validate import positive, probability
+from mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +240,6 @@ def gaussian(
     """
     sigma_unit = analytic_gaussian_sigma(eps, delta, 1.0)
     wt, ct, rt = prepare(w, c, r)
-    g = resolve_generator(generator, wt.device)
+    g = torch_generator(generator, wt.device)
     noise = torch.randn(wt.shape, generator=g, dtype=wt.dtype, device=wt.device)
     return clip_to_box(wt, ct, rt) + noise * (2.0 * sigma_unit) * rt

@@ -20,8 +20,8 @@ from numbers import Real
 
 import torch
 
-from mechanisms.baselines._common import clip_to_box, prepare, resolve_generator
-from mechanisms.validate import positive
+from mechanisms.baselines._common import clip_to_box, prepare
+from mechanisms.validate import positive, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def laplace(
     """
     e = positive(eps)
     wt, ct, rt = prepare(w, c, r)
-    g = resolve_generator(generator, wt.device)
+    g = torch_generator(generator, wt.device)
     u = torch.rand(wt.shape, generator=g, dtype=torch.float64, device=wt.device)
     neg = u < 0.5
     t = torch.where(neg, 2.0 * u, 2.0 * u - 1.0)

@@ -38,10 +38,9 @@ from mechanisms.baselines._common import (
     COMPUTE_DTYPE,
     clip_to_box,
     prepare,
-    resolve_generator,
 )
 from mechanisms.quantizers import alpha
-from mechanisms.validate import positive, probability
+from mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ def ternary(
     e = positive(eps)
     p = probability(p0, "p0", lo_open=False, hi_open=True)
     wt, ct, rt = prepare(w, c, r)
-    g = resolve_generator(generator, wt.device)
+    g = torch_generator(generator, wt.device)
     a_val = float(alpha(e))
     x = (clip_to_box(wt, ct, rt) - ct).to(torch.float64)
     big_a = rt.to(torch.float64) * a_val

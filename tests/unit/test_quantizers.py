@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from mechanisms import alpha, corbinq, decode, ldpq, prob_plus
+from mechanisms import alpha, corbinq, decode, ldpq, prob_plus, validate
 from mechanisms import quantizers as qz
 
 torch.set_num_threads(1)
@@ -493,9 +493,9 @@ def test_other_validation() -> None:
     with pytest.raises(TypeError, match="generator"):
         ldpq(w, 0.0, 1.0, 1.0, generator=np.random.default_rng(0))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="generator is on"):
-        qz._resolve_generator(torch.Generator(), torch.device("meta"))
+        validate.torch_generator(torch.Generator(), torch.device("meta"))
     with pytest.raises(ValueError, match="one device"):
-        qz._resolve_device([torch.zeros(1), torch.zeros(1, device="meta")])
+        validate.one_device([torch.zeros(1), torch.zeros(1, device="meta")])
     with pytest.raises(TypeError, match="bits"):
         decode(torch.zeros(3), 0.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="r must be"):
