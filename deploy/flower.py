@@ -338,8 +338,26 @@ class FlowerCli:
             logger.warning("flwr stop %d failed: %s", run_id, (res.stdout + res.stderr)[-500:])
         return res.returncode == 0
 
-    def run_argv(self, app_dir: Path, run_config: Path) -> list[str]:
-        """``flwr run <app_dir> <connection> --stream --run-config <file>`` (wrapped)."""
+    def final_status(self, run_id: int, wait: float = 20.0) -> tuple[str | None, str | None]:
+        """:meth:`run_status`, polled for up to ``wait`` seconds until it is ``finished:*`` (the
+        final status can lag the end of ``flwr run``'s log stream a little)."""
+        deadline = time.monotonic() + wait
+        while True:
+            status, details = self.run_status(run_id)
+            if (status is not None and status.startswith("finished")) or (
+                time.monotonic() > deadline
+            ):
+                return status, details
+            time.sleep(0.5)
+
+    def run_argv(
+        self,
+        app_dir: Path,
+        run_config: Path,
+        federation_config: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """``flwr run <app_dir> <connection> --stream --run-config <file>`` (wrapped), with
+        ``--federation-config`` for the simulation runtime."""
         cmd = [
             flower_executable("flwr"),
             "run",
@@ -349,6 +367,8 @@ class FlowerCli:
             "--run-config",
             str(run_config),
         ]
+        if federation_config:
+            cmd += ["--federation-config", format_config_args(federation_config)]
         return self.wrap(cmd) if self.wrap is not None else cmd
 
 
@@ -390,3 +410,79 @@ def wait_online(
         f"SuperNodes not online within {timeout:g} s (no node id yet for {missing or 'none'}; "
         f"ids so far {node_ids}); see the logs in {where}"
     )
+
+
+def superlink_argv(
+    host: str,
+    port: int,
+    *,
+    certs: Path | None = None,
+    simulation: bool = False,
+    database: Path | None = None,
+) -> list[str]:
+    """``flower-superlink`` serving all its APIs on ``host:port``.
+
+    ``certs`` is the SuperLink's folder of ``docker/certs/make-certs.sh`` (``ca.crt``,
+    ``server.pem``, ``server.key``): TLS on every link plus SuperNode authentication; without it
+    the SuperLink runs ``--insecure``. Runtime dependency installation is always off.
+    """
+    cmd = [
+        flower_executable("flower-superlink"),
+        "--disable-runtime-dependency-installation",
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    if certs is not None:
+        cmd += [
+            "--ssl-ca-certfile",
+            str(certs / "ca.crt"),
+            "--ssl-certfile",
+            str(certs / "server.pem"),
+            "--ssl-keyfile",
+            str(certs / "server.key"),
+            "--enable-supernode-auth",
+        ]
+    else:
+        cmd.append("--insecure")
+    if simulation:
+        cmd.append("--simulation")
+    if database is not None:
+        cmd += ["--database", str(database)]
+    return cmd
+
+
+def supernode_argv(
+    superlink: str,
+    node_config: Mapping[str, Any],
+    *,
+    certs: Path | None = None,
+    runtime_api: tuple[str, int] | None = None,
+) -> list[str]:
+    """``flower-supernode`` of ``superlink`` (``host:port``) with ``node_config``.
+
+    ``certs`` is the node's folder of ``make-certs.sh`` (``ca.crt``, ``node.key``): TLS and the
+    node's authentication key; without it ``--insecure``. ``runtime_api`` is the ``(host,
+    port)`` of its Runtime API (Flower's default 127.0.0.1:9094 when None: one SuperNode per
+    host).
+    """
+    cmd = [
+        flower_executable("flower-supernode"),
+        "--superlink",
+        superlink,
+        "--node-config",
+        format_config_args(node_config),
+    ]
+    if certs is not None:
+        cmd += [
+            "--root-certificates",
+            str(certs / "ca.crt"),
+            "--auth-supernode-private-key",
+            str(certs / "node.key"),
+        ]
+    else:
+        cmd.append("--insecure")
+    if runtime_api is not None:
+        cmd += ["--host", runtime_api[0], "--port", str(runtime_api[1])]
+    return cmd

@@ -16,9 +16,9 @@ from deploy.flower import (
     CONNECTION_NAME,
     NODE_ID_RE,
     FlowerCli,
-    flower_executable,
-    format_config_args,
     http_ok,
+    superlink_argv,
+    supernode_argv,
     wait_online,
     write_connection,
 )
@@ -156,20 +156,9 @@ class LocalDeployment:
 
     def _start_superlink(self, attempts: int) -> None:
         """Start the SuperLink on a free port; retry on another port if that one was taken."""
-        exe = flower_executable("flower-superlink")
         for attempt in range(1, attempts + 1):
             (port,) = free_ports(1, self.host)
-            cmd = [
-                exe,
-                "--insecure",
-                "--disable-runtime-dependency-installation",
-                "--host",
-                self.host,
-                "--port",
-                str(port),
-            ]
-            if self.simulation:
-                cmd.append("--simulation")
+            cmd = superlink_argv(self.host, port, simulation=self.simulation)
             proc = self.registry.start(
                 "superlink", cmd, self.logs_dir / "superlink.log", meta={"port": port}
             )
@@ -193,24 +182,11 @@ class LocalDeployment:
 
     def _start_supernode(self, partition: int, attempts: int) -> None:
         """Start the SuperNode of ``partition`` on a free Runtime API port (retried if taken)."""
-        exe = flower_executable("flower-supernode")
         cfg = {"partition-id": partition, "num-partitions": self.num_supernodes}
         cfg.update(self.node_config)
-        node_config = format_config_args(cfg)
         for attempt in range(1, attempts + 1):
             (port,) = free_ports(1, self.host)
-            cmd = [
-                exe,
-                "--insecure",
-                "--superlink",
-                self.address,
-                "--host",
-                self.host,
-                "--port",
-                str(port),
-                "--node-config",
-                node_config,
-            ]
+            cmd = supernode_argv(self.address, cfg, runtime_api=(self.host, port))
             proc = self.registry.start(
                 f"supernode-{partition}",
                 cmd,

@@ -51,8 +51,8 @@ import tomli_w
 from deploy.flower import (
     RUN_ID_RE,
     FlowerCli,
-    flower_executable,
-    format_config_args,
+    superlink_argv,
+    supernode_argv,
     wait_online,
 )
 from deploy.follow import JsonlTail
@@ -797,27 +797,8 @@ class FlowerHosts:
 
     def _start_superlink(self) -> None:
         host = self.topology.host(self.server)
-        cmd = [
-            flower_executable("flower-superlink"),
-            "--disable-runtime-dependency-installation",
-            "--host",
-            host.address,
-            "--port",
-            str(self.port),
-        ]
-        if self.tls:
-            link = self.certs_dir / "superlink"
-            cmd += [
-                "--ssl-ca-certfile",
-                str(link / "ca.crt"),
-                "--ssl-certfile",
-                str(link / "server.pem"),
-                "--ssl-keyfile",
-                str(link / "server.key"),
-                "--enable-supernode-auth",
-            ]
-        else:
-            cmd.append("--insecure")
+        certs = self.certs_dir / "superlink" if self.tls else None
+        cmd = superlink_argv(host.address, self.port, certs=certs)
         proc = self.registry.start(
             "superlink", self.topology.argv(self.server, cmd), self.logs_dir / "superlink.log"
         )
@@ -882,23 +863,8 @@ class FlowerHosts:
 
     def _start_supernode(self, index: int, name: str) -> None:
         cfg = {"partition-id": index, "num-partitions": len(self.clients), **self.node_config}
-        cmd = [
-            flower_executable("flower-supernode"),
-            "--superlink",
-            self.address,
-            "--node-config",
-            format_config_args(cfg),
-        ]
-        if self.tls:
-            node = self.certs_dir / f"node-{index + 1}"
-            cmd += [
-                "--root-certificates",
-                str(node / "ca.crt"),
-                "--auth-supernode-private-key",
-                str(node / "node.key"),
-            ]
-        else:
-            cmd.append("--insecure")
+        certs = self.certs_dir / f"node-{index + 1}" if self.tls else None
+        cmd = supernode_argv(self.address, cfg, certs=certs)
         # The Runtime API stays on the host's own loopback (127.0.0.1:9094, Flower's default):
         # every host is a separate namespace, so the default port never collides.
         self.supernodes[name] = self.registry.start(
@@ -968,16 +934,8 @@ class FlowerHosts:
         return outcome
 
     def run_status(self, run_id: int, wait: float = 20.0) -> str | None:
-        """Final status of a run (``flwr ls --run-id``), e.g. ``finished:completed``; polled for
-        up to ``wait`` seconds until it is ``finished:*``."""
-        deadline = time.monotonic() + wait
-        while True:
-            status, _ = self.cli.run_status(run_id)
-            if (status is not None and status.startswith("finished")) or (
-                time.monotonic() > deadline
-            ):
-                return status
-            time.sleep(0.5)
+        """Final status of a run, e.g. ``finished:completed`` (:meth:`FlowerCli.final_status`)."""
+        return self.cli.final_status(run_id, wait)[0]
 
     # ------------------------------------------------------------------ faults
     def kill_client(self, name: str) -> list[ProcessRef]:

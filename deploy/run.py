@@ -11,7 +11,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,18 +20,16 @@ import tomli_w
 
 from deploy.flower import (
     COMPLETED_STATUS,
-    CONNECTION_NAME,
     RUN_ID_RE,
     MissingDependencyError,
     app_config,
-    flower_executable,
-    format_config_args,
     simulation_extra_missing,
 )
 from deploy.follow import RUN_FILES, JsonlTail, RunProgress, RunResult, as_int, read_json
 from deploy.local import LocalDeployment
 from deploy.processes import (
     LauncherError,
+    ManagedProcess,
     cmdline,
     descendants,
     has_proc,
@@ -401,6 +399,97 @@ class _StartupError(Exception):
     """Internal: start-up failed, the reason is already recorded."""
 
 
+class _KillSchedule:
+    """The kills of a run: each is armed when its round starts and due ``delay`` seconds later."""
+
+    def __init__(self, kills: Sequence[KillSpec], delay: float) -> None:
+        self.pending: dict[KillSpec, float | None] = dict.fromkeys(kills)
+        self.delay = delay
+
+    def round_started(self, rnd: int, at: float) -> None:
+        for spec, due in self.pending.items():
+            if spec.round == rnd and due is None:
+                self.pending[spec] = at + self.delay
+
+    def due(self, now: float) -> list[KillSpec]:
+        out = [spec for spec, at in self.pending.items() if at is not None and now >= at]
+        for spec in out:
+            del self.pending[spec]
+        return out
+
+
+class _RunFiles:
+    """The new lines of the ServerApp's ``events.jsonl`` and ``metrics.jsonl``, read into the
+    progress ``state`` (rounds, stages, drops) and the kill schedule."""
+
+    def __init__(self, out_dir: Path, state: RunProgress, kills: _KillSchedule) -> None:
+        self.events = JsonlTail(out_dir / "events.jsonl")
+        self.metrics = JsonlTail(out_dir / "metrics.jsonl")
+        self.state, self.kills = state, kills
+
+    def poll(self) -> None:
+        state = self.state
+        for ev in self.events.read_new():
+            state.events.append(ev)
+            kind, rnd = ev.get("event"), as_int(ev.get("round"))
+            if kind == "round_start" and rnd is not None:
+                state.current_round, state.last_stage = rnd, None
+                self.kills.round_started(rnd, float(ev.get("time", time.time())))
+            elif kind == "stage_end":
+                state.last_stage = str(ev.get("stage"))
+                for nid in ev.get("dropped") or []:
+                    if rnd is not None and (node := as_int(nid)) is not None:
+                        state.stage_drops.append((rnd, state.last_stage, node))
+        state.metrics.extend(self.metrics.read_new())
+
+
+def _follow(
+    deployment: LocalDeployment,
+    flwr_run: ManagedProcess,
+    files: _RunFiles,
+    notify: Callable[[], None],
+    timeout: float,
+) -> str | None:
+    """Follow ``flwr run`` until it exits (None) or why following stopped early."""
+    state, deadline, last_snapshot = files.state, time.monotonic() + timeout, 0.0
+    while True:
+        rc = flwr_run.popen.poll()
+        if state.run_id is None and (m := RUN_ID_RE.search(flwr_run.log_text())):
+            state.run_id = int(m.group(1))
+            logger.info("run %d submitted", state.run_id)
+        files.poll()
+        for spec in files.kills.due(time.time()):
+            if spec.partition in deployment.supernodes:
+                state.killed.append(deployment.kill_supernode(spec.partition, spec.round))
+        if time.monotonic() - last_snapshot > 1.0:
+            deployment.registry.snapshot()
+            last_snapshot = time.monotonic()
+        notify()
+        if rc is not None:
+            return None
+        if (failure := deployment.infrastructure_failure()) is not None:
+            return failure
+        if time.monotonic() > deadline:
+            return f"timed out after {timeout:.0f} s"
+        time.sleep(0.25)
+
+
+def _verdict(
+    reason: str | None, flwr_run: ManagedProcess, run_id: int | None, status: str | None
+) -> tuple[str, bool]:
+    """``(reason, ok)`` of a followed run."""
+    if reason is not None:
+        return reason, False
+    rc = flwr_run.popen.returncode
+    if rc != 0:
+        return f"`flwr run` exited with code {rc}:\n{flwr_run.log_tail()}", False
+    if run_id is None:
+        return f"`flwr run` did not start a run:\n{flwr_run.log_tail()}", False
+    if status != COMPLETED_STATUS:
+        return f"run {run_id} ended with status {status}", False
+    return "completed", True
+
+
 def _submit_and_follow(
     deployment: LocalDeployment,
     options: LocalRunOptions,
@@ -412,106 +501,33 @@ def _submit_and_follow(
 ) -> tuple[str, bool, str | None]:
     """Submit ``flwr run`` and follow it until it ends; return ``(reason, ok, status)``."""
     out_dir = run_config_path.parent
-    cmd = [
-        flower_executable("flwr"),
-        "run",
-        str(Path(options.app_dir).resolve()),
-        CONNECTION_NAME,
-        "--stream",
-        "--run-config",
-        str(run_config_path),
-    ]
-    if simulation:
-        fed = {"num-supernodes": options.num_clients, **options.federation_config}
-        cmd += ["--federation-config", format_config_args(fed)]
+    federation = (
+        {"num-supernodes": options.num_clients, **options.federation_config} if simulation else None
+    )
+    cmd = deployment.cli.run_argv(options.app_dir, run_config_path, federation)
     flwr_run = deployment.registry.start("flwr-run", cmd, out_dir / "logs" / "flwr-run.log")
-    deadline = time.monotonic() + options.timeout
     state.phase = "running"
-    events = JsonlTail(out_dir / "events.jsonl")
-    metrics = JsonlTail(out_dir / "metrics.jsonl")
-    pending: dict[KillSpec, float | None] = dict.fromkeys(options.kills)
-    last_snapshot = 0.0
-    reason: str | None = None
-
-    def poll_files() -> None:
-        for ev in events.read_new():
-            state.events.append(ev)
-            kind = ev.get("event")
-            rnd = as_int(ev.get("round"))
-            if kind == "round_start" and rnd is not None:
-                state.current_round = rnd
-                state.last_stage = None
-                start = float(ev.get("time", time.time()))
-                for spec in pending:
-                    if spec.round == rnd and pending[spec] is None:
-                        pending[spec] = start + options.kill_delay
-            elif kind == "stage_end":
-                state.last_stage = str(ev.get("stage"))
-                for nid in ev.get("dropped") or []:
-                    if rnd is not None and (node := as_int(nid)) is not None:
-                        state.stage_drops.append((rnd, state.last_stage, node))
-        state.metrics.extend(metrics.read_new())
-
-    while True:
-        rc = flwr_run.popen.poll()
-        if state.run_id is None and (m := RUN_ID_RE.search(flwr_run.log_text())):
-            state.run_id = int(m.group(1))
-            logger.info("run %d submitted", state.run_id)
-        poll_files()
-        now = time.time()
-        for spec, due in list(pending.items()):
-            if due is not None and now >= due:
-                del pending[spec]
-                if spec.partition in deployment.supernodes:
-                    state.killed.append(deployment.kill_supernode(spec.partition, spec.round))
-        if time.monotonic() - last_snapshot > 1.0:
-            deployment.registry.snapshot()
-            last_snapshot = time.monotonic()
-        notify()
-        if rc is not None:
-            break
-        if (failure := deployment.infrastructure_failure()) is not None:
-            reason = failure
-            break
-        if time.monotonic() > deadline:
-            reason = f"timed out after {options.timeout:.0f} s"
-            break
-        time.sleep(0.25)
-
+    files = _RunFiles(out_dir, state, _KillSchedule(options.kills, options.kill_delay))
+    reason = _follow(deployment, flwr_run, files, notify, options.timeout)
     if reason is not None:  # timeout or dead SuperLink: stop the run, then `flwr run`
         superlink = deployment.superlink
         if state.run_id is not None and superlink is not None and superlink.running():
             deployment.cli.stop(state.run_id)
         deployment.registry.stop(flwr_run, grace=5.0)
     time.sleep(0.2)
-    poll_files()
-    if pending:
+    files.poll()
+    if files.kills.pending:
         logger.warning(
             "scheduled kills never happened: %s",
-            ", ".join(f"{k.partition}@{k.round}" for k in pending),
+            ", ".join(f"{k.partition}@{k.round}" for k in files.kills.pending),
         )
     status: str | None = None
     if state.run_id is not None and deployment.infrastructure_failure() is None:
-        status_deadline = time.monotonic() + 20.0
-        while True:  # the final status can lag the end of the log stream a little
-            status, details = deployment.cli.run_status(state.run_id)
-            if (status is not None and status.startswith("finished")) or (
-                time.monotonic() > status_deadline
-            ):
-                break
-            time.sleep(0.5)
+        status, details = deployment.cli.final_status(state.run_id)
         if status is not None and status != COMPLETED_STATUS:
             logger.warning("run %s ended with status %s (%s)", state.run_id, status, details)
-    if reason is not None:
-        return reason, False, status
-    rc = flwr_run.popen.returncode
-    if rc != 0:
-        return f"`flwr run` exited with code {rc}:\n{flwr_run.log_tail()}", False, status
-    if state.run_id is None:
-        return f"`flwr run` did not start a run:\n{flwr_run.log_tail()}", False, status
-    if status != COMPLETED_STATUS:
-        return f"run {state.run_id} ended with status {status}", False, status
-    return "completed", True, status
+    reason, ok = _verdict(reason, flwr_run, state.run_id, status)
+    return reason, ok, status
 
 
 def _stop_stray_simulation_superlinks(flwr_home: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from deploy.flower import flower_executable
+from deploy.flower import flower_executable, superlink_argv
 from deploy.processes import ProcessRegistry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,23 +96,7 @@ def test_unregistered_nodes_are_refused_with_tls_and_node_auth(
     link = certs / "superlink"
     superlink = process_registry.start(
         "superlink",
-        [
-            flower_executable("flower-superlink"),
-            "--disable-runtime-dependency-installation",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(link_port),
-            "--database",
-            str(tmp_path / "state.db"),
-            "--ssl-ca-certfile",
-            str(link / "ca.crt"),
-            "--ssl-certfile",
-            str(link / "server.pem"),
-            "--ssl-keyfile",
-            str(link / "server.key"),
-            "--enable-supernode-auth",
-        ],
+        superlink_argv("127.0.0.1", link_port, certs=link, database=tmp_path / "state.db"),
         logs / "superlink.log",
     )
     _wait(
