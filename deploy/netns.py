@@ -666,7 +666,7 @@ class FlowerHosts:
     ready_timeout : float
         Seconds for the SuperLink to answer ``/health`` and for all SuperNodes to be online;
         also the limit of one ``flwr`` CLI call (a process start-up and a request). Derive it
-        from the machine's measured start-up time (``tests/conftest.py``), not a fixed number.
+        from the machine's measured start-up time (``tests/waits.py``), not a fixed number.
     node_config : Mapping[str, Any]
         Extra node config for every SuperNode.
     """

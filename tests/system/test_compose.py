@@ -612,7 +612,7 @@ def test_tls_command_lines_run_on_loopback(
     )
     exec_poll = 0.2
     monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", str(exec_poll))  # executors: 5x per s
-    # Waits from the start-up of a Flower process measured just now (tests/conftest.py):
+    # Waits from the start-up of a Flower process measured just now (tests/waits.py):
     # - healthy: the four processes (SuperLink, ServerApp executor, SuperNode, ClientApp
     #   executor) start within startup_timeout(4);
     # - the ping: the SuperNode pulls within its 3 s poll, the executor starts the ClientApp

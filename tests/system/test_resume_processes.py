@@ -83,7 +83,7 @@ def test_server_side_sigkill_and_resume_on_real_processes(
         "min-clients": E2E_CLIENTS,
         "poll-interval": E2E_POLL,
     }
-    # Waits from a probe of one ClientApp update on this machine, now (tests/conftest.py): all
+    # Waits from a probe of one ClientApp update on this machine, now (tests/waits.py): all
     # E2E_CLIENTS ClientApps of a stage may run at once; start-up is a SuperLink and the
     # SuperNodes; a run (the first up to its round-1 checkpoint, or the resumed one) takes at
     # most its stages at their timeouts plus the ServerApp's own work.
