@@ -97,11 +97,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     asked for by name (:func:`load_requested`), and ``e2e`` tests (real Flower processes) where
     Flower's executables are missing."""
     tests_dir = Path(__file__).resolve().parent
+    rank: dict[str, int] = {}
     for item in items:
         with contextlib.suppress(ValueError):
             parts = item.path.resolve().relative_to(tests_dir).parts
             if len(parts) > 1 and parts[0] in LAYERS:
                 item.add_marker(getattr(pytest.mark, parts[0]))
+                rank[item.nodeid] = 0 if parts[0] == "system" else 1
+    # The real-process tests first, the end-to-end ones before the rest: they are few and long
+    # and mostly wait, so under pytest-xdist they start at once on every worker and the many
+    # short tests fill the gaps, instead of a long test starting last and ending the run alone.
+    items.sort(key=lambda it: (rank.get(it.nodeid, 1), "e2e" not in it.keywords))
     skip_load = pytest.mark.skip(
         reason=f"{LOAD_MARKER} test: run with -m {LOAD_MARKER}, --run-load or by naming its file"
     )
