@@ -42,8 +42,9 @@ from typing import Any, Final
 from rich.console import Console
 from rich.table import Table
 
-from corbin_fl.cli import repo_root, total_bytes
-from corbin_fl.launcher import LocalRunOptions, RunResult, run_local
+from deploy.cli import repo_root, total_bytes
+from deploy.follow import RunResult
+from deploy.run import LocalRunOptions, run_local
 
 logger = logging.getLogger("bench_deployment")
 
@@ -107,7 +108,7 @@ def figures_from(result: RunResult, model: str, config: str) -> Figures:
     Parameters
     ----------
     result : RunResult
-        A finished :func:`corbin_fl.launcher.run_local` run.
+        A finished :func:`deploy.run.run_local` run.
     model, config : str
         Labels of the run.
     """
@@ -305,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if bad or args.rounds < 2 or args.clients < 2 or args.max_steps < 0:
         parser.error(f"bad arguments: {bad or 'rounds >= 2, clients >= 2, max-steps >= 0'}")
-    from corbin_fl.launcher import parse_config_string
+    from deploy.flower import parse_config_string
 
     extra = parse_config_string(args.run_config)
     console = Console()

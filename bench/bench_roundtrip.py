@@ -44,8 +44,9 @@ from typing import Any, Final
 from rich.console import Console
 from rich.table import Table
 
-from corbin_fl.cli import repo_root
-from corbin_fl.launcher import TASK_POLL_ENV, LocalRunOptions, run_local
+from deploy.cli import repo_root
+from deploy.processes import TASK_POLL_ENV
+from deploy.run import LocalRunOptions, run_local
 
 logger = logging.getLogger("bench_roundtrip")
 

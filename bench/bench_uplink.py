@@ -64,12 +64,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from corbin_fl.cli import total_bytes
-
-REPO: Final[Path] = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from netns import (  # noqa: E402  (the harness lives with the tests)
+from deploy.cli import total_bytes
+from deploy.netns import (
     FlowerHosts,
     RunOutcome,
     Topology,
@@ -77,6 +73,8 @@ from netns import (  # noqa: E402  (the harness lives with the tests)
     netns_unavailable_reason,
     sweep_stale,
 )
+
+REPO: Final[Path] = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("bench_uplink")
 

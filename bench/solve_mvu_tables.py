@@ -1,7 +1,7 @@
 """Solve the I-MVU designs of the experiments' eps grid and store them with the package.
 
-``mechanisms/baselines/mvu_tables/`` holds one JSON file per ``(eps, bits, inputs)`` with its
-inputs; :func:`mechanisms.baselines.imvu.mvu_table` reads it (after checking it is stochastic,
+``corbin_fl/mvu_tables/`` holds one JSON file per ``(eps, bits, inputs)`` with its
+inputs; :func:`corbin_fl.mvu_store.mvu_table` reads it (after checking it is stochastic,
 unbiased and exactly eps-LDP) instead of solving on every machine. Run from the repository
 root::
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechanisms.baselines.imvu import IMVU_BITS, SHIPPED, solve_mvu, write_table
+from corbin_fl.mvu_store import SHIPPED, write_table
+from mechanisms.baselines.imvu import IMVU_BITS, solve_mvu
 
 
 def main(argv: list[str] | None = None) -> int:

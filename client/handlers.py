@@ -405,7 +405,7 @@ def finish_update(
         {
             wire.REPLY: ConfigRecord(reply_cfg),
             wire.UPDATE_REC: ArrayRecord({result.array_key: wire.to_array(result.array)}),
-            wire.METRICS: MetricRecord(result.metrics),
+            wire.METRICS: MetricRecord({**result.metrics}),
         }
     )
     for name, rec in app_reply.items():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, overload
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -35,6 +35,10 @@ ARRAYS: str = "arrays"
 """Record of the model in the train instruction and reply (Flower's ``FedAvg`` default)."""
 
 
+@overload
+def partition(context: Context, *, required: Literal[True] = ...) -> tuple[int, int]: ...
+@overload
+def partition(context: Context, *, required: bool) -> tuple[int, int] | None: ...
 def partition(context: Context, *, required: bool = True) -> tuple[int, int] | None:
     """``(partition-id, num-partitions)`` from the node config (None if absent and not required)."""
     pid, num = context.node_config.get("partition-id"), context.node_config.get("num-partitions")
@@ -161,12 +165,13 @@ def train(msg: Message, context: Context) -> Message:
     state = msg.content.array_records[ARRAYS].to_torch_state_dict()
     model.load_state_dict(state, strict=True)
     model.to(task.device)
-    rnd = (
-        int(msg.content.config_records["config"].get("server-round", 0))
-        if ("config" in msg.content.config_records)
-        else 0
-    )
-    pid, num = partition(context)  # type: ignore[misc]
+    rnd = 0
+    if "config" in msg.content.config_records:
+        value = msg.content.config_records["config"].get("server-round", 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"server-round must be an int, got {type(value).__name__}")
+        rnd = value
+    pid, num = partition(context)
     data = local_dataset(cfg, context, pid, num)
     trained = train_local(
         model,

@@ -16,7 +16,8 @@ import difflib
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 from corbin_fl import registry
@@ -131,6 +132,14 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
             return value
         raise TypeError(f"expected a string, got {type(value).__name__} {value!r:.80}")
     raise AssertionError(f"unsupported field type {kind!r}")  # pragma: no cover
+
+
+EXECUTION: Mapping[str, str] = MappingProxyType({"role": "execution"})
+"""Field metadata of a key that cannot change a run's result (:meth:`RunConfig.execution_keys`):
+the sweeps ignore it when they address a run, a resumed run may change it."""
+RESUMABLE: Mapping[str, str] = MappingProxyType({"role": "resumable"})
+"""Field metadata of a key that changes the result but that a resumed run may change (the run
+length; :meth:`RunConfig.resumable_keys`)."""
 
 
 @dataclass(frozen=True)
@@ -266,7 +275,7 @@ class RunConfig:
     """
 
     mechanism: str = "corbin"
-    num_rounds: int = 3
+    num_rounds: int = field(default=3, metadata=RESUMABLE)
     epsilon: float = 1.0
     delta: float = 1e-5
     d: int = 5
@@ -280,7 +289,7 @@ class RunConfig:
     range_mode: str = "update"
     update_radius: float = 0.0
     dataset: str = "mnist"
-    data_dir: str = ""
+    data_dir: str = field(default="", metadata=EXECUTION)
     use_official_test: bool = False
     data_seed: int = 0
     partitioner: str = "iid"
@@ -293,17 +302,17 @@ class RunConfig:
     weight_decay: float = 3e-3
     max_steps: int = 0
     seed: int = 0
-    min_clients: int = 2
+    min_clients: int = field(default=2, metadata=RESUMABLE)
     clients_per_round: int = 0
-    stage_timeout: float = 120.0
-    first_stage_timeout: float = 300.0
-    poll_interval: float = 0.2
-    max_inflight: int = 0
-    wait_for_nodes: float = 120.0
-    out_dir: str = ""
-    resume: bool = False
+    stage_timeout: float = field(default=120.0, metadata=EXECUTION)
+    first_stage_timeout: float = field(default=300.0, metadata=EXECUTION)
+    poll_interval: float = field(default=0.2, metadata=EXECUTION)
+    max_inflight: int = field(default=0, metadata=EXECUTION)
+    wait_for_nodes: float = field(default=120.0, metadata=EXECUTION)
+    out_dir: str = field(default="", metadata=EXECUTION)
+    resume: bool = field(default=False, metadata=EXECUTION)
     checkpoint_patience: int = 0
-    test_z_digest: bool = False
+    test_z_digest: bool = field(default=False, metadata=EXECUTION)
     ternary_sparsity: float = 0.5
     ternary_encoding: str = "bits"
     pbm_trials: int = 1
@@ -317,10 +326,28 @@ class RunConfig:
     fedcad_diff_init: float = 0.5
     fedcad_diff_floor: float = 1e-3
     dropout_prob: float = 0.0
-    device: str = "auto"
-    eval_batch_size: int = 512
+    device: str = field(default="auto", metadata=EXECUTION)
+    eval_batch_size: int = field(default=512, metadata=EXECUTION)
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def execution_keys(cls) -> frozenset[str]:
+        """Keys that cannot change a run's result: where files and data live, timeouts and
+        polling, the server's device and batch size, test instrumentation (fields marked
+        :data:`EXECUTION`). Two runs that differ only in them are the same run."""
+        return frozenset(
+            _kebab(f.name) for f in dataclasses.fields(cls) if f.metadata.get("role") == "execution"
+        )
+
+    @classmethod
+    def resumable_keys(cls) -> frozenset[str]:
+        """Keys a resumed run may change: :meth:`execution_keys` plus the run length and the
+        smallest cohort (fields marked :data:`RESUMABLE`)."""
+        marked = {
+            _kebab(f.name) for f in dataclasses.fields(cls) if f.metadata.get("role") == "resumable"
+        }
+        return cls.execution_keys() | marked
+
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """Every valid Flower key (kebab-case), in field order."""

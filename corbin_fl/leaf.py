@@ -17,7 +17,7 @@ Flower Labs, or from a local copy of those files (``data-dir``):
 Offline use: copy the hub repository once (``huggingface-cli download flwrlabs/femnist
 --repo-type dataset --local-dir data/femnist``) and set ``data-dir`` to that folder; with
 ``data-dir`` empty the hub is asked (network, cached in Hugging Face's cache). Tests write tiny
-files of the same format (``tests/test_leaf.py``).
+files of the same format (``tests/unit/test_leaf.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+
+from corbin_fl.readers import hf_to_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -140,8 +142,6 @@ def load_leaf(name: str, data_dir: str | Path | None) -> LeafArrays:
         raise ValueError(f"data-dir {str(folder)!r} for {name} is not a directory")
     ds = _load_split(name, folder)
     if name == "femnist":
-        from corbin_fl.data import hf_to_arrays
-
         images, labels, k = hf_to_arrays(ds, image_column="image", label_column="character")
         if images.shape[1:] != (1, 28, 28):
             raise ValueError(f"femnist images must be 28 x 28 grey, got {images.shape[1:]}")

@@ -4,8 +4,8 @@ Config validation (:data:`corbin_fl.config.MECHANISMS`), the wire checks (update
 the instruction's keys), the client's policy defaults, the client encoder, the server aggregator
 and the privacy ledger's event all come from the :class:`Mechanism` registered under a name. A
 new mechanism is one module (its math in ``mechanisms/``, its encoder and aggregator) plus one
-:func:`register` call here; ``tests/test_protocol_logic.py`` walks every registered mechanism
-through the mod and the strategy.
+:func:`register` call here; ``tests/protocol/test_protocol_logic.py`` walks every registered
+mechanism through the mod and the strategy.
 
 Encoders and aggregators are named by ``"module:attribute"`` and imported on first use, so this
 module (imported by ``corbin_fl.config``) stays free of torch.
@@ -82,9 +82,10 @@ def finite_mechanism(cfg: RunConfig) -> FiniteMechanism:
             q = rqm_optimal_q(cfg.epsilon)
         return RQM(cfg.epsilon, cfg.rqm_levels, q)
     if cfg.mechanism == "imvu":
+        from corbin_fl.mvu_store import mvu_table
         from mechanisms.baselines.imvu import IMVU
 
-        return IMVU(cfg.epsilon, cfg.imvu_bits)
+        return IMVU(cfg.epsilon, cfg.imvu_bits, mvu_table(cfg.epsilon, cfg.imvu_bits))
     raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
 
 

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 PROTOCOL_VERSION: Final[str] = "corbin-fl/v1"
 """Bound into every HKDF ``info`` and AEAD AAD. Must equal
 :data:`mechanisms.randomness.PROTOCOL_VERSION` (kept as a literal here so the torch-free key
-handlers do not import torch through :mod:`mechanisms`; ``tests/test_wire.py`` checks both)."""
+handlers do not import torch through :mod:`mechanisms`; ``tests/unit/test_wire.py`` checks both)."""
 
 KEY_BYTES: Final[int] = 32
 """Length of an X25519 private or public key, and of a pair key (AES-256)."""

@@ -69,6 +69,7 @@ from mechanisms.theory import (
     theorem3_epsilon_u,
     theorem3_mse_bound,
 )
+from mechanisms.validate import integer, positive, probability, real
 
 logger = logging.getLogger(__name__)
 
@@ -128,40 +129,6 @@ _WINDOW_Z = 30.0
 # ============================================================================ validation
 
 
-def _check_pos_float(x: object, name: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float | np.floating | np.integer):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    v = float(x)
-    if not (math.isfinite(v) and v > 0.0):
-        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
-    return v
-
-
-def _check_real(x: object, name: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float | np.floating | np.integer):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    v = float(x)
-    if math.isnan(v):
-        raise ValueError(f"{name} must not be NaN")
-    return v
-
-
-def _check_delta(x: object, name: str = "delta") -> float:
-    v = _check_real(x, name)
-    if not 0.0 < v < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {x!r}")
-    return v
-
-
-def _check_count(x: object, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    v = int(x)
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
-    return v
-
-
 def _canonical_mechanism(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"mechanism must be a str, got {type(name).__name__}")
@@ -191,7 +158,7 @@ def eps_parameter(eps_p: float) -> float:
     float
         ``eps_p``.
     """
-    return _check_pos_float(eps_p, "eps_p")
+    return positive(eps_p, "eps_p")
 
 
 def _softplus(x: float) -> float:
@@ -287,9 +254,9 @@ def rr_delta(eps_p: float, k: int, eps: float) -> float:
     float
         ``delta`` in ``[0, 1]``.
     """
-    eps_p = _check_pos_float(eps_p, "eps_p")
-    k = _check_count(k, "k")
-    eps = _check_real(eps, "eps")
+    eps_p = positive(eps_p, "eps_p")
+    k = integer(k, "k", 1)
+    eps = real(eps, "eps", finite=False)
     if eps >= k * eps_p:
         return 0.0
     lat = _rr_lattice(eps_p, k)
@@ -327,9 +294,9 @@ def rr_epsilon(eps_p: float, k: int, delta: float) -> float:
     float
         ``eps`` (never above the basic-composition bound ``k eps_p``).
     """
-    eps_p = _check_pos_float(eps_p, "eps_p")
-    k = _check_count(k, "k")
-    delta = _check_delta(delta)
+    eps_p = positive(eps_p, "eps_p")
+    k = integer(k, "k", 1)
+    delta = probability(delta, "delta")
     if rr_delta(eps_p, k, 0.0) <= delta:
         return 0.0
     lo, hi = 0.0, k * eps_p
@@ -388,7 +355,7 @@ class PairJointPLD:
 
     def delta(self, eps: float) -> float:
         """``delta(eps)`` of one parameter: ``inf_mass + sum P (1 - e^{eps - L})_+``."""
-        e = _check_real(eps, "eps")
+        e = real(eps, "eps", finite=False)
         mask = self.losses > e
         tail = float(np.sum(self.probs[mask] * -np.expm1(e - self.losses[mask])))
         return min(1.0, self.inf_mass + tail)
@@ -564,12 +531,12 @@ def pair_joint_pld(eps_p: float, d: int, p_x: float = 0.5) -> PairJointPLD:
     PairJointPLD
         Finite losses, their probabilities, the ``+infinity`` mass and a realisable lower bound.
     """
-    eps_p = _check_pos_float(eps_p, "eps_p")
+    eps_p = positive(eps_p, "eps_p")
     if isinstance(d, bool) or not isinstance(d, int | np.integer):
         raise TypeError(f"d must be an int, got {type(d).__name__}")
     if not 1 <= int(d) <= MAX_PAIR_D:
         raise ValueError(f"d must be in 1..{MAX_PAIR_D} for the pair-joint view, got {d}")
-    px = _check_real(p_x, "p_x")
+    px = real(p_x, "p_x", finite=False)
     if not 0.0 < px < 1.0:
         raise ValueError(f"p_x must be in (0, 1), got {p_x!r}")
     return _pair_joint_pld_cached(eps_p, int(d), px)
@@ -693,8 +660,8 @@ def pair_joint_delta(
     float
         ``delta`` in ``[0, 1]``; never below ``1 - (1 - p_inf)^k``.
     """
-    k = _check_count(k, "k")
-    eps = _check_real(eps, "eps")
+    k = integer(k, "k", 1)
+    eps = real(eps, "eps", finite=False)
     pld = pair_joint_pld(eps_p, d, p_x)
     floor = 1.0 - math.exp(k * math.log1p(-pld.inf_mass)) if pld.inf_mass < 1.0 else 1.0
     if method == "auto":
@@ -751,8 +718,8 @@ def pair_joint_epsilon(
     float
         ``eps`` or ``math.inf``.
     """
-    k = _check_count(k, "k")
-    delta = _check_delta(delta)
+    k = integer(k, "k", 1)
+    delta = probability(delta, "delta")
     pld = pair_joint_pld(eps_p, d, p_x)
     floor = 1.0 - math.exp(k * math.log1p(-pld.inf_mass)) if pld.inf_mass < 1.0 else 1.0
     if floor >= delta:
@@ -828,18 +795,18 @@ class PrivacyEvent:
         if isinstance(self.round, bool) or not isinstance(self.round, int) or self.round < 0:
             raise ValueError(f"round must be an int >= 0, got {self.round!r}")
         object.__setattr__(self, "node", str(self.node))
-        _check_count(self.m, "m")
+        integer(self.m, "m", 1)
         if self.mechanism in _NO_DP | _CENTRAL:  # no local DP on what a client releases
             if self.eps_p is not None:
                 raise ValueError(f"{self.mechanism} has no local DP guarantee; eps_p must be None")
         else:
             if self.eps_p is None:
                 raise ValueError(f"{self.mechanism} needs eps_p")
-            object.__setattr__(self, "eps_p", _check_pos_float(self.eps_p, "eps_p"))
+            object.__setattr__(self, "eps_p", positive(self.eps_p, "eps_p"))
         if self.mechanism in ("gaussian", "fedcad"):
             if self.delta is None:
                 raise ValueError(f"{self.mechanism} needs the mechanism's delta")
-            object.__setattr__(self, "delta", _check_delta(self.delta))
+            object.__setattr__(self, "delta", probability(self.delta, "delta"))
         if not isinstance(self.paired, bool):
             raise TypeError("paired must be a bool")
         if self.paired:
@@ -986,7 +953,7 @@ class Accountant:
         parameters of the same
         client are added by basic composition.
         """
-        delta = _check_delta(delta)
+        delta = probability(delta, "delta")
         key = str(node)
         events = [e for e in self.ledger if e.node == key]
         if not events:
@@ -1548,11 +1515,11 @@ def privacy_report(
         hence ``delta >= 1 - (1 - p_inf)^k`` for every ``eps``: no DP.
     """
     mech = _canonical_mechanism(mechanism)
-    delta = _check_delta(delta)
-    m = _check_count(m, "m")
-    rounds = _check_count(rounds, "rounds")
+    delta = probability(delta, "delta")
+    m = integer(m, "m", 1)
+    rounds = integer(rounds, "rounds", 1)
     if gamma is not None:
-        gamma = _check_real(gamma, "gamma")
+        gamma = real(gamma, "gamma", finite=False)
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
     report: dict[str, Any] = {
@@ -1568,14 +1535,14 @@ def privacy_report(
         )
         return report
     if mech in _CENTRAL:
-        target = _check_pos_float(eps_p, "eps_p")
-        planned = rounds if planned_rounds is None else _check_count(planned_rounds, "rounds")
+        target = positive(eps_p, "eps_p")
+        planned = rounds if planned_rounds is None else integer(planned_rounds, "rounds", 1)
         report["delta"] = delta
         report["threat_models"], report["notes"] = _central_threat_models(
             target, delta, rounds, planned
         )
         return report
-    ep = _check_pos_float(eps_p, "eps_p")
+    ep = positive(eps_p, "eps_p")
     report["eps_p"] = ep
     report["delta"] = delta
     k_all = m * rounds
@@ -1587,7 +1554,7 @@ def privacy_report(
             "all_rounds": _rr_block(ep, k_all, delta),
         }
     elif mech == "gaussian":
-        dp = delta if delta_p is None else _check_delta(delta_p, "delta_p")
+        dp = delta if delta_p is None else probability(delta_p, "delta_p")
         mu1 = 1.0 / analytic_gaussian_sigma(ep, dp, 1.0)
         view_a = {
             "per_parameter": {"eps": ep, "delta": dp, "mu": mu1},
@@ -1603,7 +1570,7 @@ def privacy_report(
             },
         }
     else:  # fedcad
-        dp = delta if fedcad_delta is None else _check_delta(fedcad_delta, "fedcad_delta")
+        dp = delta if fedcad_delta is None else probability(fedcad_delta, "fedcad_delta")
         mu1 = 1.0 / analytic_gaussian_sigma(ep, dp, 1.0)
         view_a = {
             "per_update": {"k": 1, "eps": ep, "delta": dp, "mu": mu1},
@@ -1689,8 +1656,8 @@ def read_privacy_report(report: Mapping[str, Any]) -> dict[str, Any]:
     if "threat_models" in out or "error" in out:
         return out
     mech = _canonical_mechanism(out.get("mechanism"))
-    m = _check_count(out.get("m"), "m")
-    rounds = _check_count(out.get("rounds"), "rounds")
+    m = integer(out.get("m"), "m", 1)
+    rounds = integer(out.get("rounds"), "rounds", 1)
     view_a = out.pop("threat_model_a", None)
     pair = out.pop("threat_model_b", None)
     ucdp = out.pop("ucdp_theorem3", None)

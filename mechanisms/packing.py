@@ -24,8 +24,8 @@ from typing import Final
 import numpy as np
 import torch
 
-from mechanisms.quantizers import _check_eps
 from mechanisms.quantizers import alpha as _alpha
+from mechanisms.validate import integer, positive
 
 __all__ = [
     "BitCounter",
@@ -45,18 +45,9 @@ _MAX_M: Final[int] = 1 << 34
 _MAX_UPDATES: Final[int] = (1 << 31) - 1
 
 
-def _check_m(m: object) -> int:
-    if isinstance(m, bool) or not isinstance(m, Integral):
-        raise TypeError(f"m must be an int, got {type(m).__name__}")
-    value = int(m)
-    if not 0 <= value <= _MAX_M:
-        raise ValueError(f"m must be in [0, 2^34], got {value}")
-    return value
-
-
 def packed_len(m: int) -> int:
     """Bytes of a packed one-bit update of ``m`` parameters: ``ceil(m / 8)``."""
-    return (_check_m(m) + 7) // 8
+    return (integer(m, "m", 0, _MAX_M) + 7) // 8
 
 
 def _pad_mask(m: int) -> int:
@@ -144,7 +135,7 @@ def unpack_bits(
     torch.Tensor
         ``torch.bool`` of shape ``(m,)``.
     """
-    m_v = _check_m(m)
+    m_v = integer(m, "m", 0, _MAX_M)
     arr = _as_packed_array(packed, m_v)
     bits = np.unpackbits(arr, count=m_v)
     out = torch.from_numpy(bits).view(torch.bool)
@@ -163,7 +154,7 @@ def _check_bits(bits: object) -> int:
 
 def symbols_len(m: int, bits: int) -> int:
     """Bytes of ``m`` symbols of ``bits`` bits: ``ceil(m b / 8)``."""
-    return (_check_m(m) * _check_bits(bits) + 7) // 8
+    return (integer(m, "m", 0, _MAX_M) * _check_bits(bits) + 7) // 8
 
 
 def pack_symbols(symbols: torch.Tensor | np.ndarray, bits: int) -> np.ndarray:
@@ -198,7 +189,7 @@ def unpack_symbols(packed: np.ndarray | bytes, m: int, bits: int) -> np.ndarray:
     ValueError
         Not ``uint8[ceil(m b / 8)]``, or non-zero padding bits.
     """
-    b, m_v = _check_bits(bits), _check_m(m)
+    b, m_v = _check_bits(bits), integer(m, "m", 0, _MAX_M)
     arr = np.frombuffer(packed, dtype=np.uint8) if isinstance(packed, bytes) else packed
     if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 1:
         raise ValueError("packed symbols must be a 1-D uint8 array")
@@ -247,7 +238,7 @@ class BitCounter:
     """
 
     def __init__(self, m: int) -> None:
-        self._m = _check_m(m)
+        self._m = integer(m, "m", 0, _MAX_M)
         self._nbytes = (self._m + 7) // 8
         self._nwords = (self._nbytes + 7) // 8
         self._acc: list[np.ndarray] = []
@@ -394,7 +385,7 @@ def mean_from_counts(
     if isinstance(n, bool) or not isinstance(n, Integral) or int(n) < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     n_v = int(n)
-    a = _alpha(_check_eps(eps))
+    a = _alpha(positive(eps))
     if isinstance(counts, np.ndarray):
         if not np.issubdtype(counts.dtype, np.integer):
             raise TypeError(f"counts must have an integer dtype, got {counts.dtype}")
@@ -509,7 +500,7 @@ class SumAccumulator:
         device: torch.device | str | None = None,
     ) -> None:
         if isinstance(shape, Integral) and not isinstance(shape, bool):
-            shape_t: tuple[int, ...] = (_check_m(shape),)
+            shape_t: tuple[int, ...] = (integer(shape, "m", 0, _MAX_M),)
         elif isinstance(shape, tuple) and all(
             isinstance(s, Integral) and not isinstance(s, bool) and s >= 0 for s in shape
         ):

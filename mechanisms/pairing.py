@@ -21,6 +21,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from mechanisms.validate import generator, integer
+
 __all__ = ["augcorbin_split", "is_lead", "lead_node", "random_pairing"]
 
 
@@ -35,18 +37,6 @@ def _check_ids(node_ids: object) -> list[int]:
     if len(set(ids)) != len(ids):
         raise ValueError("node ids must be distinct")
     return sorted(ids)
-
-
-def _check_rng(rng: object) -> np.random.Generator:
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    return rng
-
-
-def _check_id(name: str, v: object) -> int:
-    if isinstance(v, bool | np.bool_) or not isinstance(v, Integral):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    return int(v)
 
 
 def _check_bit(name: str, v: object) -> int:
@@ -81,7 +71,7 @@ def random_pairing(
         The node left out (one element for odd ``n``, empty otherwise).
     """
     ids = _check_ids(node_ids)
-    gen = _check_rng(rng)
+    gen = generator(rng)
     perm = [ids[i] for i in gen.permutation(len(ids))]
     pairs = [(perm[i], perm[i + 1]) for i in range(0, len(perm) - 1, 2)]
     unpaired = perm[len(pairs) * 2 :]
@@ -107,8 +97,8 @@ def lead_node(node_a: int, node_b: int, y_a: int, y_b: int) -> int:
     int
         The id of the lead.
     """
-    a = _check_id("node_a", node_a)
-    b = _check_id("node_b", node_b)
+    a = integer(node_a, "node_a")
+    b = integer(node_b, "node_b")
     if a == b:
         raise ValueError(f"a node cannot pair with itself (node {a})")
     ya = _check_bit("y_a", y_a)
@@ -150,7 +140,7 @@ def augcorbin_split(
         The other ``n - k`` nodes, sorted.
     """
     ids = _check_ids(node_ids)
-    gen = _check_rng(rng)
+    gen = generator(rng)
     if isinstance(gamma, bool) or not isinstance(gamma, Real):
         raise TypeError(f"gamma must be a real number, got {type(gamma).__name__}")
     g = float(gamma)

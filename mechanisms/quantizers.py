@@ -41,13 +41,20 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Literal
 
 import numpy as np
 import torch
+
+from mechanisms.validate import (
+    integer,
+    interval,
+    one_device,
+    operand,
+    positive,
+    torch_generator,
+)
 
 __all__ = [
     "MAX_SHARED_BITS",
@@ -79,90 +86,6 @@ _NAN_MESSAGE = "w contains NaN; cannot quantize a non-finite weight"
 
 
 # --------------------------------------------------------------------------------- validation
-def _check_eps(eps: object) -> float:
-    """Return ``eps`` as a finite positive float or raise."""
-    if isinstance(eps, torch.Tensor):
-        if eps.numel() != 1:
-            raise ValueError(f"eps must be a scalar, got a tensor of shape {tuple(eps.shape)}")
-        eps = eps.item()
-    if isinstance(eps, bool) or not isinstance(eps, Real):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    value = float(eps)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"eps must be finite and > 0, got {value!r}")
-    return value
-
-
-def _check_d(d: object) -> int:
-    if isinstance(d, bool) or not isinstance(d, Integral):
-        raise TypeError(f"d must be an integer, got {type(d).__name__}")
-    value = int(d)
-    if not 1 <= value <= MAX_SHARED_BITS:
-        raise ValueError(f"d must be in 1..{MAX_SHARED_BITS}, got {value}")
-    return value
-
-
-def _check_px(p_x: object) -> float:
-    if isinstance(p_x, bool) or not isinstance(p_x, Real):
-        raise TypeError(f"p_x must be a real number, got {type(p_x).__name__}")
-    value = float(p_x)
-    lo = 2.0**-16
-    if not lo <= value <= 1.0 - lo:
-        raise ValueError(f"p_x must be in [2^-16, 1 - 2^-16], got {value!r}")
-    return value
-
-
-def _check_real_operand(name: str, v: object) -> TensorOrScalar:
-    """Validate one of ``w, c, r``: a floating tensor or a (non-bool) real number."""
-    if isinstance(v, torch.Tensor):
-        if not v.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {v.dtype}")
-        return v
-    if isinstance(v, bool) or not isinstance(v, Real):
-        raise TypeError(f"{name} must be a tensor or a real number, got {type(v).__name__}")
-    return float(v)
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    """Device equality that treats ``cuda`` and ``cuda:<current>`` as the same device."""
-    if a.type != b.type:
-        return False
-    if a.index is None or b.index is None:
-        if a.type == "cuda" and torch.cuda.is_available():
-            cur = torch.cuda.current_device()
-            return (a.index if a.index is not None else cur) == (
-                b.index if b.index is not None else cur
-            )
-        return True
-    return a.index == b.index
-
-
-def _resolve_device(tensors: list[torch.Tensor]) -> torch.device:
-    if not tensors:
-        return torch.device("cpu")
-    dev = tensors[0].device
-    for t in tensors[1:]:
-        if not _same_device(t.device, dev):
-            raise ValueError(
-                f"all tensor arguments must be on one device, got {dev} and {t.device}"
-            )
-    return dev
-
-
-def _resolve_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator:
-    if generator is None:
-        # Never the global RNG: a fresh generator seeded from the OS CSPRNG.
-        g = torch.Generator(device=device)
-        g.manual_seed(secrets.randbits(63))
-        return g
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if not _same_device(generator.device, device):
-        raise ValueError(
-            f"generator is on {generator.device} but the tensors are on {device}; "
-            "create the generator with torch.Generator(device=<tensor device>)"
-        )
-    return generator
 
 
 _R_MIN: float = float(torch.finfo(torch.float32).tiny)
@@ -222,7 +145,7 @@ def alpha(eps: TensorOrScalar) -> TensorOrScalar:
         if eps.numel() and not bool((torch.isfinite(eps) & (eps > 0)).all()):
             raise ValueError("eps must be finite and > 0 everywhere")
         return torch.reciprocal(torch.tanh(eps * 0.5))
-    return 1.0 / math.tanh(_check_eps(eps) * 0.5)
+    return 1.0 / math.tanh(positive(eps) * 0.5)
 
 
 # ------------------------------------------------------------------------------ flat operands
@@ -259,11 +182,11 @@ def _prepare(
     r: TensorOrScalar,
     z: torch.Tensor | None,
 ) -> _Flat:
-    w = _check_real_operand("w", w)
-    c = _check_real_operand("c", c)
-    r = _check_real_operand("r", r)
+    w = operand(w, "w", finite=False)
+    c = operand(c, "c", finite=False)
+    r = operand(r, "r", finite=False)
     tensors = [t for t in (w, c, r, z) if isinstance(t, torch.Tensor)]
-    device = _resolve_device(tensors)
+    device = one_device(tensors)
     try:
         # numpy's rule is torch's; torch.broadcast_shapes would import sympy (seconds) once.
         shape = torch.Size(np.broadcast_shapes(*(tuple(t.shape) for t in tensors)))
@@ -560,7 +483,7 @@ def prob_plus(
         (guards the last-ulp rounding when ``alpha`` rounds to 1 for very large ``eps``).
         Bit-identical to the ``q`` used by :func:`ldpq` and (scaled by ``2^d``) :func:`corbinq`.
     """
-    eps_v = _check_eps(eps)
+    eps_v = positive(eps)
     flat = _prepare(w, c, r, None)
     alpha_value = 1.0 / math.tanh(eps_v * 0.5)
     out = torch.empty(flat.numel, dtype=_COMPUTE_DTYPE, device=flat.device)
@@ -599,9 +522,9 @@ def ldpq(
     torch.Tensor
         ``torch.bool`` of the broadcast shape; ``True`` means ``U = +1``.
     """
-    eps_v = _check_eps(eps)
+    eps_v = positive(eps)
     flat = _prepare(w, c, r, None)
-    g = _resolve_generator(generator, flat.device)
+    g = torch_generator(generator, flat.device)
     return _run(flat, eps_v, 0, None, g, 0.5)
 
 
@@ -675,14 +598,14 @@ def corbinq(
         ``eps`` or ``r`` not positive/finite, ``d`` out of range, ``z`` out of ``[0, 2**d)``,
         non-broadcastable shapes, mismatched devices, NaN weights.
     """
-    eps_v = _check_eps(eps)
-    d_v = _check_d(d)
-    px = _check_px(p_x)
+    eps_v = positive(eps)
+    d_v = integer(d, "d", 1, MAX_SHARED_BITS)
+    px = interval(p_x, "p_x", 2.0**-16, 1.0 - 2.0**-16, lo_open=False, hi_open=False)
     if not isinstance(lead, bool):
         raise TypeError(f"lead must be a bool, got {type(lead).__name__}")
     z = _check_z(z, d_v)
     flat = _prepare(w, c, r, z)
-    g = _resolve_generator(generator, flat.device)
+    g = torch_generator(generator, flat.device)
     return _run(flat, eps_v, d_v, "lead" if lead else "follow", g, px)
 
 
@@ -712,10 +635,10 @@ def decode(
     if not isinstance(bits, torch.Tensor) or bits.dtype != torch.bool:
         got = bits.dtype if isinstance(bits, torch.Tensor) else type(bits).__name__
         raise TypeError(f"bits must be a torch.bool tensor, got {got}")
-    eps_v = _check_eps(eps)
-    c = _check_real_operand("c", c)
-    r = _check_real_operand("r", r)
-    _resolve_device([t for t in (bits, c, r) if isinstance(t, torch.Tensor)])
+    eps_v = positive(eps)
+    c = operand(c, "c", finite=False)
+    r = operand(r, "r", finite=False)
+    one_device([t for t in (bits, c, r) if isinstance(t, torch.Tensor)])
     _check_c_r(c, r)
     a = 1.0 / math.tanh(eps_v * 0.5)
     if isinstance(c, torch.Tensor):

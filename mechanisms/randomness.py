@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import struct
-from numbers import Integral, Real
+from numbers import Real
 from typing import Final
 
 import numpy as np
@@ -42,6 +42,8 @@ import torch
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from mechanisms.validate import integer
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -64,6 +66,10 @@ SEED_BYTES: Final[int] = 32
 MAX_PARAMS: Final[int] = 1 << 34
 """Largest ``m`` accepted (the ChaCha20 32-bit block counter covers 256 GiB of keystream)."""
 
+MAX_D: Final[int] = 16
+"""Most shared bits per parameter (one 16-bit keystream word each; as
+``mechanisms.quantizers.MAX_SHARED_BITS``)."""
+
 _INFO_PREFIX: Final[bytes] = PROTOCOL_VERSION + b"/z-expansion"
 _LABEL_TAG: Final[bytes] = PROTOCOL_VERSION + b"/pair-z"
 _NONCE: Final[bytes] = bytes(16)
@@ -75,17 +81,6 @@ _U64_MAX: Final[int] = (1 << 64) - 1
 
 
 # ------------------------------------------------------------------------------ validation
-def _check_int(name: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    v = int(value)
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
-    return v
-
-
-def _check_d(d: object) -> int:
-    return _check_int("d", d, 1, 16)
 
 
 def px_threshold(p_x: float) -> int:
@@ -129,7 +124,7 @@ def z_dtype(d: int) -> torch.dtype:
 
     ``torch.int16`` for ``d <= 15``, ``torch.int32`` for ``d = 16``.
     """
-    return torch.int16 if _check_d(d) <= 15 else torch.int32
+    return torch.int16 if integer(d, "d", 1, MAX_D) <= 15 else torch.int32
 
 
 def _np_z_dtype(d: int) -> type[np.signedinteger]:
@@ -164,10 +159,10 @@ def context_label(run_id: int, round: int, node_a: int, node_b: int) -> bytes:
     bytes
         A 51-byte label.
     """
-    run_v = _check_int("run_id", run_id, 0, _U64_MAX)
-    round_v = _check_int("round", round, 0, _U64_MAX)
-    a = _check_int("node_a", node_a, 0, _U64_MAX)
-    b = _check_int("node_b", node_b, 0, _U64_MAX)
+    run_v = integer(run_id, "run_id", 0, _U64_MAX)
+    round_v = integer(round, "round", 0, _U64_MAX)
+    a = integer(node_a, "node_a", 0, _U64_MAX)
+    b = integer(node_b, "node_b", 0, _U64_MAX)
     if a == b:
         raise ValueError(f"node_a and node_b must differ (a node cannot pair with itself: {a})")
     lo, hi = (a, b) if a < b else (b, a)
@@ -232,8 +227,8 @@ def expand_seed(
         ``d = 16``), values in ``[0, 2^d)``.
     """
     seed_b, label_b = _check_seed_label(seed, label)
-    m_v = _check_int("m", m, 0, MAX_PARAMS)
-    d_v = _check_d(d)
+    m_v = integer(m, "m", 0, MAX_PARAMS)
+    d_v = integer(d, "d", 1, MAX_D)
     p16 = px_threshold(p_x)
     dev = _resolve_device(device)
     out = np.empty(m_v, dtype=_np_z_dtype(d_v))
@@ -317,7 +312,7 @@ def pack_z(z: torch.Tensor, d: int) -> bytes:
     bytes
         Exactly ``ceil(d * z.numel() / 8)`` bytes.
     """
-    d_v = _check_d(d)
+    d_v = integer(d, "d", 1, MAX_D)
     zn = _z_numpy(z, d_v)
     m = zn.shape[0]
     chunks: list[bytes] = []
@@ -355,8 +350,8 @@ def unpack_z(
     """
     if not isinstance(buf, bytes | bytearray | memoryview):
         raise TypeError(f"buf must be bytes, got {type(buf).__name__}")
-    m_v = _check_int("m", m, 0, MAX_PARAMS)
-    d_v = _check_d(d)
+    m_v = integer(m, "m", 0, MAX_PARAMS)
+    d_v = integer(d, "d", 1, MAX_D)
     dev = _resolve_device(device)
     raw = np.frombuffer(buf, dtype=np.uint8)
     nbits = d_v * m_v

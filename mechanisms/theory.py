@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mechanisms.validate import integer, positive, positive_array, probability, real_array
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -56,52 +58,9 @@ MAX_D = 60
 # ----------------------------------------------------------------------------- helpers
 
 
-def _as_f64(x: ArrayLike, name: str) -> NDArray[np.float64]:
-    """Convert ``x`` to a float64 array, rejecting non-numeric input and NaN."""
-    if isinstance(x, bool | np.bool_):
-        raise TypeError(f"{name} must be a real number or array, not bool")
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a real number or array of reals, got {x!r}") from exc
-    if np.isnan(arr).any():
-        raise ValueError(f"{name} must not contain NaN")
-    return arr
-
-
 def _out(x: NDArray[np.float64]) -> FloatOrArray:
     """Return a Python float for 0-d results, the array otherwise."""
     return float(x) if x.ndim == 0 else x
-
-
-def _check_eps(eps: ArrayLike, name: str = "eps") -> NDArray[np.float64]:
-    e = _as_f64(eps, name)
-    if not np.all(np.isfinite(e)) or np.any(e <= 0):
-        raise ValueError(f"{name} must be finite and > 0, got {eps!r}")
-    return e
-
-
-def _check_d(d: int) -> int:
-    if isinstance(d, bool) or not isinstance(d, int | np.integer):
-        raise TypeError(f"d must be an int, got {type(d).__name__}")
-    if not 0 <= int(d) <= MAX_D:
-        raise ValueError(f"d must be in [0, {MAX_D}], got {d}")
-    return int(d)
-
-
-def _check_p_x(p_x: float) -> float:
-    p = float(p_x)
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p_x must be in (0, 1), got {p_x!r}")
-    return p
-
-
-def _check_n(n: int, name: str = "n") -> int:
-    if isinstance(n, bool) or not isinstance(n, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"{name} must be >= 1, got {n}")
-    return int(n)
 
 
 def alpha64(eps: ArrayLike) -> FloatOrArray:
@@ -121,14 +80,14 @@ def alpha64(eps: ArrayLike) -> FloatOrArray:
     float or ndarray
         ``alpha(eps) > 1``.
     """
-    e = _check_eps(eps)
+    e = positive_array(eps)
     return _out(1.0 / np.tanh(e / 2.0))
 
 
 def _clip_inputs(
     w: ArrayLike, c: ArrayLike, r: ArrayLike
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    wa, ca, ra = _as_f64(w, "w"), _as_f64(c, "c"), _as_f64(r, "r")
+    wa, ca, ra = real_array(w, "w"), real_array(c, "c"), real_array(r, "r")
     if not np.all(np.isfinite(ra)) or np.any(ra <= 0):
         raise ValueError("r must be finite and > 0")
     if not np.all(np.isfinite(ca)):
@@ -273,10 +232,10 @@ def corbin_pair_joint_from_q(
     ndarray
         Shape ``broadcast_shape + (2, 2)``, ``P[..., i, j] = P(Q1 = i, Q2 = j)``.
     """
-    d = _check_d(d)
-    px = _check_p_x(p_x)
-    qa = _as_f64(q1, "q1")
-    sb = _as_f64(s2, "s2")
+    d = integer(d, "d", 0, MAX_D)
+    px = probability(p_x, "p_x")
+    qa = real_array(q1, "q1")
+    sb = real_array(s2, "s2")
     if np.any((qa < 0) | (qa > 1)) or np.any((sb < 0) | (sb > 1)):
         raise ValueError("q1 and s2 must lie in [0, 1]")
     qa, sb = np.broadcast_arrays(qa, sb)
@@ -409,7 +368,7 @@ def theorem1_bound(
     float or ndarray
         The bound.
     """
-    d = _check_d(d)
+    d = integer(d, "d", 0, MAX_D)
     _, _, ra = _clip_inputs(w1, c, r)
     a = np.asarray(alpha64(eps))
     opt = np.asarray(optimal_pair_mse(w1, w2, c, r, eps))
@@ -437,8 +396,8 @@ def theorem2_bound(r: ArrayLike, eps: ArrayLike, n: int) -> FloatOrArray:
     float or ndarray
         The bound.
     """
-    n = _check_n(n)
-    ra = _as_f64(r, "r")
+    n = integer(n, "n", 1)
+    ra = real_array(r, "r")
     if np.any(ra <= 0):
         raise ValueError("r must be > 0")
     a = np.asarray(alpha64(eps))
@@ -463,8 +422,8 @@ def ldpfl_mse(r: ArrayLike, eps: ArrayLike, n: int) -> FloatOrArray:
     float or ndarray
         ``r^2 alpha(eps)^2 / n``.
     """
-    n = _check_n(n)
-    ra = _as_f64(r, "r")
+    n = integer(n, "n", 1)
+    ra = real_array(r, "r")
     if np.any(ra <= 0):
         raise ValueError("r must be > 0")
     a = np.asarray(alpha64(eps))
@@ -476,27 +435,6 @@ def ldpfl_mse(r: ArrayLike, eps: ArrayLike, n: int) -> FloatOrArray:
 
 class Theorem3ConditionError(ValueError):
     """Raised when the client-count condition of Theorem 3 (or 4) does not hold."""
-
-
-def _check_delta(delta: float, name: str = "delta") -> float:
-    dl = float(delta)
-    if not 0.0 < dl < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {delta!r}")
-    return dl
-
-
-def _check_gamma(gamma: float) -> float:
-    g = float(gamma)
-    if not 0.0 < g <= 1.0:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
-    return g
-
-
-def _scalar_pos(x: float, name: str) -> float:
-    v = float(x)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
-    return v
 
 
 def theorem3_condition(
@@ -527,12 +465,12 @@ def theorem3_condition(
     tuple of (bool, str)
         Whether the condition holds, and a sentence saying which side fails (or that it holds).
     """
-    eps_p = _scalar_pos(eps_p, "eps_p")
-    delta = _check_delta(delta)
-    n = _check_n(n)
-    gamma = _check_gamma(gamma)
-    m = _check_n(m, "m")
-    r = _scalar_pos(r, "r")
+    eps_p = positive(eps_p, "eps_p")
+    delta = probability(delta, "delta")
+    n = integer(n, "n", 1)
+    gamma = probability(gamma, "gamma", hi_open=False)
+    m = integer(m, "m", 1)
+    r = positive(r, "r")
     a = float(alpha64(eps_p))
     lhs = (n * gamma - 1.0) * (0.25 - 0.25 / a**2)
     t_log = 23.0 * math.log(m / delta)
@@ -567,11 +505,11 @@ def theorem3_min_clients(eps_p: float, delta: float, gamma: float, m: int, r: fl
     int
         ``ceil((1 + max(23 log(m/delta), 2 r alpha) / (1/4 - 1/(4 alpha^2))) / gamma)``.
     """
-    eps_p = _scalar_pos(eps_p, "eps_p")
-    delta = _check_delta(delta)
-    gamma = _check_gamma(gamma)
-    m = _check_n(m, "m")
-    r = _scalar_pos(r, "r")
+    eps_p = positive(eps_p, "eps_p")
+    delta = probability(delta, "delta")
+    gamma = probability(gamma, "gamma", hi_open=False)
+    m = integer(m, "m", 1)
+    r = positive(r, "r")
     a = float(alpha64(eps_p))
     rhs = max(23.0 * math.log(m / delta), 2.0 * r * a)
     n_gamma = 1.0 + rhs / (0.25 - 0.25 / a**2)
@@ -753,17 +691,17 @@ def theorem4(
     Theorem3ConditionError
         If ``gamma <= 0``, ``theta <= 0`` or the Theorem 3 condition fails at ``(gamma, delta1)``.
     """
-    eps_p = _scalar_pos(eps_p, "eps_p")
-    delta = _check_delta(delta)
-    delta1 = _check_delta(delta1, "delta1")
+    eps_p = positive(eps_p, "eps_p")
+    delta = probability(delta, "delta")
+    delta1 = probability(delta1, "delta1")
     if not delta1 < delta:
         raise ValueError(f"delta1 must be < delta, got delta1={delta1}, delta={delta}")
     pf = float(p)
     if not 0.0 < pf < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p!r}")
-    n = _check_n(n)
-    m = _check_n(m, "m")
-    r = _scalar_pos(r, "r")
+    n = integer(n, "n", 1)
+    m = integer(m, "m", 1)
+    r = positive(r, "r")
     u = pf * (1.0 - pf)
     v = u * (1.0 - 2.0 * u)
     spread = math.sqrt(v / (4.0 * (delta - delta1) * n))

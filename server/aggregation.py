@@ -369,7 +369,7 @@ def make_aggregator(
     from corbin_fl import registry
 
     cls = registry.get(cfg.mechanism).aggregator_class()
-    return cls(cfg, w_global, c, r, layout, cohort)  # type: ignore[no-any-return]
+    return cls(cfg, w_global, c, r, layout, cohort)
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ import numpy as np
 import torch
 
 from corbin_fl.config import RunConfig
+from corbin_fl.fsio import atomic_write_bytes, atomic_write_text
 from mechanisms.accounting import PrivacyEvent, PrivacyLedger
 from server.metrics import jsonable
 
@@ -61,90 +61,16 @@ STATE_FILE: Final[str] = "state.json"
 JOURNAL_FILE: Final[str] = "releases.jsonl"
 FORMAT_VERSION: Final[int] = 1
 
-MAY_DIFFER_ON_RESUME: Final[frozenset[str]] = frozenset(
-    {
-        "num-rounds",
-        "resume",
-        "out-dir",
-        "stage-timeout",
-        "first-stage-timeout",
-        "poll-interval",
-        "wait-for-nodes",
-        "min-clients",
-        "device",
-        "eval-batch-size",
-        "test-z-digest",
-    }
-)
-"""Run-config keys a resumed run may change: the run length, timeouts, where the server computes,
-and test instrumentation. Every other key (mechanism, privacy parameters, model, data, seeds,
-training, aggregation) must equal the checkpoint's, or the resumed run would not continue the
-same experiment."""
+MAY_DIFFER_ON_RESUME: Final[frozenset[str]] = RunConfig.resumable_keys()
+"""Run-config keys a resumed run may change (declared on the ``RunConfig`` fields): the run length,
+the smallest cohort, and every key that cannot change the result (timeouts, where the server
+computes, test instrumentation). Every other key (mechanism, privacy parameters, model, data,
+seeds, training, aggregation) must equal the checkpoint's, or the resumed run would not continue
+the same experiment."""
 
 
 class CheckpointError(ValueError):
     """No usable checkpoint: missing, corrupt, or written by a run with another configuration."""
-
-
-# ============================================================================ atomic files
-def fsync_dir(path: Path) -> None:
-    """``fsync`` the folder ``path`` so that a rename inside it survives a power loss.
-
-    A no-op where folders cannot be opened (Windows).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically.
-
-    The bytes go to a temporary file in the same folder, which is flushed, ``fsync``-ed and
-    renamed over ``path`` with ``os.replace`` (atomic on POSIX); the folder is then ``fsync``-ed.
-    Readers see the old content or the new one, never a partial file; on any error the
-    temporary file is removed and ``path`` is untouched.
-
-    Parameters
-    ----------
-    path : str or Path
-        Destination; its folder must exist.
-    data : bytes
-        The new content.
-
-    Raises
-    ------
-    TypeError
-        If ``data`` is not bytes-like.
-    """
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise TypeError(f"data must be bytes, got {type(data).__name__}")
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _sha256(data: bytes) -> str:

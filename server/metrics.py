@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from corbin_fl.fsio import atomic_write_json, atomic_write_text
+
 logger = logging.getLogger(__name__)
 
 EVENTS_FILE = "events.jsonl"
@@ -115,8 +117,6 @@ class RunFiles:
         """
         if self.out_dir is None:
             return
-        from server.checkpoint import atomic_write_text
-
         if self._metrics is not None and not self._metrics.closed:
             self._metrics.close()
         text = "".join(json.dumps(jsonable(r), allow_nan=False) + "\n" for r in records)
@@ -124,16 +124,12 @@ class RunFiles:
         self._metrics = open(self.out_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
 
     def summary(self, summary: dict[str, Any]) -> None:
-        """Write ``summary.json`` atomically (temp file, fsync, rename)."""
+        """Write ``summary.json`` atomically and durably (:mod:`corbin_fl.fsio`)."""
         if self.out_dir is None:
             return
-        tmp = self.out_dir / (SUMMARY_FILE + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(jsonable(summary), fh, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(self.out_dir / SUMMARY_FILE)
+        atomic_write_json(
+            self.out_dir / SUMMARY_FILE, jsonable(summary), sort_keys=False, allow_nan=False
+        )
 
     def close(self) -> None:
         """Close the streams (idempotent)."""

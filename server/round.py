@@ -194,7 +194,8 @@ def run_round(
     # 1. Roles the server may know: AugCorBin's gamma-fraction quantizes independently.
     to_pair: list[int] = []
     if cfg.paired:
-        independent, to_pair = [], list(state.sampled)
+        independent: list[int] = []
+        to_pair = list(state.sampled)
         if cfg.mechanism == "augcorbin":
             from mechanisms.pairing import augcorbin_split
 
@@ -323,7 +324,7 @@ def run_round(
             estimate = estimate.to(rt.weights.device, torch.float32).add_(rt.weights)
         rt.weights = apply_global_lr(rt.weights, estimate, cfg.global_lr, inplace=True)
         state.aggregate = unflatten_arrays(
-            rt.weights.detach().cpu().numpy(), rt.layout, app_records[arrays_key]
+            rt.weights.detach().cpu().numpy(), rt.layout, app_records.array_records[arrays_key]
         )
     return state
 

@@ -61,8 +61,9 @@ DEFAULT_UPDATE_RADIUS: Final[float] = 0.02
 round of 10-20 Adam steps at ``lr = 1e-3``; set ``update_radius`` for your app (docs/DEFAULTS.md
 derives it from public settings for this project's app)."""
 
-RadiusRule = Callable[[int], float]
-"""``rule(num_nodes) -> R``, called once when the run starts with the connected nodes."""
+RadiusRule = Callable[[int], "float | dict[str, Any]"]
+"""``rule(num_nodes) -> R``, called once when the run starts with the connected nodes; it may also
+return ``{"value": R, "source": "how R was chosen"}``, which the run's summary records."""
 
 _PROTOCOL_FIELDS: Final[frozenset[str]] = frozenset(
     {
@@ -158,7 +159,8 @@ class CorBin(Strategy):
         unknown = sorted(set(options) - _PROTOCOL_FIELDS)
         if unknown:
             raise TypeError(f"CorBin got unknown keyword(s) {unknown}")
-        fixed = update_radius if not callable(update_radius) else None
+        rule = update_radius if callable(update_radius) else None
+        fixed = None if callable(update_radius) else update_radius
         if fixed is not None and not (isinstance(fixed, int | float) and math.isfinite(fixed)):
             raise TypeError(f"update_radius must be a number or a callable, got {fixed!r}")
         flower = {k.replace("_", "-"): v for k, v in {**options, "epsilon": epsilon}.items()}
@@ -169,7 +171,7 @@ class CorBin(Strategy):
             from corbin_fl.config import ConfigError
 
             raise ConfigError({"update-radius": "must be > 0 (the clip range of the updates)"})
-        self._init(strategy, cfg, None if fixed is not None else update_radius, select_metric)
+        self._init(strategy, cfg, rule, select_metric)
 
     @classmethod
     def from_run_config(

@@ -32,15 +32,15 @@ import math
 
 import torch
 
-from mechanisms.baselines._common import check_eps, check_int, check_prob, resolve_generator
 from mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from mechanisms.validate import integer, positive, probability, torch_generator
 
 __all__ = ["central_epsilon", "central_noise", "central_noise_multiplier", "clip_l2"]
 
 
 def clip_l2(delta: torch.Tensor, clip: float) -> torch.Tensor:
     """``Delta min(1, C / ||Delta||_2)`` (a new tensor; the norm is taken in float64)."""
-    c = check_eps(clip, "clip")
+    c = positive(clip, "clip")
     norm = float(torch.linalg.vector_norm(delta.to(torch.float64)))
     if not math.isfinite(norm):
         raise ValueError("the update has a non-finite entry")
@@ -49,16 +49,16 @@ def clip_l2(delta: torch.Tensor, clip: float) -> torch.Tensor:
 
 def central_noise_multiplier(epsilon: float, delta: float, rounds: int) -> float:
     """``z = sqrt(T) sigma_1(eps, delta)``: ``T`` rounds of the Gaussian sum are (eps, delta)-DP."""
-    e = check_eps(epsilon, "epsilon")
-    d = check_prob(delta, "delta", lo_open=True, hi_open=True)
-    t = check_int(rounds, "rounds", 1)
+    e = positive(epsilon, "epsilon")
+    d = probability(delta, "delta")
+    t = integer(rounds, "rounds", 1)
     return math.sqrt(t) * analytic_gaussian_sigma(e, d, 1.0)
 
 
 def central_epsilon(z: float, delta: float, rounds: int) -> float:
     """The exact ``eps`` at ``delta`` of ``rounds`` Gaussian sums with noise multiplier ``z``."""
-    zz = check_eps(z, "z")
-    t = check_int(rounds, "rounds", 1)
+    zz = positive(z, "z")
+    t = integer(rounds, "rounds", 1)
     return gaussian_epsilon(delta, math.sqrt(t) / zz)
 
 
@@ -70,6 +70,6 @@ def central_noise(
     The server's noise must be unpredictable to everyone else: pass None in production; an
     injected generator is for tests.
     """
-    sigma = check_eps(z, "z") * check_eps(clip, "clip")
-    g = resolve_generator(generator, torch.device("cpu"))
+    sigma = positive(z, "z") * positive(clip, "clip")
+    g = torch_generator(generator, torch.device("cpu"))
     return sigma * torch.randn(shape, generator=g, dtype=torch.float64)

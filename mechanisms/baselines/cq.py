@@ -41,11 +41,10 @@ import torch
 
 from mechanisms.baselines._common import (
     COMPUTE_DTYPE,
-    check_int,
     clip_to_box,
     prepare,
-    resolve_generator,
 )
+from mechanisms.validate import integer, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +79,10 @@ def cq_shared_randomness(
         ``perm[i]``); ``offsets`` is ``int64`` of ``shape`` with i.i.d. uniform values in
         ``0..n-1``.
     """
-    seed = check_int(seed, "seed", 0)
+    seed = integer(seed, "seed", 0)
     if seed >= 1 << 64:
         raise ValueError(f"seed must be < 2**64, got {seed}")
-    n = check_int(n, "n", 1)
+    n = integer(n, "n", 1)
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
     perm = torch.randperm(n, generator=g, dtype=torch.int64)
@@ -127,12 +126,12 @@ def cq(
     torch.Tensor
         ``torch.bool``; ``True`` means the output value ``c + r``.
     """
-    n = check_int(n, "n", 1)
-    rank = check_int(rank, "rank", 0)
+    n = integer(n, "n", 1)
+    rank = integer(rank, "rank", 0)
     if rank >= n:
         raise ValueError(f"rank must be in [0, n) = [0, {n}), got {rank}")
     wt, ct, rt = prepare(w, c, r)
-    g = resolve_generator(generator, wt.device)
+    g = torch_generator(generator, wt.device)
     stratum = torch.full(wt.shape, rank, dtype=torch.int64, device=wt.device)
     if shared_offset is not None:
         if not isinstance(shared_offset, torch.Tensor) or shared_offset.dtype.is_floating_point:

@@ -61,11 +61,9 @@ import torch
 
 from mechanisms.baselines._common import (
     COMPUTE_DTYPE,
-    check_eps,
-    check_prob,
-    resolve_generator,
 )
 from mechanisms.baselines.gaussian import analytic_gaussian_sigma
+from mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +117,12 @@ class FedCAD:
         diff_floor: float = 1e-3,
     ) -> None:
         self.clip_norm = _positive(clip_norm, "clip_norm")
-        self.eps = check_eps(eps)
-        self.delta = check_prob(delta, "delta", lo_open=True, hi_open=True)
-        self.gamma = check_prob(gamma, "gamma", lo_open=False, hi_open=False)
+        self.eps = positive(eps)
+        self.delta = probability(delta, "delta")
+        self.gamma = probability(gamma, "gamma", lo_open=False, hi_open=False)
         self.sigma_diff = _positive(sigma_diff, "sigma_diff", allow_zero=True)
-        init = check_prob(diff_init, "diff_init", lo_open=True, hi_open=True)
-        floor = check_prob(diff_floor, "diff_floor", lo_open=True, hi_open=True)
+        init = probability(diff_init, "diff_init")
+        floor = probability(diff_floor, "diff_floor")
         if floor > init:
             raise ValueError(f"diff_floor ({floor}) must be <= diff_init ({init})")
         self.diff_floor = floor
@@ -257,7 +255,7 @@ class FedCAD:
         if not bool(torch.isfinite(x).all()):
             raise ValueError("delta_update must be finite")
         device = x.device
-        g = resolve_generator(generator, device)
+        g = torch_generator(generator, device)
         big_c = self.clip_norm
         sigma = self.noise_multiplier
 

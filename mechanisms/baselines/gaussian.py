@@ -28,12 +28,10 @@ import math
 import torch
 
 from mechanisms.baselines._common import (
-    check_eps,
-    check_prob,
     clip_to_box,
     prepare,
-    resolve_generator,
 )
+from mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +130,7 @@ def gaussian_epsilon(delta: float, mu: float) -> float:
     float
         ``eps`` (``0.0`` when ``delta(0) <= delta`` already).
     """
-    delta = check_prob(delta, "delta", lo_open=True, hi_open=True)
+    delta = probability(delta, "delta")
     if gaussian_delta(0.0, mu) <= delta:
         return 0.0
     lo, hi = 0.0, max(1.0, mu * mu / 2.0 + mu)
@@ -177,8 +175,8 @@ def analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float) -> flo
     float
         ``sigma > 0``.
     """
-    eps = check_eps(eps)
-    delta = check_prob(delta, "delta", lo_open=True, hi_open=True)
+    eps = positive(eps)
+    delta = probability(delta, "delta")
     if isinstance(sensitivity, bool):
         raise TypeError("sensitivity must be a real number, not bool")
     sens = float(sensitivity)
@@ -242,6 +240,6 @@ def gaussian(
     """
     sigma_unit = analytic_gaussian_sigma(eps, delta, 1.0)
     wt, ct, rt = prepare(w, c, r)
-    g = resolve_generator(generator, wt.device)
+    g = torch_generator(generator, wt.device)
     noise = torch.randn(wt.shape, generator=g, dtype=wt.dtype, device=wt.device)
     return clip_to_box(wt, ct, rt) + noise * (2.0 * sigma_unit) * rt

@@ -15,7 +15,7 @@ that solves
 is a linear programme in ``P`` (solved with HiGHS through ``scipy.optimize.linprog``); the
 output values, symmetric about 0 (``v_{K-1-k} = -v_k``), are optimised around it with
 Nelder-Mead on their log-gaps. The solution is computed once per ``(eps, b, n)`` and cached on
-disk with its inputs (:func:`mvu_table`).
+disk with its inputs by the app (``corbin_fl/mvu_store.py``); this module is the math only.
 
 Interpolation: an ``x`` between ``x_i`` and ``x_{i+1}`` (``x = (1 - t) x_i + t x_{i+1}``) is
 released with the mixture ``P(k | x) = (1 - t) P_{ik} + t P_{i+1,k}``, which is the same law as
@@ -29,23 +29,17 @@ LDP bound exact between the grid points.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import torch
 from scipy import sparse
 from scipy.optimize import linprog, minimize
 
-from mechanisms.baselines._common import check_eps, check_int
 from mechanisms.baselines.levels import FiniteMechanism, log_ratio
+from mechanisms.validate import integer, positive
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +47,8 @@ __all__ = [
     "IMVU",
     "IMVU_BITS",
     "MVUTable",
-    "mvu_table",
     "solve_mvu",
     "table_epsilon",
-    "write_table",
 ]
 
 IMVU_BITS: tuple[int, ...] = (1, 2, 4)
@@ -68,9 +60,6 @@ _EPS_MARGIN = 1e-7
 """The LP is solved at ``eps (1 - margin)`` so that solver tolerance cannot exceed ``eps``."""
 _DEAD = 1e-7
 """An output whose largest probability is below this is dropped (set to 0 in every row)."""
-CACHE_ENV = "CORBIN_FL_CACHE"
-SHIPPED = Path(__file__).with_name("mvu_tables")
-"""Tables solved ahead for the experiments' eps grid (``bench/solve_mvu_tables.py``)."""
 
 
 @dataclass(frozen=True)
@@ -176,11 +165,11 @@ def solve_mvu(eps: float, bits: int, inputs: int = INPUT_POINTS) -> MVUTable:
     inner LP. The returned table is cleaned (entries below 1e-15 of their column's scale set to
     0 together, rows renormalised) and checked with :meth:`MVUTable.check`.
     """
-    e = check_eps(eps)
-    b = check_int(bits, "bits", 1)
+    e = positive(eps)
+    b = integer(bits, "bits", 1)
     if b not in IMVU_BITS:
         raise ValueError(f"bits must be one of {IMVU_BITS}, got {b}")
-    n = check_int(inputs, "inputs", 2)
+    n = integer(inputs, "inputs", 2)
     k = 1 << b
     x = np.linspace(-1.0, 1.0, n)
     target = e * (1.0 - _EPS_MARGIN)
@@ -231,108 +220,6 @@ def solve_mvu(eps: float, bits: int, inputs: int = INPUT_POINTS) -> MVUTable:
     raise RuntimeError(f"MVU: no exactly {e}-LDP unbiased table found (b = {b}, n = {n})")
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "corbin-fl",
-    )
-    return Path(root) / "imvu"
-
-
-def _cache_name(eps: float, bits: int, inputs: int) -> str:
-    key = json.dumps([SOLVER_VERSION, float(eps).hex(), bits, inputs])
-    return f"mvu-b{bits}-n{inputs}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
-def _read_table(path: Path, eps: float, bits: int, inputs: int) -> MVUTable | None:
-    """The table stored at ``path`` if it is for these inputs and passes the check, else None."""
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        logger.warning("MVU table %s unreadable (%s)", path, exc)
-        return None
-    try:
-        if (doc["version"], doc["eps"], doc["bits"], doc["inputs"]) != (
-            SOLVER_VERSION,
-            eps,
-            bits,
-            inputs,
-        ):
-            logger.warning("MVU table %s holds other inputs", path)
-            return None
-        table = MVUTable(
-            eps,
-            bits,
-            inputs,
-            np.array(doc["transition"], dtype=np.float64),
-            np.array(doc["values"], dtype=np.float64),
-            float(doc["mean_variance"]),
-        )
-        table.check()
-    except (ValueError, KeyError, TypeError) as exc:
-        logger.warning("MVU table %s refused (%s)", path, exc)
-        return None
-    return table
-
-
-def write_table(table: MVUTable, folder: Path) -> Path:
-    """Store ``table`` with its inputs in ``folder`` (atomic, durable); returns the file."""
-    doc = {
-        "version": SOLVER_VERSION,
-        "eps": table.eps,
-        "bits": table.bits,
-        "inputs": table.inputs,
-        "transition": table.transition.tolist(),
-        "values": table.values.tolist(),
-        "mean_variance": table.mean_variance,
-    }
-    path = folder / _cache_name(table.eps, table.bits, table.inputs)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
-
-
-@lru_cache(maxsize=64)
-def mvu_table(eps: float, bits: int, inputs: int = INPUT_POINTS) -> MVUTable:
-    """The MVU design for ``(eps, bits, inputs)``, solved at most once per machine.
-
-    Looked up, in order: the tables shipped with this package (:data:`SHIPPED`, solved by
-    ``bench/solve_mvu_tables.py`` for the eps grid of the experiments), the user's cache
-    (``$CORBIN_FL_CACHE/imvu/``, default ``~/.cache/corbin-fl/imvu/``), else solved (seconds
-    to a minute) and stored in the cache. Every file holds its inputs; one whose inputs differ
-    or whose table fails :meth:`MVUTable.check` (stochastic, unbiased, exactly eps-LDP) is
-    ignored, so a tampered file cannot weaken the privacy. An unwritable cache only costs the
-    solve next time.
-    """
-    e, b, n = check_eps(eps), check_int(bits, "bits", 1), check_int(inputs, "inputs", 2)
-    for folder in (SHIPPED, _cache_dir()):
-        table = _read_table(folder / _cache_name(e, b, n), e, b, n)
-        if table is not None:
-            return table
-    table = solve_mvu(e, b, n)
-    try:
-        write_table(table, _cache_dir())
-    except OSError as exc:
-        logger.warning("MVU cache %s not written (%s)", _cache_dir(), exc)
-    return table
-
-
 class IMVU(FiniteMechanism):
     """I-MVU with ``b`` bits calibrated to pure ``eps``-LDP per coordinate (module docstring).
 
@@ -342,13 +229,16 @@ class IMVU(FiniteMechanism):
         Per-coordinate ``eps > 0``.
     bits : int
         1, 2 or 4 (``K = 2^b`` outputs).
-    table : MVUTable, optional
-        The design; default :func:`mvu_table` ``(eps, bits)``.
+    table : MVUTable
+        The design for ``(eps, bits)``: :func:`solve_mvu`, or ``corbin_fl.mvu_store.mvu_table``
+        (shipped, cached or solved once per machine).
     """
 
-    def __init__(self, eps: float, bits: int, table: MVUTable | None = None) -> None:
-        self.eps = check_eps(eps)
-        self.table = mvu_table(self.eps, bits) if table is None else table
+    def __init__(self, eps: float, bits: int, table: MVUTable) -> None:
+        self.eps = positive(eps)
+        if not isinstance(table, MVUTable):
+            raise TypeError(f"table must be an MVUTable, got {type(table).__name__}")
+        self.table = table
         if (self.table.eps, self.table.bits) != (self.eps, bits):
             raise ValueError("the MVU table was solved for another eps or budget")
         self.table.check()

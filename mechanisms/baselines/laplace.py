@@ -20,7 +20,8 @@ from numbers import Real
 
 import torch
 
-from mechanisms.baselines._common import check_eps, clip_to_box, prepare, resolve_generator
+from mechanisms.baselines._common import clip_to_box, prepare
+from mechanisms.validate import positive, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def laplace_scale(r: torch.Tensor | float, eps: float) -> torch.Tensor | float:
     torch.Tensor or float
         ``b`` (same type as ``r``).
     """
-    e = check_eps(eps)
+    e = positive(eps)
     if isinstance(r, torch.Tensor):
         if r.numel() and not bool(((r > 0) & torch.isfinite(r)).all()):
             raise ValueError("r must be finite and > 0 everywhere")
@@ -82,9 +83,9 @@ def laplace(
     torch.Tensor
         ``float32`` noisy weights of the broadcast shape.
     """
-    e = check_eps(eps)
+    e = positive(eps)
     wt, ct, rt = prepare(w, c, r)
-    g = resolve_generator(generator, wt.device)
+    g = torch_generator(generator, wt.device)
     u = torch.rand(wt.shape, generator=g, dtype=torch.float64, device=wt.device)
     neg = u < 0.5
     t = torch.where(neg, 2.0 * u, 2.0 * u - 1.0)

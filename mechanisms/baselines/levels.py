@@ -25,7 +25,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-from mechanisms.baselines._common import clip_to_box, prepare, resolve_generator
+from mechanisms.baselines._common import clip_to_box, prepare
+from mechanisms.validate import torch_generator
 
 __all__ = ["FiniteMechanism", "log_ratio", "symbol_bits"]
 
@@ -94,7 +95,7 @@ class FiniteMechanism(ABC):
             The coins, on the tensors' device; ``None`` seeds a fresh one from the OS CSPRNG.
         """
         wt, ct, rt = prepare(w, c, r)
-        g = resolve_generator(generator, wt.device)
+        g = torch_generator(generator, wt.device)
         x = ((clip_to_box(wt, ct, rt) - ct).to(torch.float64) / rt.to(torch.float64)).reshape(-1)
         x.clamp_(-1.0, 1.0)
         out = torch.empty(x.numel(), dtype=torch.uint8, device=x.device)

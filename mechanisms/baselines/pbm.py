@@ -29,8 +29,8 @@ import math
 import numpy as np
 import torch
 
-from mechanisms.baselines._common import check_eps, check_int
 from mechanisms.baselines.levels import FiniteMechanism
+from mechanisms.validate import integer, positive
 
 __all__ = ["PBM", "pbm_theta"]
 
@@ -40,8 +40,8 @@ MAX_TRIALS = 255
 
 def pbm_theta(eps: float, trials: int) -> float:
     """``theta = tanh(eps / (2 m)) / 2``: the PBM parameter whose pure-LDP epsilon is ``eps``."""
-    e = check_eps(eps)
-    m = check_int(trials, "trials", 1)
+    e = positive(eps)
+    m = integer(trials, "trials", 1)
     return 0.5 * math.tanh(e / (2.0 * m))
 
 
@@ -57,8 +57,8 @@ class PBM(FiniteMechanism):
     """
 
     def __init__(self, eps: float, trials: int) -> None:
-        self.eps = check_eps(eps)
-        self.trials = check_int(trials, "trials", 1)
+        self.eps = positive(eps)
+        self.trials = integer(trials, "trials", 1)
         if self.trials > MAX_TRIALS:
             raise ValueError(f"trials must be <= {MAX_TRIALS}, got {self.trials}")
         self.theta = pbm_theta(self.eps, self.trials)

@@ -42,8 +42,8 @@ import numpy as np
 import torch
 from scipy.optimize import brentq, minimize_scalar
 
-from mechanisms.baselines._common import check_eps, check_prob
 from mechanisms.baselines.levels import FiniteMechanism
+from mechanisms.validate import positive, probability
 
 __all__ = ["RQM", "rqm_epsilon", "rqm_optimal_q", "rqm_xmax"]
 
@@ -61,7 +61,7 @@ def rqm_epsilon(xmax: float, q: float, levels: int = 3) -> float:
         return math.log((x + 1.0) / (x - 1.0))
     if levels != 3:
         raise ValueError(f"levels must be 2 or 3, got {levels!r}")
-    q = check_prob(q, "q", lo_open=False, hi_open=True)
+    q = probability(q, "q", lo_open=False, hi_open=True)
     top = (2.0 * q + (1.0 - q) * (1.0 + x)) / ((1.0 - q) * (x - 1.0))
     zero = 1.0 / (1.0 - 1.0 / x) if q > 0.0 else 1.0
     return math.log(max(top, zero))
@@ -70,7 +70,7 @@ def rqm_epsilon(xmax: float, q: float, levels: int = 3) -> float:
 @lru_cache(maxsize=256)
 def rqm_xmax(eps: float, q: float, levels: int = 3) -> float:
     """``X_max`` with ``rqm_epsilon(X_max, q) = eps`` (closed form for 2 levels, else brentq)."""
-    e = check_eps(eps)
+    e = positive(eps)
     if levels == 2 or q == 0.0:
         return 1.0 / math.tanh(e / 2.0)
     lo = 1.0 + 1e-15
@@ -92,7 +92,7 @@ def _worst_variance(eps: float, q: float) -> float:
 @lru_cache(maxsize=256)
 def rqm_optimal_q(eps: float) -> float:
     """The ``q`` in ``[0, MAX_Q]`` that minimises the worst-case variance of 3-level RQM at eps."""
-    e = check_eps(eps)
+    e = positive(eps)
     res = minimize_scalar(
         lambda q: _worst_variance(e, float(q)),
         bounds=(0.0, MAX_Q),
@@ -118,10 +118,10 @@ class RQM(FiniteMechanism):
     """
 
     def __init__(self, eps: float, levels: int = 2, q: float = 0.0) -> None:
-        self.eps = check_eps(eps)
+        self.eps = positive(eps)
         if levels not in RQM_LEVELS:
             raise ValueError(f"levels must be one of {RQM_LEVELS}, got {levels!r}")
-        self.q = check_prob(q, "q", lo_open=False, hi_open=True) if levels == 3 else 0.0
+        self.q = probability(q, "q", lo_open=False, hi_open=True) if levels == 3 else 0.0
         self.xmax = rqm_xmax(self.eps, self.q, levels)
         self.levels = (
             np.array([-self.xmax, self.xmax])

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from mechanisms.baselines._common import prepare, resolve_generator
+from mechanisms.baselines._common import prepare
+from mechanisms.validate import torch_generator
 
 __all__ = ["majority_vote", "sign_bits"]
 
@@ -33,7 +34,7 @@ def sign_bits(
     bits = d > 0
     zero = d == 0
     if bool(zero.any()):
-        g = resolve_generator(generator, d.device)
+        g = torch_generator(generator, d.device)
         coin = torch.rand(d.shape, generator=g, device=d.device) < 0.5
         bits = torch.where(zero, coin, bits)
     return bits

@@ -36,13 +36,11 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.baselines._common import (
     COMPUTE_DTYPE,
-    check_eps,
-    check_prob,
     clip_to_box,
     prepare,
-    resolve_generator,
 )
 from mechanisms.quantizers import alpha
+from mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +66,8 @@ def ternary_params(
     tuple
         ``(A, B)`` of the same type as ``r``.
     """
-    e = check_eps(eps)
-    p = check_prob(p0, "p0", lo_open=False, hi_open=True)
+    e = positive(eps)
+    p = probability(p0, "p0", lo_open=False, hi_open=True)
     if isinstance(r, torch.Tensor):
         if r.numel() and not bool(((r > 0) & torch.isfinite(r)).all()):
             raise ValueError("r must be finite and > 0 everywhere")
@@ -111,10 +109,10 @@ def ternary(
     torch.Tensor
         ``torch.int8`` in ``{-1, 0, 1}`` of the broadcast shape.
     """
-    e = check_eps(eps)
-    p = check_prob(p0, "p0", lo_open=False, hi_open=True)
+    e = positive(eps)
+    p = probability(p0, "p0", lo_open=False, hi_open=True)
     wt, ct, rt = prepare(w, c, r)
-    g = resolve_generator(generator, wt.device)
+    g = torch_generator(generator, wt.device)
     a_val = float(alpha(e))
     x = (clip_to_box(wt, ct, rt) - ct).to(torch.float64)
     big_a = rt.to(torch.float64) * a_val

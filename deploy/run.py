@@ -1,0 +1,555 @@
+"""``corbin-fl local`` and ``corbin-fl simulate``: start a deployment, submit one run with
+``flwr run``, follow it, inject faults on schedule, stop everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from deploy.flower import (
+    COMPLETED_STATUS,
+    RUN_ID_RE,
+    MissingDependencyError,
+    app_config,
+    simulation_extra_missing,
+)
+from deploy.follow import RUN_FILES, JsonlTail, RunProgress, RunResult, as_int, read_json
+from deploy.local import LocalDeployment
+from deploy.processes import (
+    LauncherError,
+    ManagedProcess,
+    cmdline,
+    descendants,
+    has_proc,
+    process_ref,
+    signal_ref,
+    terminate_as_interrupt,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# ====================================================================== small value types
+@dataclass(frozen=True)
+class KillSpec:
+    """A fault to inject: SIGKILL the SuperNode of ``partition`` during ``round``.
+
+    Attributes
+    ----------
+    partition : int
+        ``partition-id`` of the SuperNode (its node config), ``0 <= partition < N``.
+    round : int
+        Round (1-based) during which it is killed: ``delay`` seconds after the ServerApp's
+        ``round_start`` event of that round.
+    """
+
+    partition: int
+    round: int
+
+    def __post_init__(self) -> None:
+        for name in ("partition", "round"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"KillSpec.{name} must be an int, got {type(value).__name__}")
+        if self.partition < 0:
+            raise ValueError(f"KillSpec.partition must be >= 0, got {self.partition}")
+        if self.round < 1:
+            raise ValueError(f"KillSpec.round must be >= 1, got {self.round}")
+
+    @classmethod
+    def parse(cls, text: str) -> KillSpec:
+        """Parse ``"PARTITION@ROUND"`` (e.g. ``"1@2"``).
+
+        Raises
+        ------
+        ValueError
+            If ``text`` is not two non-negative integers separated by ``@``.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"kill spec must be a str, got {type(text).__name__}")
+        match = re.fullmatch(r"\s*(\d+)\s*@\s*(\d+)\s*", text)
+        if match is None:
+            raise ValueError(f"kill spec must look like PARTITION@ROUND (e.g. 1@2), got {text!r}")
+        return cls(partition=int(match.group(1)), round=int(match.group(2)))
+
+
+@dataclass(frozen=True)
+class LocalRunOptions:
+    """Everything :func:`run_local` needs.
+
+    Attributes
+    ----------
+    app_dir : Path
+        The Flower app (folder with ``pyproject.toml``).
+    out_dir : Path
+        Output folder; becomes the run config's ``out_key`` (absolute) and holds ``logs/``.
+    num_clients : int
+        SuperNodes (deployment) or virtual SuperNodes (simulation).
+    run_config : Mapping[str, Any]
+        Run-config overrides (already merged); ``out_key`` is set here.
+    kills : tuple[KillSpec, ...]
+        Faults to inject (deployment only).
+    kill_delay : float
+        Seconds after a ``round_start`` event before the kill.
+    timeout : float
+        Seconds the run may take from ``flwr run`` to its end (all rounds); after that it is
+        stopped (``flwr stop``) and counted as failed.
+    ready_timeout : float
+        Seconds for start-up (SuperLink health, all SuperNodes online), on top of ``timeout``.
+    keep_logs : bool
+        Keep ``out_dir/logs`` after a successful run (always kept after a failure).
+    node_config : Mapping[str, Any]
+        Extra node config for every SuperNode.
+    federation_config : Mapping[str, Any]
+        Extra ``--federation-config`` entries (simulation only).
+    flwr_home : Path | None
+        ``FLWR_HOME`` to use (a fresh temporary folder, removed at the end, when None).
+    out_key : str
+        Run-config key that tells the ServerApp where to write its files.
+    require_summary : bool
+        Count a run without ``summary.json`` as failed.
+    """
+
+    app_dir: Path
+    out_dir: Path
+    num_clients: int = 4
+    run_config: Mapping[str, Any] = field(default_factory=dict)
+    kills: tuple[KillSpec, ...] = ()
+    kill_delay: float = 1.0
+    timeout: float = 1800.0
+    ready_timeout: float = 120.0
+    keep_logs: bool = False
+    node_config: Mapping[str, Any] = field(default_factory=dict)
+    federation_config: Mapping[str, Any] = field(default_factory=dict)
+    flwr_home: Path | None = None
+    out_key: str = "out-dir"
+    require_summary: bool = True
+
+    def validate(self, *, simulation: bool = False) -> None:
+        """Raise ValueError/TypeError on an inconsistent option set."""
+        if not (Path(self.app_dir) / "pyproject.toml").is_file():
+            raise ValueError(f"app_dir has no pyproject.toml: {self.app_dir}")
+        if isinstance(self.num_clients, bool) or not isinstance(self.num_clients, int):
+            raise TypeError(f"num_clients must be an int, got {type(self.num_clients).__name__}")
+        if self.num_clients < 1:
+            raise ValueError(f"num_clients must be >= 1, got {self.num_clients}")
+        for name in ("timeout", "ready_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.kill_delay < 0:
+            raise ValueError(f"kill_delay must be >= 0, got {self.kill_delay}")
+        for kill in self.kills:
+            if not isinstance(kill, KillSpec):
+                raise TypeError(f"kills must be KillSpec, got {type(kill).__name__}")
+            if kill.partition >= self.num_clients:
+                raise ValueError(
+                    f"cannot kill partition {kill.partition}: only {self.num_clients} clients "
+                    f"(partitions 0..{self.num_clients - 1})"
+                )
+        out = Path(self.out_dir).expanduser()
+        reused = [n for n in RUN_FILES if (out / n).exists()]
+        if reused:
+            raise ValueError(
+                f"out_dir {out} already holds a run ({', '.join(reused)}); choose a new folder"
+            )
+        if simulation and self.kills:
+            raise ValueError("--kill-client needs real SuperNodes (use `local`, not `simulate`)")
+        if self.out_key in self.run_config and str(self.run_config[self.out_key]) != str(
+            Path(self.out_dir).resolve()
+        ):
+            raise ValueError(f"run_config[{self.out_key!r}] conflicts with out_dir")
+        self._check_feasible(simulation=simulation)
+        if simulation and (missing := simulation_extra_missing()) is not None:
+            raise MissingDependencyError(missing)
+
+    def nodes(self, *, simulation: bool = False) -> int:
+        """SuperNodes the run gets: ``num_clients``, or the simulation's ``num-supernodes``."""
+        if simulation:
+            value = as_int(self.federation_config.get("num-supernodes"))
+            if value is not None:
+                return value
+        return self.num_clients
+
+    def _check_feasible(self, *, simulation: bool) -> None:
+        """Refuse settings no run can satisfy, before anything starts.
+
+        The effective run config is the app's ``[tool.flwr.app.config]`` overridden by
+        ``run_config``. Where the app declares them, ``min-clients`` (nodes the ServerApp waits
+        for), ``clients-per-round`` (nodes sampled per round, 0 = all) and ``num-rounds`` are
+        checked against the ``N`` SuperNodes and the ``--kill-client`` rounds.
+
+        Raises
+        ------
+        ValueError
+            Naming the setting, the number it conflicts with and the fix.
+        """
+        flag = "--federation-config num-supernodes" if simulation else "--clients"
+        n = self.nodes(simulation=simulation)
+        if n < 1:
+            raise ValueError(f"{flag} must be >= 1, got {n}")
+        effective = {**app_config(self.app_dir), **self.run_config}
+        min_clients = as_int(effective.get("min-clients"))
+        if min_clients is not None and n < min_clients:
+            raise ValueError(
+                f"{flag} {n} is fewer than min-clients = {min_clients}: the ServerApp would wait "
+                f"for nodes that never come; use {flag} {min_clients} or more, or "
+                f'--run-config "min-clients={n}"'
+            )
+        per_round = as_int(effective.get("clients-per-round"))
+        if per_round is not None and per_round > n:
+            raise ValueError(
+                f"clients-per-round = {per_round} but only {n} SuperNodes ({flag} {n}): use "
+                f"{flag} {per_round} or more, or clients-per-round <= {n} (0 = all of them)"
+            )
+        rounds = as_int(effective.get("num-rounds"))
+        late = [k for k in self.kills if rounds is not None and k.round > rounds]
+        if late:
+            raise ValueError(
+                f"--kill-client {late[0].partition}@{late[0].round}: the run has only {rounds} "
+                f"round(s), so this kill would never happen; use a round in 1..{rounds}"
+            )
+
+
+def node_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The privacy policy of the SuperNodes this launcher starts (``client/policy.py``).
+
+    The user who runs ``corbin-fl local`` / ``simulate`` operates the server and every node at
+    once, so the nodes admit exactly the run's mechanism, ``epsilon`` and ``delta`` and nothing
+    weaker; ``--node-config`` entries override these. Nodes started by anyone else (compose
+    files, separate machines) keep their own policy.
+    """
+    out: dict[str, Any] = {}
+    if "mechanism" in run_config:
+        out["corbin-mechanisms"] = str(run_config["mechanism"])
+    if "epsilon" in run_config:
+        out["corbin-max-epsilon"] = float(run_config["epsilon"])
+    if "delta" in run_config:
+        out["corbin-max-delta"] = float(run_config["delta"])
+    return out
+
+
+def policy_env(node_config: Mapping[str, Any]) -> dict[str, str]:
+    """The ``CORBIN_*`` environment variables of the ``corbin-*`` keys of ``node_config``."""
+    return {
+        key.upper().replace("-", "_"): str(value)
+        for key, value in node_config.items()
+        if key.startswith("corbin-")
+    }
+
+
+def run_local(
+    options: LocalRunOptions,
+    progress: Callable[[RunProgress], None] | None = None,
+) -> RunResult:
+    """Deploy the app on loopback with real SuperLink/SuperNode processes and run it once.
+
+    Steps: start the SuperLink on a free port (``/health`` readiness), start one SuperNode per
+    client (each on its own free Runtime API port, ``partition-id=i num-partitions=N``), wait
+    until all are ``online``, write the ``FLWR_HOME`` connection, ``flwr run <app> <conn>
+    --stream --run-config <out_dir>/run-config.toml``, follow ``events.jsonl``/``metrics.jsonl``
+    (calling ``progress`` about four times a second), SIGKILL the scheduled SuperNodes, and stop
+    every process at the end.
+
+    Returns
+    -------
+    RunResult
+        ``ok`` is True iff ``flwr run`` exited 0, Flower reports ``finished:completed`` and (with
+        ``require_summary``) ``summary.json`` exists. Never raises for a failed run, only for
+        invalid options or an interrupt (KeyboardInterrupt propagates after cleanup).
+    """
+    options.validate()
+    return _run(options, progress, simulation=False)
+
+
+def run_simulation(
+    options: LocalRunOptions,
+    progress: Callable[[RunProgress], None] | None = None,
+) -> RunResult:
+    """Run the app on Flower's simulation runtime (Ray) with ``num_clients`` virtual SuperNodes.
+
+    The managed simulation SuperLink that ``flwr run`` would start detached for a ``:local:``
+    connection is started by us instead (same flags, but on a free port announced to ``flwr``
+    through ``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``), so it is stopped at the end like every
+    other process. ``--federation-config "num-supernodes=N ..."`` sizes the federation.
+    """
+    options.validate(simulation=True)
+    return _run(options, progress, simulation=True)
+
+
+def _run(
+    options: LocalRunOptions,
+    progress: Callable[[RunProgress], None] | None,
+    *,
+    simulation: bool,
+) -> RunResult:
+    """Shared body of :func:`run_local` and :func:`run_simulation` (cleanup in ``finally``)."""
+    t0 = time.monotonic()
+    out_dir = Path(options.out_dir).expanduser().resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logs_dir = out_dir / "logs"
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    own_home = options.flwr_home is None
+    flwr_home = (
+        Path(options.flwr_home)
+        if options.flwr_home is not None
+        else Path(tempfile.mkdtemp(prefix="corbin-fl-home-"))
+    )
+    rounds = options.run_config.get("num-rounds", app_config(options.app_dir).get("num-rounds"))
+    state = RunProgress(num_rounds=as_int(rounds), num_clients=options.nodes(simulation=simulation))
+    run_config = {**options.run_config, options.out_key: str(out_dir)}
+    run_config_path = out_dir / "run-config.toml"
+    run_config_path.write_text(tomli_w.dumps(run_config))
+
+    def notify() -> None:
+        if progress is not None:
+            try:
+                progress(state)
+            except Exception:  # a broken display must not break the run
+                logger.exception("progress callback failed")
+
+    policy = node_policy({**app_config(options.app_dir, strict=False), **options.run_config})
+    deployment = LocalDeployment(
+        0 if simulation else options.num_clients,
+        logs_dir,
+        flwr_home,
+        ready_timeout=options.ready_timeout,
+        node_config={**policy, **options.node_config},
+        simulation=simulation,
+    )
+    if simulation:  # the simulation's virtual nodes have no node config: the environment
+        deployment.registry.env.update(policy_env({**policy, **options.node_config}))
+    reason = "completed"
+    ok = False
+    status: str | None = None
+    interrupted = False
+    summary: dict[str, Any] | None = None
+    try:
+        with terminate_as_interrupt():
+            notify()
+            try:
+                deployment.start()
+            except LauncherError as exc:
+                reason = f"start-up failed: {exc}"
+                raise _StartupError from exc
+            state.node_ids = dict(deployment.node_ids)
+            state.phase = "ready"
+            notify()
+            reason, ok, status = _submit_and_follow(
+                deployment, options, state, run_config_path, notify, simulation=simulation
+            )
+    except _StartupError:
+        ok = False
+    except KeyboardInterrupt:
+        interrupted = True
+        reason = "interrupted"
+        ok = False
+        raise
+    finally:
+        state.phase = "stopping"
+        notify()
+        deployment.registry.snapshot()
+        deployment.close()
+        processes = deployment.registry.all_seen()
+        if simulation:
+            _stop_stray_simulation_superlinks(flwr_home)
+        summary = read_json(out_dir / "summary.json")
+        if ok and options.require_summary and summary is None:
+            ok, reason = False, "the ServerApp wrote no summary.json"
+        state.phase = "finished" if ok else "failed"
+        state.message = reason
+        notify()
+        if own_home:
+            shutil.rmtree(flwr_home, ignore_errors=True)
+        keep = options.keep_logs or not ok or interrupted
+        if not keep:
+            shutil.rmtree(logs_dir, ignore_errors=True)
+        else:
+            logger.info("process logs kept in %s", logs_dir)
+    return RunResult(
+        ok=ok,
+        reason=reason,
+        out_dir=out_dir,
+        run_id=state.run_id,
+        status=status,
+        events=list(state.events),
+        metrics=list(state.metrics),
+        summary=summary,
+        killed=list(state.killed),
+        node_ids=dict(state.node_ids),
+        processes=processes,
+        logs_dir=logs_dir if keep else None,
+        wall_seconds=time.monotonic() - t0,
+        exit_code=0 if ok else 1,
+    )
+
+
+class _StartupError(Exception):
+    """Internal: start-up failed, the reason is already recorded."""
+
+
+class _KillSchedule:
+    """The kills of a run: each is armed when its round starts and due ``delay`` seconds later."""
+
+    def __init__(self, kills: Sequence[KillSpec], delay: float) -> None:
+        self.pending: dict[KillSpec, float | None] = dict.fromkeys(kills)
+        self.delay = delay
+
+    def round_started(self, rnd: int, at: float) -> None:
+        for spec, due in self.pending.items():
+            if spec.round == rnd and due is None:
+                self.pending[spec] = at + self.delay
+
+    def due(self, now: float) -> list[KillSpec]:
+        out = [spec for spec, at in self.pending.items() if at is not None and now >= at]
+        for spec in out:
+            del self.pending[spec]
+        return out
+
+
+class _RunFiles:
+    """The new lines of the ServerApp's ``events.jsonl`` and ``metrics.jsonl``, read into the
+    progress ``state`` (rounds, stages, drops) and the kill schedule."""
+
+    def __init__(self, out_dir: Path, state: RunProgress, kills: _KillSchedule) -> None:
+        self.events = JsonlTail(out_dir / "events.jsonl")
+        self.metrics = JsonlTail(out_dir / "metrics.jsonl")
+        self.state, self.kills = state, kills
+
+    def poll(self) -> None:
+        state = self.state
+        for ev in self.events.read_new():
+            state.events.append(ev)
+            kind, rnd = ev.get("event"), as_int(ev.get("round"))
+            if kind == "round_start" and rnd is not None:
+                state.current_round, state.last_stage = rnd, None
+                self.kills.round_started(rnd, float(ev.get("time", time.time())))
+            elif kind == "stage_end":
+                state.last_stage = str(ev.get("stage"))
+                for nid in ev.get("dropped") or []:
+                    if rnd is not None and (node := as_int(nid)) is not None:
+                        state.stage_drops.append((rnd, state.last_stage, node))
+        state.metrics.extend(self.metrics.read_new())
+
+
+def _follow(
+    deployment: LocalDeployment,
+    flwr_run: ManagedProcess,
+    files: _RunFiles,
+    notify: Callable[[], None],
+    timeout: float,
+) -> str | None:
+    """Follow ``flwr run`` until it exits (None) or why following stopped early."""
+    state, deadline, last_snapshot = files.state, time.monotonic() + timeout, 0.0
+    while True:
+        rc = flwr_run.popen.poll()
+        if state.run_id is None and (m := RUN_ID_RE.search(flwr_run.log_text())):
+            state.run_id = int(m.group(1))
+            logger.info("run %d submitted", state.run_id)
+        files.poll()
+        for spec in files.kills.due(time.time()):
+            if spec.partition in deployment.supernodes:
+                state.killed.append(deployment.kill_supernode(spec.partition, spec.round))
+        if time.monotonic() - last_snapshot > 1.0:
+            deployment.registry.snapshot()
+            last_snapshot = time.monotonic()
+        notify()
+        if rc is not None:
+            return None
+        if (failure := deployment.infrastructure_failure()) is not None:
+            return failure
+        if time.monotonic() > deadline:
+            return f"timed out after {timeout:.0f} s"
+        time.sleep(0.25)
+
+
+def _verdict(
+    reason: str | None, flwr_run: ManagedProcess, run_id: int | None, status: str | None
+) -> tuple[str, bool]:
+    """``(reason, ok)`` of a followed run."""
+    if reason is not None:
+        return reason, False
+    rc = flwr_run.popen.returncode
+    if rc != 0:
+        return f"`flwr run` exited with code {rc}:\n{flwr_run.log_tail()}", False
+    if run_id is None:
+        return f"`flwr run` did not start a run:\n{flwr_run.log_tail()}", False
+    if status != COMPLETED_STATUS:
+        return f"run {run_id} ended with status {status}", False
+    return "completed", True
+
+
+def _submit_and_follow(
+    deployment: LocalDeployment,
+    options: LocalRunOptions,
+    state: RunProgress,
+    run_config_path: Path,
+    notify: Callable[[], None],
+    *,
+    simulation: bool,
+) -> tuple[str, bool, str | None]:
+    """Submit ``flwr run`` and follow it until it ends; return ``(reason, ok, status)``."""
+    out_dir = run_config_path.parent
+    federation = (
+        {"num-supernodes": options.num_clients, **options.federation_config} if simulation else None
+    )
+    cmd = deployment.cli.run_argv(options.app_dir, run_config_path, federation)
+    flwr_run = deployment.registry.start("flwr-run", cmd, out_dir / "logs" / "flwr-run.log")
+    state.phase = "running"
+    files = _RunFiles(out_dir, state, _KillSchedule(options.kills, options.kill_delay))
+    reason = _follow(deployment, flwr_run, files, notify, options.timeout)
+    if reason is not None:  # timeout or dead SuperLink: stop the run, then `flwr run`
+        superlink = deployment.superlink
+        if state.run_id is not None and superlink is not None and superlink.running():
+            deployment.cli.stop(state.run_id)
+        deployment.registry.stop(flwr_run, grace=5.0)
+    time.sleep(0.2)
+    files.poll()
+    if files.kills.pending:
+        logger.warning(
+            "scheduled kills never happened: %s",
+            ", ".join(f"{k.partition}@{k.round}" for k in files.kills.pending),
+        )
+    status: str | None = None
+    if state.run_id is not None and deployment.infrastructure_failure() is None:
+        status, details = deployment.cli.final_status(state.run_id)
+        if status is not None and status != COMPLETED_STATUS:
+            logger.warning("run %s ended with status %s (%s)", state.run_id, status, details)
+    reason, ok = _verdict(reason, flwr_run, state.run_id, status)
+    return reason, ok, status
+
+
+def _stop_stray_simulation_superlinks(flwr_home: Path) -> None:
+    """Kill a detached simulation SuperLink that ``flwr`` may have started for our ``FLWR_HOME``.
+
+    ``flwr`` starts it (for a ``:local:`` connection, when nothing answers on the port) with
+    ``--log-file <FLWR_HOME>/local-superlink/superlink.log``; only a ``flower-superlink`` process
+    with that exact path on its command line is touched, never anything else.
+    """
+    if not has_proc():
+        return
+    marker = str(Path(flwr_home) / "local-superlink")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        cmd = cmdline(pid)
+        if "flower-superlink" not in cmd or marker not in cmd:
+            continue
+        ref = process_ref(pid)
+        if ref is None:
+            continue
+        logger.warning("stopping a detached simulation SuperLink (pid %d)", pid)
+        for item in [ref, *descendants(pid)]:
+            signal_ref(item, signal.SIGKILL)

@@ -1,0 +1,263 @@
+"""``corbin-fl experiment``: run TOML-driven experiments, resume them, and rebuild their reports.
+
+Usage::
+
+    corbin-fl experiment run experiments/quick/epsilon.toml [--results results] [--fresh]
+    corbin-fl experiment plan experiments/quick/epsilon.toml      # runs and their state
+    corbin-fl experiment report experiments/quick/epsilon.toml    # CSV/figures/report only
+    corbin-fl experiment migrate experiments/quick/*.toml --dry-run   # runs to the specs' ids
+
+``run`` skips runs that are already done, so re-running the same command after an interruption
+resumes. Exit codes: 0 success (target checks are reported, never enforced), 1 some runs failed,
+2 invalid spec or arguments (or a refused migration: nothing changed), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from experiments.spec import ExperimentSpec, SpecError, load_spec
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
+    """The argument parser of ``corbin-fl experiment``."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run CorBin-FL experiments described by TOML specs "
+        "(experiments/quick/*.toml, experiments/paper/*.toml).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("spec", type=Path, nargs="+", help="experiment spec(s) (TOML)")
+        p.add_argument(
+            "--results",
+            type=Path,
+            default=Path("results"),
+            help="parent folder of the experiment folders (default: ./results)",
+        )
+        p.add_argument("--app", type=Path, default=None, help="Flower app folder (default: repo)")
+
+    run = sub.add_parser("run", help="run what is not done yet, then write the outputs")
+    common(run)
+    run.add_argument("--fresh", action="store_true", help="delete previous results first")
+    run.add_argument(
+        "--max-runs", type=int, default=None, help="execute at most N runs in this invocation"
+    )
+    run.add_argument(
+        "--device",
+        default="cpu",
+        help="device of the mse experiment: cpu, cuda or auto (default: cpu)",
+    )
+    run.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+    plan = sub.add_parser("plan", help="validate spec(s) and list the runs with their state")
+    common(plan)
+
+    report = sub.add_parser("report", help="rebuild CSV, figures and report from saved results")
+    common(report)
+
+    migrate = sub.add_parser(
+        "migrate",
+        help="rename finished runs to the run ids of the edited spec(s), matched by effective "
+        "configuration (nothing is run)",
+    )
+    common(migrate)
+    migrate.add_argument(
+        "--dry-run", action="store_true", help="say what would change, change nothing"
+    )
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
+    )
+
+
+def _migrate(
+    specs: Sequence[ExperimentSpec],
+    results: Path,
+    defaults: Mapping[str, Any] | None,
+    *,
+    dry_run: bool,
+    out: Console,
+    err: Console,
+) -> int:
+    """``corbin-fl experiment migrate``: 0 done, 2 when an experiment was refused (unchanged)."""
+    from rich.markup import escape
+
+    from experiments.migrate import migrate_experiments
+
+    if defaults is None:
+        err.print(
+            "[red]error:[/red] the app's defaults are needed to match runs by their effective "
+            "configuration (give --app)"
+        )
+        return 2
+    for spec in specs:
+        if spec.kind == "mse":
+            out.print(f"{spec.name}: mse experiment (no federated runs)")
+    try:
+        done, refused = migrate_experiments(specs, results, defaults, dry_run=dry_run)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    verb = "would be" if dry_run else "were"
+    for result in done:
+        plan = result.plan
+        out.print(
+            f"[bold]{plan.experiment}[/bold]: {len(plan.moves)} run folders: {plan.renamed} "
+            f"{verb} renamed, {plan.rewritten} {verb} rewritten in place, {plan.unchanged} "
+            f"already current; {len(plan.to_do)} runs of the spec not done"
+            + (
+                f"; {result.references_updated} copies pointed at their moved source"
+                if result.references_updated
+                else ""
+            )
+        )
+        if dry_run:
+            for move in plan.moves:
+                if move.renames:
+                    out.print(f"  {move.folder.name} -> {move.run.run_id}", soft_wrap=True)
+        for warning in result.warnings:
+            err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+    for exc in refused:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+    return 2 if refused else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``corbin-fl experiment`` (``argv`` without the ``experiment`` word).
+
+    Returns
+    -------
+    int
+        0 success, 1 failed runs, 2 invalid spec/arguments, 130 interrupted.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # argparse exits on --help (0) and on errors (2)
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    _configure_logging(args.verbose)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    out = Console()
+    try:
+        specs = [load_spec(p) for p in args.spec]
+    except (SpecError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+    from experiments import experiment as ex
+    from experiments.sweep import RunState
+
+    if args.command in ("plan", "report", "migrate"):  # what finished runs are checked against
+        defaults = ex.current_app_defaults(args.app)
+    if args.command == "migrate":
+        return _migrate(specs, args.results, defaults, dry_run=args.dry_run, out=out, err=console)
+    if args.command == "plan":
+        recorded = ex.RecordedRuns(Path(args.results))
+        for spec in specs:
+            if spec.kind == "mse":
+                out.print(f"{spec.name}: mse experiment (no federated runs)")
+                continue
+            try:
+                planned = ex.plan(spec, args.results, defaults)
+            except SpecError as exc:
+                console.print(f"[red]error:[/red] {exc}")
+                return 2
+            copies = {
+                run.run_id: source.relative_to(args.results).as_posix()
+                for run, state in planned
+                if state is not RunState.DONE
+                and (source := next(recorded.done_sources(run, defaults), None)) is not None
+            }
+            counts = {s: sum(1 for _, st in planned if st is s) for s in RunState}
+            out.print(
+                f"[bold]{spec.name}[/bold]: {len(planned)} runs "
+                f"({counts[RunState.DONE]} done, {counts[RunState.PARTIAL]} partial, "
+                f"{counts[RunState.STALE]} stale, "
+                f"{counts[RunState.MISSING]} to do)"
+            )
+            if copies:
+                out.print(f"  {len(copies)} of them are done in other experiments: copied, not run")
+            for run, state in planned:
+                copy = f"  (copy of {copies[run.run_id]})" if run.run_id in copies else ""
+                out.print(f"  {state.value:8s} {run.run_id}{copy}", soft_wrap=True)
+        return 0
+
+    if args.command == "report":
+        for spec in specs:
+            if spec.kind == "mse":
+                targets, report = ex.finalize_mse(spec, args.results)
+            else:
+                targets, report = ex.finalize_federated(spec, args.results, app_defaults=defaults)
+            out.print(f"{spec.name}: report {report}")
+            for t in targets:
+                out.print(f"  [{t.status}] {t.name}: {t.detail}")
+        return 0
+
+    if args.max_runs is not None and args.max_runs < 0:
+        console.print("[red]error:[/red] --max-runs must be >= 0")
+        return 2
+    code = 0
+    for spec in specs:
+        if args.fresh:
+            ex.remove_experiment(spec, args.results)
+        try:
+            if spec.kind == "mse":
+                outcome = ex.run_mse(
+                    spec,
+                    args.results,
+                    device=args.device,
+                    progress=not args.no_progress,
+                    console=console,
+                )
+            else:
+                outcome = ex.run_federated(
+                    spec,
+                    args.results,
+                    app_dir=args.app,
+                    max_runs=args.max_runs,
+                    progress=not args.no_progress,
+                    console=console,
+                )
+        except (SpecError, ValueError, FileNotFoundError) as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+        except KeyboardInterrupt:
+            console.print("interrupted; run the same command again to resume")
+            return 130
+        out.print(f"[bold]{spec.name}[/bold]")
+        for line in ex.summary_lines(outcome):
+            out.print(f"  {line}", markup=False)
+        if outcome.interrupted:
+            return 130
+        if outcome.failed:
+            code = 1
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

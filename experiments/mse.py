@@ -1,0 +1,521 @@
+"""The quantizer-MSE experiment (paper Appendix F, Experiment 8 and Fig. 4): no federation.
+
+Two parts, both sampling the real quantizers of :mod:`mechanisms.quantizers` and comparing
+with the closed forms of :mod:`mechanisms.theory`:
+
+**Grid** -- for every ``eps`` and every point of a ``G x G`` grid of ``(w1, w2)`` in
+``[c - r, c + r]^2`` the pair MSE
+
+.. math:: m(w_1, w_2) = E[(Q_1(w_1) + Q_2(w_2) - w_1 - w_2)^2]
+
+is estimated from ``samples`` draws per seed, for CorBinQ (Alg. 2: the lead rule for ``w1``,
+the follow rule for ``w2``, the same uniform codeword ``Z`` in ``[0, 2^d)``, local tie-break
+coins) and for two independent LDPQ (Alg. 1). The closed forms are
+:func:`mechanisms.theory.corbin_pair_mse` (exact for finite ``d``) and
+:func:`mechanisms.theory.ldpq_pair_mse` (``2 r^2 alpha^2 - (w1 - c)^2 - (w2 - c)^2``). The standard
+error of a point is ``sqrt(s^2 / N)`` with ``s^2`` the sample variance of the squared error over
+its ``N`` draws; the grid average has ``SE = sqrt(sum_i SE_i^2) / G^2`` (independent points).
+
+**Real weights** -- two clients start from the same initial CNN and train ``local-epochs`` on
+their own IID partitions; their flattened weights ``w1, w2`` are quantized as a pair with
+per-layer ``c = (max + min)/2`` and ``r = (max - min)/2`` over both clients (the layer-wise
+range of Sec. V-2), ``repeats`` times. Per layer we report the per-parameter pair MSE (mean over
+parameters and repeats; SE over repeats) measured and in closed form.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from corbin_fl.fsio import atomic_write_text
+from experiments.results import Stat
+from experiments.spec import MSESpec, RealWeightsSpec
+
+logger = logging.getLogger(__name__)
+
+_MAX_CHUNK_ELEMENTS = 2_000_000
+"""Elements per sampling chunk (samples x grid points), bounds the memory to ~100 MB."""
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    from corbin_fl.training import pick_device
+
+    return pick_device(device)
+
+
+# --------------------------------------------------------------------------- grid
+
+
+@dataclass(frozen=True)
+class GridMSE:
+    """Measured and closed-form pair MSE over a ``(w1, w2)`` grid, per ``eps``.
+
+    Arrays indexed ``[e, i, j]`` hold the value at ``eps = epsilons[e]``, ``w1 = w[i]``,
+    ``w2 = w[j]``; ``*_measured`` / ``*_se`` pool the samples of all seeds, ``*_seed_means``
+    are the grid averages per seed, shape ``(S, E)``.
+    """
+
+    w: np.ndarray
+    epsilons: tuple[float, ...]
+    center: float
+    radius: float
+    d: int
+    samples_per_seed: int
+    seeds: tuple[int, ...]
+    corbin_measured: np.ndarray
+    corbin_se: np.ndarray
+    corbin_closed: np.ndarray
+    ldpq_measured: np.ndarray
+    ldpq_se: np.ndarray
+    ldpq_closed: np.ndarray
+    corbin_seed_means: np.ndarray
+    ldpq_seed_means: np.ndarray
+
+    def eps_index(self, eps: float) -> int:
+        """Index of ``eps`` in :attr:`epsilons`.
+
+        Raises
+        ------
+        KeyError
+            If ``eps`` was not measured.
+        """
+        for k, e in enumerate(self.epsilons):
+            if math.isclose(e, eps, rel_tol=1e-12, abs_tol=0.0):
+                return k
+        raise KeyError(f"eps={eps} was not measured (have {list(self.epsilons)})")
+
+    def grid_mean(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """Grid-averaged measured MSE and its standard error, shape ``(E,)`` each.
+
+        Parameters
+        ----------
+        which
+            ``"corbin"`` or ``"ldpq"``.
+        """
+        if which not in ("corbin", "ldpq"):
+            raise ValueError(f"which must be 'corbin' or 'ldpq', got {which!r}")
+        meas = getattr(self, f"{which}_measured")
+        se = getattr(self, f"{which}_se")
+        points = meas.shape[1] * meas.shape[2]
+        return meas.mean(axis=(1, 2)), np.sqrt((se**2).sum(axis=(1, 2))) / points
+
+    def seed_stat(self, which: str, k: int) -> Stat:
+        """Mean ± std over seeds of the grid-averaged measured MSE at ``epsilons[k]``."""
+        arr = self.corbin_seed_means if which == "corbin" else self.ldpq_seed_means
+        return Stat.of(arr[:, k])
+
+    def z_scores(self, which: str) -> np.ndarray:
+        """``(measured - closed) / SE`` per point, shape ``(E, G, G)``.
+
+        Where every draw gave the same error (SE = 0, e.g. a CorBinQ pair with
+        ``w1 + w2 = 2c`` always lands on ``Q1 + Q2 = 2c``) the point scores 0 if measured and
+        closed form agree to ``1e-6`` of the largest closed-form value at that ``eps`` (the
+        quantizers compute ``q`` in float32), ``inf`` otherwise.
+        """
+        meas = getattr(self, f"{which}_measured")
+        closed = getattr(self, f"{which}_closed")
+        se = getattr(self, f"{which}_se")
+        diff = meas - closed
+        tol = 1e-6 * np.abs(closed).max(axis=(1, 2), keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.where(se > 0, diff / np.where(se > 0, se, 1.0), 0.0)
+        return np.where((se == 0) & (np.abs(diff) > tol), np.inf, z)
+
+
+class _Accumulator:
+    """Running sum and sum of squares (float64) of per-point squared errors."""
+
+    def __init__(self, shape: tuple[int, ...], device: torch.device) -> None:
+        self.s = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.ss = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.n = 0
+
+    def add(self, err2: torch.Tensor) -> None:
+        self.s += err2.sum(dim=0)
+        self.ss += (err2 * err2).sum(dim=0)
+        self.n += int(err2.shape[0])
+
+    def mean_se(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.n
+        mean = self.s / n
+        var = (self.ss - n * mean * mean).clamp_min(0.0) / max(n - 1, 1)
+        return mean.cpu().numpy(), torch.sqrt(var / n).cpu().numpy()
+
+
+def _pair_errors(
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    c: float | torch.Tensor,
+    r: float | torch.Tensor,
+    eps: float,
+    d: int,
+    n: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Squared pair errors of ``n`` independent draws: CorBinQ and LDPQ, shape ``(n, *w.shape)``.
+
+    ``w1``, ``w2`` (and tensor ``c``, ``r``) share a shape and a device; they are broadcast
+    against a leading sample axis.
+    """
+    from mechanisms.quantizers import corbinq, decode, ldpq
+
+    shape = (n, *w1.shape)
+    a = w1.expand(shape)
+    b = w2.expand(shape)
+    cc = c.expand(shape) if isinstance(c, torch.Tensor) else c
+    rr = r.expand(shape) if isinstance(r, torch.Tensor) else r
+    target = a.double() + b.double()
+    z = torch.randint(0, 2**d, shape, generator=generator, device=a.device, dtype=torch.int64)
+    q1 = decode(corbinq(a, cc, rr, eps, z, d, lead=True, generator=generator), cc, rr, eps)
+    q2 = decode(corbinq(b, cc, rr, eps, z, d, lead=False, generator=generator), cc, rr, eps)
+    corbin = (q1.double() + q2.double() - target) ** 2
+    l1 = decode(ldpq(a, cc, rr, eps, generator=generator), cc, rr, eps)
+    l2 = decode(ldpq(b, cc, rr, eps, generator=generator), cc, rr, eps)
+    ldp = (l1.double() + l2.double() - target) ** 2
+    return corbin, ldp
+
+
+def measure_grid(
+    spec: MSESpec,
+    seeds: Sequence[int],
+    *,
+    device: str | torch.device | None = "cpu",
+    on_step: Callable[[int, int], None] | None = None,
+) -> GridMSE:
+    """Measure the pair MSE of CorBinQ and LDPQ over the grid of ``spec`` (see module doc).
+
+    Parameters
+    ----------
+    spec
+        Grid size, ``c``, ``r``, ``d``, epsilons and samples per seed.
+    seeds
+        One seeded :class:`torch.Generator` per seed draws the codewords and coins.
+    device
+        ``"cpu"``, ``"cuda"`` or ``"auto"``; the same code runs on either.
+    on_step
+        Called with ``(done, total)`` after each ``(eps, seed)`` pair.
+
+    Raises
+    ------
+    ValueError
+        If ``seeds`` is empty.
+    """
+    if not seeds:
+        raise ValueError("seeds must not be empty")
+    from mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
+
+    dev = _device(device)
+    c, r, d = float(spec.center), float(spec.radius), int(spec.d)
+    w = np.linspace(c - r, c + r, spec.grid_points)
+    w1_np, w2_np = np.meshgrid(w, w, indexing="ij")
+    w1 = torch.tensor(w1_np, dtype=torch.float32, device=dev)
+    w2 = torch.tensor(w2_np, dtype=torch.float32, device=dev)
+    # the quantizers see float32 inputs: evaluate the closed forms at the same values
+    w1_f = w1.double().cpu().numpy()
+    w2_f = w2.double().cpu().numpy()
+    points = spec.grid_points**2
+    chunk = max(1, _MAX_CHUNK_ELEMENTS // points)
+    n_eps, n_seeds = len(spec.epsilons), len(seeds)
+    shape = (n_eps, spec.grid_points, spec.grid_points)
+    out = {k: np.zeros(shape) for k in ("cm", "cs", "lm", "ls", "cc", "lc")}
+    seed_means = {"c": np.zeros((n_seeds, n_eps)), "l": np.zeros((n_seeds, n_eps))}
+    for k, eps in enumerate(spec.epsilons):
+        pooled_c = _Accumulator(w1.shape, dev)
+        pooled_l = _Accumulator(w1.shape, dev)
+        for s_idx, seed in enumerate(seeds):
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(int(seed) * 1_000_003 + k)
+            acc_c = _Accumulator(w1.shape, dev)
+            acc_l = _Accumulator(w1.shape, dev)
+            done = 0
+            while done < spec.samples:
+                n = min(chunk, spec.samples - done)
+                err_c, err_l = _pair_errors(w1, w2, c, r, float(eps), d, n, gen)
+                for acc in (acc_c, pooled_c):
+                    acc.add(err_c)
+                for acc in (acc_l, pooled_l):
+                    acc.add(err_l)
+                done += n
+            seed_means["c"][s_idx, k] = acc_c.mean_se()[0].mean()
+            seed_means["l"][s_idx, k] = acc_l.mean_se()[0].mean()
+            if on_step is not None:
+                on_step(k * n_seeds + s_idx + 1, n_eps * n_seeds)
+        out["cm"][k], out["cs"][k] = pooled_c.mean_se()
+        out["lm"][k], out["ls"][k] = pooled_l.mean_se()
+        out["cc"][k] = corbin_pair_mse(w1_f, w2_f, c, r, float(eps), d)
+        out["lc"][k] = ldpq_pair_mse(w1_f, w2_f, c, r, float(eps))
+        logger.info(
+            "eps=%g: CorBinQ %.5g (closed %.5g), LDPQ %.5g (closed %.5g)",
+            eps,
+            out["cm"][k].mean(),
+            out["cc"][k].mean(),
+            out["lm"][k].mean(),
+            out["lc"][k].mean(),
+        )
+    return GridMSE(
+        w=w,
+        epsilons=tuple(float(e) for e in spec.epsilons),
+        center=c,
+        radius=r,
+        d=d,
+        samples_per_seed=spec.samples,
+        seeds=tuple(int(s) for s in seeds),
+        corbin_measured=out["cm"],
+        corbin_se=out["cs"],
+        corbin_closed=out["cc"],
+        ldpq_measured=out["lm"],
+        ldpq_se=out["ls"],
+        ldpq_closed=out["lc"],
+        corbin_seed_means=seed_means["c"],
+        ldpq_seed_means=seed_means["l"],
+    )
+
+
+# --------------------------------------------------------------------------- real weights
+
+
+@dataclass(frozen=True)
+class RealWeightsMSE:
+    """Per-layer per-parameter pair MSE on trained CNN weights, indexed ``[e, layer]``.
+
+    The last layer entry ``"all"`` is the average over every parameter of the model.
+    """
+
+    layers: tuple[str, ...]
+    sizes: tuple[int, ...]
+    epsilons: tuple[float, ...]
+    d: int
+    repeats: int
+    radius: tuple[float, ...]
+    corbin_measured: np.ndarray
+    corbin_se: np.ndarray
+    corbin_closed: np.ndarray
+    ldpq_measured: np.ndarray
+    ldpq_se: np.ndarray
+    ldpq_closed: np.ndarray
+
+
+def trained_pair(
+    spec: RealWeightsSpec, seed: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, list[str], list[int]]:
+    """Train two clients from one initial model; return ``(w1, w2, layer names, sizes)``.
+
+    Client ``k`` (``k = 0, 1``) trains on IID partition ``k`` of ``num_partitions`` with
+    shuffling seed ``seed + k``.
+    """
+    from corbin_fl.data import client_dataset, dataset_info
+    from corbin_fl.models import build_model, flatten, layout_of
+    from corbin_fl.training import train_local
+
+    info = dataset_info(spec.dataset)
+    init = build_model(spec.model, info.in_channels, info.num_classes, seed=int(seed))
+    weights = []
+    for k in range(2):
+        data = client_dataset(
+            spec.dataset, k, spec.num_partitions, partitioner="iid", data_seed=spec.data_seed
+        )
+        model = copy.deepcopy(init)
+        train_local(
+            model,
+            data,
+            epochs=spec.local_epochs,
+            batch_size=spec.batch_size,
+            seed=int(seed) + k,
+            device=device,
+        )
+        weights.append(flatten(model).to(device))
+    layout = layout_of(init)
+    return weights[0], weights[1], list(layout.names), list(layout.sizes)
+
+
+def measure_real_weights(
+    spec: MSESpec,
+    seed: int,
+    *,
+    device: str | torch.device | None = "cpu",
+    on_step: Callable[[int, int], None] | None = None,
+) -> RealWeightsMSE:
+    """Measure the pair MSE of CorBinQ and LDPQ on two trained clients' weights.
+
+    ``on_step(done, total)`` is called after training and after each ``eps``.
+
+    Raises
+    ------
+    ValueError
+        If ``spec.real_weights`` is not set.
+    """
+    if spec.real_weights is None:
+        raise ValueError("spec.real_weights is not set ([mse.real-weights] table)")
+    from mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
+
+    rw = spec.real_weights
+    dev = _device(device)
+    w1, w2, names, sizes = trained_pair(rw, seed, dev)
+    if on_step is not None:
+        on_step(1, len(spec.epsilons) + 1)
+    offsets = np.cumsum([0, *sizes])
+    c_list, r_list = [], []
+    for lo, hi in itertools.pairwise(offsets.tolist()):
+        seg_lo = float(torch.minimum(w1[lo:hi].min(), w2[lo:hi].min()))
+        seg_hi = float(torch.maximum(w1[lo:hi].max(), w2[lo:hi].max()))
+        c_list.append((seg_hi + seg_lo) / 2)
+        r_list.append(max((seg_hi - seg_lo) / 2, 1e-3))
+    size_t = torch.tensor(sizes, device=dev)
+    c = torch.repeat_interleave(torch.tensor(c_list, dtype=torch.float32, device=dev), size_t)
+    r = torch.repeat_interleave(torch.tensor(r_list, dtype=torch.float32, device=dev), size_t)
+    layer_of = torch.repeat_interleave(torch.arange(len(sizes), device=dev), size_t)
+    n_layers = len(sizes) + 1
+    n_eps = len(spec.epsilons)
+    res = {k: np.zeros((n_eps, n_layers)) for k in ("cm", "cs", "cc", "lm", "ls", "lc")}
+    w1_np, w2_np = w1.double().cpu().numpy(), w2.double().cpu().numpy()
+    c_np, r_np = c.double().cpu().numpy(), r.double().cpu().numpy()
+    size_np = np.asarray(sizes, dtype=float)
+    for k, eps in enumerate(spec.epsilons):
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(int(seed) * 1_000_003 + 7919 * k + 1)
+        per_rep = {"c": np.zeros((rw.repeats, n_layers)), "l": np.zeros((rw.repeats, n_layers))}
+        for rep in range(rw.repeats):
+            err_c, err_l = _pair_errors(w1, w2, c, r, float(eps), spec.d, 1, gen)
+            for key, err in (("c", err_c[0]), ("l", err_l[0])):
+                sums = torch.zeros(len(sizes), dtype=torch.float64, device=dev)
+                sums.index_add_(0, layer_of, err)
+                sums_np = sums.cpu().numpy()
+                per_rep[key][rep, :-1] = sums_np / size_np
+                per_rep[key][rep, -1] = sums_np.sum() / size_np.sum()
+        for key, arr in per_rep.items():
+            res[f"{key}m"][k] = arr.mean(axis=0)
+            res[f"{key}s"][k] = (
+                arr.std(axis=0, ddof=1) / math.sqrt(rw.repeats) if rw.repeats > 1 else 0.0
+            )
+        closed_c = np.asarray(corbin_pair_mse(w1_np, w2_np, c_np, r_np, float(eps), spec.d))
+        closed_l = np.asarray(ldpq_pair_mse(w1_np, w2_np, c_np, r_np, float(eps)))
+        for key, closed in (("cc", closed_c), ("lc", closed_l)):
+            sums = np.bincount(layer_of.cpu().numpy(), weights=closed, minlength=len(sizes))
+            res[key][k, :-1] = sums / size_np
+            res[key][k, -1] = sums.sum() / size_np.sum()
+        if on_step is not None:
+            on_step(k + 2, len(spec.epsilons) + 1)
+    return RealWeightsMSE(
+        layers=(*names, "all"),
+        sizes=(*sizes, int(sum(sizes))),
+        epsilons=tuple(float(e) for e in spec.epsilons),
+        d=spec.d,
+        repeats=rw.repeats,
+        radius=(*r_list, max(r_list)),
+        corbin_measured=res["cm"],
+        corbin_se=res["cs"],
+        corbin_closed=res["cc"],
+        ldpq_measured=res["lm"],
+        ldpq_se=res["ls"],
+        ldpq_closed=res["lc"],
+    )
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+def write_grid_csv(path: Path, grid: GridMSE) -> None:
+    """One row per ``(eps, w1, w2)``: measured mean and SE and closed form, both quantizers."""
+    lines = [
+        "epsilon,w1,w2,corbin_measured,corbin_se,corbin_closed,ldpq_measured,ldpq_se,ldpq_closed"
+    ]
+    for k, eps in enumerate(grid.epsilons):
+        for i, a in enumerate(grid.w):
+            for j, b in enumerate(grid.w):
+                vals = (
+                    grid.corbin_measured[k, i, j],
+                    grid.corbin_se[k, i, j],
+                    grid.corbin_closed[k, i, j],
+                    grid.ldpq_measured[k, i, j],
+                    grid.ldpq_se[k, i, j],
+                    grid.ldpq_closed[k, i, j],
+                )
+                lines.append(
+                    ",".join(
+                        [repr(eps), repr(float(a)), repr(float(b))] + [repr(float(v)) for v in vals]
+                    )
+                )
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def write_real_csv(path: Path, real: RealWeightsMSE) -> None:
+    """One row per ``(eps, layer)``: per-parameter pair MSE measured (SE) and closed form."""
+    lines = [
+        "epsilon,layer,params,radius,corbin_measured,corbin_se,corbin_closed,"
+        "ldpq_measured,ldpq_se,ldpq_closed"
+    ]
+    for k, eps in enumerate(real.epsilons):
+        for li, name in enumerate(real.layers):
+            vals = (
+                real.corbin_measured[k, li],
+                real.corbin_se[k, li],
+                real.corbin_closed[k, li],
+                real.ldpq_measured[k, li],
+                real.ldpq_se[k, li],
+                real.ldpq_closed[k, li],
+            )
+            lines.append(
+                ",".join(
+                    [repr(eps), name, str(real.sizes[li]), repr(float(real.radius[li]))]
+                    + [repr(float(v)) for v in vals]
+                )
+            )
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+# --------------------------------------------------------------------------- persistence
+
+
+def save_measurement(path: Path, data: GridMSE | RealWeightsMSE) -> None:
+    """Save a measurement as ``.npz`` (arrays) with its scalar fields as JSON, atomically.
+
+    :func:`load_measurement` restores it, so ``corbin-fl experiment report`` can redraw the
+    figures and the report without sampling again.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    meta: dict[str, object] = {"type": type(data).__name__}
+    for f in dataclasses.fields(data):
+        value = getattr(data, f.name)
+        if isinstance(value, np.ndarray):
+            arrays[f.name] = value
+        else:
+            meta[f.name] = list(value) if isinstance(value, tuple) else value
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.npz")
+    np.savez(tmp, __meta__=np.array(json.dumps(meta)), **arrays)
+    tmp.replace(path)
+
+
+def load_measurement(path: Path) -> GridMSE | RealWeightsMSE:
+    """Load what :func:`save_measurement` wrote.
+
+    Raises
+    ------
+    ValueError
+        If the file does not hold a known measurement type.
+    """
+    with np.load(Path(path), allow_pickle=False) as npz:
+        meta = json.loads(str(npz["__meta__"]))
+        arrays = {k: npz[k] for k in npz.files if k != "__meta__"}
+    kind = meta.pop("type", None)
+    cls = {"GridMSE": GridMSE, "RealWeightsMSE": RealWeightsMSE}.get(str(kind))
+    if cls is None:
+        raise ValueError(f"{path}: unknown measurement type {kind!r}")
+    kwargs: dict[str, object] = dict(arrays)
+    for f in dataclasses.fields(cls):
+        if f.name in meta:
+            value = meta[f.name]
+            kwargs[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**kwargs)  # type: ignore[arg-type]

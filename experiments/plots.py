@@ -1,0 +1,979 @@
+"""PNG figures of an experiment (matplotlib's object API with the Agg canvas; no pyplot state).
+
+Every figure states on itself what a reader needs to read it:
+
+* a **title** (``suptitle``): the experiment's description, then the settings every plotted
+  run shares (:func:`fixed_settings`: dataset, model, clients, rounds, eps, ``d``, range mode
+  and radius, ...), so a figure cut out of its report still says what was held fixed;
+* a **caption** (``supxlabel``, under the plot): what the error bars and bands are (one
+  sample standard deviation, ``ddof = 1``, over the seeds, with their count) and the y-axis
+  rule below;
+* a **legend entry for every line**, reference lines included.
+
+Federated figures use the lambda-selected runs of each setting
+(:func:`experiments.results.group_results`) and show the mean over seeds with a
+band / error bar of one sample standard deviation:
+
+* ``accuracy-vs-round``: test accuracy per round, one line per mechanism, one panel per value
+  of the other varying keys (panels share one y-axis);
+* ``accuracy-bar``: test accuracy at the validation-selected round and final-round accuracy,
+  each bar coloured by the privacy guarantee of its mechanism (:func:`guarantee`) and labelled
+  with it, because the budgets differ in kind: ``eps_p`` per parameter (and for the paired
+  mechanisms only against an eavesdropper on one uplink), ``eps`` per update, or no DP;
+* ``accuracy-vs-bits``: test accuracy against uplink bits per parameter, one panel per eps_p
+  (the bits frontier).
+* ``accuracy-vs-epsilon`` / ``-d`` / ``-dropout`` / ``-clients``: test accuracy at the
+  validation-selected round against the swept key, one line per mechanism; a mechanism that
+  was run at a single value of that key (a reference such as FedAvg) is a horizontal line with
+  its ± std band, both in the legend.
+
+Accuracy line figures never zoom in on seed noise: the y-axis spans at least
+``max(MIN_Y_SPAN, STD_SPAN * s_max)`` percentage points, ``s_max`` the largest seed std
+plotted, kept inside ``[0, 100]`` (:func:`accuracy_ylim`). A 3-point spread with 4-point seed
+stds then looks as flat as it is.
+
+MSE figures (paper Fig. 4) take the arrays of :mod:`experiments.mse`.
+
+Each ``plot_*`` function saves the figure its ``*_figure`` twin builds (tests read the
+:class:`~matplotlib.figure.Figure` of the latter).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS
+from experiments.results import GroupResult, group_label
+from experiments.spec import CLIENTS_KEY
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from experiments.mse import GridMSE, RealWeightsMSE
+    from experiments.results import RunValue
+
+logger = logging.getLogger(__name__)
+
+X_KEY_OF_FIGURE = {
+    "accuracy-vs-epsilon": "epsilon",
+    "accuracy-vs-d": "d",
+    "accuracy-vs-dropout": "dropout-prob",
+    "accuracy-vs-clients": CLIENTS_KEY,
+}
+_X_LABEL = {
+    "epsilon": "PLDP budget $\\epsilon_p$ (per parameter)",
+    "d": "shared random bits per parameter $d$",
+    "dropout-prob": "dropout probability $p$",
+    CLIENTS_KEY: "number of clients $n$",
+}
+
+MIN_Y_SPAN = 20.0
+"""Smallest y-axis span of an accuracy line figure, in percentage points."""
+STD_SPAN = 5.0
+"""An accuracy line figure's y-axis also spans at least this many of its largest seed std."""
+
+# --------------------------------------------------------------------------- privacy guarantees
+
+NO_DP_MECHANISMS = frozenset({"fedavg", "cq", "signsgd"})
+"""Mechanisms without any DP guarantee."""
+PER_PARAMETER_LDP = frozenset({"ldpfl", "laplace", "ternary", "pbm", "rqm", "imvu"})
+"""Mechanisms with a per-parameter eps_p-LDP guarantee (every observer, server included)."""
+
+PAIRED_KIND = "ε_p per parameter vs an eavesdropper on one uplink only; no DP vs the server"
+LDP_KIND = "ε_p-LDP per parameter"
+GAUSSIAN_KIND = "(ε_p, δ)-LDP per parameter"
+UPDATE_KIND = "(ε, δ)-DP per client update (all parameters together)"
+CENTRAL_KIND = "(ε, δ)-DP of the released models; trusts the server; no DP vs it"
+NO_DP_KIND = "no DP"
+
+GUARANTEE_COLORS: dict[str, str] = {
+    PAIRED_KIND: "tab:blue",
+    LDP_KIND: "tab:green",
+    GAUSSIAN_KIND: "tab:purple",
+    UPDATE_KIND: "tab:orange",
+    CENTRAL_KIND: "tab:red",
+    NO_DP_KIND: "tab:gray",
+}
+"""One colour per guarantee class in the mechanism bar chart (legend order)."""
+
+_SHORT_KIND = {
+    PAIRED_KIND: "ε_p/param., one uplink only; no DP vs server",
+    LDP_KIND: "ε_p-LDP/param.",
+    GAUSSIAN_KIND: "(ε_p, δ)-LDP/param.",
+    UPDATE_KIND: "(ε, δ)-DP/update",
+    CENTRAL_KIND: "(ε, δ) central; no DP vs server",
+    NO_DP_KIND: "no DP",
+}
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """The privacy guarantee of one setting, as a figure states it.
+
+    Attributes
+    ----------
+    kind
+        The guarantee class (one of ``*_KIND``; the bar colour and legend entry).
+    label
+        The guarantee with the setting's numbers, e.g. ``"ε_p=5 per param."`` (a bar's label).
+    """
+
+    kind: str
+    label: str
+
+
+def guarantee_kind(mechanism: str) -> str | None:
+    """The guarantee class of ``mechanism``; ``None`` for a name this module does not know.
+
+    corbin / augcorbin: per-parameter eps_p-LDP against an eavesdropper on one uplink only (the
+    server sees both bits of a pair: no DP against it); ldpfl / laplace / ternary: per-parameter
+    eps_p-LDP; gaussian: per-parameter (eps_p, delta)-LDP; fedcad: (eps, delta)-DP of a whole
+    update; central-gaussian: central (eps, delta)-DP of the released models, no DP against the
+    server; fedavg / cq / signsgd: no DP.
+    """
+    if mechanism in NO_DP_MECHANISMS:
+        return NO_DP_KIND
+    if mechanism in PAIRED_MECHANISMS:
+        return PAIRED_KIND
+    if mechanism in PER_PARAMETER_LDP:
+        return LDP_KIND
+    if mechanism == "gaussian":
+        return GAUSSIAN_KIND
+    if mechanism == "fedcad":
+        return UPDATE_KIND
+    if mechanism == "central-gaussian":
+        return CENTRAL_KIND
+    return None
+
+
+def _setting_number(setting: Mapping[str, RunValue], key: str, mechanism: str) -> float:
+    value = setting.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(
+            f"mechanism {mechanism!r}: the run config has no finite {key!r} ({value!r}); "
+            "cannot state its privacy guarantee"
+        )
+    return float(value)
+
+
+def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
+    """The guarantee of a setting, derived from its ``mechanism``, ``epsilon`` and ``delta``.
+
+    Raises
+    ------
+    ValueError
+        If the setting has no mechanism, an unknown one, or lacks the epsilon / delta its
+        guarantee needs.
+    """
+    mech = setting.get("mechanism")
+    if not isinstance(mech, str):
+        raise ValueError(f"the setting names no mechanism ({mech!r}); cannot state its guarantee")
+    kind = guarantee_kind(mech)
+    if kind is None:
+        known = sorted({*MECHANISMS, *NO_DP_MECHANISMS})
+        raise ValueError(f"no privacy guarantee is known for mechanism {mech!r}; known: {known}")
+    if kind == NO_DP_KIND:
+        return Guarantee(kind, "no DP")
+    eps = _setting_number(setting, "epsilon", mech)
+    if kind == PAIRED_KIND:
+        return Guarantee(kind, f"ε_p={eps:g} per param.\none uplink only;\nno DP vs server")
+    if kind == LDP_KIND:
+        return Guarantee(kind, f"ε_p={eps:g} per param.")
+    delta = _setting_number(setting, "delta", mech)
+    if kind == GAUSSIAN_KIND:
+        return Guarantee(kind, f"(ε_p={eps:g}, δ={delta:g})\nper param.")
+    if kind == CENTRAL_KIND:
+        return Guarantee(kind, f"(ε={eps:g}, δ={delta:g}) central;\nno DP vs server")
+    return Guarantee(kind, f"(ε={eps:g}, δ={delta:g})\nper update")
+
+
+# --------------------------------------------------------------------------- titles and captions
+
+
+def _wrap(text: str, width: int = 70) -> str:
+    """``text`` on lines of at most ``width`` characters (existing line breaks are kept)."""
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
+
+
+def _mech(g: GroupResult) -> str:
+    return str(g.setting.get("mechanism", "run"))
+
+
+def _fmt(value: RunValue) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
+    """The settings every plotted group shares, e.g. ``"dataset=mnist, clients=10, ..."``.
+
+    A key is fixed when it is not among the varying ``keys`` and every group that sets it
+    sets the same value (a key a mechanism ignores, such as ``d`` for FedAvg, is absent from
+    that mechanism's setting). Only keys that change what a run computes are listed, and only
+    where they apply: ``d`` with a paired mechanism, ``gamma`` with AugCorBin, ``delta`` with
+    a mechanism whose guarantee has one, ``update-radius`` ``R`` (0: derived from the public
+    training settings) where settings quantize the update, and ``dropout-prob`` /
+    ``clients-per-round`` when not 0. ``eps`` is written ``ε_p`` when every private mechanism
+    plotted has a per-parameter budget, ``ε`` with a note otherwise.
+    """
+    varying = set(keys)
+    mechs = {_mech(g) for g in groups}
+    private = {m for m in mechs if guarantee_kind(m) not in (NO_DP_KIND, None)}
+
+    def fixed(key: str) -> RunValue | None:
+        if key in varying:
+            return None
+        values = {repr(g.setting[key]): g.setting[key] for g in groups if key in g.setting}
+        return next(iter(values.values())) if len(values) == 1 else None
+
+    parts: list[str] = []
+    for key, name in (
+        ("mechanism", "mechanism"),
+        ("dataset", "dataset"),
+        ("model", "model"),
+        ("partitioner", "partition"),
+        (CLIENTS_KEY, "clients"),
+        ("clients-per-round", "clients/round"),
+        ("num-rounds", "rounds"),
+        ("local-epochs", "local epochs"),
+        ("batch-size", "batch"),
+    ):
+        value = fixed(key)
+        if value is None or (key == "clients-per-round" and value == 0):
+            continue
+        parts.append(f"{name}={_fmt(value)}")
+    eps = fixed("epsilon")
+    if eps is not None and private:
+        # What epsilon measures differs: per parameter (local DP), per update (fedcad), the
+        # whole run's released models (central-gaussian).
+        scopes = {"fedcad": "per update", "central-gaussian": "central, all rounds"}
+        special = sorted(private & set(scopes))
+        if special and private <= set(scopes) and len(special) == 1:
+            parts.append(f"ε={_fmt(eps)} {scopes[special[0]]}")
+        elif special:
+            rest = "; ".join(f"{m}: {scopes[m]}" for m in special)
+            parts.append(f"ε={_fmt(eps)} (per parameter; {rest})")
+        else:
+            parts.append(f"ε_p={_fmt(eps)}")
+    delta = fixed("delta")
+    if delta is not None and private & {"gaussian", "fedcad", "central-gaussian"}:
+        parts.append(f"δ={_fmt(delta)}")
+    d = fixed("d")
+    if d is not None and mechs & PAIRED_MECHANISMS:
+        parts.append(f"d={_fmt(d)}")
+    gamma = fixed("gamma")
+    if gamma is not None and "augcorbin" in mechs:
+        parts.append(f"γ={_fmt(gamma)}")
+    range_mode = fixed("range-mode")
+    radius = fixed("update-radius")  # present only in settings that quantize the update
+    if range_mode is not None and mechs - NO_DP_MECHANISMS - {"fedcad"}:
+        parts.append(f"range-mode={range_mode}")
+    if radius is not None and range_mode in ("update", None):
+        text = "derived" if radius == 0 else _fmt(radius)
+        parts.append(f"R={text}" if range_mode == "update" else f"R={text} (update range)")
+    dropout = fixed("dropout-prob")
+    if dropout is not None and dropout != 0:
+        parts.append(f"dropout={_fmt(dropout)}")
+    return ", ".join(parts)
+
+
+def figure_title(description: str, groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
+    """``description`` then ``"fixed: <fixed_settings>"`` (one line each; the figure wraps them)."""
+    fixed = fixed_settings(groups, keys)
+    lines = [description] if description else []
+    if fixed:
+        lines.append(f"fixed: {fixed}")
+    return "\n".join(lines)
+
+
+def seed_note(groups: Sequence[GroupResult], what: str = "error bars") -> str:
+    """``"<what>: ± 1 sample std (ddof=1) over 3 seeds (0, 1, 2)"``, or that there is one seed."""
+    counts = sorted({len(g.runs) for g in groups})
+    seeds = sorted({r.seed for g in groups for r in g.runs})
+    if not counts or counts[-1] < 2:
+        return f"one seed per setting ({', '.join(map(str, seeds))}): no {what}"
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"{what}: ± 1 sample std (ddof=1) over {n} seeds ({', '.join(map(str, seeds))})"
+
+
+Y_RULE = (
+    f"y-axis spans ≥ {MIN_Y_SPAN:g} points and ≥ {STD_SPAN:g} × the largest seed std, "
+    "so seed noise does not read as a trend"
+)
+"""The caption's statement of :func:`accuracy_ylim`."""
+
+
+def accuracy_ylim(lo: float, hi: float, max_std: float) -> tuple[float, float]:
+    """y-limits (percent) for accuracies spanning ``[lo, hi]`` (error bars included).
+
+    The span is ``max(1.1 (hi - lo), MIN_Y_SPAN, STD_SPAN * max_std)``, centred on the data,
+    then shifted (not shrunk) to lie inside ``[0, 100]``.
+
+    Raises
+    ------
+    ValueError
+        If ``lo > hi`` or a value is not finite.
+    """
+    if not all(math.isfinite(v) for v in (lo, hi, max_std)) or lo > hi:
+        raise ValueError(f"accuracy range [{lo}, {hi}] with std {max_std} is not a finite range")
+    span = max(1.1 * (hi - lo), MIN_Y_SPAN, STD_SPAN * max(max_std, 0.0))
+    span = min(span, 100.0) if lo >= 0.0 and hi <= 100.0 else span
+    mid = (lo + hi) / 2
+    bottom, top = mid - span / 2, mid + span / 2
+    if bottom < 0.0 <= lo:
+        bottom, top = 0.0, span
+    if top > 100.0 >= hi:
+        bottom, top = 100.0 - span, 100.0
+    return bottom, top
+
+
+# --------------------------------------------------------------------------- canvas
+
+
+def _figure(ncols: int = 1, nrows: int = 1, *, w: float = 5.0, h: float = 3.6) -> Figure:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - matplotlib is a declared extra
+        raise ImportError(
+            "figures need matplotlib: pip install 'corbin-fl[tools]' (or matplotlib>=3.8)"
+        ) from exc
+    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _annotate(fig: Figure, title: str, caption: str, *, caption_ax: Axes | None = None) -> None:
+    """Title on top, caption under the plot, wrapped to the figure's width (about 12 characters
+    per inch at 10 pt, 15 at 8 pt); the figure grows by their lines of text.
+
+    The caption is the figure's ``supxlabel``, or the x-label of ``caption_ax`` (an axes without
+    an x-label of its own, where a legend below the axes would overlap a ``supxlabel``).
+    """
+    width_in = fig.get_figwidth()
+    title = _wrap(title, max(40, int(width_in * 12))) if title else ""
+    caption = _wrap(caption, max(50, int(width_in * 15))) if caption else ""
+    if title:
+        fig.suptitle(title, fontsize=10)
+    if caption and caption_ax is not None:
+        caption_ax.set_xlabel(caption, fontsize=8)
+    elif caption:
+        fig.supxlabel(caption, fontsize=8)
+    lines = sum(text.count("\n") + 1 for text in (title, caption) if text)
+    fig.set_figheight(fig.get_figheight() + 0.17 * lines)
+
+
+def _int_ticks(ax: Axes) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)
+    logger.info("wrote %s", path)
+    return path
+
+
+def _color(mechanism: str) -> str | None:
+    """One colour per mechanism in every line figure (matplotlib's ``C0``..``C9`` cycle)."""
+    return f"C{MECHANISMS.index(mechanism) % 10}" if mechanism in MECHANISMS else None
+
+
+def _facets(groups: Sequence[GroupResult], keys: Sequence[str]) -> dict[str, list[GroupResult]]:
+    other = [k for k in keys if k != "mechanism"]
+    facets: dict[str, list[GroupResult]] = {}
+    for g in groups:
+        facets.setdefault(group_label(g.setting, other) if other else "", []).append(g)
+    return facets
+
+
+def _with_kind(label: str, mechanism: str) -> str:
+    """``label`` followed by the short guarantee class of ``mechanism`` (if known)."""
+    kind = guarantee_kind(mechanism)
+    return f"{label} [{_SHORT_KIND[kind]}]" if kind is not None else label
+
+
+def _legend_above(
+    fig: Figure, ax: Axes, handles: Sequence[Any] | None = None, labels: Sequence[str] | None = None
+) -> None:
+    """The legend of ``ax`` between the title and the axes, never over a line: the figure grows
+    by its rows and is at least as wide as its longest entry (about 0.055 in per character at
+    7 pt, plus the handle)."""
+    if handles is None or labels is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if not labels:
+        return
+    fig.set_figwidth(max(fig.get_figwidth(), 0.055 * max(len(t) for t in labels) + 1.2))
+    fig.set_figheight(fig.get_figheight() + 0.16 * len(labels))
+    ax.legend(handles, labels, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.01))
+
+
+def _check_groups(groups: Sequence[GroupResult]) -> None:
+    if not groups:
+        raise ValueError("no settings to plot (no finished run)")
+
+
+# --------------------------------------------------------------------------- federated figures
+
+
+def accuracy_vs_round_figure(
+    groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
+) -> Figure:
+    """The figure of :func:`plot_accuracy_vs_round` (not saved)."""
+    _check_groups(groups)
+    facets = _facets(groups, keys)
+    n = len(facets)
+    ncols = min(4, n)
+    nrows = math.ceil(n / ncols)
+    fig = _figure(ncols, nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    lo, hi, max_std = math.inf, -math.inf, 0.0
+    for ax, (label, members) in zip(axes.flat, facets.items(), strict=False):
+        for g in members:
+            rounds, mean, std = g.curve("test_accuracy")
+            if rounds.size == 0:
+                continue
+            line = ax.plot(
+                rounds,
+                100 * mean,
+                marker=".",
+                color=_color(_mech(g)),
+                label=_with_kind(f"{_mech(g)} (λ={g.global_lr:g})", _mech(g)),
+            )
+            ax.fill_between(
+                rounds, 100 * (mean - std), 100 * (mean + std), alpha=0.2, color=line[0].get_color()
+            )
+            lo = min(lo, float(np.min(100 * (mean - std))))
+            hi = max(hi, float(np.max(100 * (mean + std))))
+            max_std = max(max_std, float(np.max(100 * std)))
+        _int_ticks(ax)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)")
+        if label:
+            ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+        if n == 1:
+            _legend_above(fig, ax)
+        else:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    if math.isfinite(lo):
+        axes.flat[0].set_ylim(*accuracy_ylim(lo, hi, max_std))
+    _annotate(
+        fig,
+        figure_title(title, groups, keys),
+        f"lines: mean test accuracy; {seed_note(groups, 'bands')}; λ: the validation-selected "
+        f"global learning rate; {Y_RULE}",
+    )
+    return fig
+
+
+def plot_accuracy_vs_round(
+    groups: Sequence[GroupResult], keys: Sequence[str], path: Path, *, title: str = ""
+) -> Path:
+    """Test accuracy (mean ± std over seeds) per round, one line per mechanism.
+
+    Parameters
+    ----------
+    groups
+        Lambda-selected settings.
+    keys
+        Varying setting keys; every key but ``mechanism`` splits the figure into panels
+        (sharing one y-axis, :func:`accuracy_ylim` over all panels).
+    path
+        Output PNG.
+    title
+        The experiment's description (the fixed settings are appended).
+
+    Raises
+    ------
+    ValueError
+        If ``groups`` is empty.
+    """
+    return _save(accuracy_vs_round_figure(groups, keys, title=title), path)
+
+
+def accuracy_bar_figure(
+    groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
+) -> Figure:
+    """The figure of :func:`plot_accuracy_bar` (not saved)."""
+    from matplotlib.patches import Patch
+
+    _check_groups(groups)
+    order = list(GUARANTEE_COLORS)  # bars of one guarantee class side by side, classes in order
+    pairs = sorted(
+        ((g, guarantee(g.setting)) for g in groups), key=lambda pair: order.index(pair[1].kind)
+    )
+    groups = [g for g, _ in pairs]
+    guarantees = [gu for _, gu in pairs]
+    labels = [  # one varying key per line, then the guarantee
+        "\n".join([*group_label(g.setting, keys).split(", "), gu.label])
+        for g, gu in zip(groups, guarantees, strict=True)
+    ]
+    x = np.arange(len(groups))
+    fig = _figure(w=max(6.0, 1.25 * len(groups) + 1.5), h=4.2)
+    ax = fig.subplots()
+    colors = [GUARANTEE_COLORS[gu.kind] for gu in guarantees]
+    sel = [g.test for g in groups]
+    fin = [g.final_test for g in groups]
+    width = 0.4
+    for offset, stats, style in (
+        (-width / 2, sel, {}),
+        (width / 2, fin, {"alpha": 0.45, "hatch": "//"}),
+    ):
+        ax.bar(
+            x + offset,
+            [100 * s.mean for s in stats],
+            width,
+            yerr=[100 * (s.std if s.n > 1 else 0.0) for s in stats],
+            capsize=3,
+            color=colors,
+            edgecolor="black",
+            linewidth=0.5,
+            **style,
+        )
+    tops = [100 * (s.mean + (s.std if s.n > 1 else 0.0)) for s in (*sel, *fin) if s.n]
+    ax.set_ylim(0.0, max(100.0, *tops) if tops else 100.0)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(axis="y", alpha=0.3)
+    kinds = [k for k in GUARANTEE_COLORS if k in {gu.kind for gu in guarantees}]
+    handles = [Patch(facecolor=GUARANTEE_COLORS[k], edgecolor="black", label=k) for k in kinds]
+    handles += [
+        Patch(facecolor="white", edgecolor="black", label="test acc. at val-selected round"),
+        Patch(facecolor="white", edgecolor="black", hatch="//", label="final-round test acc."),
+    ]
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=2,
+        fontsize=7,
+        title="colour: privacy guarantee of the mechanism; hatch: which round",
+        title_fontsize=7,
+    )
+    _annotate(
+        fig,
+        figure_title(title, groups, keys),
+        f"bars: mean over seeds; {seed_note(groups)}. ε_p bounds one parameter, ε one whole "
+        "update: the numbers under the bars are not one unit and do not rank the mechanisms' "
+        "privacy",
+        caption_ax=ax,
+    )
+    return fig
+
+
+def plot_accuracy_bar(
+    groups: Sequence[GroupResult], keys: Sequence[str], path: Path, *, title: str = ""
+) -> Path:
+    """Bars of the test accuracy at the selected round and at the final round (± std).
+
+    Each pair of bars is coloured by its mechanism's guarantee class and labelled with the
+    guarantee and its numbers (:func:`guarantee`), with one legend entry per class present;
+    the bars are ordered by class (in the order of :data:`GUARANTEE_COLORS`), then as given.
+
+    Raises
+    ------
+    ValueError
+        If ``groups`` is empty or a setting's guarantee cannot be stated (see
+        :func:`guarantee`).
+    """
+    return _save(accuracy_bar_figure(groups, keys, title=title), path)
+
+
+def accuracy_vs_figure(
+    groups: Sequence[GroupResult],
+    x_key: str,
+    keys: Sequence[str],
+    *,
+    title: str = "",
+    log_x: bool | None = None,
+) -> Figure:
+    """The figure of :func:`plot_accuracy_vs` (not saved)."""
+    from matplotlib.patches import Patch
+
+    line_keys = [k for k in keys if k != x_key]
+    lines: dict[str, list[GroupResult]] = {}
+    for g in groups:
+        if g.setting.get(x_key) is None:
+            continue
+        lines.setdefault(group_label(g.setting, line_keys), []).append(g)
+    if not lines:
+        raise ValueError(f"no run sets {x_key!r}; cannot plot accuracy vs {x_key}")
+    all_x = sorted({float(g.setting[x_key]) for ms in lines.values() for g in ms})  # type: ignore[arg-type]
+    if log_x is None:
+        log_x = x_key == "epsilon" and len(all_x) > 1 and all_x[-1] / max(all_x[0], 1e-12) > 20
+    fig = _figure(w=5.5)
+    ax = fig.subplots()
+    mechs_per_line = {label: {_mech(g) for g in ms} for label, ms in lines.items()}
+    one_line_per_mech = all(len(m) == 1 for m in mechs_per_line.values()) and len(
+        {next(iter(m)) for m in mechs_per_line.values()}
+    ) == len(lines)
+    handles: list[Any] = []
+    labels: list[str] = []
+    lo, hi, max_std = math.inf, -math.inf, 0.0
+    plotted: list[GroupResult] = []
+    for label, members in lines.items():
+        mech = _mech(members[0])
+        color = _color(mech) if one_line_per_mech else None
+        if mechs_per_line[label] == {mech}:
+            label = _with_kind(label, mech)
+        members = sorted(members, key=lambda g: float(g.setting[x_key]))  # type: ignore[arg-type]
+        stats = [g.test for g in members]
+        keep = [i for i, s in enumerate(stats) if s.n]
+        if not keep:
+            continue
+        members = [members[i] for i in keep]
+        plotted += members
+        xs = np.array([float(g.setting[x_key]) for g in members])  # type: ignore[arg-type]
+        mean = np.array([100 * stats[i].mean for i in keep])
+        std = np.array([100 * (stats[i].std if stats[i].n > 1 else 0.0) for i in keep])
+        lo = min(lo, float(np.min(mean - std)))
+        hi = max(hi, float(np.max(mean + std)))
+        max_std = max(max_std, float(np.max(std)))
+        if len(members) == 1 and len(all_x) > 1:
+            line = ax.axhline(mean[0], linestyle="--", color=color)
+            band = ax.axhspan(mean[0] - std[0], mean[0] + std[0], alpha=0.1, color=line.get_color())
+            handles.append((line, Patch(color=band.get_facecolor())))
+            labels.append(f"{label}: reference, not swept over {x_key} (band ± 1 std)")
+        else:
+            container = ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, color=color)
+            handles.append(container)
+            labels.append(label)
+    if not plotted:
+        raise ValueError(f"no finished test accuracy to plot against {x_key!r}")
+    if x_key in ("d", CLIENTS_KEY):
+        _int_ticks(ax)
+    if log_x:
+        ax.set_xscale("log")
+    x_label = _X_LABEL.get(x_key, x_key)
+    plotted_mechs = {_mech(g) for g in plotted}
+    if x_key == "epsilon" and plotted_mechs & {"fedcad", "central-gaussian"}:
+        rest = "; ".join(
+            f"{m}: {scope}"
+            for m, scope in (("fedcad", "per update"), ("central-gaussian", "central"))
+            if m in plotted_mechs
+        )
+        x_label = f"privacy budget $\\epsilon$ ($\\epsilon_p$ per parameter; {rest})"
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("test accuracy (%) at val-selected round")
+    ax.set_ylim(*accuracy_ylim(lo, hi, max_std))
+    ax.grid(alpha=0.3)
+    _legend_above(fig, ax, handles, labels)
+    _annotate(
+        fig,
+        figure_title(title, groups, keys),
+        f"points: mean test accuracy at each run's validation-selected round; "
+        f"{seed_note(plotted)}; {Y_RULE}",
+    )
+    return fig
+
+
+def plot_accuracy_vs(
+    groups: Sequence[GroupResult],
+    x_key: str,
+    keys: Sequence[str],
+    path: Path,
+    *,
+    title: str = "",
+    log_x: bool | None = None,
+) -> Path:
+    """Test accuracy at the selected round against ``x_key``, one line per mechanism.
+
+    Groups are split into lines by every varying key except ``x_key``; a line with a single
+    point (a reference run at one value of ``x_key``) is drawn as a horizontal dashed line
+    with a band of ± 1 std, named in the legend as a reference. The y-axis follows
+    :func:`accuracy_ylim`.
+
+    Raises
+    ------
+    ValueError
+        If no group sets ``x_key`` or none has a test accuracy.
+    """
+    return _save(accuracy_vs_figure(groups, x_key, keys, title=title, log_x=log_x), path)
+
+
+# --------------------------------------------------------------------------- bits frontier
+def bits_per_parameter(setting: Mapping[str, RunValue]) -> int | None:
+    """Uplink bits per parameter of a setting's mechanism, from its registered wire format
+    (``corbin``: its one bit, the shared randomness aside); None without a mechanism."""
+    from corbin_fl import registry
+    from corbin_fl.config import RunConfig
+
+    mech = setting.get("mechanism")
+    if not isinstance(mech, str) or mech not in registry.REGISTRY:
+        return None
+    fields = set(RunConfig.keys())
+    cfg = RunConfig.from_flower(
+        {"range-mode": "update", **{k: v for k, v in setting.items() if k in fields}}
+    )
+    _, dtype, length = registry.get(mech).wire(8, cfg)  # 8 parameters fill whole bytes
+    return int(length * dtype.itemsize)  # 8 parameters' bytes = bits per parameter
+
+
+def accuracy_vs_bits_figure(
+    groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
+) -> Figure:
+    """The figure of :func:`plot_accuracy_vs_bits` (not saved)."""
+    _check_groups(groups)
+    panels: dict[float, dict[str, list[tuple[int, GroupResult]]]] = {}
+    for g in groups:
+        eps, bits = g.setting.get("epsilon"), bits_per_parameter(g.setting)
+        if bits is None or not isinstance(eps, int | float) or not g.test.n:
+            continue
+        panels.setdefault(float(eps), {}).setdefault(_mech(g), []).append((bits, g))
+    if not panels:
+        raise ValueError("no finished run with a mechanism and an epsilon to plot")
+    fig = _figure(ncols=len(panels), w=3.6)
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    lo, hi, max_std = math.inf, -math.inf, 0.0
+    handles: dict[str, Any] = {}
+    plotted: list[GroupResult] = []
+    all_bits: set[int] = set()
+    mechs = sorted({m for panel in panels.values() for m in panel}, key=_mech_order)
+    colors = {m: f"C{i % 10}" for i, m in enumerate(mechs)}  # distinct within this figure
+    for ax, eps in zip(axes, sorted(panels), strict=True):
+        for mech, points in sorted(panels[eps].items(), key=lambda kv: _mech_order(kv[0])):
+            points.sort(key=lambda p: p[0])
+            xs = np.array([b for b, _ in points], dtype=float)
+            mean = np.array([100 * g.test.mean for _, g in points])
+            std = np.array([100 * (g.test.std if g.test.n > 1 else 0.0) for _, g in points])
+            lo, hi = min(lo, float(np.min(mean - std))), max(hi, float(np.max(mean + std)))
+            max_std = max(max_std, float(np.max(std)))
+            marker = "*" if mech in PAIRED_MECHANISMS else "o"
+            handles[mech] = ax.errorbar(
+                xs,
+                mean,
+                yerr=std,
+                marker=marker,
+                markersize=9 if marker == "*" else 5,
+                capsize=3,
+                color=colors[mech],
+            )
+            plotted += [g for _, g in points]
+            all_bits.update(int(b) for b in xs)
+        ax.set_title(f"ε_p = {_fmt(eps)}", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    for ax in axes:
+        ax.set_xticks(sorted(all_bits), [str(b) for b in sorted(all_bits)])
+        ax.set_xlabel("uplink bits per parameter")
+    axes[0].set_ylabel("test accuracy (%) at val-selected round")
+    axes[0].set_ylim(*accuracy_ylim(lo, hi, max_std))
+    labels = [
+        f"{m} (1 bit + shared randomness)" if m in PAIRED_MECHANISMS else _with_kind(m, m)
+        for m in handles
+    ]
+    _annotate(
+        fig,
+        figure_title(title, groups, [k for k in keys if k != "epsilon"]),
+        "one panel per eps_p; points: mean test accuracy at each run's validation-selected "
+        f"round against the mechanism's uplink bits per parameter; {seed_note(plotted)}; "
+        f"{Y_RULE}",
+    )
+    # Then the legend beside the panels, once title and caption are wrapped to their width.
+    fig.legend(list(handles.values()), labels, fontsize=7, loc="outside right center")
+    fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)
+    return fig
+
+
+def _mech_order(mech: str) -> int:
+    return MECHANISMS.index(mech) if mech in MECHANISMS else len(MECHANISMS)
+
+
+def plot_accuracy_vs_bits(
+    groups: Sequence[GroupResult], keys: Sequence[str], path: Path, *, title: str = ""
+) -> Path:
+    """Test accuracy against uplink bits per parameter, one panel per eps_p, one line per
+    mechanism (``pbm`` at m = 1, 2; ``rqm`` at 2, 3 levels; ``imvu`` at 1, 2, 4 bits; the
+    paired mechanisms as a star at their one bit).
+
+    Raises
+    ------
+    ValueError
+        If no group has a mechanism, an epsilon and a finished test accuracy.
+    """
+    return _save(accuracy_vs_bits_figure(groups, keys, title=title), path)
+
+
+# --------------------------------------------------------------------------- MSE figures
+
+
+def _heat(
+    ax: Axes, data: np.ndarray, extent: list[float], vmin: float, vmax: float, title: str
+) -> Any:
+    im = ax.imshow(
+        data.T,
+        origin="lower",
+        extent=extent,
+        vmin=vmin,
+        vmax=vmax,
+        cmap="viridis",
+        aspect="equal",
+    )
+    ax.set_xlabel("$w_1$")
+    ax.set_ylabel("$w_2$")
+    ax.set_title(title, fontsize=9)
+    return im
+
+
+def _grid_title(what: str, grid: GridMSE) -> str:
+    return (
+        f"{what}\nfixed: center c={grid.center:g}, radius r={grid.radius:g}, d={grid.d}, "
+        f"{grid.samples_per_seed} samples per point and seed, seeds "
+        f"{', '.join(map(str, grid.seeds))}"
+    )
+
+
+def mse_heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
+    """The figure of :func:`plot_mse_heatmaps` (not saved)."""
+    rows = [grid.eps_index(e) for e in epsilons]
+    if not rows:
+        raise ValueError("no eps_p to draw heat maps for")
+    fig = _figure(4, len(rows), w=3.4, h=3.0)
+    axes = fig.subplots(len(rows), 4, squeeze=False)
+    w = grid.w
+    half = (w[1] - w[0]) / 2 if len(w) > 1 else 0.5
+    extent = [w[0] - half, w[-1] + half, w[0] - half, w[-1] + half]
+    for r, k in enumerate(rows):
+        panels = [
+            (grid.corbin_measured[k], "CorBinQ measured"),
+            (grid.corbin_closed[k], "CorBinQ closed form"),
+            (grid.ldpq_measured[k], "LDPQ measured"),
+            (grid.ldpq_closed[k], "LDPQ closed form"),
+        ]
+        vmax = float(max(np.max(p) for p, _ in panels))
+        im = None
+        for c, (data, name) in enumerate(panels):
+            im = _heat(axes[r, c], data, extent, 0.0, vmax, f"{name}, ε_p={grid.epsilons[k]:g}")
+        fig.colorbar(im, ax=list(axes[r, :]), shrink=0.8, label="pair MSE")
+    _annotate(
+        fig,
+        _grid_title("Pair MSE of CorBinQ and LDPQ over the weight pair (w1, w2)", grid),
+        "measured: empirical pair MSE, samples pooled over seeds; closed form: "
+        "mechanisms.theory (corbin_pair_mse, ldpq_pair_mse) at the same (w1, w2); one colour "
+        "scale per row (per ε_p)",
+    )
+    return fig
+
+
+def plot_mse_heatmaps(grid: GridMSE, epsilons: Sequence[float], path: Path) -> Path:
+    """Heat maps of the pair MSE over ``(w1, w2)``: CorBinQ and LDPQ, measured and closed form.
+
+    One row per ``eps``; the four panels of a row share one colour scale, so measured and
+    closed form can be compared by eye (paper Fig. 4).
+
+    Raises
+    ------
+    KeyError
+        If an ``eps`` of ``epsilons`` was not measured.
+    ValueError
+        If ``epsilons`` is empty.
+    """
+    return _save(mse_heatmaps_figure(grid, epsilons), path)
+
+
+def mse_vs_epsilon_figure(grid: GridMSE) -> Figure:
+    """The figure of :func:`plot_mse_vs_epsilon` (not saved)."""
+    fig = _figure(2, 1, w=5.0)
+    ax, ax2 = fig.subplots(1, 2)
+    eps = np.asarray(grid.epsilons)
+    cm, cse = grid.grid_mean("corbin")
+    lm, lse = grid.grid_mean("ldpq")
+    cc = grid.corbin_closed.mean(axis=(1, 2))
+    lc = grid.ldpq_closed.mean(axis=(1, 2))
+    ax.errorbar(eps, cm, yerr=3 * cse, fmt="o", capsize=3, label="CorBinQ measured (±3 SE)")
+    ax.plot(eps, cc, "-", label="CorBinQ closed form")
+    ax.errorbar(eps, lm, yerr=3 * lse, fmt="s", capsize=3, label="LDPQ measured (±3 SE)")
+    ax.plot(eps, lc, "--", label="LDPQ closed form")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("PLDP budget $\\epsilon_p$ (per parameter)")
+    ax.set_ylabel("pair MSE, mean over $(w_1, w_2)$ grid")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax2.plot(eps, cm / lm, "o", label="measured")
+    ax2.plot(eps, cc / lc, "-", label="closed form")
+    ax2.axhline(0.5, color="grey", linestyle=":", label="1/2: target CorBinQ ≤ LDPQ / 2")
+    ax2.set_xscale("log")
+    ax2.set_xlabel("PLDP budget $\\epsilon_p$ (per parameter)")
+    ax2.set_ylabel("MSE ratio CorBinQ / LDPQ")
+    ax2.grid(alpha=0.3, which="both")
+    ax2.legend(fontsize=7)
+    _annotate(
+        fig,
+        _grid_title("Grid-averaged pair MSE vs ε_p", grid),
+        "error bars: ± 3 standard errors of the grid-averaged MSE (samples pooled over seeds); "
+        "right: ratio of the grid averages",
+    )
+    return fig
+
+
+def plot_mse_vs_epsilon(grid: GridMSE, path: Path) -> Path:
+    """Grid-averaged pair MSE vs eps_p, measured (± 3 SE) and closed form, both quantizers.
+
+    Left: the MSE averaged over the ``(w1, w2)`` grid (log-log). Right: the ratio
+    CorBinQ / LDPQ, measured and closed form, with the 1/2 line of the target check.
+    """
+    return _save(mse_vs_epsilon_figure(grid), path)
+
+
+def mse_real_weights_figure(real: RealWeightsMSE) -> Figure:
+    """The figure of :func:`plot_mse_real_weights` (not saved)."""
+    eps = list(real.epsilons)
+    if not eps:
+        raise ValueError("the real-weights measurement has no eps_p")
+    ncols = min(3, len(eps))
+    nrows = math.ceil(len(eps) / ncols)
+    fig = _figure(ncols, nrows, w=max(4.0, 0.45 * len(real.layers) + 2.0), h=3.6)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    x = np.arange(len(real.layers))
+    width = 0.4
+
+    def err(mean: np.ndarray, se: np.ndarray) -> np.ndarray:
+        return np.vstack([np.minimum(3 * se, 0.99 * mean), 3 * se])
+
+    for k, ax in enumerate(axes.flat):
+        if k >= len(eps):
+            ax.set_visible(False)
+            continue
+        cm, cs = real.corbin_measured[k], real.corbin_se[k]
+        lm, ls = real.ldpq_measured[k], real.ldpq_se[k]
+        ax.bar(x - width / 2, cm, width, yerr=err(cm, cs), capsize=2, label="CorBinQ measured")
+        ax.bar(x + width / 2, lm, width, yerr=err(lm, ls), capsize=2, label="LDPQ measured")
+        ax.plot(x - width / 2, real.corbin_closed[k], "kD", ms=3, zorder=5, label="closed form")
+        ax.plot(x + width / 2, real.ldpq_closed[k], "kD", ms=3, zorder=5)
+        ax.set_yscale("log")
+        ax.set_xticks(x, real.layers, rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("pair MSE per parameter")
+        ax.set_title(f"ε_p={eps[k]:g}", fontsize=9)
+        ax.grid(axis="y", alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    _annotate(
+        fig,
+        "Per-parameter pair MSE on two clients' trained CNN weights, per layer\nfixed: "
+        f"d={real.d}, c_j and r_j = midpoint and half-range of layer j over both clients, "
+        f"{real.repeats} quantization repeats",
+        "error bars: ± 3 standard errors over the repeats (clipped at zero on the log axis); "
+        "'all': every parameter of the model",
+    )
+    return fig
+
+
+def plot_mse_real_weights(real: RealWeightsMSE, path: Path) -> Path:
+    """Per-parameter pair MSE on real CNN weights, per layer: CorBinQ vs LDPQ (measured ± 3 SE
+    and closed form), one panel per eps_p (log scale; error bars clipped at zero)."""
+    return _save(mse_real_weights_figure(real), path)

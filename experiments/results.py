@@ -1,0 +1,625 @@
+"""Finished runs -> honest model selection -> ``runs.csv`` and ``groups.csv``.
+
+Selection rule (stated in every report; paper Section V.3 with the test set kept out of it):
+
+1. **Checkpoint round, per run**: the round with the highest *validation* accuracy (the
+   earliest such round on ties). The run's reported ``test_accuracy`` is the test accuracy *at
+   that round*, never the best test value over rounds. ``final_test_accuracy`` (last round) is
+   reported next to it.
+2. **Global learning rate lambda, per setting** (a setting is everything but the seed and
+   lambda, e.g. one (mechanism, eps_p) pair): the lambda of ``lambda-grid`` with the highest
+   mean over seeds of the validation accuracy at the runs' checkpoint rounds (ties: the larger
+   lambda, i.e. the one closer to the plain update of eq. 6). Tables then show the mean and the
+   sample standard deviation over seeds of the runs at that lambda.
+
+Test accuracy is read only after both choices are made.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from corbin_fl.fsio import atomic_write_text
+from experiments.spec import CLIENTS_KEY, RunValue
+from experiments.sweep import (
+    METRICS_FILE,
+    RUN_RECORD_KEY,
+    SUMMARY_FILE,
+    canonical_json,
+    inert_keys,
+    read_metrics,
+    with_added_defaults,
+)
+
+logger = logging.getLogger(__name__)
+
+SELECTED_BY = "val_accuracy"
+"""Value of the ``selected_by`` column: the metric that picks the checkpoint round."""
+
+SELECTION_RULE = (
+    "Model selection uses validation data only: in every run the checkpoint is the round with "
+    "the highest validation accuracy (earliest on ties) and the test accuracy reported is the "
+    "one at that round, never the best test value; the global learning rate lambda is chosen "
+    "per setting (everything but seed and lambda) as the one with the highest mean validation "
+    "accuracy at the checkpoints over seeds (ties: larger lambda). The final-round test "
+    "accuracy is reported as well."
+)
+
+RUNS_CSV_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "mechanism",
+    "epsilon",
+    "d",
+    "dropout",
+    "clients",
+    "gamma",
+    "seed",
+    "global_lr",
+    "lambda_selected",
+    "test_accuracy",
+    "val_accuracy",
+    "selected_round",
+    "selected_by",
+    "final_test_accuracy",
+    "final_val_accuracy",
+    "num_rounds",
+    "eps_p",
+    "eps_update",
+    "delta_update",
+    "eps_run",
+    "delta_run",
+    "pair_eps_update",
+    "pair_delta_lower_bound",
+    "ucdp_eps",
+    "uplink_bytes",
+    "seconds",
+)
+"""Fixed columns of ``runs.csv``; other swept run-config keys are appended after them."""
+
+_COLUMN_OF_KEY = {"dropout-prob": "dropout", CLIENTS_KEY: "clients"}
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation (``ddof = 1``) of ``n`` values; std is NaN if n < 2."""
+
+    mean: float
+    std: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Stat:
+        """Statistics of the finite ``values`` (NaN/None are skipped)."""
+        arr = np.array(
+            [float(v) for v in values if v is not None and math.isfinite(float(v))], dtype=float
+        )
+        if arr.size == 0:
+            return cls(math.nan, math.nan, 0)
+        std = float(arr.std(ddof=1)) if arr.size >= 2 else math.nan
+        return cls(float(arr.mean()), std, int(arr.size))
+
+    def fmt(self, scale: float = 100.0, digits: int = 2) -> str:
+        """``"mean ± std"`` scaled (accuracies as percent by default); ``"—"`` if empty."""
+        if self.n == 0:
+            return "—"
+        mean = f"{self.mean * scale:.{digits}f}"
+        if self.n < 2:
+            return f"{mean} (n=1)"
+        return f"{mean} ± {self.std * scale:.{digits}f}"
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The validation-selected checkpoint of one run."""
+
+    round: int
+    val_accuracy: float
+    test_accuracy: float
+    selected_by: str = SELECTED_BY
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def select_round(rows: Sequence[Mapping[str, Any]]) -> Selection:
+    """Pick the checkpoint round of a run on validation accuracy only.
+
+    The checkpoint is ``argmax_t val_accuracy[t]`` (the earliest ``t`` on ties) and the
+    reported test accuracy is ``test_accuracy[t]`` at that same round.
+
+    Parameters
+    ----------
+    rows
+        ``metrics.jsonl`` rows (each with ``round``, ``val_accuracy``, ``test_accuracy``).
+
+    Raises
+    ------
+    ValueError
+        If ``rows`` is empty or no row has a finite ``val_accuracy``.
+    """
+    if not rows:
+        raise ValueError("no metrics rows to select from")
+    best: Mapping[str, Any] | None = None
+    best_val = -math.inf
+    for row in rows:
+        val = _finite(row.get("val_accuracy"))
+        if val is not None and val > best_val:
+            best, best_val = row, val
+    if best is None:
+        raise ValueError("no row has a finite val_accuracy")
+    rnd = best.get("round")
+    if not isinstance(rnd, int) or isinstance(rnd, bool):
+        raise ValueError(f"metrics row has no integer 'round': {dict(best)!r}")
+    return Selection(
+        round=rnd, val_accuracy=best_val, test_accuracy=_or_nan(best.get("test_accuracy"))
+    )
+
+
+def _or_nan(value: Any) -> float:
+    v = _finite(value)
+    return math.nan if v is None else v
+
+
+def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``summary["privacy"]`` in the current layout (one entry per threat model), or ``None``.
+
+    Reports of the current layout, and those holding an ``error``, are returned as they are;
+    older ones (a single ``dp`` flag, ``threat_model_a``/``threat_model_b``) go through
+    :func:`mechanisms.accounting.read_privacy_report`, imported only then (it imports torch).
+    A report that cannot be read is logged and gives ``None``.
+    """
+    raw = summary.get("privacy")
+    if not isinstance(raw, Mapping):
+        return None
+    if "threat_models" in raw or "error" in raw:
+        return dict(raw)
+    from mechanisms.accounting import read_privacy_report
+
+    try:
+        return read_privacy_report(raw)
+    except (TypeError, ValueError) as exc:
+        logger.warning("unreadable privacy report (%s): %s", exc, dict(raw))
+        return None
+
+
+def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The privacy numbers of a run from the app's privacy report (``summary["privacy"]``).
+
+    The ServerApp writes :func:`mechanisms.accounting.privacy_report`, one entry per threat
+    model; runs written before that layout are read through
+    :func:`mechanisms.accounting.read_privacy_report`, so both give the same fields: ``eps_p``
+    (per parameter), ``eps_update``/``delta_update`` and ``eps_run``/``delta_run`` (one client
+    update of ``m`` parameters and all ``T`` rounds against threat model A, the eavesdropper on
+    one uplink), the pair-joint view of threat model B (``pair_eps_update``, ``None`` when no
+    finite eps exists, and its ``pair_delta_lower_bound``) and AugCorBin's Theorem 3
+    (``ucdp_eps``/``ucdp_delta``, threat model C, where its condition holds). Missing values
+    (FedAvg and CQ have no guarantee) are ``None``.
+    """
+    out: dict[str, float | None] = dict.fromkeys(
+        (
+            "eps_p",
+            "eps_update",
+            "delta_update",
+            "eps_run",
+            "delta_run",
+            "pair_eps_update",
+            "pair_delta_lower_bound",
+            "ucdp_eps",
+            "ucdp_delta",
+        )
+    )
+    report = privacy_view(summary)
+    if report is None:
+        return out
+
+    def sub(obj: Any, *path: str) -> Any:
+        for key in path:
+            if not isinstance(obj, Mapping):
+                return None
+            obj = obj.get(key)
+        return obj
+
+    out["eps_p"] = _finite(report.get("eps_p"))
+    tm = report.get("threat_models")
+    if sub(tm, "A", "dp") is True:
+        for part, long in (("update", "per_update"), ("run", "all_rounds")):
+            out[f"eps_{part}"] = _finite(sub(tm, "A", long, "eps"))
+            out[f"delta_{part}"] = _finite(sub(tm, "A", long, "delta"))
+    out["pair_eps_update"] = _finite(sub(tm, "B", "pair_joint", "per_update", "eps"))
+    out["pair_delta_lower_bound"] = _finite(
+        sub(tm, "B", "pair_joint", "per_update", "delta_lower_bound")
+    )
+    if sub(tm, "C", "ucdp_theorem3", "applies") is True:
+        out["ucdp_eps"] = _finite(sub(tm, "C", "ucdp_theorem3", "eps_u"))
+        out["ucdp_delta"] = _finite(sub(tm, "C", "ucdp_theorem3", "delta"))
+    return out
+
+
+def _bytes(value: Any) -> float:
+    """Bytes of a metrics entry: a number, or a per-stage dict with a ``total``."""
+    if isinstance(value, Mapping):
+        value = value.get("total")
+    v = _finite(value)
+    return 0.0 if v is None else v
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run, read back from ``runs/<run-id>/``.
+
+    Attributes
+    ----------
+    setting
+        Run config without ``seed``/``global-lr``, completed with the app's recorded config
+        (``summary["config"]``) for keys the spec left at their defaults, plus ``clients``.
+    rows
+        The ``metrics.jsonl`` rows.
+    """
+
+    run_id: str
+    setting: Mapping[str, RunValue]
+    seed: int
+    global_lr: float
+    rows: tuple[Mapping[str, Any], ...]
+    summary: Mapping[str, Any]
+    selection: Selection
+    final_test_accuracy: float
+    final_val_accuracy: float
+    uplink_bytes: float
+    seconds: float
+    privacy: Mapping[str, float | None]
+
+    @property
+    def setting_key(self) -> str:
+        """Canonical JSON of the setting (the group key)."""
+        return canonical_json(dict(self.setting))
+
+    def get(self, key: str) -> RunValue | None:
+        """A setting value by run-config key (``clients`` included)."""
+        return self.setting.get(key)
+
+
+def load_run(run_dir: Path) -> RunResult:
+    """Read a finished run folder (``summary.json`` with the runner record, ``metrics.jsonl``).
+
+    Raises
+    ------
+    ValueError
+        If the folder is not a complete run.
+    """
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+        record = summary[RUN_RECORD_KEY]
+        run_config = dict(record["run_config"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{run_dir}: not a finished run ({exc})") from exc
+    if record.get("complete") is not True:
+        raise ValueError(f"{run_dir}: the run record is not complete")
+    rows = read_metrics(run_dir / METRICS_FILE)
+    if not rows:
+        raise ValueError(f"{run_dir}: {METRICS_FILE} is empty")
+    app_config = summary.get("config") if isinstance(summary.get("config"), Mapping) else {}
+    if app_config:
+        # fill in keys added since the run was made, so old and new runs of a setting group together
+        app_config = with_added_defaults(app_config)
+        try:
+            inert = inert_keys({**app_config, **run_config})
+        except ValueError as exc:
+            raise ValueError(f"{run_dir}: the recorded run config is not valid ({exc})") from exc
+        for key in inert:
+            if key not in run_config:
+                app_config.pop(key, None)
+    setting: dict[str, RunValue] = {
+        k: v
+        for k, v in {**app_config, **run_config}.items()
+        if k not in ("seed", "global-lr", "out-dir") and isinstance(v, bool | int | float | str)
+    }
+    if record.get("clients") is not None:
+        setting[CLIENTS_KEY] = int(record["clients"])
+    last = rows[-1]
+    uplink = sum(_bytes(r.get("bytes_up")) for r in rows)
+    return RunResult(
+        run_id=str(record["run_id"]),
+        setting=setting,
+        seed=int(run_config["seed"]),
+        global_lr=float(run_config["global-lr"]),
+        rows=tuple(rows),
+        summary=summary,
+        selection=select_round(rows),
+        final_test_accuracy=_or_nan(last.get("test_accuracy")),
+        final_val_accuracy=_or_nan(last.get("val_accuracy")),
+        uplink_bytes=uplink,
+        seconds=float(record.get("seconds", math.nan)),
+        privacy=privacy_fields(summary),
+    )
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """One setting after lambda selection: the runs (seeds) at the chosen lambda.
+
+    Attributes
+    ----------
+    lambda_scores
+        ``lambda -> Stat`` of the checkpoint validation accuracy over seeds (the selection
+        criterion); the chosen ``global_lr`` maximises its mean.
+    """
+
+    setting: Mapping[str, RunValue]
+    global_lr: float
+    lambda_scores: Mapping[float, Stat]
+    runs: tuple[RunResult, ...]
+
+    @property
+    def test(self) -> Stat:
+        """Test accuracy at the validation-selected round, over seeds."""
+        return Stat.of(r.selection.test_accuracy for r in self.runs)
+
+    @property
+    def final_test(self) -> Stat:
+        """Final-round test accuracy, over seeds."""
+        return Stat.of(r.final_test_accuracy for r in self.runs)
+
+    @property
+    def val(self) -> Stat:
+        """Validation accuracy at the checkpoint, over seeds."""
+        return Stat.of(r.selection.val_accuracy for r in self.runs)
+
+    @property
+    def selected_round(self) -> Stat:
+        """Checkpoint round, over seeds."""
+        return Stat.of(r.selection.round for r in self.runs)
+
+    @property
+    def uplink_bytes(self) -> Stat:
+        """Total uplink bytes of a run, over seeds."""
+        return Stat.of(r.uplink_bytes for r in self.runs)
+
+    @property
+    def seconds(self) -> Stat:
+        """Wall seconds of a run, over seeds."""
+        return Stat.of(r.seconds for r in self.runs)
+
+    def privacy(self, key: str) -> float | None:
+        """A privacy number of the setting (the same for every seed; the first is returned)."""
+        for run in self.runs:
+            value = run.privacy.get(key)
+            if value is not None:
+                return value
+        return None
+
+    def curve(self, metric: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-round ``(rounds, mean, std)`` of ``metric`` over the seeds (std 0 if one seed)."""
+        by_round: dict[int, list[float]] = {}
+        for run in self.runs:
+            for row in run.rows:
+                v = _finite(row.get(metric))
+                rnd = row.get("round")
+                if v is not None and isinstance(rnd, int):
+                    by_round.setdefault(rnd, []).append(v)
+        rounds = np.array(sorted(by_round), dtype=int)
+        means = np.array([np.mean(by_round[t]) for t in rounds], dtype=float)
+        stds = np.array(
+            [np.std(by_round[t], ddof=1) if len(by_round[t]) > 1 else 0.0 for t in rounds],
+            dtype=float,
+        )
+        return rounds, means, stds
+
+
+def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
+    """Choose lambda for one setting on validation accuracy only (see the module docstring).
+
+    Returns
+    -------
+    (lambda, scores)
+        ``scores[lam]`` is the :class:`Stat` of the checkpoint validation accuracies of the
+        runs with that lambda.
+
+    Raises
+    ------
+    ValueError
+        If ``runs`` is empty.
+    """
+    if not runs:
+        raise ValueError("no runs to choose lambda from")
+    by_lam: dict[float, list[float]] = {}
+    for run in runs:
+        by_lam.setdefault(run.global_lr, []).append(run.selection.val_accuracy)
+    scores = {lam: Stat.of(vals) for lam, vals in sorted(by_lam.items())}
+    best = max(scores, key=lambda lam: (scores[lam].mean, lam))
+    return best, scores
+
+
+def group_results(results: Sequence[RunResult]) -> list[GroupResult]:
+    """Group runs by setting, choose lambda per group, keep the runs at that lambda.
+
+    Groups come in the order of their first run in ``results``; runs inside a group are
+    sorted by seed.
+    """
+    groups: dict[str, list[RunResult]] = {}
+    for res in results:
+        groups.setdefault(res.setting_key, []).append(res)
+    out: list[GroupResult] = []
+    for members in groups.values():
+        lam, scores = choose_lambda(members)
+        chosen = tuple(sorted((r for r in members if r.global_lr == lam), key=lambda r: r.seed))
+        out.append(
+            GroupResult(
+                setting=dict(members[0].setting),
+                global_lr=lam,
+                lambda_scores=scores,
+                runs=chosen,
+            )
+        )
+    return out
+
+
+def varying_keys(results: Sequence[RunResult]) -> tuple[str, ...]:
+    """Setting keys with more than one value across ``results`` (labels of the groups).
+
+    ``min-clients`` is left out when it always equals ``clients`` (the sweep sets it so in
+    simulation), so a clients sweep is labelled by ``clients`` alone.
+    """
+    seen: dict[str, set[str]] = {}
+    for res in results:
+        for key, value in res.setting.items():
+            seen.setdefault(key, set()).add(canonical_json(value))
+    keys = [k for k, v in seen.items() if len(v) > 1]
+    if all(r.setting.get("min-clients") == r.setting.get(CLIENTS_KEY) for r in results):
+        keys = [k for k in keys if k != "min-clients"]
+    keys.sort(key=lambda k: (k != "mechanism", k))
+    return tuple(keys)
+
+
+def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
+    """Short label such as ``"corbin, epsilon=0.5"`` from the varying ``keys``."""
+    parts = []
+    for key in keys:
+        value = setting.get(key, "default")
+        parts.append(str(value) if key == "mechanism" else f"{key}={value}")
+    return ", ".join(parts) if parts else str(setting.get("mechanism", "run"))
+
+
+# --------------------------------------------------------------------------- CSV writers
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "" if not math.isfinite(value) else repr(value)
+    return str(value)
+
+
+def _write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: _csv_value(row.get(c)) for c in columns})
+    atomic_write_text(path, buf.getvalue())
+
+
+def run_rows(
+    results: Sequence[RunResult], groups: Sequence[GroupResult]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Columns and rows of ``runs.csv`` (one row per run, all lambdas)."""
+    chosen = {(g.global_lr, canonical_json(dict(g.setting))) for g in groups}
+    extra = [
+        k
+        for k in varying_keys(results)
+        if _COLUMN_OF_KEY.get(k, k) not in RUNS_CSV_COLUMNS
+        and k not in ("mechanism", "epsilon", "d", "gamma")
+    ]
+    columns = [*RUNS_CSV_COLUMNS, *extra]
+    rows = []
+    for r in results:
+        row: dict[str, Any] = {
+            "run_id": r.run_id,
+            "mechanism": r.get("mechanism"),
+            "epsilon": r.get("epsilon"),
+            "d": r.get("d"),
+            "dropout": r.get("dropout-prob"),
+            "clients": r.get(CLIENTS_KEY),
+            "gamma": r.get("gamma"),
+            "seed": r.seed,
+            "global_lr": r.global_lr,
+            "lambda_selected": (r.global_lr, r.setting_key) in chosen,
+            "test_accuracy": r.selection.test_accuracy,
+            "val_accuracy": r.selection.val_accuracy,
+            "selected_round": r.selection.round,
+            "selected_by": r.selection.selected_by,
+            "final_test_accuracy": r.final_test_accuracy,
+            "final_val_accuracy": r.final_val_accuracy,
+            "num_rounds": len(r.rows),
+            "uplink_bytes": r.uplink_bytes,
+            "seconds": r.seconds,
+            **r.privacy,
+        }
+        for key in extra:
+            row[key] = r.get(key)
+        rows.append(row)
+    return columns, rows
+
+
+def write_runs_csv(path: Path, results: Sequence[RunResult], groups: Sequence[GroupResult]) -> None:
+    """Write ``runs.csv`` atomically (see :data:`RUNS_CSV_COLUMNS`)."""
+    columns, rows = run_rows(results, groups)
+    _write_csv(path, columns, rows)
+
+
+def write_groups_csv(path: Path, groups: Sequence[GroupResult], keys: Sequence[str]) -> None:
+    """Write ``groups.csv``: one row per setting at its chosen lambda (mean and std over seeds).
+
+    ``keys`` are the setting keys to show as columns (the varying ones).
+    """
+    columns = [
+        *(_COLUMN_OF_KEY.get(k, k) for k in keys),
+        "global_lr",
+        "seeds",
+        "test_mean",
+        "test_std",
+        "final_test_mean",
+        "final_test_std",
+        "val_mean",
+        "val_std",
+        "selected_round_mean",
+        "eps_update",
+        "delta_update",
+        "eps_run",
+        "delta_run",
+        "uplink_bytes_mean",
+        "seconds_mean",
+        "lambda_val_means",
+    ]
+    rows = []
+    for g in groups:
+        row: dict[str, Any] = {_COLUMN_OF_KEY.get(k, k): g.setting.get(k) for k in keys}
+        row.update(
+            global_lr=g.global_lr,
+            seeds=g.test.n,
+            test_mean=g.test.mean,
+            test_std=g.test.std,
+            final_test_mean=g.final_test.mean,
+            final_test_std=g.final_test.std,
+            val_mean=g.val.mean,
+            val_std=g.val.std,
+            selected_round_mean=g.selected_round.mean,
+            eps_update=g.privacy("eps_update"),
+            delta_update=g.privacy("delta_update"),
+            eps_run=g.privacy("eps_run"),
+            delta_run=g.privacy("delta_run"),
+            uplink_bytes_mean=g.uplink_bytes.mean,
+            seconds_mean=g.seconds.mean,
+            lambda_val_means=canonical_json(
+                {repr(lam): round(s.mean, 6) for lam, s in g.lambda_scores.items()}
+            ),
+        )
+        rows.append(row)
+    _write_csv(path, columns, rows)

@@ -1,0 +1,246 @@
+"""RunConfig: parsing, validation and the pyproject defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def test_the_app_bundle_holds_the_app_code_and_nothing_else() -> None:
+    """`flwr run` ships this FAB to every SuperNode: results, docs and tests of the checkout stay
+    out of it (Flower refuses a FAB over 10 MiB), and both apps' modules are in it."""
+    from flwr.cli.build import build_fab_from_disk
+
+    fab = build_fab_from_disk(PYPROJECT.parent)
+    names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
+    assert {n.split("/")[0] for n in names} == {
+        ".info",
+        "pyproject.toml",
+        "client",
+        "server",
+        "mechanisms",
+        "corbin_fl",
+    }
+    components = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["components"]
+    for ref in components.values():
+        assert ref.split(":")[0].replace(".", "/") + ".py" in names
+    assert len(fab) < 2 * 1024 * 1024
+
+
+def test_the_app_bundle_imports_only_the_app_and_its_dependencies() -> None:
+    """The tooling (deploy/, experiments/, rich, tomli-w, pandas, matplotlib) stays out of the
+    app: no module of the FAB imports it, even lazily, so a SuperNode never needs it."""
+    import ast
+    import sys
+
+    from flwr.cli.build import build_fab_from_disk
+
+    fab = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(PYPROJECT.parent)))
+    roots: dict[str, set[str]] = {}
+    for name in fab.namelist():
+        if not name.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(fab.read(name))):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found = [node.module]
+            else:
+                continue
+            for module in found:
+                roots.setdefault(module.split(".")[0], set()).add(name)
+    third_party = {r: sorted(f) for r, f in roots.items() if r not in sys.stdlib_module_names}
+    app = {"client", "server", "mechanisms", "corbin_fl"}
+    runtime = {"flwr", "numpy", "torch", "cryptography", "scipy", "mlxtend", "flwr_datasets"}
+    runtime |= {"datasets"}  # flwr-datasets' own dependency (the LEAF and hub loaders)
+    optional = {"dp_accounting": ["mechanisms/accounting.py"]}  # method="dp_accounting" only
+    unexpected = {r: f for r, f in third_party.items() if r not in app | runtime | set(optional)}
+    assert not unexpected, f"the app imports tooling or undeclared packages: {unexpected}"
+    for root, files in optional.items():
+        assert third_party.get(root, files) == files
+
+
+def test_pyproject_defaults_equal_dataclass_defaults() -> None:
+    table = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    assert table == RunConfig.defaults()
+    assert set(table) == set(RunConfig.keys())
+    assert RunConfig.from_flower(table) == RunConfig()
+
+
+def test_empty_config_gives_defaults_and_round_trips() -> None:
+    cfg = RunConfig.from_flower({})
+    assert cfg == RunConfig()
+    assert RunConfig.from_flower(cfg.to_flower()) == cfg
+    assert all("_" not in key for key in cfg.to_flower())
+
+
+def test_kebab_keys_map_to_fields() -> None:
+    cfg = RunConfig.from_flower(
+        {"num-rounds": 7, "cr-mode": "derived", "p-x": 0.25, "test-z-digest": True}
+    )
+    assert (cfg.num_rounds, cfg.cr_mode, cfg.p_x, cfg.test_z_digest) == (7, "derived", 0.25, True)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_every_mechanism_is_accepted(mechanism: str) -> None:
+    assert RunConfig.from_flower({"mechanism": mechanism}).mechanism == mechanism
+
+
+def test_unknown_key_suggests_the_closest() -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_flower({"num-round": 3})
+    assert "num-round" in info.value.errors
+    assert "did you mean 'num-rounds'" in str(info.value)
+
+
+def test_all_bad_keys_are_listed_at_once() -> None:
+    bad = {"mechansim": "corbin", "epsilon": -1, "d": True, "cr-mode": "rely", "lr": "fast"}
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_flower(bad)
+    assert set(info.value.errors) == set(bad)
+    text = str(info.value)
+    assert "5 bad key(s)" in text
+    assert "did you mean 'relay'" in text
+    assert "did you mean 'mechanism'" in text
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("num-rounds", 1.5, "expected an integer"),
+        ("num-rounds", True, "got a bool"),
+        ("epsilon", "1", "expected a number"),
+        ("epsilon", float("inf"), "finite"),
+        ("mechanism", 3, "expected a string"),
+        ("test-z-digest", 1, "expected a bool"),
+    ],
+)
+def test_type_errors(key: str, value: Any, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_flower({key: value})
+    assert fragment in info.value.errors[key]
+
+
+def test_integral_float_and_int_coercions() -> None:
+    cfg = RunConfig.from_flower({"num-rounds": 4.0, "epsilon": 2, "test-z-digest": "true"})
+    assert cfg.num_rounds == 4 and isinstance(cfg.num_rounds, int)
+    assert cfg.epsilon == 2.0 and isinstance(cfg.epsilon, float)
+    assert cfg.test_z_digest is True
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("num-rounds", 0),
+        ("epsilon", 0.0),
+        ("delta", 1.0),
+        ("delta", 0.0),
+        ("d", 0),
+        ("d", 17),
+        ("gamma", 1.5),
+        ("p-x", 0.0),
+        ("p-x", 1.0),
+        ("global-lr", 0.0),
+        ("global-lr", 1.1),
+        ("radius-margin", -0.1),
+        ("min-radius", 0.0),
+        ("range-quantile", 0.5),
+        ("range-quantile", 1.01),
+        ("range-mode", "weights"),
+        ("update-radius", -0.01),
+        ("update-radius", float("nan")),
+        ("dirichlet-alpha", 0.0),
+        ("local-epochs", 0),
+        ("batch-size", 0),
+        ("lr", 0.0),
+        ("weight-decay", -1.0),
+        ("max-steps", -1),
+        ("seed", -1),
+        ("min-clients", 0),
+        ("clients-per-round", -1),
+        ("stage-timeout", 0.0),
+        ("first-stage-timeout", -1.0),
+        ("poll-interval", 0.0),
+        ("checkpoint-patience", -1),
+        ("ternary-sparsity", 1.0),
+        ("ternary-encoding", "nibbles"),
+        ("fedcad-clip", 0.0),
+        ("fedcad-gamma", 2.0),
+        ("fedcad-diff-init", 1.0),
+        ("dropout-prob", 1.0),
+        ("mechanism", "corbinn"),
+        ("dataset", "imagenet"),
+        ("partitioner", "shards"),
+        ("model", "vgg"),
+        ("optimizer", "rmsprop"),
+        ("device", "tpu"),
+    ],
+)
+def test_range_errors_name_the_key(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_flower({key: value})
+    assert list(info.value.errors) == [key]
+    assert key in str(info.value)
+
+
+def test_cross_field_checks() -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_flower({"min-clients": 4, "clients-per-round": 2})
+    assert "clients-per-round" in info.value.errors
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_flower({"fedcad-diff-init": 0.1, "fedcad-diff-floor": 0.2})
+    assert "fedcad-diff-floor" in info.value.errors
+    assert RunConfig.from_flower({"min-clients": 4, "clients-per-round": 0}).clients_per_round == 0
+
+
+def test_hub_datasets_are_accepted() -> None:
+    assert RunConfig.from_flower({"dataset": "hf:ylecun/mnist"}).dataset == "hf:ylecun/mnist"
+    with pytest.raises(ConfigError):
+        RunConfig.from_flower({"dataset": "hf:"})
+
+
+def test_non_mapping_and_non_string_keys_are_type_errors() -> None:
+    with pytest.raises(TypeError):
+        RunConfig.from_flower([("epsilon", 1.0)])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        RunConfig.from_flower({1: 2})  # type: ignore[dict-item]
+
+
+def test_frozen_and_replace_revalidates() -> None:
+    cfg = RunConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.epsilon = 3.0  # type: ignore[misc]
+    assert cfg.replace(epsilon=3.0).epsilon == 3.0
+    with pytest.raises(ConfigError):
+        cfg.replace(epsilon=-3.0)
+
+
+def test_paired_property() -> None:
+    assert RunConfig(mechanism="corbin").paired and RunConfig(mechanism="augcorbin").paired
+    assert not any(RunConfig(mechanism=m).paired for m in MECHANISMS if "corbin" not in m)
+
+
+def test_execution_and_resumable_keys_are_declared_once_on_the_fields() -> None:
+    """The sweeps and resume read the same declaration: every key that cannot change a result
+    may differ on resume, and the keys that change the result are never among them."""
+    from experiments.sweep import EXECUTION_KEYS
+    from server.checkpoint import MAY_DIFFER_ON_RESUME
+
+    execution = RunConfig.execution_keys()
+    assert execution == EXECUTION_KEYS
+    assert RunConfig.resumable_keys() == MAY_DIFFER_ON_RESUME
+    assert execution < MAY_DIFFER_ON_RESUME
+    assert MAY_DIFFER_ON_RESUME - execution == {"num-rounds", "min-clients"}
+    for key in ("mechanism", "epsilon", "seed", "data-seed", "lr", "model", "dataset", "d"):
+        assert key not in MAY_DIFFER_ON_RESUME
+    assert {"out-dir", "data-dir", "stage-timeout", "device", "resume"} <= execution
