@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.fsio import atomic_write_text
 from experiments.spec import CLIENTS_KEY, RunValue
 from experiments.sweep import (
@@ -36,9 +37,7 @@ from experiments.sweep import (
     RUN_RECORD_KEY,
     SUMMARY_FILE,
     canonical_json,
-    inert_keys,
     read_metrics,
-    with_added_defaults,
 )
 
 logger = logging.getLogger(__name__)
@@ -270,8 +269,8 @@ class RunResult:
     Attributes
     ----------
     setting
-        Run config without ``seed``/``global-lr``, completed with the app's recorded config
-        (``summary["config"]``) for keys the spec left at their defaults, plus ``clients``.
+        The run's result config (its record's ``"config"``) without ``seed``/``global-lr``,
+        plus ``clients``: runs with one setting differ only in seed and lambda.
     rows
         The ``metrics.jsonl`` rows.
     """
@@ -319,21 +318,15 @@ def load_run(run_dir: Path) -> RunResult:
     rows = read_metrics(run_dir / METRICS_FILE)
     if not rows:
         raise ValueError(f"{run_dir}: {METRICS_FILE} is empty")
-    app_config = summary.get("config") if isinstance(summary.get("config"), Mapping) else {}
-    if app_config:
-        # fill in keys added since the run was made, so old and new runs of a setting group together
-        app_config = with_added_defaults(app_config)
-        try:
-            inert = inert_keys({**app_config, **run_config})
-        except ValueError as exc:
-            raise ValueError(f"{run_dir}: the recorded run config is not valid ({exc})") from exc
-        for key in inert:
-            if key not in run_config:
-                app_config.pop(key, None)
+    config = record.get("config")
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{run_dir}: the run record has no result config (migrate the folder)")
+    try:
+        RunConfig.from_flower(config)
+    except ConfigError as exc:
+        raise ValueError(f"{run_dir}: the recorded result config is not valid ({exc})") from exc
     setting: dict[str, RunValue] = {
-        k: v
-        for k, v in {**app_config, **run_config}.items()
-        if k not in ("seed", "global-lr", "out-dir") and isinstance(v, bool | int | float | str)
+        k: v for k, v in config.items() if k not in ("seed", "global-lr")
     }
     if record.get("clients") is not None:
         setting[CLIENTS_KEY] = int(record["clients"])
