@@ -31,10 +31,11 @@ from experiments.report import Target, write_federated_report, write_mse_report
 from experiments.results import (
     RunResult,
     group_results,
+    groups_table,
     load_run,
+    runs_table,
     varying_keys,
-    write_groups_csv,
-    write_runs_csv,
+    write_table,
 )
 from experiments.runner import (
     Backend,
@@ -223,8 +224,8 @@ def finalize_federated(
         return [], None
     groups = group_results(results)
     keys = varying_keys(results)
-    write_runs_csv(paths.runs_csv, results, groups)
-    write_groups_csv(paths.groups_csv, groups, keys)
+    write_table(paths.runs_csv, runs_table(results, groups))
+    write_table(paths.groups_csv, groups_table(groups, keys))
     figures: dict[str, Path] = {}
     title = spec.description or spec.name
     for name in spec.figures:

@@ -10,9 +10,10 @@ complete folder records (``summary.json``: the app's effective ``"config"`` and 
 
 A record made before a key existed ran with the value the key was added with: today's default,
 except where the default changed since (:data:`ADDED_WITH`). Copies of one run (the same pool id)
-become one folder when their ``metrics.jsonl`` are byte-identical; two different runs with one id
-are a conflict: the first (an original before a copy) is kept and the other is left where it is.
-Partial folders are left where they are. Running it again changes nothing.
+become one folder when their ``metrics.jsonl`` are byte-identical; two different executions with
+one id are a conflict: the one with the most folders (then an original before a copy) goes to the
+pool and the other is left where it is. Partial folders are left where they are. A migration cut
+off anywhere completes when run again; a complete one, run again, changes nothing.
 """
 
 from __future__ import annotations
@@ -135,10 +136,18 @@ def plan_migration(root: Path) -> MigrationPlan:
             (sorted(folders, key=lambda f: (f[0], str(f[1]))) for folders in executions.values()),
             key=lambda folders: (-len(folders), folders[0][0], str(folders[0][1])),
         )
-        kept = not target.exists()
+        if target.exists():  # an earlier migration, perhaps cut off, put one there
+            pooled = (target / METRICS_FILE).read_bytes()
+            ranked = [executions.get(pooled, [])]
+            ranked += [folders for metrics, folders in executions.items() if metrics != pooled]
         for rank, folders in enumerate(ranked):
             for i, (_copy, source, record) in enumerate(folders):
-                action = "conflict" if rank or not kept else "move" if i == 0 else "duplicate"
+                if rank:
+                    action = "conflict"
+                elif i == 0 and not target.exists():
+                    action = "move"
+                else:
+                    action = "duplicate"
                 plan.moves.append(Move(source, target, action, record))
     return plan
 
@@ -159,11 +168,12 @@ def apply_migration(plan: MigrationPlan) -> None:
         if move.action == "duplicate":
             shutil.rmtree(move.source)
             continue
+        # the record first, then one rename: a migration cut off anywhere can be run again
+        summary = json.loads((move.source / SUMMARY_FILE).read_text(encoding="utf-8"))
+        summary[RUN_RECORD_KEY] = {**move.record, MIGRATED_FROM_KEY: sources[move.target]}
+        atomic_write_json(move.source / SUMMARY_FILE, summary)
         move.target.parent.mkdir(parents=True, exist_ok=True)
         move.source.rename(move.target)
-        summary = json.loads((move.target / SUMMARY_FILE).read_text(encoding="utf-8"))
-        summary[RUN_RECORD_KEY] = {**move.record, MIGRATED_FROM_KEY: sources[move.target]}
-        atomic_write_json(move.target / SUMMARY_FILE, summary)
     for runs in root.glob("*/runs/"):
         if runs.parent.name != POOL_DIR and not any(runs.iterdir()):
             runs.rmdir()

@@ -144,3 +144,21 @@ def test_cli_dry_run_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert exp_cli.main(["migrate", "--results", str(results)]) == 0
     assert "20 were moved into the pool, 20 copies were removed" in capsys.readouterr().out
     assert {s for _, s in ex.plan(spec_from(LAYER), results)} == {RunState.DONE}
+
+
+def test_a_migration_cut_off_midway_completes_when_run_again(tmp_path: Path) -> None:
+    results = made_old(tmp_path)
+    run = expand_runs(spec_from(LAYER))[0]
+    again = results / "again" / "runs" / f"old-{run.run_id}"  # another execution of a run
+    shutil.copytree(results / "tiny" / "runs" / f"old-{run.run_id}", again)
+    (again / "metrics.jsonl").write_text((again / "metrics.jsonl").read_text().replace("0.", "0.0"))
+    plan = plan_migration(results)
+    cut = next(i for i, m in enumerate(plan.moves) if m.action == "duplicate") + 3
+    plan.moves = plan.moves[:cut]  # the moves a process killed here had carried out
+    apply_migration(plan)
+    rest = plan_migration(results)
+    assert rest.count("duplicate") + rest.count("move") > 0
+    assert [m.source for m in rest.moves if m.action == "conflict"] == [again]
+    apply_migration(rest)
+    assert {s for _, s in ex.plan(spec_from(LAYER), results)} == {RunState.DONE}
+    assert list(results.glob("*/runs/*")) == [again] and len(list(results.glob("runs/*"))) == 20
