@@ -417,6 +417,17 @@ class RunConfig:
             {**self.to_flower(), **{_kebab(k): v for k, v in changes.items()}}
         )
 
+    def result_config(self) -> dict[str, Any]:
+        """The keys that can change this run's result, with their values (kebab-case).
+
+        That is :meth:`to_flower` without :meth:`execution_keys`, and without ``update-radius``
+        unless :attr:`quantizes_update` (nothing reads it then). Two runs with the same result
+        config on the same number of clients are the same run: the experiments address a run by
+        a hash of it.
+        """
+        skip = self.execution_keys() | (set() if self.quantizes_update else {"update-radius"})
+        return {k: v for k, v in self.to_flower().items() if k not in skip}
+
     # ------------------------------------------------------------------ derived views
     @property
     def paired(self) -> bool:

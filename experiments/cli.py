@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from experiments.spec import ExperimentSpec, SpecError, load_spec
+from experiments.spec import SpecError, load_spec
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -70,10 +70,10 @@ def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
 
     migrate = sub.add_parser(
         "migrate",
-        help="rename finished runs to the run ids of the edited spec(s), matched by effective "
-        "configuration (nothing is run)",
+        help="move the runs of the per-experiment layout (<results>/<experiment>/runs/) into "
+        "the run pool (<results>/runs/), addressed by their result config (nothing is run)",
     )
-    common(migrate)
+    migrate.add_argument("--results", type=Path, required=True, help="results folder")
     migrate.add_argument(
         "--dry-run", action="store_true", help="say what would change, change nothing"
     )
@@ -93,56 +93,26 @@ def _configure_logging(verbose: bool) -> None:
     )
 
 
-def _migrate(
-    specs: Sequence[ExperimentSpec],
-    results: Path,
-    defaults: Mapping[str, Any] | None,
-    *,
-    dry_run: bool,
-    out: Console,
-    err: Console,
-) -> int:
-    """``corbin-fl experiment migrate``: 0 done, 2 when an experiment was refused (unchanged)."""
-    from rich.markup import escape
+def _migrate(results: Path, *, dry_run: bool, out: Console) -> int:
+    """``corbin-fl experiment migrate``: move old-layout runs into the pool."""
+    from experiments.migrate import apply_migration, plan_migration
 
-    from experiments.migrate import migrate_experiments
-
-    if defaults is None:
-        err.print(
-            "[red]error:[/red] the app's defaults are needed to match runs by their effective "
-            "configuration (give --app)"
-        )
-        return 2
-    for spec in specs:
-        if spec.kind == "mse":
-            out.print(f"{spec.name}: mse experiment (no federated runs)")
-    try:
-        done, refused = migrate_experiments(specs, results, defaults, dry_run=dry_run)
-    except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        return 2
+    plan = plan_migration(results)
     verb = "would be" if dry_run else "were"
-    for result in done:
-        plan = result.plan
-        out.print(
-            f"[bold]{plan.experiment}[/bold]: {len(plan.moves)} run folders: {plan.renamed} "
-            f"{verb} renamed, {plan.rewritten} {verb} rewritten in place, {plan.unchanged} "
-            f"already current; {len(plan.to_do)} runs of the spec not done"
-            + (
-                f"; {result.references_updated} copies pointed at their moved source"
-                if result.references_updated
-                else ""
-            )
-        )
-        if dry_run:
-            for move in plan.moves:
-                if move.renames:
-                    out.print(f"  {move.folder.name} -> {move.run.run_id}", soft_wrap=True)
-        for warning in result.warnings:
-            err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
-    for exc in refused:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-    return 2 if refused else 0
+    out.print(
+        f"{len(plan.moves)} run folders: {plan.count('move')} {verb} moved into the pool, "
+        f"{plan.count('duplicate')} copies {verb} removed, {plan.count('conflict')} other "
+        f"executions of a pooled run {verb} left where they are; {len(plan.skipped)} skipped"
+    )
+    for line in plan.skipped:
+        out.print(f"  skipped {line}", soft_wrap=True, markup=False)
+    if dry_run:
+        for move in plan.moves:
+            rel = move.source.relative_to(results)
+            out.print(f"  {move.action:9s} {rel} -> {move.target.name}", soft_wrap=True)
+    else:
+        apply_migration(plan)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console(stderr=True)
     out = Console()
+    if args.command == "migrate":
+        return _migrate(args.results, dry_run=args.dry_run, out=out)
     try:
         specs = [load_spec(p) for p in args.spec]
     except (SpecError, OSError) as exc:
@@ -172,39 +144,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from experiments import experiment as ex
     from experiments.sweep import RunState
 
-    if args.command in ("plan", "report", "migrate"):  # what finished runs are checked against
-        defaults = ex.current_app_defaults(args.app)
-    if args.command == "migrate":
-        return _migrate(specs, args.results, defaults, dry_run=args.dry_run, out=out, err=console)
     if args.command == "plan":
-        recorded = ex.RecordedRuns(Path(args.results))
         for spec in specs:
             if spec.kind == "mse":
                 out.print(f"{spec.name}: mse experiment (no federated runs)")
                 continue
             try:
-                planned = ex.plan(spec, args.results, defaults)
+                planned = ex.plan(spec, args.results)
             except SpecError as exc:
                 console.print(f"[red]error:[/red] {exc}")
                 return 2
-            copies = {
-                run.run_id: source.relative_to(args.results).as_posix()
-                for run, state in planned
-                if state is not RunState.DONE
-                and (source := next(recorded.done_sources(run, defaults), None)) is not None
-            }
             counts = {s: sum(1 for _, st in planned if st is s) for s in RunState}
             out.print(
                 f"[bold]{spec.name}[/bold]: {len(planned)} runs "
                 f"({counts[RunState.DONE]} done, {counts[RunState.PARTIAL]} partial, "
-                f"{counts[RunState.STALE]} stale, "
                 f"{counts[RunState.MISSING]} to do)"
             )
-            if copies:
-                out.print(f"  {len(copies)} of them are done in other experiments: copied, not run")
             for run, state in planned:
-                copy = f"  (copy of {copies[run.run_id]})" if run.run_id in copies else ""
-                out.print(f"  {state.value:8s} {run.run_id}{copy}", soft_wrap=True)
+                out.print(f"  {state.value:8s} {run.run_id}", soft_wrap=True)
         return 0
 
     if args.command == "report":
@@ -212,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if spec.kind == "mse":
                 targets, report = ex.finalize_mse(spec, args.results)
             else:
-                targets, report = ex.finalize_federated(spec, args.results, app_defaults=defaults)
+                targets, report = ex.finalize_federated(spec, args.results)
             out.print(f"{spec.name}: report {report}")
             for t in targets:
                 out.print(f"  [{t.status}] {t.name}: {t.detail}")

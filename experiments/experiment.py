@@ -1,46 +1,41 @@
 """Run a whole experiment: plan, execute with resume and progress, then write every output.
 
-Layout of ``<results>/<experiment>/``::
+Layout of ``<results>/``::
 
-    runs/<run-id>/        one folder per federated run (see experiments.runner)
-    runs.csv              one row per run (all lambdas)
-    groups.csv            one row per setting at its validation-chosen lambda
-    figures/*.png         the figures listed in [plots]
-    report.md             tables, figures, privacy, target checks
-    mse_grid.npz, mse_grid.csv, mse_real.npz, mse_real_weights.csv   (kind = "mse")
+    runs/<run-id>/        the run pool: one folder per federated run, shared by every
+                          experiment (see experiments.sweep and experiments.runner)
+    <experiment>/runs.csv       one row per run (all lambdas)
+    <experiment>/groups.csv     one row per setting at its validation-chosen lambda
+    <experiment>/figures/*.png  the figures listed in [plots]
+    <experiment>/report.md      tables, figures, privacy, target checks
+    <experiment>/mse_grid.npz, mse_grid.csv, mse_real.npz, mse_real_weights.csv   (kind = "mse")
 
-Resume: a run whose folder holds a complete ``summary.json`` (see
-:func:`experiments.sweep.run_state`) is skipped; anything else is redone from scratch.
-A run that is done in another experiment of the same results folder (the same run id, or another
-id with the same effective configuration) is copied from there instead of being run again
-(:func:`reuse_finished_run`; its summary's ``"run"`` record gets ``"reused_from"``).
-Interrupting (Ctrl-C, SIGTERM) stops the current run's processes; the next invocation of the
-same command continues where it stopped.
+Resume: a run whose pool folder holds a complete ``summary.json`` (see
+:func:`experiments.sweep.run_state`) is skipped, whichever experiment made it; anything else is
+redone from scratch. Interrupting (Ctrl-C, SIGTERM) stops the current run's processes; the next
+invocation of the same command continues where it stopped.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from corbin_fl.fsio import atomic_write_json
 from experiments import plots
 from experiments.report import Target, write_federated_report, write_mse_report
 from experiments.results import (
     RunResult,
     group_results,
+    groups_table,
     load_run,
+    runs_table,
     varying_keys,
-    write_groups_csv,
-    write_runs_csv,
+    write_table,
 )
 from experiments.runner import (
     Backend,
@@ -51,17 +46,8 @@ from experiments.runner import (
     execute_run,
     find_app_dir,
 )
-from experiments.spec import ExperimentSpec, load_app_defaults
-from experiments.sweep import (
-    RUN_RECORD_KEY,
-    SUMMARY_FILE,
-    Run,
-    RunState,
-    expand_runs,
-    recorded_run,
-    run_state,
-    same_run,
-)
+from experiments.spec import ExperimentSpec
+from experiments.sweep import POOL_DIR, Run, RunState, expand_runs, run_state
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +60,8 @@ class ExperimentPaths:
 
     @property
     def runs_dir(self) -> Path:
-        """``runs/``: one folder per run."""
-        return self.root / "runs"
+        """The run pool, ``<results>/runs/``: one folder per run, shared by the experiments."""
+        return self.root.parent / POOL_DIR
 
     @property
     def figures_dir(self) -> Path:
@@ -114,7 +100,6 @@ class Outcome:
     total: int = 0
     skipped: int = 0
     executed: int = 0
-    reused: int = 0
     failed: dict[str, str] = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)
     report: Path | None = None
@@ -193,114 +178,10 @@ def _command(spec: ExperimentSpec, results_root: Path) -> str:
 # --------------------------------------------------------------------------- federated
 
 
-def plan(
-    spec: ExperimentSpec,
-    results_root: Path,
-    app_defaults: Mapping[str, Any] | None = None,
-) -> list[tuple[Run, RunState]]:
-    """Every run of ``spec`` with its resume state (done runs are skipped by :func:`run`).
-
-    With ``app_defaults`` (the app's ``[tool.flwr.app.config]``), a done run made under other
-    app defaults is :attr:`RunState.STALE` (see :func:`experiments.sweep.run_state`).
-    """
+def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]:
+    """Every run of ``spec`` with its state in the pool (done runs are skipped by :func:`run`)."""
     paths = ExperimentPaths.of(spec, results_root)
-    return [(r, run_state(paths.run_dir(r), r, app_defaults)) for r in expand_runs(spec)]
-
-
-@dataclass(frozen=True)
-class RecordedRuns:
-    """The run folders under ``<results_root>/*/runs/`` with what each ``summary.json`` records
-    (:func:`experiments.sweep.recorded_run`), read on first use and then kept."""
-
-    root: Path
-
-    _FIRST_CHECKED = ("mechanism", "seed", "global-lr", "epsilon")
-    """Keys that always affect a run, compared before the whole config (a cheap filter)."""
-
-    @functools.cached_property
-    def entries(self) -> tuple[tuple[Path, Run, Mapping[str, Any]], ...]:
-        """``(folder, recorded run, recorded effective config)`` of every readable record."""
-        found = ((source, recorded_run(source)) for source in sorted(self.root.glob("*/runs/*")))
-        return tuple((source, *rec) for source, rec in found if rec is not None)
-
-    def done_sources(
-        self, run: Run, app_defaults: Mapping[str, Any] | None = None
-    ) -> Iterator[Path]:
-        """Done run folders that are runs of ``run``, best first.
-
-        First the folders named ``run.run_id`` (the id hashes the keys the spec sets, and
-        :func:`experiments.sweep.run_state` checks it). Then, with ``app_defaults``,
-        any other done folder with the same number of clients and the same spec ``data-dir``
-        whose recorded effective config is ``run``'s (:func:`experiments.sweep.same_run`):
-        a spec that spells out a default (``delta = 1e-5``) names the same run under another id.
-        """
-        for source in sorted(self.root.glob(f"*/runs/{run.run_id}")):
-            if run_state(source, run, app_defaults) is RunState.DONE:
-                yield source
-        if app_defaults is None:
-            return
-        expected = {**app_defaults, **run.run_config}
-        for source, other, config in self.entries:
-            if (
-                source.name != run.run_id
-                and other.clients == run.clients
-                # where the data is read from is not compared by same_run (a recorded data-dir
-                # is resolved): two folders can hold different data, so the spec's must match
-                and other.run_config.get("data-dir") == run.run_config.get("data-dir")
-                and all(
-                    config.get(k, expected.get(k)) == expected.get(k) for k in self._FIRST_CHECKED
-                )
-                and same_run(config, run, app_defaults)
-                and run_state(source, other, app_defaults) is RunState.DONE
-            ):
-                yield source
-
-
-def done_sources(
-    run: Run, results_root: Path, app_defaults: Mapping[str, Any] | None = None
-) -> Iterator[Path]:
-    """:meth:`RecordedRuns.done_sources` of ``run`` on the folders as they are now."""
-    return RecordedRuns(Path(results_root)).done_sources(run, app_defaults)
-
-
-def reuse_finished_run(
-    run: Run,
-    paths: ExperimentPaths,
-    results_root: Path,
-    app_defaults: Mapping[str, Any] | None = None,
-) -> Path | None:
-    """Copy ``run`` from a folder where it is done (:func:`done_sources`); return the source.
-
-    The copy leaves out the app's ``checkpoint/`` (model files; a done run never resumes) and
-    writes ``summary.json`` last and atomically, its ``"run"`` record naming this run (id,
-    hash, run config) with ``"reused_from": "<other>/runs/<run-id>"``, so an interrupted copy is
-    a partial run. Returns ``None`` when no folder has it done.
-    """
-    target = paths.run_dir(run)
-    for source in done_sources(run, results_root, app_defaults):
-        if source.resolve() == target.resolve():
-            continue
-        if target.exists():
-            shutil.rmtree(target)
-        top = str(source)
-
-        def skip(folder: str, names: list[str], top: str = top) -> list[str]:
-            return [n for n in names if n == "checkpoint" or (folder == top and n == SUMMARY_FILE)]
-
-        shutil.copytree(source, target, ignore=skip)
-        summary = json.loads((source / SUMMARY_FILE).read_text(encoding="utf-8"))
-        rel = source.relative_to(Path(results_root)).as_posix()
-        summary[RUN_RECORD_KEY] = {
-            **summary[RUN_RECORD_KEY],
-            "run_id": run.run_id,
-            "config_hash": run.config_hash,
-            "run_config": dict(run.run_config),
-            "clients": run.clients,
-            "reused_from": rel,
-        }
-        atomic_write_json(target / SUMMARY_FILE, summary)
-        return source
-    return None
+    return [(r, run_state(paths.run_dir(r), r)) for r in expand_runs(spec)]
 
 
 def make_backend(spec: ExperimentSpec, app_dir: Path) -> Backend:
@@ -315,25 +196,11 @@ def make_backend(spec: ExperimentSpec, app_dir: Path) -> Backend:
     )
 
 
-def current_app_defaults(app_dir: Path | None = None) -> dict[str, Any] | None:
-    """The ``[tool.flwr.app.config]`` of ``app_dir`` (default: this project's app), against which
-    finished runs are checked for staleness; ``None`` (no check, a warning) when there is none."""
-    try:
-        return load_app_defaults(Path(app_dir) if app_dir is not None else find_app_dir())
-    except (FileNotFoundError, ValueError) as exc:
-        logger.warning("finished runs not checked against the app's defaults: %s", exc)
-        return None
-
-
-def load_finished(
-    spec: ExperimentSpec,
-    results_root: Path,
-    app_defaults: Mapping[str, Any] | None = None,
-) -> list[RunResult]:
-    """The finished runs of ``spec``, in sweep order (not the stale ones: see :func:`plan`)."""
+def load_finished(spec: ExperimentSpec, results_root: Path) -> list[RunResult]:
+    """The finished runs of ``spec``, in sweep order."""
     paths = ExperimentPaths.of(spec, results_root)
     out = []
-    for run, state in plan(spec, results_root, app_defaults):
+    for run, state in plan(spec, results_root):
         if state is RunState.DONE:
             out.append(load_run(paths.run_dir(run)))
     return out
@@ -344,23 +211,21 @@ def finalize_federated(
     results_root: Path,
     *,
     failures: dict[str, str] | None = None,
-    app_defaults: Mapping[str, Any] | None = None,
 ) -> tuple[list[Target], Path | None]:
     """Write ``runs.csv``, ``groups.csv``, the figures and ``report.md`` from finished runs.
 
-    Returns the target checks and the report path (``None`` if no run has finished). With
-    ``app_defaults``, runs made under other app defaults (stale) are left out.
+    Returns the target checks and the report path (``None`` if no run has finished).
     """
     paths = ExperimentPaths.of(spec, results_root)
     expected = len(expand_runs(spec))
-    results = load_finished(spec, results_root, app_defaults)
+    results = load_finished(spec, results_root)
     if not results:
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
         return [], None
     groups = group_results(results)
     keys = varying_keys(results)
-    write_runs_csv(paths.runs_csv, results, groups)
-    write_groups_csv(paths.groups_csv, groups, keys)
+    write_table(paths.runs_csv, runs_table(results, groups))
+    write_table(paths.groups_csv, groups_table(groups, keys))
     figures: dict[str, Path] = {}
     title = spec.description or spec.name
     for name in spec.figures:
@@ -435,8 +300,7 @@ def run_federated(
     if max_runs is not None and max_runs < 0:
         raise ValueError(f"max_runs must be >= 0, got {max_runs}")
     app = Path(app_dir) if app_dir is not None else find_app_dir()
-    app_defaults = load_app_defaults(app)
-    planned = plan(spec, results_root, app_defaults)
+    planned = plan(spec, results_root)
     check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
     paths = ExperimentPaths.of(spec, results_root)
     paths.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -456,11 +320,6 @@ def run_federated(
                     continue
                 if max_runs is not None and outcome.executed + len(outcome.failed) >= max_runs:
                     break
-                source = reuse_finished_run(run, paths, results_root, app_defaults)
-                if source is not None:
-                    outcome.reused += 1
-                    logger.info("run %s reused from %s", run.run_id, source)
-                    continue
                 if state is not RunState.MISSING:
                     logger.info("run %s is %s: redoing it", run.run_id, state.value)
                 view.start_run(run.run_id, int(run.run_config["num-rounds"]))
@@ -509,7 +368,7 @@ def run_federated(
         if own_backend:
             be.close()
     outcome.targets, outcome.report = finalize_federated(
-        spec, results_root, failures=outcome.failed, app_defaults=app_defaults
+        spec, results_root, failures=outcome.failed
     )
     return outcome
 
@@ -593,18 +452,21 @@ def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target]
 
 
 def remove_experiment(spec: ExperimentSpec, results_root: Path) -> None:
-    """Delete ``<results>/<name>/`` (``--fresh``)."""
-    root = ExperimentPaths.of(spec, results_root).root
-    if root.exists():
-        logger.warning("removing %s (--fresh)", root)
-        shutil.rmtree(root)
+    """Delete ``<results>/<name>/`` and the pool folders of its runs (``--fresh``)."""
+    paths = ExperimentPaths.of(spec, results_root)
+    doomed = [paths.root]
+    if spec.kind == "federated":
+        doomed += [paths.run_dir(run) for run in expand_runs(spec)]
+    for folder in doomed:
+        if folder.exists():
+            logger.warning("removing %s (--fresh)", folder)
+            shutil.rmtree(folder)
 
 
 def summary_lines(outcome: Outcome) -> Sequence[str]:
     """Short text summary of an outcome (for the CLI)."""
     lines = [
         f"runs: {outcome.total} planned, {outcome.skipped} already done, "
-        f"{outcome.reused} reused from other experiments, "
         f"{outcome.executed} executed, {len(outcome.failed)} failed"
         + (" (interrupted)" if outcome.interrupted else "")
     ]

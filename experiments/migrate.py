@@ -1,465 +1,179 @@
-"""Move an experiment's finished runs to the run ids of its edited spec, without running anything.
+"""Move the runs of the per-experiment layout into the run pool (nothing is run).
 
-A run id hashes the run-config keys the spec writes (:func:`~.sweep.make_run_id`), not the app's
-defaults. When an app default changes, the runs made under the old default become *stale*; a spec
-that then states the old value (``range-mode = "layer"`` after the app's default became
-``"update"``) describes those runs again, but under other ids. This module renames each run folder
-of ``<results>/<name>/runs/`` to the id of the spec's run with the same **effective**
-configuration and rewrites the runner's record in its ``summary.json``.
+Before the pool (:mod:`experiments.sweep`), each experiment kept its runs in
+``<results>/<experiment>/runs/<old-id>/``, the old id hashing only the keys the spec set, and a
+run that two experiments shared was copied into both. :func:`plan_migration` reads what every
+complete folder records (``summary.json``: the app's effective ``"config"`` and the runner's
+``"run"`` record) and gives it its pool id; :func:`apply_migration` moves it to
+``<results>/runs/<run-id>/`` and rewrites the ``"run"`` record (``run_id``, ``config_hash``,
+``config``; the old places in ``"migrated_from"``).
 
-Matching. A folder is the run ``r`` of the spec when its recorded effective config
-(``summary.json`` ``"config"``, completed by :func:`~.sweep.with_added_defaults`) equals
-``app_defaults | r.run_config`` on every key that affects a run (:func:`~.sweep.same_run`), with
-the same number of clients and the same spec ``data-dir`` (the rule by which
-:class:`~.experiment.RecordedRuns` reuses a run of another id). Exactly one run of the spec must
-match, and no two folders may be the same run.
-
-What changes. The folder's name becomes ``r.run_id``; in ``summary.json`` the ``"run"`` record gets
-``r``'s ``run_id``, ``config_hash``, ``run_config`` and ``clients``, the previous id appended to
-``"renamed_from"``, and a ``"reused_from"`` that names a folder since renamed by a migration of its
-own experiment is pointed at the new name. Every other key of ``summary.json`` and every other file
-is left as it is (``summary.json`` is rewritten in the runner's format, indented and key-sorted, so
-the bytes outside the record do not change for a file the runner wrote); the recorded
-``"config"`` keeps the ``out-dir`` the run was made in.
-
-Refused, with nothing changed and every problem named (:class:`MigrationError`): a folder without
-a complete run record (an unfinished or failed run), a folder that is no run of the spec (the
-nearest run and the keys that differ are named), one that is several runs of the spec (the spec
-names one effective configuration twice), and two folders that are the same run.
-
-Running it again changes nothing (idempotent). Several experiments that copied runs from each other
-(``"reused_from"``) are migrated one folder at a time; :func:`migrate_experiments` then makes a
-second pass that points each copy at its source's new name.
+A record made before a key existed ran with the value the key was added with: today's default,
+except where the default changed since (:data:`ADDED_WITH`). Copies of one run (the same pool id)
+become one folder when their ``metrics.jsonl`` are byte-identical; two different executions with
+one id are a conflict: the one with the most folders (then an original before a copy) goes to the
+pool and the other is left where it is. Partial folders are left where they are. A migration cut
+off anywhere completes when run again; a complete one, run again, changes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.fsio import atomic_write_json
-from experiments.spec import ExperimentSpec
 from experiments.sweep import (
     METRICS_FILE,
+    POOL_DIR,
     RUN_RECORD_KEY,
     SUMMARY_FILE,
-    Run,
-    RunState,
-    expand_runs,
-    recorded_run,
-    run_state,
-    same_run,
-    stale_keys,
-    with_added_defaults,
+    config_hash,
+    make_run_id,
 )
 
 logger = logging.getLogger(__name__)
 
-RENAMED_FROM_KEY = "renamed_from"
-"""Key of the run record listing the ids a run folder had before migrations, oldest first."""
-REUSED_FROM_KEY = "reused_from"
-"""Key of the run record naming the folder a copied run came from (``<experiment>/runs/<id>``)."""
+MIGRATED_FROM_KEY = "migrated_from"
+"""Key of the run record listing the folders (relative to the results root) a run came from."""
 
-
-_FIRST_CHECKED = ("mechanism", "seed", "global-lr", "epsilon")
-"""Keys that always affect a run, compared before the whole effective config (a cheap filter;
-the same one :class:`~.experiment.RecordedRuns` uses)."""
-
-
-class MigrationError(ValueError):
-    """The results folder does not fit the spec; nothing was changed.
-
-    Attributes
-    ----------
-    experiment
-        The spec's name.
-    problems
-        One line per problem, each naming the run folder and the cause.
-    """
-
-    def __init__(self, experiment: str, problems: Sequence[str]) -> None:
-        self.experiment = experiment
-        self.problems = tuple(problems)
-        lines = "\n".join(f"  {p}" for p in self.problems)
-        super().__init__(f"{experiment}: not migrated, nothing changed:\n{lines}")
+ADDED_WITH: Mapping[str, Any] = MappingProxyType({"range-mode": "layer", "update-radius": 0.01})
+"""Keys whose app default changed after they were added, with the value they were added with:
+``range-mode`` came with ``"layer"`` (the paper's range, what every run did before) and
+``update-radius`` with ``0.01``."""
 
 
 @dataclass(frozen=True)
-class RunMigration:
-    """One run folder and the run of the spec it is.
+class Move:
+    """One old run folder and where it goes.
 
-    Attributes
-    ----------
-    folder
-        The folder as it is now (``<results>/<name>/runs/<old-id>``).
-    run
-        The run of the spec with the folder's effective configuration.
-    summary
-        The folder's ``summary.json`` with the new run record.
-    changed
-        Whether the record differs from the one on disk.
+    ``action`` is ``"move"`` (to ``target``), ``"duplicate"`` (a byte-identical copy of the run
+    moved to ``target``: removed) or ``"conflict"`` (another run with the same id: left alone).
     """
 
-    folder: Path
-    run: Run
-    summary: Mapping[str, Any]
-    changed: bool
-
-    @property
-    def target(self) -> Path:
-        """The folder's name after the migration: ``runs/<run.run_id>``."""
-        return self.folder.parent / self.run.run_id
-
-    @property
-    def renames(self) -> bool:
-        """Whether the folder moves."""
-        return self.folder.name != self.run.run_id
+    source: Path
+    target: Path
+    action: str
+    record: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass
 class MigrationPlan:
-    """What migrating one experiment folder does (:func:`plan_migration`).
+    """What :func:`apply_migration` does under ``root``."""
 
-    Attributes
-    ----------
-    experiment
-        The spec's name.
-    moves
-        One entry per run folder, in folder-name order.
-    to_do
-        Runs of the spec that no folder holds (``experiment run`` makes them).
-    warnings
-        ``reused_from`` references whose source could not be found.
-    """
+    root: Path
+    moves: list[Move] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
-    experiment: str
-    moves: tuple[RunMigration, ...]
-    to_do: tuple[Run, ...]
-    warnings: tuple[str, ...] = field(default=())
-
-    @property
-    def renamed(self) -> int:
-        """Folders that get a new name."""
-        return sum(m.renames for m in self.moves)
-
-    @property
-    def rewritten(self) -> int:
-        """Folders that keep their name but get a new run record."""
-        return sum(m.changed and not m.renames for m in self.moves)
-
-    @property
-    def unchanged(self) -> int:
-        """Folders already migrated."""
-        return sum(not m.changed and not m.renames for m in self.moves)
+    def count(self, action: str) -> int:
+        """Number of moves with ``action``."""
+        return sum(1 for m in self.moves if m.action == action)
 
 
-def _describe_difference(
-    recorded: Mapping[str, Any], run: Run, app_defaults: Mapping[str, Any]
-) -> str:
-    """The keys on which a recorded effective config differs from ``run``'s, with both values
-    and where the run's value comes from (the spec or the app's default)."""
-    expected = {**app_defaults, **run.run_config}
-    full = with_added_defaults(recorded)
-    return ", ".join(
-        f"{k} (recorded {full.get(k)!r}, "
-        f"{'spec' if k in run.run_config else 'app default'} {expected.get(k)!r})"
-        for k in stale_keys(recorded, expected)
-    )
-
-
-def _nearest(
-    config: Mapping[str, Any],
-    recorded: Run,
-    runs: Sequence[Run],
-    app_defaults: Mapping[str, Any],
-) -> str:
-    """Why a recorded config is no run of ``runs``: the nearest run and the keys that differ
-    (nearest: fewest differing keys, then the run of the recorded id)."""
-    same_clients = [r for r in runs if r.clients == recorded.clients]
-    if not same_clients:
-        have = sorted({str(r.clients) for r in runs})
-        return f"no run of the spec has {recorded.clients} clients (it has {', '.join(have)})"
-    best = min(
-        same_clients,
-        key=lambda r: (
-            len(stale_keys(config, {**app_defaults, **r.run_config})),
-            r.run_id != recorded.run_id,
-        ),
-    )
-    diff = _describe_difference(config, best, app_defaults)
-    if not diff:
-        return f"nearest run {best.run_id} has another data-dir"
-    by_default = [
-        k
-        for k in stale_keys(config, {**app_defaults, **best.run_config})
-        if k not in best.run_config
-    ]
-    hint = (
-        f"; the spec leaves {', '.join(by_default)} to the app's default: state the recorded "
-        "value in the spec"
-        if by_default
-        else ""
-    )
-    return f"nearest run {best.run_id} differs in {diff}{hint}"
-
-
-class _RenameIndex:
-    """Where the run folders of other experiments went: ``(experiment, old id) -> new id``,
-    read from their ``"renamed_from"`` records on first use."""
-
-    def __init__(self, results_root: Path) -> None:
-        self.root = Path(results_root)
-        self._by_experiment: dict[str, dict[str, str]] = {}
-
-    def _index(self, experiment: str) -> dict[str, str]:
-        if experiment not in self._by_experiment:
-            index: dict[str, str] = {}
-            for folder in sorted((self.root / experiment / "runs").glob("*")):
-                try:
-                    record = json.loads((folder / SUMMARY_FILE).read_text(encoding="utf-8"))[
-                        RUN_RECORD_KEY
-                    ]
-                    old_ids = list(record.get(RENAMED_FROM_KEY, ()))
-                except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                    continue
-                for old in old_ids:
-                    index[str(old)] = folder.name
-            self._by_experiment[experiment] = index
-        return self._by_experiment[experiment]
-
-    def resolve(self, reference: str) -> str | None:
-        """The current ``<experiment>/runs/<id>`` of a ``reused_from`` reference, or ``None``."""
-        if (self.root / reference).is_dir():
-            return reference
-        parts = reference.split("/")
-        if len(parts) != 3 or parts[1] != "runs":
-            return None
-        new = self._index(parts[0]).get(parts[2])
-        return f"{parts[0]}/runs/{new}" if new is not None else None
-
-
-def plan_migration(
-    spec: ExperimentSpec,
-    results_root: Path,
-    app_defaults: Mapping[str, Any],
-) -> MigrationPlan:
-    """Match every run folder of ``spec``'s experiment to a run of ``spec`` (see the module
-    docstring); change nothing.
-
-    Parameters
-    ----------
-    spec
-        The federated spec, as edited.
-    results_root
-        Parent of the experiment folder.
-    app_defaults
-        The app's ``[tool.flwr.app.config]`` (the effective config of a run is these overridden
-        by its run config).
-
-    Returns
-    -------
-    MigrationPlan
+def pool_record(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``"run"`` record of an old-layout ``summary.json`` rewritten for the pool.
 
     Raises
     ------
     ValueError
-        If ``spec`` is not a federated spec.
-    SpecError
-        If a run of ``spec`` has an invalid configuration (:func:`~.sweep.expand_runs`).
-    MigrationError
-        If a folder is not exactly one run of ``spec`` or two folders are the same run.
+        If the summary has no complete run record or its config is not a valid run config.
     """
-    if spec.kind != "federated":
-        raise ValueError(f"{spec.name}: only federated experiments have runs to migrate")
-    results_root = Path(results_root)
-    runs_dir = results_root / spec.name / "runs"
-    runs = expand_runs(spec)
-    index = _RenameIndex(results_root)
-    problems: list[str] = []
-    warnings: list[str] = []
-    moves: list[RunMigration] = []
-    claimed: dict[str, Path] = {}
-    folders = sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []
-    for folder in folders:
-        if not folder.is_dir() or folder.name.startswith("."):
-            logger.debug("%s: not a run folder; left alone", folder)
+    record = summary.get(RUN_RECORD_KEY)
+    recorded = summary.get("config")
+    if not isinstance(record, Mapping) or record.get("complete") is not True:
+        raise ValueError("no complete run record")
+    if not isinstance(recorded, Mapping):
+        raise ValueError("no recorded config")
+    try:
+        config = RunConfig.from_flower(
+            {**RunConfig.defaults(), **ADDED_WITH, **recorded}
+        ).result_config()
+    except ConfigError as exc:
+        raise ValueError(f"the recorded config is not valid today: {exc}") from exc
+    clients = record.get("clients")
+    out = {k: v for k, v in record.items() if k not in ("reused_from", "renamed_from")}
+    out.update(
+        run_id=make_run_id(config, clients),
+        config_hash=config_hash(config, clients),
+        config=config,
+    )
+    return out
+
+
+def plan_migration(root: Path) -> MigrationPlan:
+    """Plan the move of every complete ``<root>/<experiment>/runs/*/`` folder into the pool.
+
+    Folders with one pool id are grouped by their ``metrics.jsonl`` bytes (copies of one
+    execution). The execution with the most folders goes to the pool (ties: the one holding an
+    original, not a copy, then path order), its other folders are duplicates, and every other
+    execution of that id is a conflict: an earlier execution of the same configuration that
+    another experiment made for itself (runs are not bit-reproducible: the common randomness
+    comes from a CSPRNG).
+    """
+    root = Path(root)
+    plan = MigrationPlan(root)
+    by_id: dict[str, dict[bytes, list[tuple[bool, Path, dict[str, Any]]]]] = {}
+    for source in sorted(root.glob("*/runs/*/")):
+        try:
+            summary = json.loads((source / SUMMARY_FILE).read_text(encoding="utf-8"))
+            record = pool_record(summary)
+            metrics = (source / METRICS_FILE).read_bytes()
+        except (OSError, ValueError) as exc:
+            plan.skipped.append(f"{source.relative_to(root)}: {exc}")
             continue
-        where = folder.relative_to(results_root).as_posix()
-        found = recorded_run(folder)
-        if found is None:
-            problems.append(
-                f"{where}: no run record ({SUMMARY_FILE} with its config): an unfinished or "
-                "failed run; delete the folder (`corbin-fl experiment run` redoes it)"
-            )
-            continue
-        recorded, config = found
-        if run_state(folder, recorded) is not RunState.DONE:
-            problems.append(
-                f"{where}: not a complete run (its record is not complete, or {METRICS_FILE} "
-                "has not one row per round); delete the folder (`corbin-fl experiment run` "
-                "redoes it)"
-            )
-            continue
-        full = with_added_defaults(config)
-        first = {k: full.get(k) for k in _FIRST_CHECKED}
-        matches = [
-            r
-            for r in runs
-            if all(first[k] == r.run_config.get(k, app_defaults.get(k)) for k in _FIRST_CHECKED)
-            and r.clients == recorded.clients
-            and r.run_config.get("data-dir") == recorded.run_config.get("data-dir")
-            and same_run(config, r, app_defaults)
-        ]
-        if not matches:
-            why = _nearest(config, recorded, runs, app_defaults)
-            problems.append(f"{where}: no run of the spec has its configuration; {why}")
-            continue
-        if len(matches) > 1:
-            problems.append(
-                f"{where}: ambiguous, the runs {', '.join(r.run_id for r in matches)} of the spec "
-                "all have its configuration (they differ only in keys without effect on it); "
-                "name that configuration once in the spec"
-            )
-            continue
-        run = matches[0]
-        if run.run_id in claimed:
-            problems.append(
-                f"{where} and {claimed[run.run_id].relative_to(results_root).as_posix()} are "
-                f"both the run {run.run_id}: keep one, delete the other"
-            )
-            continue
-        claimed[run.run_id] = folder
-        summary = json.loads((folder / SUMMARY_FILE).read_text(encoding="utf-8"))
-        old = dict(summary[RUN_RECORD_KEY])
-        new = {
-            **old,
-            "run_id": run.run_id,
-            "config_hash": run.config_hash,
-            "run_config": dict(run.run_config),
-            "clients": run.clients,
-        }
-        if old.get("run_id") != run.run_id:
-            new[RENAMED_FROM_KEY] = [*old.get(RENAMED_FROM_KEY, ()), old.get("run_id")]
-        source = old.get(REUSED_FROM_KEY)
-        if isinstance(source, str):
-            current = index.resolve(source)
-            if current is None:
-                warnings.append(
-                    f"{where}: its source {source} is not in {results_root} (migrate that "
-                    "experiment, then this one again, to point the copy at its new name)"
-                )
-            else:
-                new[REUSED_FROM_KEY] = current
-        moves.append(
-            RunMigration(
-                folder=folder,
-                run=run,
-                summary={**summary, RUN_RECORD_KEY: new},
-                changed=new != old,
-            )
+        copy = "reused_from" in summary[RUN_RECORD_KEY]
+        execution = by_id.setdefault(record["run_id"], {}).setdefault(metrics, [])
+        execution.append((copy, source, record))
+    for run_id, executions in by_id.items():
+        target = root / POOL_DIR / run_id
+        ranked = sorted(
+            (sorted(folders, key=lambda f: (f[0], str(f[1]))) for folders in executions.values()),
+            key=lambda folders: (-len(folders), folders[0][0], str(folders[0][1])),
         )
-    if problems:
-        raise MigrationError(spec.name, problems)
-    to_do = tuple(r for r in runs if r.run_id not in claimed)
-    return MigrationPlan(spec.name, tuple(moves), to_do, tuple(warnings))
+        if target.exists():  # an earlier migration, perhaps cut off, put one there
+            pooled = (target / METRICS_FILE).read_bytes()
+            ranked = [executions.get(pooled, [])]
+            ranked += [folders for metrics, folders in executions.items() if metrics != pooled]
+        for rank, folders in enumerate(ranked):
+            for i, (_copy, source, record) in enumerate(folders):
+                if rank:
+                    action = "conflict"
+                elif i == 0 and not target.exists():
+                    action = "move"
+                else:
+                    action = "duplicate"
+                plan.moves.append(Move(source, target, action, record))
+    return plan
 
 
 def apply_migration(plan: MigrationPlan) -> None:
-    """Carry out ``plan``: write each changed record (atomically), then rename the folder.
-
-    A folder whose new name is still held by another folder of the plan waits until that one
-    has moved; a cycle of names is broken through a temporary name. Interrupted, the next
-    :func:`plan_migration` picks up where this stopped (a folder already renamed or already
-    rewritten matches the same run).
-    """
+    """Carry out ``plan``: move, remove duplicates, rewrite the records, drop empty ``runs/``."""
+    root = plan.root
+    sources: dict[Path, list[str]] = {}
     for move in plan.moves:
-        if move.changed:
-            atomic_write_json(move.folder / SUMMARY_FILE, dict(move.summary))
-    pending = {m.folder: m.target for m in plan.moves if m.renames}
-    while pending:
-        progress = False
-        for folder, target in list(pending.items()):
-            if not target.exists():
-                folder.rename(target)
-                del pending[folder]
-                progress = True
-        if not progress:  # every target is held by a folder still to move: a cycle
-            folder, target = next(iter(pending.items()))
-            parked = folder.with_name(f"{target.name}.migrating")
-            folder.rename(parked)
-            del pending[folder]
-            pending[parked] = target
-    logger.debug(
-        "%s: %d folders renamed, %d records rewritten",
-        plan.experiment,
-        plan.renamed,
-        plan.rewritten,
-    )
-
-
-@dataclass(frozen=True)
-class MigrationResult:
-    """What :func:`migrate_experiments` did (or, with ``dry_run``, would do) to one experiment.
-
-    Attributes
-    ----------
-    plan
-        The first pass's plan.
-    references_updated
-        Copies whose ``reused_from`` the second pass pointed at a source renamed after them.
-    warnings
-        ``reused_from`` sources still not found after both passes.
-    """
-
-    plan: MigrationPlan
-    references_updated: int = 0
-    warnings: tuple[str, ...] = ()
-
-
-def migrate_experiments(
-    specs: Sequence[ExperimentSpec],
-    results_root: Path,
-    app_defaults: Mapping[str, Any],
-    *,
-    dry_run: bool = False,
-) -> tuple[list[MigrationResult], list[MigrationError]]:
-    """Migrate the experiment folder of each federated spec on its own, then point the copies
-    at their sources' new names.
-
-    The first pass plans and applies each experiment in turn (a refused experiment does not
-    stop the others). Unless ``dry_run``, a second pass plans them again: a copy whose source
-    was renamed by a later experiment of the first pass gets its ``reused_from`` updated;
-    nothing else changes (the first pass left every folder migrated).
-
-    Returns
-    -------
-    (results, errors)
-        One result per migrated experiment, and one error per refused experiment.
-    """
-    results: dict[str, MigrationResult] = {}
-    errors: list[MigrationError] = []
-    federated = [s for s in specs if s.kind == "federated"]
-    for spec in federated:
-        try:
-            plan = plan_migration(spec, results_root, app_defaults)
-        except MigrationError as exc:
-            errors.append(exc)
+        if move.action != "conflict":
+            sources.setdefault(move.target, []).append(move.source.relative_to(root).as_posix())
+    for move in plan.moves:
+        if move.action == "conflict":
+            logger.warning(
+                "%s: another run has its id %s; left where it is", move.source, move.target.name
+            )
             continue
-        if not dry_run:
-            apply_migration(plan)
-        results[spec.name] = MigrationResult(plan, 0, plan.warnings)
-    if dry_run:
-        return list(results.values()), errors
-    for spec in federated:
-        if spec.name not in results:
+        if move.action == "duplicate":
+            shutil.rmtree(move.source)
             continue
-        again = plan_migration(spec, results_root, app_defaults)
-        apply_migration(again)
-        results[spec.name] = MigrationResult(
-            results[spec.name].plan, again.rewritten, again.warnings
-        )
-    return list(results.values()), errors
+        # the record first, then one rename: a migration cut off anywhere can be run again
+        summary = json.loads((move.source / SUMMARY_FILE).read_text(encoding="utf-8"))
+        summary[RUN_RECORD_KEY] = {**move.record, MIGRATED_FROM_KEY: sources[move.target]}
+        atomic_write_json(move.source / SUMMARY_FILE, summary)
+        move.target.parent.mkdir(parents=True, exist_ok=True)
+        move.source.rename(move.target)
+    for runs in root.glob("*/runs/"):
+        if runs.parent.name != POOL_DIR and not any(runs.iterdir()):
+            runs.rmdir()

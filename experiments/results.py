@@ -17,8 +17,6 @@ Test accuracy is read only after both choices are made.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import math
@@ -28,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.fsio import atomic_write_text
 from experiments.spec import CLIENTS_KEY, RunValue
 from experiments.sweep import (
@@ -36,9 +36,7 @@ from experiments.sweep import (
     RUN_RECORD_KEY,
     SUMMARY_FILE,
     canonical_json,
-    inert_keys,
     read_metrics,
-    with_added_defaults,
 )
 
 logger = logging.getLogger(__name__)
@@ -87,6 +85,10 @@ RUNS_CSV_COLUMNS: tuple[str, ...] = (
 """Fixed columns of ``runs.csv``; other swept run-config keys are appended after them."""
 
 _COLUMN_OF_KEY = {"dropout-prob": "dropout", CLIENTS_KEY: "clients"}
+_SETTING_COLUMNS = tuple(
+    (k, _COLUMN_OF_KEY.get(k, k))
+    for k in ("mechanism", "epsilon", "d", "dropout-prob", CLIENTS_KEY, "gamma")
+)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -270,8 +272,8 @@ class RunResult:
     Attributes
     ----------
     setting
-        Run config without ``seed``/``global-lr``, completed with the app's recorded config
-        (``summary["config"]``) for keys the spec left at their defaults, plus ``clients``.
+        The run's result config (its record's ``"config"``) without ``seed``/``global-lr``,
+        plus ``clients``: runs with one setting differ only in seed and lambda.
     rows
         The ``metrics.jsonl`` rows.
     """
@@ -319,21 +321,15 @@ def load_run(run_dir: Path) -> RunResult:
     rows = read_metrics(run_dir / METRICS_FILE)
     if not rows:
         raise ValueError(f"{run_dir}: {METRICS_FILE} is empty")
-    app_config = summary.get("config") if isinstance(summary.get("config"), Mapping) else {}
-    if app_config:
-        # fill in keys added since the run was made, so old and new runs of a setting group together
-        app_config = with_added_defaults(app_config)
-        try:
-            inert = inert_keys({**app_config, **run_config})
-        except ValueError as exc:
-            raise ValueError(f"{run_dir}: the recorded run config is not valid ({exc})") from exc
-        for key in inert:
-            if key not in run_config:
-                app_config.pop(key, None)
+    config = record.get("config")
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{run_dir}: the run record has no result config (migrate the folder)")
+    try:
+        RunConfig.from_flower(config)
+    except ConfigError as exc:
+        raise ValueError(f"{run_dir}: the recorded result config is not valid ({exc})") from exc
     setting: dict[str, RunValue] = {
-        k: v
-        for k, v in {**app_config, **run_config}.items()
-        if k not in ("seed", "global-lr", "out-dir") and isinstance(v, bool | int | float | str)
+        k: v for k, v in config.items() if k not in ("seed", "global-lr")
     }
     if record.get("clients") is not None:
         setting[CLIENTS_KEY] = int(record["clients"])
@@ -455,26 +451,20 @@ def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
 
 
 def group_results(results: Sequence[RunResult]) -> list[GroupResult]:
-    """Group runs by setting, choose lambda per group, keep the runs at that lambda.
+    """Group runs by setting (pandas), choose lambda per group, keep the runs at that lambda.
 
     Groups come in the order of their first run in ``results``; runs inside a group are
     sorted by seed.
     """
-    groups: dict[str, list[RunResult]] = {}
-    for res in results:
-        groups.setdefault(res.setting_key, []).append(res)
+    if not results:
+        return []
+    frame = pd.DataFrame({"setting": [r.setting_key for r in results], "run": list(results)})
     out: list[GroupResult] = []
-    for members in groups.values():
+    for _, column in frame.groupby("setting", sort=False)["run"]:
+        members: list[RunResult] = column.tolist()
         lam, scores = choose_lambda(members)
         chosen = tuple(sorted((r for r in members if r.global_lr == lam), key=lambda r: r.seed))
-        out.append(
-            GroupResult(
-                setting=dict(members[0].setting),
-                global_lr=lam,
-                lambda_scores=scores,
-                runs=chosen,
-            )
-        )
+        out.append(GroupResult(dict(members[0].setting), lam, scores, chosen))
     return out
 
 
@@ -504,32 +494,26 @@ def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
     return ", ".join(parts) if parts else str(setting.get("mechanism", "run"))
 
 
-# --------------------------------------------------------------------------- CSV writers
+# --------------------------------------------------------------------------- tables
 
 
-def _csv_value(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return "" if not math.isfinite(value) else repr(value)
-    return str(value)
+def write_table(path: Path, table: pd.DataFrame) -> None:
+    """Write ``table`` as CSV, atomically: floats by ``repr``, NaN and None empty, booleans
+    ``true`` / ``false``."""
+
+    def cell(value: Any) -> str:
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            return ""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return repr(value) if isinstance(value, float) else str(value)
+
+    atomic_write_text(path, table.astype(object).map(cell).to_csv(index=False, lineterminator="\n"))
 
 
-def _write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({c: _csv_value(row.get(c)) for c in columns})
-    atomic_write_text(path, buf.getvalue())
-
-
-def run_rows(
-    results: Sequence[RunResult], groups: Sequence[GroupResult]
-) -> tuple[list[str], list[dict[str, Any]]]:
-    """Columns and rows of ``runs.csv`` (one row per run, all lambdas)."""
+def runs_table(results: Sequence[RunResult], groups: Sequence[GroupResult]) -> pd.DataFrame:
+    """``runs.csv``: one row per run (all lambdas), :data:`RUNS_CSV_COLUMNS` then the other
+    varying setting keys."""
     chosen = {(g.global_lr, canonical_json(dict(g.setting))) for g in groups}
     extra = [
         k
@@ -537,17 +521,10 @@ def run_rows(
         if _COLUMN_OF_KEY.get(k, k) not in RUNS_CSV_COLUMNS
         and k not in ("mechanism", "epsilon", "d", "gamma")
     ]
-    columns = [*RUNS_CSV_COLUMNS, *extra]
-    rows = []
-    for r in results:
-        row: dict[str, Any] = {
+    rows = [
+        {
             "run_id": r.run_id,
-            "mechanism": r.get("mechanism"),
-            "epsilon": r.get("epsilon"),
-            "d": r.get("d"),
-            "dropout": r.get("dropout-prob"),
-            "clients": r.get(CLIENTS_KEY),
-            "gamma": r.get("gamma"),
+            **{c: r.get(k) for k, c in _SETTING_COLUMNS},
             "seed": r.seed,
             "global_lr": r.global_lr,
             "lambda_selected": (r.global_lr, r.setting_key) in chosen,
@@ -561,65 +538,29 @@ def run_rows(
             "uplink_bytes": r.uplink_bytes,
             "seconds": r.seconds,
             **r.privacy,
+            **{k: r.get(k) for k in extra},
         }
-        for key in extra:
-            row[key] = r.get(key)
-        rows.append(row)
-    return columns, rows
-
-
-def write_runs_csv(path: Path, results: Sequence[RunResult], groups: Sequence[GroupResult]) -> None:
-    """Write ``runs.csv`` atomically (see :data:`RUNS_CSV_COLUMNS`)."""
-    columns, rows = run_rows(results, groups)
-    _write_csv(path, columns, rows)
-
-
-def write_groups_csv(path: Path, groups: Sequence[GroupResult], keys: Sequence[str]) -> None:
-    """Write ``groups.csv``: one row per setting at its chosen lambda (mean and std over seeds).
-
-    ``keys`` are the setting keys to show as columns (the varying ones).
-    """
-    columns = [
-        *(_COLUMN_OF_KEY.get(k, k) for k in keys),
-        "global_lr",
-        "seeds",
-        "test_mean",
-        "test_std",
-        "final_test_mean",
-        "final_test_std",
-        "val_mean",
-        "val_std",
-        "selected_round_mean",
-        "eps_update",
-        "delta_update",
-        "eps_run",
-        "delta_run",
-        "uplink_bytes_mean",
-        "seconds_mean",
-        "lambda_val_means",
+        for r in results
     ]
+    return pd.DataFrame(rows, columns=[*RUNS_CSV_COLUMNS, *extra], dtype=object)
+
+
+def groups_table(groups: Sequence[GroupResult], keys: Sequence[str]) -> pd.DataFrame:
+    """``groups.csv``: one row per setting at its chosen lambda (mean and std over seeds);
+    ``keys`` (the varying setting keys) are its first columns."""
     rows = []
     for g in groups:
         row: dict[str, Any] = {_COLUMN_OF_KEY.get(k, k): g.setting.get(k) for k in keys}
+        row.update(global_lr=g.global_lr, seeds=g.test.n)
+        for name, stat in (("test", g.test), ("final_test", g.final_test), ("val", g.val)):
+            row.update({f"{name}_mean": stat.mean, f"{name}_std": stat.std})
+        row["selected_round_mean"] = g.selected_round.mean
         row.update(
-            global_lr=g.global_lr,
-            seeds=g.test.n,
-            test_mean=g.test.mean,
-            test_std=g.test.std,
-            final_test_mean=g.final_test.mean,
-            final_test_std=g.final_test.std,
-            val_mean=g.val.mean,
-            val_std=g.val.std,
-            selected_round_mean=g.selected_round.mean,
-            eps_update=g.privacy("eps_update"),
-            delta_update=g.privacy("delta_update"),
-            eps_run=g.privacy("eps_run"),
-            delta_run=g.privacy("delta_run"),
-            uplink_bytes_mean=g.uplink_bytes.mean,
-            seconds_mean=g.seconds.mean,
-            lambda_val_means=canonical_json(
-                {repr(lam): round(s.mean, 6) for lam, s in g.lambda_scores.items()}
-            ),
+            {k: g.privacy(k) for k in ("eps_update", "delta_update", "eps_run", "delta_run")}
+        )
+        row.update(uplink_bytes_mean=g.uplink_bytes.mean, seconds_mean=g.seconds.mean)
+        row["lambda_val_means"] = canonical_json(
+            {repr(lam): round(s.mean, 6) for lam, s in g.lambda_scores.items()}
         )
         rows.append(row)
-    _write_csv(path, columns, rows)
+    return pd.DataFrame(rows, dtype=object)

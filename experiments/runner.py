@@ -389,11 +389,12 @@ def execute_run(
     Parameters
     ----------
     run
-        The run (its config gets ``out-dir`` = ``run_dir/app``).
+        The run: the app gets its whole result config and the spec's keys (so what it computes
+        does not depend on the app's defaults), and ``out-dir`` = ``run_dir/app``.
     backend
         Where to run it.
     run_dir
-        ``results/<experiment>/runs/<run-id>``.
+        ``<results>/runs/<run-id>``.
     experiment
         Experiment name, recorded in the summary.
     timeout_s
@@ -422,7 +423,7 @@ def execute_run(
     t0 = time.monotonic()
     sub = backend.execute(
         run,
-        app_run_config(run.run_config),
+        app_run_config({**run.config, **run.run_config}),
         out_dir,
         timeout_s=timeout_s,
         on_round=on_round or (lambda _rounds: None),
@@ -468,6 +469,7 @@ def execute_run(
         "config_hash": run.config_hash,
         "experiment": experiment,
         "run_config": dict(run.run_config),
+        "config": dict(run.config),
         "clients": run.clients,
         "backend": backend.name,
         "flwr_run_id": sub.flwr_run_id,

@@ -350,8 +350,13 @@ def _coerce_run_value(key: str, value: object, where: str) -> RunValue:
     return value  # type: ignore[return-value]
 
 
-def validate_run_config(run_config: Mapping[str, RunValue], where: str) -> None:
+def validate_run_config(run_config: Mapping[str, RunValue], where: str) -> RunConfig:
     """Validate a complete run config with :meth:`RunConfig.from_flower` (all keys at once).
+
+    Returns
+    -------
+    RunConfig
+        The run's effective configuration (the defaults overridden by ``run_config``).
 
     Raises
     ------
@@ -359,7 +364,7 @@ def validate_run_config(run_config: Mapping[str, RunValue], where: str) -> None:
         With every bad key of the combination, e.g. ``clients-per-round < min-clients``.
     """
     try:
-        RunConfig.from_flower(dict(run_config))
+        return RunConfig.from_flower(dict(run_config))
     except ConfigError as exc:
         raise SpecError(f"{where}: {exc}") from exc
 

@@ -66,7 +66,7 @@ def test_quick_experiment_on_the_real_app(tmp_path: Path, flwr_home: Path) -> No
         assert int(r["selected_round"]) in (1, 2)
         assert float(r["uplink_bytes"]) > 0
         assert math.isfinite(float(r["seconds"]))
-        summary = json.loads((root / "runs" / r["run_id"] / "summary.json").read_text())
+        summary = json.loads((root.parent / "runs" / r["run_id"] / "summary.json").read_text())
         assert summary["run"]["complete"] is True
     assert (root / "figures" / "accuracy-bar.png").read_bytes()[:8] == PNG_MAGIC
     report = (root / "report.md").read_text()

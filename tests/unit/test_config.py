@@ -231,13 +231,14 @@ def test_paired_property() -> None:
 
 
 def test_execution_and_resumable_keys_are_declared_once_on_the_fields() -> None:
-    """The sweeps and resume read the same declaration: every key that cannot change a result
-    may differ on resume, and the keys that change the result are never among them."""
-    from experiments.sweep import EXECUTION_KEYS
+    """The sweeps (a run's id hashes its result config) and resume read the same declaration:
+    every key that cannot change a result may differ on resume, and the keys that change the
+    result are never among them."""
     from server.checkpoint import MAY_DIFFER_ON_RESUME
 
     execution = RunConfig.execution_keys()
-    assert execution == EXECUTION_KEYS
+    assert execution.isdisjoint(RunConfig().result_config())
+    assert set(RunConfig().result_config()) | execution == set(RunConfig.keys())
     assert RunConfig.resumable_keys() == MAY_DIFFER_ON_RESUME
     assert execution < MAY_DIFFER_ON_RESUME
     assert MAY_DIFFER_ON_RESUME - execution == {"num-rounds", "min-clients"}

@@ -11,7 +11,6 @@ import csv
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,6 @@ from experiments.spec import (
     MSESpec,
     RealWeightsSpec,
     SpecError,
-    load_app_defaults,
     load_spec,
 )
 from experiments.sweep import (
@@ -69,7 +67,6 @@ from experiments.sweep import (
     make_run_id,
     read_metrics,
     run_state,
-    stale_keys,
 )
 from mechanisms.accounting import privacy_report
 
@@ -94,6 +91,7 @@ def write_run(
         "run_id": run_dir.name,
         "config_hash": "x",
         "run_config": run_config,
+        "config": RunConfig.from_flower(run_config).result_config(),
         "clients": clients,
         "seconds": 1.0,
         "complete": True,
@@ -308,18 +306,83 @@ def test_run_ids_are_stable_and_identify_the_config() -> None:
     again = expand_runs(spec_from(TINY))
     assert [r.run_id for r in runs] == [r.run_id for r in again]
     rid = runs[0].run_id
-    assert rid.startswith("ldpfl-eps0.5-d5-n4-lr0.5-s0-")
+    assert rid.startswith("ldpfl-eps0.5-d5-p0-n4-lr0.5-s0-")
     # a different layout (grid order, extra values) keeps the ids of the runs already there
     other = TINY.replace("epsilon = [0.5, 1.0]", "epsilon = [1.0, 0.5, 3.0]").replace(
         'mechanism = ["ldpfl", "corbin"]', 'mechanism = ["corbin", "ldpfl"]'
     )
     ids_other = {r.run_id for r in expand_runs(spec_from(other))}
     assert {r.run_id for r in runs} < ids_other
-    # any config change changes the id
-    cfg = dict(runs[0].run_config)
+    # any change of what the run computes changes the id
+    cfg = dict(runs[0].config)
     assert make_run_id(cfg, 4) == rid
     assert make_run_id({**cfg, "batch-size": 7}, 4) != rid
     assert make_run_id(cfg, 5) != rid
+
+
+def ids_of(text: str, **base: object) -> list[str]:
+    """Run ids of ``text`` with ``base`` keys added to its [base] table."""
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in base.items())
+    return [r.run_id for r in expand_runs(spec_from(text.replace("d = 5\n", "d = 5\n" + extra)))]
+
+
+def test_a_run_is_addressed_by_what_it_computes_not_by_how_the_spec_spells_it() -> None:
+    """The id hashes the result config: spelling out a default, or setting a key that cannot
+    change the result (declared on the RunConfig fields), keeps the ids; anything else does not."""
+    plain = ids_of(TINY)
+    assert RunConfig().delta == 1e-5 and RunConfig().dropout_prob == 0.0
+    assert ids_of(TINY, delta=1e-5, **{"dropout-prob": 0.0}) == plain
+    assert ids_of(TINY, **{"poll-interval": 0.5, "data-dir": "elsewhere", "device": "cpu"}) == plain
+    assert not set(ids_of(TINY, delta=1e-6)) & set(plain)
+    # update-radius is read only where the update is quantized
+    layer = TINY.replace("d = 5\n", 'd = 5\nrange-mode = "layer"\n')
+    assert ids_of(layer, **{"update-radius": 0.5}) == ids_of(layer)
+    assert not set(ids_of(TINY, **{"update-radius": 0.5})) & set(plain)
+    assert RunConfig.execution_keys().isdisjoint(expand_runs(spec_from(TINY))[0].config)
+
+
+def test_a_run_made_for_one_experiment_is_found_by_every_other(tmp_path: Path) -> None:
+    app = fake_app_dir(tmp_path)
+    results = tmp_path / "results"
+    first = spec_from(TINY)
+    ex.run_federated(first, results, app_dir=app, backend=FakeBackend(), progress=False)
+    # same base spelled otherwise, a wider epsilon grid: only the new epsilon is run
+    second = spec_from(
+        TINY.replace('name = "tiny"', 'name = "wider"')
+        .replace("epsilon = [0.5, 1.0]", "epsilon = [0.5, 1.0, 3.0]")
+        .replace("d = 5\n", "d = 5\ndelta = 1e-5\npoll-interval = 0.5\n")
+    )
+    backend = FakeBackend()
+    out = ex.run_federated(second, results, app_dir=app, backend=backend, progress=False)
+    new = {r.run_id for r in expand_runs(second)} - {r.run_id for r in expand_runs(first)}
+    assert len(new) == 8 and sorted(backend.calls) == sorted(new)
+    assert (out.executed, out.skipped) == (8, 20)
+    # both experiments report from the one pool, every run of theirs included
+    with ex.ExperimentPaths.of(second, results).runs_csv.open(newline="") as fh:
+        assert len(list(csv.DictReader(fh))) == 28
+    assert sorted(p.name for p in results.iterdir()) == ["runs", "tiny", "wider"]
+    # --fresh removes an experiment's outputs and its runs, not the other experiment's
+    ex.remove_experiment(first, results)
+    assert {s for _, s in ex.plan(first, results)} == {RunState.MISSING}
+    assert [s for _, s in ex.plan(second, results)].count(RunState.DONE) == 8
+
+
+def test_the_app_gets_the_whole_result_config(tmp_path: Path) -> None:
+    """What a run computes does not depend on the app's defaults: the runner hands it every key
+    of the result config, the spec's keys on top."""
+    seen: list[dict[str, Any]] = []
+
+    class Recording(FakeBackend):
+        def execute(self, run: Run, run_config: Any, out_dir: Path, **kw: Any) -> Submission:
+            seen.append(dict(run_config))
+            return super().execute(run, run_config, out_dir, **kw)
+
+    run = expand_runs(spec_from(TINY.replace("d = 5\n", "d = 5\npoll-interval = 0.5\n")))[0]
+    execute_run(run, Recording(), tmp_path / "r", experiment="tiny", timeout_s=10)
+    assert seen[0] == {**run.config, **run.run_config}
+    assert seen[0]["poll-interval"] == 0.5 and seen[0]["lr"] == RunConfig().lr
+    record = json.loads((tmp_path / "r" / "summary.json").read_text())["run"]
+    assert record["config"] == dict(run.config)
 
 
 # --------------------------------------------------------------------------- resume
@@ -354,146 +417,6 @@ def test_resume_skips_done_runs_and_redoes_partial_ones(tmp_path: Path) -> None:
     assert sorted(backend3.calls) == sorted([r0.run_id, r1.run_id, r2.run_id])
     assert out3.executed == 3 and out3.skipped == 17
     assert all(s is RunState.DONE for _, s in ex.plan(spec, results))
-
-
-def test_runs_made_under_other_app_defaults_are_stale_and_redone(tmp_path: Path) -> None:
-    """Run ids hash the spec's keys only; a changed app default that changes what a run computes
-    makes its finished runs stale (redone, left out of the report); one that changes only how it
-    executes, or has no effect on it, does not."""
-    spec = spec_from(TINY.replace("d = 5\n", 'd = 5\nrange-mode = "layer"\n'))
-    app = fake_app_dir(tmp_path)
-    results = tmp_path / "results"
-    ex.run_federated(spec, results, app_dir=app, backend=FakeBackend(), progress=False)
-    pyproject = app / "pyproject.toml"
-    original = pyproject.read_text()
-
-    def states_with(key: str, value: Any) -> set[RunState]:
-        line = f"{key} = {json.dumps(value)}"
-        pyproject.write_text(re.sub(rf"^{key} = .*$", line, original, flags=re.MULTILINE))
-        return {s for _, s in ex.plan(spec, results, load_app_defaults(app))}
-
-    assert states_with("lr", RunConfig().lr) == {RunState.DONE}
-    assert states_with("poll-interval", 2.0) == {RunState.DONE}  # how it runs, not what
-    assert states_with("data-dir", "data") == {RunState.DONE}  # recorded resolved, elsewhere
-    assert states_with("update-radius", 0.5) == {RunState.DONE}  # no effect in the layer mode
-    assert states_with("lr", 0.01) == {RunState.STALE}
-    assert ex.finalize_federated(spec, results, app_defaults=load_app_defaults(app)) == ([], None)
-    backend = FakeBackend()
-    out = ex.run_federated(spec, results, app_dir=app, backend=backend, progress=False)
-    assert (out.executed, out.skipped, len(backend.calls)) == (20, 0, 20)
-
-    # a run recorded before a key existed ran with the value the key was added with (range-mode
-    # came with "layer"), whatever the app's default is now ("update")
-    run = expand_runs(spec)[0]
-    run_dir = ex.ExperimentPaths.of(spec, results).run_dir(run)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    del summary["config"]["range-mode"]
-    (run_dir / "summary.json").write_text(json.dumps(summary))
-    pyproject.write_text(original)
-    assert load_app_defaults(app)["range-mode"] == "update"
-    assert run_state(run_dir, run, load_app_defaults(app)) is RunState.DONE
-    leaves_it = {k: v for k, v in run.run_config.items() if k != "range-mode"}
-    assert stale_keys(summary["config"], {**load_app_defaults(app), **leaves_it}) == ["range-mode"]
-    states_with("range-mode", "layer")
-    assert stale_keys(summary["config"], {**load_app_defaults(app), **leaves_it}) == []
-    states_with("lr", 0.01)
-    assert run_state(run_dir, run, load_app_defaults(app)) is RunState.STALE
-    assert run_state(run_dir, run) is RunState.DONE  # without the app, ids alone decide
-
-
-def test_runs_done_in_another_experiment_are_reused_not_rerun(tmp_path: Path) -> None:
-    app = fake_app_dir(tmp_path)
-    results = tmp_path / "results"
-    first = spec_from(TINY)
-    ex.run_federated(first, results, app_dir=app, backend=FakeBackend(), progress=False)
-    done = ex.ExperimentPaths.of(first, results)
-    # a model file the copy must leave behind
-    shared = next(r for r in expand_runs(first) if r.run_config["mechanism"] == "fedavg")
-    (done.run_dir(shared) / "app" / "checkpoint").mkdir()
-    (done.run_dir(shared) / "app" / "checkpoint" / "model-000004.npy").write_bytes(b"x" * 64)
-    # a run that is only partial over there is not taken
-    partial = next(r for r in expand_runs(first) if r.run_config["epsilon"] == 0.5)
-    (done.run_dir(partial) / "summary.json").unlink()
-
-    # same base, a wider epsilon grid: eps 0.5 and 1 (and fedavg) are runs of the first spec
-    second = spec_from(
-        TINY.replace('name = "tiny"', 'name = "wider"').replace(
-            "epsilon = [0.5, 1.0]", "epsilon = [0.5, 1.0, 3.0]"
-        )
-    )
-    backend = FakeBackend()
-    out = ex.run_federated(second, results, app_dir=app, backend=backend, progress=False)
-    firsts = {r.run_id for r in expand_runs(first)}
-    seconds = {r.run_id for r in expand_runs(second)}
-    assert firsts < seconds
-    assert sorted(backend.calls) == sorted((seconds - firsts) | {partial.run_id})
-    assert out.reused == len(firsts) - 1 and out.executed == len(seconds) - len(firsts) + 1
-    assert "19 reused from other experiments" in ex.summary_lines(out)[0]
-    assert all(s is RunState.DONE for _, s in ex.plan(second, results))
-    copy = ex.ExperimentPaths.of(second, results).run_dir(shared)
-    record = json.loads((copy / "summary.json").read_text())["run"]
-    assert record["reused_from"] == f"tiny/runs/{shared.run_id}"
-    assert record["experiment"] == "tiny"
-    assert (copy / "metrics.jsonl").read_bytes() == (
-        done.run_dir(shared) / "metrics.jsonl"
-    ).read_bytes()
-    assert not (copy / "app" / "checkpoint").exists()
-    # the second experiment's outputs cover all of its runs, reused ones included
-    with ex.ExperimentPaths.of(second, results).runs_csv.open(newline="") as fh:
-        assert len(list(csv.DictReader(fh))) == len(seconds)
-
-
-def test_a_run_under_another_id_with_the_same_effective_config_is_reused(tmp_path: Path) -> None:
-    app = fake_app_dir(tmp_path)
-    results = tmp_path / "results"
-    assert RunConfig().delta == 1e-5
-    # spelling out a default changes every run id, not a single run
-    explicit = spec_from(
-        TINY.replace('name = "tiny"', 'name = "explicit"').replace("d = 5", "d = 5\ndelta = 1e-5")
-    )
-    ex.run_federated(explicit, results, app_dir=app, backend=FakeBackend(), progress=False)
-    other_delta = spec_from(
-        TINY.replace('name = "tiny"', 'name = "other"').replace("d = 5", "d = 5\ndelta = 1e-6")
-    )
-    backend = FakeBackend()
-    ex.run_federated(other_delta, results, app_dir=app, backend=backend, progress=False)
-    assert len(backend.calls) == len(expand_runs(other_delta))  # another delta: other runs
-    plain = spec_from(TINY)
-    ids = {r.run_id for r in expand_runs(plain)}
-    assert not ids & {r.run_id for r in expand_runs(explicit)}
-    backend = FakeBackend()
-    out = ex.run_federated(plain, results, app_dir=app, backend=backend, progress=False)
-    assert backend.calls == [] and out.reused == len(ids)
-    by_setting = {
-        (r.run_config["mechanism"], r.run_config.get("epsilon"), r.seed, r.global_lr): r
-        for r in expand_runs(explicit)
-    }
-    for run in expand_runs(plain):
-        copy = ex.ExperimentPaths.of(plain, results).run_dir(run)
-        record = json.loads((copy / "summary.json").read_text())["run"]
-        twin = by_setting[
-            (run.run_config["mechanism"], run.run_config.get("epsilon"), run.seed, run.global_lr)
-        ]
-        assert record["reused_from"] == f"explicit/runs/{twin.run_id}"
-        assert (record["run_id"], record["config_hash"]) == (run.run_id, run.config_hash)
-        assert record["run_config"] == dict(run.run_config)
-        assert run_state(copy, run, load_app_defaults(app)) is RunState.DONE
-    # data read from another folder is another run (the recorded data-dir is not compared)
-    elsewhere = spec_from(
-        TINY.replace('name = "tiny"', 'name = "elsewhere"').replace(
-            "d = 5", f'd = 5\ndata-dir = "{tmp_path / "data"}"'
-        )
-    )
-    backend = FakeBackend()
-    ex.run_federated(elsewhere, results, app_dir=app, backend=backend, progress=False)
-    assert len(backend.calls) == len(expand_runs(elsewhere))
-    # another number of clients is another run, whatever the config says
-    fewer = spec_from(
-        TINY.replace('name = "tiny"', 'name = "fewer"').replace("clients = 4", "clients = 3")
-    )
-    backend = FakeBackend()
-    ex.run_federated(fewer, results, app_dir=app, backend=backend, progress=False)
-    assert len(backend.calls) == len(expand_runs(fewer))
 
 
 def test_failed_and_truncated_runs_are_recorded_and_retried(tmp_path: Path) -> None:
@@ -616,7 +539,7 @@ mechanism = ["corbin", "cq"]
     ids = [r.run_id for r in expand_runs(spec)]
     assert out.executed == 1 and set(out.failed) == {ids[1]}
     assert "timed out after 8 s" in out.failed[ids[1]]
-    summary = json.loads((tmp_path / "r" / "dep" / "runs" / ids[0] / "summary.json").read_text())
+    summary = json.loads((tmp_path / "r" / "runs" / ids[0] / "summary.json").read_text())
     assert summary["run"]["backend"] == "deployment" and summary["run"]["flwr_run_id"] == 42
     assert summary["run"]["status"] == "finished:completed" and summary["run"]["clients"] is None
     calls = log.read_text().splitlines()
@@ -720,35 +643,19 @@ def test_lambda_is_chosen_on_validation_and_test_is_read_at_that_point(tmp_path:
     assert choose_lambda(tie_copy)[0] == 1.0
 
 
-def test_a_run_config_key_added_later_does_not_split_a_setting(tmp_path: Path) -> None:
-    """Runs made before a key existed (their app config lacks it) group with runs that recorded
-    its default; a run with another value is another setting."""
-    base = {"mechanism": "ldpfl", "epsilon": 1.0, "num-rounds": 2}
-    rows = rows_of([(0.5, 0.5), (0.6, 0.6)])
-    old = {**base, "global-lr": 1.0, "seed": 0}
-    write_run(tmp_path / "old", old, rows)  # its app config has no range-mode
-    new = {**base, "global-lr": 1.0, "seed": 1}
-    write_run(tmp_path / "new", new, rows)
-    summary = json.loads((tmp_path / "new" / "summary.json").read_text())
-    # (update-radius has no effect in the layer mode: a changed default does not split either)
-    summary["config"] = {**summary["config"], "range-mode": "layer", "update-radius": 0.02}
-    (tmp_path / "new" / "summary.json").write_text(json.dumps(summary))
-    other = {**base, "global-lr": 1.0, "seed": 0, "range-mode": "update"}
-    write_run(tmp_path / "other", other, rows)
-    groups = group_results([load_run(tmp_path / n) for n in ("old", "new", "other")])
-    # the old run ran in the layer mode (range-mode came with "layer", whatever the default now)
-    assert {g.setting["range-mode"]: len(g.runs) for g in groups} == {"layer": 2, "update": 1}
-
-
 def test_a_run_with_an_invalid_recorded_config_is_not_a_finished_run(tmp_path: Path) -> None:
     """A tampered or foreign ``summary.json`` (d out of range) is refused by name."""
     write_run(
         tmp_path / "bad", {"mechanism": "ldpfl", "global-lr": 1.0, "seed": 0}, rows_of([(0.5, 0.5)])
     )
     summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
-    summary["config"] = {**summary["config"], "d": 99}
+    summary["run"]["config"] = {**summary["run"]["config"], "d": 99}
     (tmp_path / "bad" / "summary.json").write_text(json.dumps(summary))
-    with pytest.raises(ValueError, match="recorded run config is not valid"):
+    with pytest.raises(ValueError, match="recorded result config is not valid"):
+        load_run(tmp_path / "bad")
+    del summary["run"]["config"]  # a folder of the per-experiment layout
+    (tmp_path / "bad" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"no result config \(migrate"):
         load_run(tmp_path / "bad")
 
 
@@ -782,7 +689,7 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
     selected = [r for r in rows if r["lambda_selected"] == "true"]
     assert len(selected) == 5 * 2
     for r in rows:
-        run_dir = root / "runs" / r["run_id"]
+        run_dir = results / "runs" / r["run_id"]
         metrics = read_metrics(run_dir / "metrics.jsonl")
         sel = select_round(metrics)
         assert int(r["selected_round"]) == sel.round
@@ -1161,7 +1068,7 @@ def test_cli_plan_report_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     spec_path = tmp_path / "tiny.toml"
     spec_path.write_text(TINY)
     assert exp_cli.main(["plan", str(spec_path), "--results", str(tmp_path / "r")]) == 0
-    assert "tiny: 20 runs (0 done, 0 partial, 0 stale, 20 to do)" in capsys.readouterr().out
+    assert "tiny: 20 runs (0 done, 0 partial, 20 to do)" in capsys.readouterr().out
     bad = tmp_path / "bad.toml"
     bad.write_text("[experiment]\nname='x'\nbogus=1\n")
     assert exp_cli.main(["run", str(bad)]) == 2
@@ -1176,20 +1083,18 @@ def test_cli_plan_report_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert exp_cli.main(["report", str(spec_path), "--results", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "tiny" / "report.md").exists()
     assert "[PASS]" in capsys.readouterr().out
-    # plan names the runs another experiment has done: same id, or same config under another id
+    # the runs another experiment has done are done for this one too
     wider = tmp_path / "wider.toml"
     wider.write_text(
         TINY.replace('name = "tiny"', 'name = "wider"')
         .replace("epsilon = [0.5, 1.0]", "epsilon = [0.5, 1.0, 3.0]")
         .replace("d = 5", "d = 5\ndelta = 1e-5")
     )
-    app = ["--app", str(tmp_path / "app")]
-    assert exp_cli.main(["plan", str(wider), "--results", str(tmp_path / "r"), *app]) == 0
+    assert exp_cli.main(["plan", str(wider), "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
-    assert "wider: 28 runs (0 done, 0 partial, 0 stale, 28 to do)" in out
-    assert "20 of them are done in other experiments: copied, not run" in out
-    copies = [line for line in out.splitlines() if "(copy of tiny/runs/" in line]
-    assert len(copies) == 20 and all("-eps3-" not in line for line in copies)
+    assert "wider: 28 runs (20 done, 0 partial, 8 to do)" in out
+    missing = [line for line in out.splitlines() if line.startswith("  missing ")]
+    assert len(missing) == 8 and all("-eps3-" in line for line in missing)
 
 
 # --------------------------------------------------------------------------- end to end
