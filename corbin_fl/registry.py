@@ -116,6 +116,9 @@ class Mechanism:
     has_delta : bool
         An (eps, delta) mechanism: ``delta`` is checked against the node's ``corbin-max-delta``
         and recorded in the ledger.
+    dp_unit : str
+        What one epsilon bounds: ``"parameter"`` (each coordinate's release) or ``"update"``
+        (a client's whole update, all parameters together).
     assignments : tuple[str, ...]
         The update-stage assignments the server may send it.
     instruction_keys : frozenset[str]
@@ -130,6 +133,7 @@ class Mechanism:
     pairs: bool = False
     local_dp: bool = True
     has_delta: bool = False
+    dp_unit: str = "parameter"
     assignments: tuple[str, ...] = ("solo",)
     instruction_keys: frozenset[str] = field(default_factory=frozenset)
 
@@ -292,6 +296,7 @@ register(
         "client.encode:encode_fedcad",
         "server.aggregation:FedCADAggregator",
         has_delta=True,
+        dp_unit="update",
     )
 )
 _LEVELS_ENCODER: Final[str] = "client.encode:encode_levels"

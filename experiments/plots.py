@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS
 from experiments.results import GroupResult, group_label
 from experiments.spec import CLIENTS_KEY
@@ -83,17 +84,15 @@ STD_SPAN = 5.0
 
 # --------------------------------------------------------------------------- privacy guarantees
 
-NO_DP_MECHANISMS = frozenset({"fedavg", "cq", "signsgd"})
-"""Mechanisms without any DP guarantee."""
-PER_PARAMETER_LDP = frozenset({"ldpfl", "laplace", "ternary", "pbm", "rqm", "imvu"})
-"""Mechanisms with a per-parameter eps_p-LDP guarantee (every observer, server included)."""
-
 PAIRED_KIND = "ε_p per parameter vs an eavesdropper on one uplink only; no DP vs the server"
 LDP_KIND = "ε_p-LDP per parameter"
 GAUSSIAN_KIND = "(ε_p, δ)-LDP per parameter"
 UPDATE_KIND = "(ε, δ)-DP per client update (all parameters together)"
 CENTRAL_KIND = "(ε, δ)-DP of the released models; trusts the server; no DP vs it"
 NO_DP_KIND = "no DP"
+
+_RANGED_KINDS = frozenset({PAIRED_KIND, LDP_KIND, GAUSSIAN_KIND, CENTRAL_KIND})
+"""Guarantee classes whose mechanisms encode within a range (``range-mode`` applies)."""
 
 GUARANTEE_COLORS: dict[str, str] = {
     PAIRED_KIND: "tab:blue",
@@ -132,27 +131,24 @@ class Guarantee:
 
 
 def guarantee_kind(mechanism: str) -> str | None:
-    """The guarantee class of ``mechanism``; ``None`` for a name this module does not know.
+    """The guarantee class of ``mechanism``, from its registration; ``None`` for an unknown one.
 
-    corbin / augcorbin: per-parameter eps_p-LDP against an eavesdropper on one uplink only (the
-    server sees both bits of a pair: no DP against it); ldpfl / laplace / ternary: per-parameter
-    eps_p-LDP; gaussian: per-parameter (eps_p, delta)-LDP; fedcad: (eps, delta)-DP of a whole
-    update; central-gaussian: central (eps, delta)-DP of the released models, no DP against the
-    server; fedavg / cq / signsgd: no DP.
+    Paired (corbin, augcorbin): per-parameter eps_p against an eavesdropper on one uplink only
+    (the server sees both bits of a pair: no DP against it). Other local-DP mechanisms:
+    per-parameter eps_p-LDP, (eps_p, delta) with a delta, or (eps, delta)-DP of a whole update
+    (fedcad). Without local DP: central (eps, delta)-DP of the released models, trusting the
+    server (central-gaussian), or no DP (fedavg, cq, signsgd).
     """
-    if mechanism in NO_DP_MECHANISMS:
-        return NO_DP_KIND
-    if mechanism in PAIRED_MECHANISMS:
+    mech = registry.REGISTRY.get(mechanism)
+    if mech is None:
+        return None
+    if not mech.local_dp:
+        return CENTRAL_KIND if mech.has_delta else NO_DP_KIND
+    if mech.pairs:
         return PAIRED_KIND
-    if mechanism in PER_PARAMETER_LDP:
-        return LDP_KIND
-    if mechanism == "gaussian":
-        return GAUSSIAN_KIND
-    if mechanism == "fedcad":
+    if mech.dp_unit == "update":
         return UPDATE_KIND
-    if mechanism == "central-gaussian":
-        return CENTRAL_KIND
-    return None
+    return GAUSSIAN_KIND if mech.has_delta else LDP_KIND
 
 
 def _setting_number(setting: Mapping[str, RunValue], key: str, mechanism: str) -> float:
@@ -179,7 +175,7 @@ def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
         raise ValueError(f"the setting names no mechanism ({mech!r}); cannot state its guarantee")
     kind = guarantee_kind(mech)
     if kind is None:
-        known = sorted({*MECHANISMS, *NO_DP_MECHANISMS})
+        known = sorted(registry.REGISTRY)
         raise ValueError(f"no privacy guarantee is known for mechanism {mech!r}; known: {known}")
     if kind == NO_DP_KIND:
         return Guarantee(kind, "no DP")
@@ -274,7 +270,7 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         parts.append(f"γ={_fmt(gamma)}")
     range_mode = fixed("range-mode")
     radius = fixed("update-radius")  # present only in settings that quantize the update
-    if range_mode is not None and mechs - NO_DP_MECHANISMS - {"fedcad"}:
+    if range_mode is not None and {m for m in mechs if guarantee_kind(m) in _RANGED_KINDS}:
         parts.append(f"range-mode={range_mode}")
     if radius is not None and range_mode in ("update", None):
         text = "derived" if radius == 0 else _fmt(radius)

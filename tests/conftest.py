@@ -92,6 +92,23 @@ server and client code over the in-process grid), ``system`` (real processes, na
 compose). Each test gets its folder's marker (``pytest -m unit``)."""
 
 
+REAL_PROCESS_MARKERS: Final[tuple[str, ...]] = ("e2e", "multihost")
+"""Markers of the tests that run real Flower processes: the few long tests of the suite."""
+
+
+def declared_limit(item: pytest.Item) -> float:
+    """The ``@pytest.mark.timeout`` limit of ``item`` in seconds (0 without one): the scale of a
+    long test, used only to start the longest ones first."""
+    marker = item.get_closest_marker("timeout")
+    if marker is None:
+        return 0.0
+    value = marker.args[0] if marker.args else marker.kwargs.get("timeout", 0)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test with its layer (its folder under ``tests/``); skip ``load`` tests unless
     asked for by name (:func:`load_requested`), and ``e2e`` tests (real Flower processes) where
@@ -104,10 +121,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if len(parts) > 1 and parts[0] in LAYERS:
                 item.add_marker(getattr(pytest.mark, parts[0]))
                 rank[item.nodeid] = 0 if parts[0] == "system" else 1
-    # The real-process tests first, the end-to-end ones before the rest: they are few and long
-    # and mostly wait, so under pytest-xdist they start at once on every worker and the many
-    # short tests fill the gaps, instead of a long test starting last and ending the run alone.
-    items.sort(key=lambda it: (rank.get(it.nodeid, 1), "e2e" not in it.keywords))
+    # The real-process tests first (end-to-end and multi-host runs), the longest first, then
+    # the rest of their layer, then the other layers: the long tests are few and under
+    # pytest-xdist's `load` scheduling (.ci/run) they start at once on every worker, longest
+    # first, and the many short tests fill the gaps, instead of a long test starting last and
+    # ending the run alone. "Longest" is the test's pytest-timeout limit (the scale each
+    # long test declares, see :func:`declared_limit`).
+    items.sort(
+        key=lambda it: (
+            rank.get(it.nodeid, 1),
+            not any(m in it.keywords for m in REAL_PROCESS_MARKERS),
+            -declared_limit(it),
+        )
+    )
     skip_load = pytest.mark.skip(
         reason=f"{LOAD_MARKER} test: run with -m {LOAD_MARKER}, --run-load or by naming its file"
     )

@@ -7,8 +7,9 @@ Every way of starting the app (``flwr run .`` against a SuperLink, the simulatio
 docs/RUNNING.md itself with fewer rounds) and check that the model learns:
 
 - :func:`test_flwr_run_with_only_rounds_and_epsilon_learns_in_a_deployment`: a SuperLink and
-  four SuperNodes as real processes, then ``flwr run .`` twice: the bare run, and the command
-  of docs/RUNNING.md section 2 (``out-dir`` into the test's folder, so the summary is read).
+  two SuperNodes (the default ``min-clients``) as real processes, then ``flwr run .`` twice: the
+  bare run, and the command of docs/RUNNING.md section 2 (``out-dir`` into the test's folder, so
+  the summary is read).
 - :func:`test_flwr_run_with_only_rounds_and_epsilon_learns_in_simulation`: Flower's simulation
   runtime with the number of virtual SuperNodes docs/RUNNING.md section 3 uses.
 
@@ -17,7 +18,11 @@ docs/RUNNING.md itself with fewer rounds) and check that the model learns:
 0.8 (54% then 83% in ``corbin-fl local --rounds 2 --epsilon 0.5``). The test set has 1,000
 digits, so the binomial standard deviation of an accuracy near 0.8 is 0.013: 0.5 is more than 20
 of them below, and the quantization noise (from the CSPRNG, not seeded) moves a round-2
-accuracy by a few points at most.
+accuracy by a few points at most. The deployment runs two clients (each client costs a
+SuperNode and a ClientApp process per stage, most of the test's CPU): replayed with the real
+client and server code over the in-process grid of tests/protocol (2 nodes, ``num-rounds=2
+epsilon=0.5``, seed 0, three quantization draws), round 2 reached 0.824, 0.884 and 0.898
+(round 1: 0.60-0.72; with four nodes: 0.57 then 0.83), so 0.5 keeps its margin.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ REPO = repo_root()
 EPSILON = 0.5
 ROUNDS = 2
 MIN_ACCURACY = 0.5
-NUM_CLIENTS = 4
+NUM_CLIENTS = 2
 FIRST_ROUND_STAGES, LATER_ROUND_STAGES = 3, 2  # relay: keygen, pair, update; then pair, update
 
 
@@ -145,10 +150,11 @@ def test_flwr_run_with_only_rounds_and_epsilon_learns_in_a_deployment(
     _assert_learns(log)
     summary = json.loads((out / "summary.json").read_text())
     # The defaults every way of starting gets: the update range with R derived from public
-    # training settings (13 Adam steps x lr 1e-3 for 3,200 digits over 4 clients, batch 64).
+    # training settings (ceil(3,200 digits / (2 clients x batch 64)) = 25 Adam steps x lr 1e-3).
     assert summary["config"]["range-mode"] == "update"
-    assert summary["update_radius"]["value"] == pytest.approx(13 * 1e-3)
-    # R bounds Adam's update: almost nothing is clipped (R = 0.01 clipped 12% in round 1).
+    assert summary["update_radius"]["value"] == pytest.approx(25 * 1e-3)
+    # R bounds Adam's update: almost nothing is clipped (R = 0.01 clipped 12% in round 1 with
+    # four clients; the offline replay above clipped at most 6e-6 with two).
     clip = summary["clip_fraction"]
     assert len(clip["per_round"]) == ROUNDS and clip["max"] < 0.01, clip
 

@@ -175,6 +175,16 @@ def _run_bound(timing: ClientAppTiming, *, concurrent: int, queue: int, ready: f
     )
 
 
+def _stage_timeouts(timing: ClientAppTiming, concurrent: int, queue: int) -> dict[str, float]:
+    """The app's stage timeouts at the bound this machine's probe gives (as :func:`_run_bound`
+    counts them), not the app's laptop defaults, which a busy 2-core machine can outlast."""
+    return {
+        f"{prefix}stage-timeout": queue
+        * timing.stage_timeout(concurrent, first=first, poll_interval=POLL_INTERVAL)
+        for prefix, first in (("first-", True), ("", False))
+    }
+
+
 def _dropped_ids(row: Mapping[str, Any]) -> set[str]:
     """Node ids a ``metrics.jsonl`` row records as dropped (a ``{node: reason}`` map or a list)."""
     dropped = row.get("dropped") or {}
@@ -225,7 +235,13 @@ def test_quickstart_deployment_learns_one_bit_uplink_survives_a_killed_supernode
         cmd = [flower_executable("flwr"), "run", str(app), CONNECTION_NAME, "--stream"]
         cmd += [
             "--run-config",
-            format_config_args({"num-server-rounds": ROUNDS, "out-dir": str(out)}),
+            format_config_args(
+                {
+                    "num-server-rounds": ROUNDS,
+                    "out-dir": str(out),
+                    **_stage_timeouts(timing, NUM_CLIENTS, 1),
+                }
+            ),
         ]
         flwr_run = dep.registry.start("flwr-run", cmd, logs / "flwr-run.log")
         metrics = JsonlTail(out / "metrics.jsonl")
@@ -290,7 +306,13 @@ def _simulate(
             "local-simulation",
             "--stream",
             "--run-config",
-            format_config_args({"num-server-rounds": ROUNDS, "out-dir": str(out)}),
+            format_config_args(
+                {
+                    "num-server-rounds": ROUNDS,
+                    "out-dir": str(out),
+                    **_stage_timeouts(timing, workers, queue),
+                }
+            ),
             timeout=run,
         )
     log = res.stdout + res.stderr

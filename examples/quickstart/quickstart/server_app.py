@@ -36,6 +36,10 @@ def main(grid: Grid, context: Context) -> None:
     strategy = CorBin(
         FedAvg(fraction_train=float(context.run_config["fraction-train"]), fraction_evaluate=0.0),
         epsilon=float(context.run_config["epsilon"]),
+        # how long a stage waits for its replies: the defaults suit a laptop; a slow or busy
+        # machine (or a test that measured its own) sets them in the run config
+        stage_timeout=float(context.run_config["stage-timeout"]),
+        first_stage_timeout=float(context.run_config["first-stage-timeout"]),
         out_dir=out_dir,
     )
     result = strategy.start(
