@@ -83,24 +83,6 @@ def find_app_dir() -> Path:
     )
 
 
-def app_config_keys(app_dir: Path) -> dict[str, Any]:
-    """Return the app's ``[tool.flwr.app.config]`` (flattened with dots, as Flower does)."""
-    with (Path(app_dir) / "pyproject.toml").open("rb") as fh:
-        doc = tomllib.load(fh)
-    table = doc.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, node: Mapping[str, Any]) -> None:
-        for key, value in node.items():
-            if isinstance(value, Mapping):
-                walk(f"{prefix}{key}.", value)
-            else:
-                flat[f"{prefix}{key}"] = value
-
-    walk("", table)
-    return flat
-
-
 def check_app_accepts(app_dir: Path, keys: set[str]) -> None:
     """Raise if ``flwr run --run-config`` would reject some of ``keys``.
 
@@ -112,7 +94,7 @@ def check_app_accepts(app_dir: Path, keys: set[str]) -> None:
     ValueError
         Naming the missing keys and the file to declare them in.
     """
-    missing = sorted(keys - set(app_config_keys(app_dir)))
+    missing = sorted(keys - set(flower.app_config(app_dir)))
     if missing:
         raise ValueError(
             f"{Path(app_dir) / 'pyproject.toml'}: [tool.flwr.app.config] does not declare "

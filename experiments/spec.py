@@ -658,27 +658,6 @@ def parse_spec(
     )
 
 
-def load_app_defaults(app_dir: Path) -> dict[str, RunValue]:
-    """Return the app's ``[tool.flwr.app.config]`` from ``<app_dir>/pyproject.toml``.
-
-    ``flwr run --run-config`` only overrides keys declared there, so the spec validation and
-    the runner both need it. Nested tables are flattened with dots, as Flower does.
-
-    Raises
-    ------
-    FileNotFoundError
-        If ``app_dir`` has no ``pyproject.toml``.
-    SpecError
-        If it has no ``[tool.flwr.app.config]`` table.
-    """
-    from deploy.flower import app_config
-
-    try:
-        return app_config(app_dir, strict=True)
-    except LookupError as exc:
-        raise SpecError(str(exc)) from exc
-
-
 def load_spec(path: str | Path) -> ExperimentSpec:
     """Read and validate a TOML spec file (see :func:`parse_spec`).
 
