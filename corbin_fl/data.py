@@ -44,7 +44,8 @@ client receives an equal fraction of the samples randomly and without replacemen
 :class:`~flwr_datasets.partitioner.DirichletPartitioner` over the label (label skew), or, for
 the LEAF tasks, :class:`~flwr_datasets.partitioner.NaturalIdPartitioner` over the writer / role
 (``natural``: client ``i`` holds the ``i``-th writer's training rows; writers beyond the number
-of clients are not used, as in LEAF's sampled federations).
+of clients are not used, as in LEAF's sampled federations). Computed partitions are kept on disk
+(:mod:`corbin_fl.partition_cache`), keyed by every input of the partitioning.
 
 Images are returned as float32 ``N x C x H x W`` tensors normalised per channel,
 ``x = (p / 255 - mean_c) / std_c``, with int64 labels. Raw ``uint8`` arrays are cached once per
@@ -65,6 +66,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from corbin_fl import partition_cache
 from corbin_fl.leaf import load_leaf
 from corbin_fl.readers import CIFAR_CLASSES, hf_to_arrays, read_cifar10_dir, read_mnist_idx_dir
 
@@ -666,18 +668,35 @@ def _partitions_cached(
     dirichlet_alpha: float,
     min_partition_size: int,
 ) -> tuple[np.ndarray, ...]:
+    """Every partition, from the disk cache (:mod:`corbin_fl.partition_cache`) when it holds
+    them for exactly these inputs, else computed by :func:`_all_partitions` and stored."""
     raw = _load_raw(dataset, data_dir)
     train = _split_cached(dataset, data_dir, data_seed, use_official_test).train
+    labels = raw.labels[train]
+    groups = None if raw.groups is None else raw.groups[train]
+    key = partition_cache.digest(
+        train,
+        labels,
+        groups,
+        num_partitions=num_partitions,
+        partitioner=partitioner,
+        alpha=dirichlet_alpha,
+        seed=data_seed,
+        min_partition_size=min_partition_size,
+    )
+    cached = partition_cache.load(key, train, num_partitions, min_partition_size)
+    if cached is not None:
+        return cached
     t0 = time.perf_counter()
     parts = _all_partitions(
         train,
-        raw.labels[train],
+        labels,
         num_partitions,
         partitioner,
         dirichlet_alpha,
         data_seed,
         min_partition_size,
-        None if raw.groups is None else raw.groups[train],
+        groups,
     )
     logger.debug(
         "partitioned %d training samples of %s into %d (%s) in %.2fs",
@@ -687,6 +706,7 @@ def _partitions_cached(
         partitioner,
         time.perf_counter() - t0,
     )
+    partition_cache.store(key, parts)
     return parts
 
 
@@ -768,8 +788,10 @@ def client_rows(
 
     Same arguments as :func:`client_dataset`. This is the only step that needs the
     ``flwr_datasets`` partitioners (and so imports Hugging Face ``datasets``, pandas and
-    pyarrow, several seconds per fresh process): a ClientApp keeps the rows in its
-    ``context.state`` and rebuilds the dataset with :func:`dataset_rows` in later rounds.
+    pyarrow, several seconds per fresh process): the partitions are kept on disk
+    (:mod:`corbin_fl.partition_cache`), so only the first process to need a partitioning
+    imports them, and a ClientApp keeps its rows in its ``context.state`` and rebuilds the
+    dataset with :func:`dataset_rows` in later rounds.
     """
     name = _check_dataset_name(dataset)
     k = _check_int("num_partitions", num_partitions, 1)

@@ -5,7 +5,7 @@ survives a power loss: the bytes go to a temporary file in the destination's fol
 flushed and ``fsync``-ed, renamed over the destination with ``os.replace`` (atomic on POSIX), and
 the folder is ``fsync``-ed so that the rename itself is durable. On any error the temporary file is
 removed and the destination is untouched. The server's checkpoints and metrics, the experiment
-runs and reports, and the I-MVU table cache all write through here.
+runs and reports, and the caches under :func:`cache_root` all write through here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,30 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "fsync_dir"]
+__all__ = [
+    "CACHE_ENV",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "cache_root",
+    "fsync_dir",
+]
+
+CACHE_ENV = "CORBIN_FL_CACHE"
+"""Environment variable naming the root of this project's caches (:func:`cache_root`)."""
+
+
+def cache_root() -> Path:
+    """``$CORBIN_FL_CACHE``, else ``$XDG_CACHE_HOME/corbin-fl``, else ``~/.cache/corbin-fl``.
+
+    Holds what can be recomputed: solved I-MVU tables (``imvu/``), clients' partitions
+    (``partitions/``).
+    """
+    root = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "corbin-fl",
+    )
+    return Path(root)
 
 
 def _file_mode() -> int:

@@ -15,14 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from corbin_fl.fsio import atomic_write_json
+from corbin_fl.fsio import CACHE_ENV, atomic_write_json, cache_root
 from mechanisms.baselines.imvu import INPUT_POINTS, SOLVER_VERSION, MVUTable, solve_mvu
 from mechanisms.validate import integer, positive
 
@@ -30,19 +29,13 @@ __all__ = ["CACHE_ENV", "SHIPPED", "mvu_table", "write_table"]
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "CORBIN_FL_CACHE"
-"""Environment variable naming the cache root (its ``imvu/`` folder holds the tables)."""
 SHIPPED = Path(__file__).with_name("mvu_tables")
 """Tables solved ahead for the experiments' eps grid (``bench/solve_mvu_tables.py``)."""
 
 
 def cache_dir() -> Path:
-    """``$CORBIN_FL_CACHE/imvu``, else ``$XDG_CACHE_HOME/corbin-fl/imvu`` or ``~/.cache/...``."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "corbin-fl",
-    )
-    return Path(root) / "imvu"
+    """``imvu/`` under :func:`corbin_fl.fsio.cache_root` (``$CORBIN_FL_CACHE``)."""
+    return cache_root() / "imvu"
 
 
 def _file_name(eps: float, bits: int, inputs: int) -> str:
