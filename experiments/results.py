@@ -30,6 +30,7 @@ import pandas as pd
 
 from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.fsio import atomic_write_text
+from corbin_fl.registry import REGISTRY
 from experiments.spec import CLIENTS_KEY, RunValue
 from experiments.sweep import (
     METRICS_FILE,
@@ -485,10 +486,34 @@ def varying_keys(results: Sequence[RunResult]) -> tuple[str, ...]:
     return tuple(keys)
 
 
+_DEFAULTS = RunConfig().result_config()
+_MECHANISM_PREFIXES = frozenset(name.split("-", 1)[0] for name in REGISTRY)
+
+
+def _inert(key: str, setting: Mapping[str, RunValue]) -> bool:
+    """``key`` is named for another mechanism than the setting's (``pbm-trials`` in an ``ldpfl``
+    setting) and has its default value: the setting's runs do not read it."""
+    prefix = key.split("-", 1)[0]
+    own = str(setting.get("mechanism", "")).split("-", 1)[0]
+    return (
+        "-" in key
+        and prefix in _MECHANISM_PREFIXES
+        and prefix != own
+        and key in _DEFAULTS
+        and canonical_json(setting.get(key)) == canonical_json(_DEFAULTS[key])
+    )
+
+
 def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
-    """Short label such as ``"corbin, epsilon=0.5"`` from the varying ``keys``."""
+    """Short label such as ``"corbin, epsilon=0.5"`` from the varying ``keys``.
+
+    A key of another mechanism at its default (:func:`_inert`) is left out: two settings that
+    differ in it still get different labels, since at most one of them has the default.
+    """
     parts = []
     for key in keys:
+        if _inert(key, setting):
+            continue
         value = setting.get(key, "default")
         parts.append(str(value) if key == "mechanism" else f"{key}={value}")
     return ", ".join(parts) if parts else str(setting.get("mechanism", "run"))

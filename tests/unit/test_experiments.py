@@ -43,6 +43,7 @@ from experiments.results import (
     Selection,
     Stat,
     choose_lambda,
+    group_label,
     group_results,
     load_run,
     select_round,
@@ -1139,3 +1140,25 @@ def test_accuracy_vs_bits_puts_each_mechanism_at_its_uplink_bits(tmp_path: Path)
     fig.savefig(tmp_path / "bits.png")
     with pytest.raises(ValueError, match="no settings"):
         plots.accuracy_vs_bits_figure([], [])
+
+
+def test_group_label_leaves_out_other_mechanisms_keys_at_their_default() -> None:
+    keys = ["mechanism", "epsilon", "imvu-bits", "pbm-trials", "rqm-levels"]
+    defaults = {"imvu-bits": 1, "pbm-trials": 1, "rqm-levels": 2}
+    assert group_label({"mechanism": "corbin", "epsilon": 0.1, **defaults}, keys) == (
+        "corbin, epsilon=0.1"
+    )
+    # its own key stays, at the default too
+    assert group_label({"mechanism": "pbm", "epsilon": 0.1, **defaults}, keys) == (
+        "pbm, epsilon=0.1, pbm-trials=1"
+    )
+    # another mechanism's key away from its default stays, so labels stay distinct
+    other = {**defaults, "pbm-trials": 2}
+    assert group_label({"mechanism": "corbin", "epsilon": 0.1, **other}, keys) == (
+        "corbin, epsilon=0.1, pbm-trials=2"
+    )
+    # a multi-word mechanism owns its prefix; keys without a mechanism prefix always stay
+    assert group_label(
+        {"mechanism": "central-gaussian", "central-clip": 1.0, "cr-mode": "relay"},
+        ["mechanism", "central-clip", "cr-mode"],
+    ) == ("central-gaussian, central-clip=1.0, cr-mode=relay")
