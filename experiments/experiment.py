@@ -231,11 +231,11 @@ def finalize_federated(
     for name in spec.figures:
         out = paths.figures_dir / f"{name}.png"
         if name == "accuracy-vs-round":
-            figures[name] = plots.plot_accuracy_vs_round(groups, keys, out, title=title)
+            fig = plots.accuracy_vs_round_figure(groups, keys, title=title)
         elif name == "accuracy-bar":
-            figures[name] = plots.plot_accuracy_bar(groups, keys, out, title=title)
+            fig = plots.accuracy_bar_figure(groups, keys, title=title)
         elif name == "accuracy-vs-bits":
-            figures[name] = plots.plot_accuracy_vs_bits(groups, keys, out, title=title)
+            fig = plots.accuracy_vs_bits_figure(groups, keys, title=title)
         elif name in plots.X_KEY_OF_FIGURE:
             x_key = plots.X_KEY_OF_FIGURE[name]
             if x_key not in keys:
@@ -243,7 +243,10 @@ def finalize_federated(
                     "figure %s skipped: %s does not vary in this experiment", name, x_key
                 )
                 continue
-            figures[name] = plots.plot_accuracy_vs(groups, x_key, keys, out, title=title)
+            fig = plots.accuracy_vs_figure(groups, x_key, keys, title=title)
+        else:
+            continue
+        figures[name] = plots.save(fig, out)
     targets = write_federated_report(
         paths.report_md,
         spec,
@@ -440,11 +443,14 @@ def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target]
     for name in spec.figures:
         out = paths.figures_dir / f"{name}.png"
         if name == "mse-heatmap":
-            figures[name] = plots.plot_mse_heatmaps(grid, spec.mse.heatmap_epsilons, out)
+            fig = plots.mse_heatmaps_figure(grid, spec.mse.heatmap_epsilons)
         elif name == "mse-vs-epsilon":
-            figures[name] = plots.plot_mse_vs_epsilon(grid, out)
+            fig = plots.mse_vs_epsilon_figure(grid)
         elif name == "mse-real-weights" and real is not None:
-            figures[name] = plots.plot_mse_real_weights(real, out)
+            fig = plots.mse_real_weights_figure(real)
+        else:
+            continue
+        figures[name] = plots.save(fig, out)
     targets = write_mse_report(
         paths.report_md, spec, grid, real, figures, command=_command(spec, results_root)
     )

@@ -1,41 +1,22 @@
 """PNG figures of an experiment (matplotlib's object API with the Agg canvas; no pyplot state).
 
-Every figure states on itself what a reader needs to read it:
-
-* a **title** (``suptitle``): the experiment's description, then the settings every plotted
-  run shares (:func:`fixed_settings`: dataset, model, clients, rounds, eps, ``d``, range mode
-  and radius, ...), so a figure cut out of its report still says what was held fixed;
-* a **caption** (``supxlabel``, under the plot): what the error bars and bands are (one
-  sample standard deviation, ``ddof = 1``, over the seeds, with their count) and the y-axis
-  rule below;
-* a **legend entry for every line**, reference lines included.
+Every figure states on itself what a reader needs to read it: a **title** (``suptitle``) with
+the experiment's description and the settings every plotted run shares (:func:`fixed_settings`),
+so a figure cut out of its report still says what was held fixed; a **caption** (under the
+plot) saying what the error bars and bands are (one sample std, ``ddof = 1``, over the seeds,
+with their count) and the y-axis rule; a **legend entry for every line**, references included.
 
 Federated figures use the lambda-selected runs of each setting
-(:func:`experiments.results.group_results`) and show the mean over seeds with a
-band / error bar of one sample standard deviation:
+(:func:`experiments.results.group_results`): the mean over seeds with a band / error bar of one
+sample std. Their y-axis never zooms in on seed noise: it spans at least
+``max(MIN_Y_SPAN, STD_SPAN * s_max)`` percentage points, ``s_max`` the largest seed std plotted,
+kept inside ``[0, 100]`` (:func:`accuracy_ylim`), so a 3-point spread with 4-point seed stds
+looks as flat as it is. The accuracy bars are coloured and labelled by the privacy guarantee
+of their mechanism (:func:`guarantee`), because the budgets differ in kind. MSE figures (paper
+Fig. 4) take the arrays of :mod:`experiments.mse`.
 
-* ``accuracy-vs-round``: test accuracy per round, one line per mechanism, one panel per value
-  of the other varying keys (panels share one y-axis);
-* ``accuracy-bar``: test accuracy at the validation-selected round and final-round accuracy,
-  each bar coloured by the privacy guarantee of its mechanism (:func:`guarantee`) and labelled
-  with it, because the budgets differ in kind: ``eps_p`` per parameter (and for the paired
-  mechanisms only against an eavesdropper on one uplink), ``eps`` per update, or no DP;
-* ``accuracy-vs-bits``: test accuracy against uplink bits per parameter, one panel per eps_p
-  (the bits frontier).
-* ``accuracy-vs-epsilon`` / ``-d`` / ``-dropout`` / ``-clients``: test accuracy at the
-  validation-selected round against the swept key, one line per mechanism; a mechanism that
-  was run at a single value of that key (a reference such as FedAvg) is a horizontal line with
-  its ± std band, both in the legend.
-
-Accuracy line figures never zoom in on seed noise: the y-axis spans at least
-``max(MIN_Y_SPAN, STD_SPAN * s_max)`` percentage points, ``s_max`` the largest seed std
-plotted, kept inside ``[0, 100]`` (:func:`accuracy_ylim`). A 3-point spread with 4-point seed
-stds then looks as flat as it is.
-
-MSE figures (paper Fig. 4) take the arrays of :mod:`experiments.mse`.
-
-Each ``plot_*`` function saves the figure its ``*_figure`` twin builds (tests read the
-:class:`~matplotlib.figure.Figure` of the latter).
+Each ``*_figure`` function builds a :class:`~matplotlib.figure.Figure` (not saved; tests read
+it) and :func:`save` writes it as a PNG.
 """
 
 from __future__ import annotations
@@ -51,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from corbin_fl import registry
-from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS
-from experiments.results import GroupResult, group_label
+from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS, RunConfig
+from experiments.results import GroupResult, Stat, group_label
 from experiments.spec import CLIENTS_KEY
 
 if TYPE_CHECKING:
@@ -76,6 +57,7 @@ _X_LABEL = {
     "dropout-prob": "dropout probability $p$",
     CLIENTS_KEY: "number of clients $n$",
 }
+_ACC_LABEL = "test accuracy (%) at val-selected round"
 
 MIN_Y_SPAN = 20.0
 """Smallest y-axis span of an accuracy line figure, in percentage points."""
@@ -113,18 +95,22 @@ _SHORT_KIND = {
     NO_DP_KIND: "no DP",
 }
 
+_BAR_LABEL = {
+    PAIRED_KIND: "ε_p={eps:g} per param.\none uplink only;\nno DP vs server",
+    LDP_KIND: "ε_p={eps:g} per param.",
+    GAUSSIAN_KIND: "(ε_p={eps:g}, δ={delta:g})\nper param.",
+    UPDATE_KIND: "(ε={eps:g}, δ={delta:g})\nper update",
+    CENTRAL_KIND: "(ε={eps:g}, δ={delta:g}) central;\nno DP vs server",
+    NO_DP_KIND: "no DP",
+}
+"""A bar's label per guarantee class, with the setting's ``eps`` and ``delta``."""
+
 
 @dataclass(frozen=True)
 class Guarantee:
-    """The privacy guarantee of one setting, as a figure states it.
-
-    Attributes
-    ----------
-    kind
-        The guarantee class (one of ``*_KIND``; the bar colour and legend entry).
-    label
-        The guarantee with the setting's numbers, e.g. ``"ε_p=5 per param."`` (a bar's label).
-    """
+    """The privacy guarantee of one setting, as a figure states it: its ``kind`` (one of
+    ``*_KIND``; the bar colour and legend entry) and its ``label`` with the setting's numbers,
+    e.g. ``"ε_p=5 per param."`` (a bar's label)."""
 
     kind: str
     label: str
@@ -162,14 +148,9 @@ def _setting_number(setting: Mapping[str, RunValue], key: str, mechanism: str) -
 
 
 def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
-    """The guarantee of a setting, derived from its ``mechanism``, ``epsilon`` and ``delta``.
-
-    Raises
-    ------
-    ValueError
-        If the setting has no mechanism, an unknown one, or lacks the epsilon / delta its
-        guarantee needs.
-    """
+    """The guarantee of a setting, derived from its ``mechanism``, ``epsilon`` and ``delta``;
+    ``ValueError`` if it has no mechanism, an unknown one, or lacks the epsilon / delta its
+    guarantee needs."""
     mech = setting.get("mechanism")
     if not isinstance(mech, str):
         raise ValueError(f"the setting names no mechanism ({mech!r}); cannot state its guarantee")
@@ -177,19 +158,10 @@ def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
     if kind is None:
         known = sorted(registry.REGISTRY)
         raise ValueError(f"no privacy guarantee is known for mechanism {mech!r}; known: {known}")
-    if kind == NO_DP_KIND:
-        return Guarantee(kind, "no DP")
-    eps = _setting_number(setting, "epsilon", mech)
-    if kind == PAIRED_KIND:
-        return Guarantee(kind, f"ε_p={eps:g} per param.\none uplink only;\nno DP vs server")
-    if kind == LDP_KIND:
-        return Guarantee(kind, f"ε_p={eps:g} per param.")
-    delta = _setting_number(setting, "delta", mech)
-    if kind == GAUSSIAN_KIND:
-        return Guarantee(kind, f"(ε_p={eps:g}, δ={delta:g})\nper param.")
-    if kind == CENTRAL_KIND:
-        return Guarantee(kind, f"(ε={eps:g}, δ={delta:g}) central;\nno DP vs server")
-    return Guarantee(kind, f"(ε={eps:g}, δ={delta:g})\nper update")
+    label = _BAR_LABEL[kind]
+    eps = _setting_number(setting, "epsilon", mech) if "{eps" in label else 0.0
+    delta = _setting_number(setting, "delta", mech) if "{delta" in label else 0.0
+    return Guarantee(kind, label.format(eps=eps, delta=delta))
 
 
 # --------------------------------------------------------------------------- titles and captions
@@ -231,10 +203,15 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         return next(iter(values.values())) if len(values) == 1 else None
 
     parts: list[str] = []
+
+    def add(key: str, name: str, applies: object = True) -> None:
+        value = fixed(key)
+        zero = key in ("clients-per-round", "dropout-prob") and value == 0  # left out when 0
+        if value is not None and applies and not zero:
+            parts.append(f"{name}={_fmt(value)}")
+
     for key, name in (
-        ("mechanism", "mechanism"),
-        ("dataset", "dataset"),
-        ("model", "model"),
+        *((k, k) for k in ("mechanism", "dataset", "model")),
         ("partitioner", "partition"),
         (CLIENTS_KEY, "clients"),
         ("clients-per-round", "clients/round"),
@@ -242,10 +219,7 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         ("local-epochs", "local epochs"),
         ("batch-size", "batch"),
     ):
-        value = fixed(key)
-        if value is None or (key == "clients-per-round" and value == 0):
-            continue
-        parts.append(f"{name}={_fmt(value)}")
+        add(key, name)
     eps = fixed("epsilon")
     if eps is not None and private:
         # What epsilon measures differs: per parameter (local DP), per update (fedcad), the
@@ -259,45 +233,33 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
             parts.append(f"ε={_fmt(eps)} (per parameter; {rest})")
         else:
             parts.append(f"ε_p={_fmt(eps)}")
-    delta = fixed("delta")
-    if delta is not None and private & {"gaussian", "fedcad", "central-gaussian"}:
-        parts.append(f"δ={_fmt(delta)}")
-    d = fixed("d")
-    if d is not None and mechs & PAIRED_MECHANISMS:
-        parts.append(f"d={_fmt(d)}")
-    gamma = fixed("gamma")
-    if gamma is not None and "augcorbin" in mechs:
-        parts.append(f"γ={_fmt(gamma)}")
+    add("delta", "δ", private & {"gaussian", "fedcad", "central-gaussian"})
+    add("d", "d", mechs & PAIRED_MECHANISMS)
+    add("gamma", "γ", "augcorbin" in mechs)
+    add("range-mode", "range-mode", any(guarantee_kind(m) in _RANGED_KINDS for m in mechs))
     range_mode = fixed("range-mode")
     radius = fixed("update-radius")  # present only in settings that quantize the update
-    if range_mode is not None and {m for m in mechs if guarantee_kind(m) in _RANGED_KINDS}:
-        parts.append(f"range-mode={range_mode}")
     if radius is not None and range_mode in ("update", None):
         text = "derived" if radius == 0 else _fmt(radius)
         parts.append(f"R={text}" if range_mode == "update" else f"R={text} (update range)")
-    dropout = fixed("dropout-prob")
-    if dropout is not None and dropout != 0:
-        parts.append(f"dropout={_fmt(dropout)}")
+    add("dropout-prob", "dropout")
     return ", ".join(parts)
 
 
 def figure_title(description: str, groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     """``description`` then ``"fixed: <fixed_settings>"`` (one line each; the figure wraps them)."""
     fixed = fixed_settings(groups, keys)
-    lines = [description] if description else []
-    if fixed:
-        lines.append(f"fixed: {fixed}")
-    return "\n".join(lines)
+    return "\n".join(t for t in (description, fixed and f"fixed: {fixed}") if t)
 
 
 def seed_note(groups: Sequence[GroupResult], what: str = "error bars") -> str:
     """``"<what>: ± 1 sample std (ddof=1) over 3 seeds (0, 1, 2)"``, or that there is one seed."""
     counts = sorted({len(g.runs) for g in groups})
-    seeds = sorted({r.seed for g in groups for r in g.runs})
+    seeds = ", ".join(map(str, sorted({r.seed for g in groups for r in g.runs})))
     if not counts or counts[-1] < 2:
-        return f"one seed per setting ({', '.join(map(str, seeds))}): no {what}"
+        return f"one seed per setting ({seeds}): no {what}"
     n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    return f"{what}: ± 1 sample std (ddof=1) over {n} seeds ({', '.join(map(str, seeds))})"
+    return f"{what}: ± 1 sample std (ddof=1) over {n} seeds ({seeds})"
 
 
 Y_RULE = (
@@ -311,12 +273,8 @@ def accuracy_ylim(lo: float, hi: float, max_std: float) -> tuple[float, float]:
     """y-limits (percent) for accuracies spanning ``[lo, hi]`` (error bars included).
 
     The span is ``max(1.1 (hi - lo), MIN_Y_SPAN, STD_SPAN * max_std)``, centred on the data,
-    then shifted (not shrunk) to lie inside ``[0, 100]``.
-
-    Raises
-    ------
-    ValueError
-        If ``lo > hi`` or a value is not finite.
+    then shifted (not shrunk) to lie inside ``[0, 100]``; ``ValueError`` if ``lo > hi`` or a
+    value is not finite.
     """
     if not all(math.isfinite(v) for v in (lo, hi, max_std)) or lo > hi:
         raise ValueError(f"accuracy range [{lo}, {hi}] with std {max_std} is not a finite range")
@@ -331,10 +289,30 @@ def accuracy_ylim(lo: float, hi: float, max_std: float) -> tuple[float, float]:
     return bottom, top
 
 
+_Bands = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""The ``(low, high, seed std)`` of the error bars or bands a figure draws, in percent."""
+
+
+def _ylim(bands: _Bands) -> tuple[float, float]:
+    """:func:`accuracy_ylim` of the accuracies a figure draws."""
+    lo, hi = min(float(np.min(b[0])) for b in bands), max(float(np.max(b[1])) for b in bands)
+    return accuracy_ylim(lo, hi, max(0.0, *(float(np.max(b[2])) for b in bands)))
+
+
+def _percent(stats: Sequence[Stat]) -> tuple[np.ndarray, np.ndarray]:
+    """Means and seed stds (0 for one seed) of accuracy ``stats``, in percent."""
+    mean = np.array([100 * s.mean for s in stats])
+    return mean, np.array([100 * (s.std if s.n > 1 else 0.0) for s in stats])
+
+
 # --------------------------------------------------------------------------- canvas
 
 
-def _figure(ncols: int = 1, nrows: int = 1, *, w: float = 5.0, h: float = 3.6) -> Figure:
+def _figure(
+    n: int = 1, max_cols: int = 1, *, w: float = 5.0, h: float = 3.6, **kw: Any
+) -> tuple[Figure, list[Axes]]:
+    """A figure of ``n`` panels of ``w`` x ``h`` inches, at most ``max_cols`` per row (the rest
+    of the grid hidden; ``kw`` go to ``subplots``), and its panels row by row."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -342,9 +320,14 @@ def _figure(ncols: int = 1, nrows: int = 1, *, w: float = 5.0, h: float = 3.6) -
         raise ImportError(
             "figures need matplotlib: pip install 'corbin-fl[tools]' (or matplotlib>=3.8)"
         ) from exc
+    ncols = min(max_cols, n)
+    nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
     FigureCanvasAgg(fig)
-    return fig
+    axes = list(fig.subplots(nrows, ncols, squeeze=False, **kw).flat)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
 
 
 def _annotate(fig: Figure, title: str, caption: str, *, caption_ax: Axes | None = None) -> None:
@@ -373,7 +356,8 @@ def _int_ticks(ax: Axes) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` to the PNG ``path`` (atomically, folders created); return ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
@@ -388,12 +372,8 @@ def _color(mechanism: str) -> str | None:
     return f"C{MECHANISMS.index(mechanism) % 10}" if mechanism in MECHANISMS else None
 
 
-def _facets(groups: Sequence[GroupResult], keys: Sequence[str]) -> dict[str, list[GroupResult]]:
-    other = [k for k in keys if k != "mechanism"]
-    facets: dict[str, list[GroupResult]] = {}
-    for g in groups:
-        facets.setdefault(group_label(g.setting, other) if other else "", []).append(g)
-    return facets
+def _mech_order(mech: str) -> int:
+    return MECHANISMS.index(mech) if mech in MECHANISMS else len(MECHANISMS)
 
 
 def _with_kind(label: str, mechanism: str) -> str:
@@ -402,14 +382,10 @@ def _with_kind(label: str, mechanism: str) -> str:
     return f"{label} [{_SHORT_KIND[kind]}]" if kind is not None else label
 
 
-def _legend_above(
-    fig: Figure, ax: Axes, handles: Sequence[Any] | None = None, labels: Sequence[str] | None = None
-) -> None:
+def _legend_above(fig: Figure, ax: Axes, handles: Sequence[Any], labels: Sequence[str]) -> None:
     """The legend of ``ax`` between the title and the axes, never over a line: the figure grows
     by its rows and is at least as wide as its longest entry (about 0.055 in per character at
     7 pt, plus the handle)."""
-    if handles is None or labels is None:
-        handles, labels = ax.get_legend_handles_labels()
     if not labels:
         return
     fig.set_figwidth(max(fig.get_figwidth(), 0.055 * max(len(t) for t in labels) + 1.2))
@@ -428,47 +404,42 @@ def _check_groups(groups: Sequence[GroupResult]) -> None:
 def accuracy_vs_round_figure(
     groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
 ) -> Figure:
-    """The figure of :func:`plot_accuracy_vs_round` (not saved)."""
+    """Test accuracy (mean ± std over seeds) per round, one line per mechanism.
+
+    Every varying key but ``mechanism`` splits the figure into panels (sharing one y-axis,
+    :func:`accuracy_ylim` over all panels); ``title`` is the experiment's description (the
+    fixed settings are appended). ``ValueError`` if ``groups`` is empty.
+    """
     _check_groups(groups)
-    facets = _facets(groups, keys)
+    other = [k for k in keys if k != "mechanism"]
+    facets: dict[str, list[GroupResult]] = {}
+    for g in groups:
+        facets.setdefault(group_label(g.setting, other) if other else "", []).append(g)
     n = len(facets)
-    ncols = min(4, n)
-    nrows = math.ceil(n / ncols)
-    fig = _figure(ncols, nrows)
-    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
-    lo, hi, max_std = math.inf, -math.inf, 0.0
-    for ax, (label, members) in zip(axes.flat, facets.items(), strict=False):
+    fig, axes = _figure(n, 4, sharey=True)
+    bands: _Bands = []
+    for ax, (facet, members) in zip(axes, facets.items(), strict=True):
         for g in members:
             rounds, mean, std = g.curve("test_accuracy")
             if rounds.size == 0:
                 continue
-            line = ax.plot(
-                rounds,
-                100 * mean,
-                marker=".",
-                color=_color(_mech(g)),
-                label=_with_kind(f"{_mech(g)} (λ={g.global_lr:g})", _mech(g)),
-            )
-            ax.fill_between(
-                rounds, 100 * (mean - std), 100 * (mean + std), alpha=0.2, color=line[0].get_color()
-            )
-            lo = min(lo, float(np.min(100 * (mean - std))))
-            hi = max(hi, float(np.max(100 * (mean + std))))
-            max_std = max(max_std, float(np.max(100 * std)))
+            mech = _mech(g)
+            label = _with_kind(f"{mech} (λ={g.global_lr:g})", mech)
+            line = ax.plot(rounds, 100 * mean, marker=".", color=_color(mech), label=label)
+            low, high = 100 * (mean - std), 100 * (mean + std)
+            ax.fill_between(rounds, low, high, alpha=0.2, color=line[0].get_color())
+            bands.append((low, high, 100 * std))
         _int_ticks(ax)
-        ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy (%)")
-        if label:
-            ax.set_title(label, fontsize=9)
+        ax.set(xlabel="round", ylabel="test accuracy (%)")
+        if facet:
+            ax.set_title(facet, fontsize=9)
         ax.grid(alpha=0.3)
         if n == 1:
-            _legend_above(fig, ax)
+            _legend_above(fig, ax, *ax.get_legend_handles_labels())
         else:
             ax.legend(fontsize=7)
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
-    if math.isfinite(lo):
-        axes.flat[0].set_ylim(*accuracy_ylim(lo, hi, max_std))
+    if bands:
+        axes[0].set_ylim(*_ylim(bands))
     _annotate(
         fig,
         figure_title(title, groups, keys),
@@ -478,89 +449,54 @@ def accuracy_vs_round_figure(
     return fig
 
 
-def plot_accuracy_vs_round(
-    groups: Sequence[GroupResult], keys: Sequence[str], path: Path, *, title: str = ""
-) -> Path:
-    """Test accuracy (mean ± std over seeds) per round, one line per mechanism.
-
-    Parameters
-    ----------
-    groups
-        Lambda-selected settings.
-    keys
-        Varying setting keys; every key but ``mechanism`` splits the figure into panels
-        (sharing one y-axis, :func:`accuracy_ylim` over all panels).
-    path
-        Output PNG.
-    title
-        The experiment's description (the fixed settings are appended).
-
-    Raises
-    ------
-    ValueError
-        If ``groups`` is empty.
-    """
-    return _save(accuracy_vs_round_figure(groups, keys, title=title), path)
-
-
 def accuracy_bar_figure(
     groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
 ) -> Figure:
-    """The figure of :func:`plot_accuracy_bar` (not saved)."""
+    """Bars of the test accuracy at the selected round and at the final round (± std).
+
+    Each pair of bars is coloured by its mechanism's guarantee class and labelled with the
+    guarantee and its numbers (:func:`guarantee`), with one legend entry per class present;
+    the bars are ordered by class (in the order of :data:`GUARANTEE_COLORS`), then as given.
+    ``ValueError`` if ``groups`` is empty or a guarantee cannot be stated (:func:`guarantee`).
+    """
     from matplotlib.patches import Patch
 
     _check_groups(groups)
     order = list(GUARANTEE_COLORS)  # bars of one guarantee class side by side, classes in order
     pairs = sorted(
-        ((g, guarantee(g.setting)) for g in groups), key=lambda pair: order.index(pair[1].kind)
+        ((g, guarantee(g.setting)) for g in groups), key=lambda p: order.index(p[1].kind)
     )
     groups = [g for g, _ in pairs]
-    guarantees = [gu for _, gu in pairs]
     labels = [  # one varying key per line, then the guarantee
-        "\n".join([*group_label(g.setting, keys).split(", "), gu.label])
-        for g, gu in zip(groups, guarantees, strict=True)
+        "\n".join([*group_label(g.setting, keys).split(", "), gu.label]) for g, gu in pairs
     ]
     x = np.arange(len(groups))
-    fig = _figure(w=max(6.0, 1.25 * len(groups) + 1.5), h=4.2)
-    ax = fig.subplots()
-    colors = [GUARANTEE_COLORS[gu.kind] for gu in guarantees]
+    fig, (ax,) = _figure(w=max(6.0, 1.25 * len(groups) + 1.5), h=4.2)
+    colors = [GUARANTEE_COLORS[gu.kind] for _, gu in pairs]
     sel = [g.test for g in groups]
     fin = [g.final_test for g in groups]
     width = 0.4
-    for offset, stats, style in (
-        (-width / 2, sel, {}),
-        (width / 2, fin, {"alpha": 0.45, "hatch": "//"}),
-    ):
-        ax.bar(
-            x + offset,
-            [100 * s.mean for s in stats],
-            width,
-            yerr=[100 * (s.std if s.n > 1 else 0.0) for s in stats],
-            capsize=3,
-            color=colors,
-            edgecolor="black",
-            linewidth=0.5,
-            **style,
-        )
+    style: dict[str, Any] = {"capsize": 3, "color": colors, "edgecolor": "black", "linewidth": 0.5}
+    hatched: dict[str, Any] = {"alpha": 0.45, "hatch": "//"}
+    for offset, stats, extra in ((-width / 2, sel, {}), (width / 2, fin, hatched)):
+        mean, std = _percent(stats)
+        ax.bar(x + offset, mean, width, yerr=std, **style, **extra)
     tops = [100 * (s.mean + (s.std if s.n > 1 else 0.0)) for s in (*sel, *fin) if s.n]
     ax.set_ylim(0.0, max(100.0, *tops) if tops else 100.0)
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("test accuracy (%)")
     ax.grid(axis="y", alpha=0.3)
-    kinds = [k for k in GUARANTEE_COLORS if k in {gu.kind for gu in guarantees}]
+    kinds = [k for k in GUARANTEE_COLORS if k in {gu.kind for _, gu in pairs}]
     handles = [Patch(facecolor=GUARANTEE_COLORS[k], edgecolor="black", label=k) for k in kinds]
     handles += [
         Patch(facecolor="white", edgecolor="black", label="test acc. at val-selected round"),
         Patch(facecolor="white", edgecolor="black", hatch="//", label="final-round test acc."),
     ]
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        ncols=2,
-        fontsize=7,
-        title="colour: privacy guarantee of the mechanism; hatch: which round",
-        title_fontsize=7,
+    what = "colour: privacy guarantee of the mechanism; hatch: which round"
+    legend = fig.legend(
+        handles=handles, loc="outside lower center", ncols=2, title=what, fontsize=7
     )
+    legend.get_title().set_fontsize(7)
     _annotate(
         fig,
         figure_title(title, groups, keys),
@@ -572,101 +508,76 @@ def accuracy_bar_figure(
     return fig
 
 
-def plot_accuracy_bar(
-    groups: Sequence[GroupResult], keys: Sequence[str], path: Path, *, title: str = ""
-) -> Path:
-    """Bars of the test accuracy at the selected round and at the final round (± std).
-
-    Each pair of bars is coloured by its mechanism's guarantee class and labelled with the
-    guarantee and its numbers (:func:`guarantee`), with one legend entry per class present;
-    the bars are ordered by class (in the order of :data:`GUARANTEE_COLORS`), then as given.
-
-    Raises
-    ------
-    ValueError
-        If ``groups`` is empty or a setting's guarantee cannot be stated (see
-        :func:`guarantee`).
-    """
-    return _save(accuracy_bar_figure(groups, keys, title=title), path)
-
-
 def accuracy_vs_figure(
     groups: Sequence[GroupResult],
     x_key: str,
     keys: Sequence[str],
     *,
     title: str = "",
-    log_x: bool | None = None,
 ) -> Figure:
-    """The figure of :func:`plot_accuracy_vs` (not saved)."""
+    """Test accuracy at the selected round against ``x_key``, one line per mechanism.
+
+    Groups are split into lines by every varying key except ``x_key``; a line with a single
+    point (a reference run at one value of ``x_key``) is drawn as a horizontal dashed line
+    with a band of ± 1 std, named in the legend as a reference. The y-axis follows
+    :func:`accuracy_ylim`. ``ValueError`` if no group sets ``x_key`` or none has a test accuracy.
+    """
     from matplotlib.patches import Patch
+
+    def x_of(g: GroupResult) -> float:
+        return float(g.setting[x_key])
 
     line_keys = [k for k in keys if k != x_key]
     lines: dict[str, list[GroupResult]] = {}
     for g in groups:
-        if g.setting.get(x_key) is None:
-            continue
-        lines.setdefault(group_label(g.setting, line_keys), []).append(g)
+        if g.setting.get(x_key) is not None:
+            lines.setdefault(group_label(g.setting, line_keys), []).append(g)
     if not lines:
         raise ValueError(f"no run sets {x_key!r}; cannot plot accuracy vs {x_key}")
-    all_x = sorted({float(g.setting[x_key]) for ms in lines.values() for g in ms})  # type: ignore[arg-type]
-    if log_x is None:
-        log_x = x_key == "epsilon" and len(all_x) > 1 and all_x[-1] / max(all_x[0], 1e-12) > 20
-    fig = _figure(w=5.5)
-    ax = fig.subplots()
+    all_x = sorted({x_of(g) for ms in lines.values() for g in ms})
+    fig, (ax,) = _figure(w=5.5)
     mechs_per_line = {label: {_mech(g) for g in ms} for label, ms in lines.items()}
     one_line_per_mech = all(len(m) == 1 for m in mechs_per_line.values()) and len(
         {next(iter(m)) for m in mechs_per_line.values()}
     ) == len(lines)
     handles: list[Any] = []
     labels: list[str] = []
-    lo, hi, max_std = math.inf, -math.inf, 0.0
+    bands: _Bands = []
     plotted: list[GroupResult] = []
     for label, members in lines.items():
         mech = _mech(members[0])
         color = _color(mech) if one_line_per_mech else None
         if mechs_per_line[label] == {mech}:
             label = _with_kind(label, mech)
-        members = sorted(members, key=lambda g: float(g.setting[x_key]))  # type: ignore[arg-type]
-        stats = [g.test for g in members]
-        keep = [i for i, s in enumerate(stats) if s.n]
-        if not keep:
+        members = [g for g in sorted(members, key=x_of) if g.test.n]
+        if not members:
             continue
-        members = [members[i] for i in keep]
         plotted += members
-        xs = np.array([float(g.setting[x_key]) for g in members])  # type: ignore[arg-type]
-        mean = np.array([100 * stats[i].mean for i in keep])
-        std = np.array([100 * (stats[i].std if stats[i].n > 1 else 0.0) for i in keep])
-        lo = min(lo, float(np.min(mean - std)))
-        hi = max(hi, float(np.max(mean + std)))
-        max_std = max(max_std, float(np.max(std)))
+        mean, std = _percent([g.test for g in members])
+        bands.append((mean - std, mean + std, std))
         if len(members) == 1 and len(all_x) > 1:
             line = ax.axhline(mean[0], linestyle="--", color=color)
             band = ax.axhspan(mean[0] - std[0], mean[0] + std[0], alpha=0.1, color=line.get_color())
             handles.append((line, Patch(color=band.get_facecolor())))
             labels.append(f"{label}: reference, not swept over {x_key} (band ± 1 std)")
         else:
-            container = ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, color=color)
-            handles.append(container)
+            xs = np.array([x_of(g) for g in members])
+            handles.append(ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, color=color))
             labels.append(label)
     if not plotted:
         raise ValueError(f"no finished test accuracy to plot against {x_key!r}")
     if x_key in ("d", CLIENTS_KEY):
         _int_ticks(ax)
-    if log_x:
+    if x_key == "epsilon" and len(all_x) > 1 and all_x[-1] / max(all_x[0], 1e-12) > 20:
         ax.set_xscale("log")
     x_label = _X_LABEL.get(x_key, x_key)
     plotted_mechs = {_mech(g) for g in plotted}
-    if x_key == "epsilon" and plotted_mechs & {"fedcad", "central-gaussian"}:
-        rest = "; ".join(
-            f"{m}: {scope}"
-            for m, scope in (("fedcad", "per update"), ("central-gaussian", "central"))
-            if m in plotted_mechs
-        )
+    # What eps bounds for mechanisms whose budget is not per parameter.
+    scopes = {"fedcad": "per update", "central-gaussian": "central"}
+    rest = "; ".join(f"{m}: {scopes[m]}" for m in scopes if m in plotted_mechs)
+    if x_key == "epsilon" and rest:
         x_label = f"privacy budget $\\epsilon$ ($\\epsilon_p$ per parameter; {rest})"
-    ax.set_xlabel(x_label)
-    ax.set_ylabel("test accuracy (%) at val-selected round")
-    ax.set_ylim(*accuracy_ylim(lo, hi, max_std))
+    ax.set(xlabel=x_label, ylabel=_ACC_LABEL, ylim=_ylim(bands))
     ax.grid(alpha=0.3)
     _legend_above(fig, ax, handles, labels)
     _annotate(
@@ -678,37 +589,9 @@ def accuracy_vs_figure(
     return fig
 
 
-def plot_accuracy_vs(
-    groups: Sequence[GroupResult],
-    x_key: str,
-    keys: Sequence[str],
-    path: Path,
-    *,
-    title: str = "",
-    log_x: bool | None = None,
-) -> Path:
-    """Test accuracy at the selected round against ``x_key``, one line per mechanism.
-
-    Groups are split into lines by every varying key except ``x_key``; a line with a single
-    point (a reference run at one value of ``x_key``) is drawn as a horizontal dashed line
-    with a band of ± 1 std, named in the legend as a reference. The y-axis follows
-    :func:`accuracy_ylim`.
-
-    Raises
-    ------
-    ValueError
-        If no group sets ``x_key`` or none has a test accuracy.
-    """
-    return _save(accuracy_vs_figure(groups, x_key, keys, title=title, log_x=log_x), path)
-
-
-# --------------------------------------------------------------------------- bits frontier
 def bits_per_parameter(setting: Mapping[str, RunValue]) -> int | None:
     """Uplink bits per parameter of a setting's mechanism, from its registered wire format
     (``corbin``: its one bit, the shared randomness aside); None without a mechanism."""
-    from corbin_fl import registry
-    from corbin_fl.config import RunConfig
-
     mech = setting.get("mechanism")
     if not isinstance(mech, str) or mech not in registry.REGISTRY:
         return None
@@ -723,7 +606,11 @@ def bits_per_parameter(setting: Mapping[str, RunValue]) -> int | None:
 def accuracy_vs_bits_figure(
     groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
 ) -> Figure:
-    """The figure of :func:`plot_accuracy_vs_bits` (not saved)."""
+    """Test accuracy against uplink bits per parameter, one panel per eps_p, one line per
+    mechanism (``pbm`` at m = 1, 2; ``rqm`` at 2, 3 levels; ``imvu`` at 1, 2, 4 bits; the
+    paired mechanisms as a star at their one bit). ``ValueError`` if no group has a mechanism,
+    an epsilon and a finished test accuracy.
+    """
     _check_groups(groups)
     panels: dict[float, dict[str, list[tuple[int, GroupResult]]]] = {}
     for g in groups:
@@ -733,42 +620,36 @@ def accuracy_vs_bits_figure(
         panels.setdefault(float(eps), {}).setdefault(_mech(g), []).append((bits, g))
     if not panels:
         raise ValueError("no finished run with a mechanism and an epsilon to plot")
-    fig = _figure(ncols=len(panels), w=3.6)
-    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
-    lo, hi, max_std = math.inf, -math.inf, 0.0
+    fig, axes = _figure(len(panels), len(panels), w=3.6, sharey=True)
+    bands: _Bands = []
     handles: dict[str, Any] = {}
     plotted: list[GroupResult] = []
-    all_bits: set[int] = set()
     mechs = sorted({m for panel in panels.values() for m in panel}, key=_mech_order)
     colors = {m: f"C{i % 10}" for i, m in enumerate(mechs)}  # distinct within this figure
     for ax, eps in zip(axes, sorted(panels), strict=True):
         for mech, points in sorted(panels[eps].items(), key=lambda kv: _mech_order(kv[0])):
             points.sort(key=lambda p: p[0])
             xs = np.array([b for b, _ in points], dtype=float)
-            mean = np.array([100 * g.test.mean for _, g in points])
-            std = np.array([100 * (g.test.std if g.test.n > 1 else 0.0) for _, g in points])
-            lo, hi = min(lo, float(np.min(mean - std))), max(hi, float(np.max(mean + std)))
-            max_std = max(max_std, float(np.max(std)))
-            marker = "*" if mech in PAIRED_MECHANISMS else "o"
-            handles[mech] = ax.errorbar(
-                xs,
-                mean,
-                yerr=std,
-                marker=marker,
-                markersize=9 if marker == "*" else 5,
-                capsize=3,
-                color=colors[mech],
-            )
+            mean, std = _percent([g.test for _, g in points])
+            bands.append((mean - std, mean + std, std))
+            marker, size = ("*", 9) if mech in PAIRED_MECHANISMS else ("o", 5)
+            style: dict[str, Any] = {
+                "marker": marker,
+                "markersize": size,
+                "capsize": 3,
+                "color": colors[mech],
+            }
+            handles[mech] = ax.errorbar(xs, mean, yerr=std, **style)
             plotted += [g for _, g in points]
-            all_bits.update(int(b) for b in xs)
         ax.set_title(f"ε_p = {_fmt(eps)}", fontsize=9)
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
+    all_bits = sorted({b for panel in panels.values() for ps in panel.values() for b, _ in ps})
     for ax in axes:
-        ax.set_xticks(sorted(all_bits), [str(b) for b in sorted(all_bits)])
+        ax.set_xticks(all_bits, [str(b) for b in all_bits])
         ax.set_xlabel("uplink bits per parameter")
-    axes[0].set_ylabel("test accuracy (%) at val-selected round")
-    axes[0].set_ylim(*accuracy_ylim(lo, hi, max_std))
+    axes[0].set_ylabel(_ACC_LABEL)
+    axes[0].set_ylim(*_ylim(bands))
     labels = [
         f"{m} (1 bit + shared randomness)" if m in PAIRED_MECHANISMS else _with_kind(m, m)
         for m in handles
@@ -786,44 +667,7 @@ def accuracy_vs_bits_figure(
     return fig
 
 
-def _mech_order(mech: str) -> int:
-    return MECHANISMS.index(mech) if mech in MECHANISMS else len(MECHANISMS)
-
-
-def plot_accuracy_vs_bits(
-    groups: Sequence[GroupResult], keys: Sequence[str], path: Path, *, title: str = ""
-) -> Path:
-    """Test accuracy against uplink bits per parameter, one panel per eps_p, one line per
-    mechanism (``pbm`` at m = 1, 2; ``rqm`` at 2, 3 levels; ``imvu`` at 1, 2, 4 bits; the
-    paired mechanisms as a star at their one bit).
-
-    Raises
-    ------
-    ValueError
-        If no group has a mechanism, an epsilon and a finished test accuracy.
-    """
-    return _save(accuracy_vs_bits_figure(groups, keys, title=title), path)
-
-
 # --------------------------------------------------------------------------- MSE figures
-
-
-def _heat(
-    ax: Axes, data: np.ndarray, extent: list[float], vmin: float, vmax: float, title: str
-) -> Any:
-    im = ax.imshow(
-        data.T,
-        origin="lower",
-        extent=extent,
-        vmin=vmin,
-        vmax=vmax,
-        cmap="viridis",
-        aspect="equal",
-    )
-    ax.set_xlabel("$w_1$")
-    ax.set_ylabel("$w_2$")
-    ax.set_title(title, fontsize=9)
-    return im
 
 
 def _grid_title(what: str, grid: GridMSE) -> str:
@@ -835,27 +679,33 @@ def _grid_title(what: str, grid: GridMSE) -> str:
 
 
 def mse_heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
-    """The figure of :func:`plot_mse_heatmaps` (not saved)."""
+    """Heat maps of the pair MSE over ``(w1, w2)``: CorBinQ and LDPQ, measured and closed form.
+
+    One row per ``eps``; the four panels of a row share one colour scale, so measured and
+    closed form can be compared by eye (paper Fig. 4). ``KeyError`` if an ``eps`` of
+    ``epsilons`` was not measured, ``ValueError`` if there is none.
+    """
     rows = [grid.eps_index(e) for e in epsilons]
     if not rows:
         raise ValueError("no eps_p to draw heat maps for")
-    fig = _figure(4, len(rows), w=3.4, h=3.0)
-    axes = fig.subplots(len(rows), 4, squeeze=False)
+    fig, axes = _figure(4 * len(rows), 4, w=3.4, h=3.0)
     w = grid.w
     half = (w[1] - w[0]) / 2 if len(w) > 1 else 0.5
-    extent = [w[0] - half, w[-1] + half, w[0] - half, w[-1] + half]
+    extent = (w[0] - half, w[-1] + half, w[0] - half, w[-1] + half)
+    heat: dict[str, Any] = {"origin": "lower", "extent": extent, "cmap": "viridis", "vmin": 0.0}
     for r, k in enumerate(rows):
         panels = [
-            (grid.corbin_measured[k], "CorBinQ measured"),
-            (grid.corbin_closed[k], "CorBinQ closed form"),
-            (grid.ldpq_measured[k], "LDPQ measured"),
-            (grid.ldpq_closed[k], "LDPQ closed form"),
+            (getattr(grid, f"{q}_{part}")[k], f"{name} {what}")
+            for q, name in (("corbin", "CorBinQ"), ("ldpq", "LDPQ"))
+            for part, what in (("measured", "measured"), ("closed", "closed form"))
         ]
         vmax = float(max(np.max(p) for p, _ in panels))
-        im = None
-        for c, (data, name) in enumerate(panels):
-            im = _heat(axes[r, c], data, extent, 0.0, vmax, f"{name}, ε_p={grid.epsilons[k]:g}")
-        fig.colorbar(im, ax=list(axes[r, :]), shrink=0.8, label="pair MSE")
+        row = axes[4 * r : 4 * r + 4]
+        for ax, (data, name) in zip(row, panels, strict=True):
+            im = ax.imshow(data.T, vmax=vmax, aspect="equal", **heat)
+            ax.set(xlabel="$w_1$", ylabel="$w_2$")
+            ax.set_title(f"{name}, ε_p={grid.epsilons[k]:g}", fontsize=9)
+        fig.colorbar(im, ax=row, shrink=0.8, label="pair MSE")
     _annotate(
         fig,
         _grid_title("Pair MSE of CorBinQ and LDPQ over the weight pair (w1, w2)", grid),
@@ -866,26 +716,13 @@ def mse_heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
     return fig
 
 
-def plot_mse_heatmaps(grid: GridMSE, epsilons: Sequence[float], path: Path) -> Path:
-    """Heat maps of the pair MSE over ``(w1, w2)``: CorBinQ and LDPQ, measured and closed form.
-
-    One row per ``eps``; the four panels of a row share one colour scale, so measured and
-    closed form can be compared by eye (paper Fig. 4).
-
-    Raises
-    ------
-    KeyError
-        If an ``eps`` of ``epsilons`` was not measured.
-    ValueError
-        If ``epsilons`` is empty.
-    """
-    return _save(mse_heatmaps_figure(grid, epsilons), path)
-
-
 def mse_vs_epsilon_figure(grid: GridMSE) -> Figure:
-    """The figure of :func:`plot_mse_vs_epsilon` (not saved)."""
-    fig = _figure(2, 1, w=5.0)
-    ax, ax2 = fig.subplots(1, 2)
+    """Grid-averaged pair MSE vs eps_p, measured (± 3 SE) and closed form, both quantizers.
+
+    Left: the MSE averaged over the ``(w1, w2)`` grid (log-log). Right: the ratio
+    CorBinQ / LDPQ, measured and closed form, with the 1/2 line of the target check.
+    """
+    fig, (ax, ax2) = _figure(2, 2, w=5.0)
     eps = np.asarray(grid.epsilons)
     cm, cse = grid.grid_mean("corbin")
     lm, lse = grid.grid_mean("ldpq")
@@ -895,20 +732,15 @@ def mse_vs_epsilon_figure(grid: GridMSE) -> Figure:
     ax.plot(eps, cc, "-", label="CorBinQ closed form")
     ax.errorbar(eps, lm, yerr=3 * lse, fmt="s", capsize=3, label="LDPQ measured (±3 SE)")
     ax.plot(eps, lc, "--", label="LDPQ closed form")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("PLDP budget $\\epsilon_p$ (per parameter)")
-    ax.set_ylabel("pair MSE, mean over $(w_1, w_2)$ grid")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.set(yscale="log", ylabel="pair MSE, mean over $(w_1, w_2)$ grid")
     ax2.plot(eps, cm / lm, "o", label="measured")
     ax2.plot(eps, cc / lc, "-", label="closed form")
     ax2.axhline(0.5, color="grey", linestyle=":", label="1/2: target CorBinQ ≤ LDPQ / 2")
-    ax2.set_xscale("log")
-    ax2.set_xlabel("PLDP budget $\\epsilon_p$ (per parameter)")
     ax2.set_ylabel("MSE ratio CorBinQ / LDPQ")
-    ax2.grid(alpha=0.3, which="both")
-    ax2.legend(fontsize=7)
+    for a in (ax, ax2):
+        a.set(xscale="log", xlabel="PLDP budget $\\epsilon_p$ (per parameter)")
+        a.grid(alpha=0.3, which="both")
+        a.legend(fontsize=7)
     _annotate(
         fig,
         _grid_title("Grid-averaged pair MSE vs ε_p", grid),
@@ -918,43 +750,28 @@ def mse_vs_epsilon_figure(grid: GridMSE) -> Figure:
     return fig
 
 
-def plot_mse_vs_epsilon(grid: GridMSE, path: Path) -> Path:
-    """Grid-averaged pair MSE vs eps_p, measured (± 3 SE) and closed form, both quantizers.
-
-    Left: the MSE averaged over the ``(w1, w2)`` grid (log-log). Right: the ratio
-    CorBinQ / LDPQ, measured and closed form, with the 1/2 line of the target check.
-    """
-    return _save(mse_vs_epsilon_figure(grid), path)
-
-
 def mse_real_weights_figure(real: RealWeightsMSE) -> Figure:
-    """The figure of :func:`plot_mse_real_weights` (not saved)."""
+    """Per-parameter pair MSE on real CNN weights, per layer: CorBinQ vs LDPQ (measured ± 3 SE
+    and closed form), one panel per eps_p (log scale; error bars clipped at zero)."""
     eps = list(real.epsilons)
     if not eps:
         raise ValueError("the real-weights measurement has no eps_p")
-    ncols = min(3, len(eps))
-    nrows = math.ceil(len(eps) / ncols)
-    fig = _figure(ncols, nrows, w=max(4.0, 0.45 * len(real.layers) + 2.0), h=3.6)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
+    fig, axes = _figure(len(eps), 3, w=max(4.0, 0.45 * len(real.layers) + 2.0))
     x = np.arange(len(real.layers))
     width = 0.4
 
     def err(mean: np.ndarray, se: np.ndarray) -> np.ndarray:
         return np.vstack([np.minimum(3 * se, 0.99 * mean), 3 * se])
 
-    for k, ax in enumerate(axes.flat):
-        if k >= len(eps):
-            ax.set_visible(False)
-            continue
+    for k, ax in enumerate(axes):
         cm, cs = real.corbin_measured[k], real.corbin_se[k]
         lm, ls = real.ldpq_measured[k], real.ldpq_se[k]
         ax.bar(x - width / 2, cm, width, yerr=err(cm, cs), capsize=2, label="CorBinQ measured")
         ax.bar(x + width / 2, lm, width, yerr=err(lm, ls), capsize=2, label="LDPQ measured")
         ax.plot(x - width / 2, real.corbin_closed[k], "kD", ms=3, zorder=5, label="closed form")
         ax.plot(x + width / 2, real.ldpq_closed[k], "kD", ms=3, zorder=5)
-        ax.set_yscale("log")
+        ax.set(yscale="log", ylabel="pair MSE per parameter")
         ax.set_xticks(x, real.layers, rotation=45, ha="right", fontsize=7)
-        ax.set_ylabel("pair MSE per parameter")
         ax.set_title(f"ε_p={eps[k]:g}", fontsize=9)
         ax.grid(axis="y", alpha=0.3, which="both")
         ax.legend(fontsize=7)
@@ -967,9 +784,3 @@ def mse_real_weights_figure(real: RealWeightsMSE) -> Figure:
         "'all': every parameter of the model",
     )
     return fig
-
-
-def plot_mse_real_weights(real: RealWeightsMSE, path: Path) -> Path:
-    """Per-parameter pair MSE on real CNN weights, per layer: CorBinQ vs LDPQ (measured ± 3 SE
-    and closed form), one panel per eps_p (log scale; error bars clipped at zero)."""
-    return _save(mse_real_weights_figure(real), path)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,8 +35,6 @@ from experiments.spec import ExperimentSpec
 
 if TYPE_CHECKING:  # typing only: a federated report must not import torch
     from experiments.mse import GridMSE, RealWeightsMSE
-
-logger = logging.getLogger(__name__)
 
 Status = Literal["PASS", "MISS", "N/A"]
 
@@ -59,32 +56,20 @@ def _pct(x: float) -> str:
 
 
 def _num(x: Any, digits: int = 4) -> str:
-    if x is None:
-        return "—"
     if isinstance(x, bool):
         return str(x).lower()
-    if isinstance(x, int):
-        return str(x)
-    if isinstance(x, float):
-        if not math.isfinite(x):
-            return "—" if math.isnan(x) else ("∞" if x > 0 else "-∞")
-        if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
-            return f"{x:.{digits - 1}e}"
-        return f"{x:.{digits}g}"
-    return str(x)
+    if not isinstance(x, float):
+        return "—" if x is None else str(x)
+    if not math.isfinite(x):
+        return "—" if math.isnan(x) else ("∞" if x > 0 else "-∞")
+    scientific = x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3)
+    return f"{x:.{digits - 1}e}" if scientific else f"{x:.{digits}g}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(out)
-
-
-def _rel(path: Path, base: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(Path(base).resolve()))
-    except ValueError:
-        return str(path)
 
 
 def _without(setting: Mapping[str, Any], *keys: str) -> str:
@@ -94,6 +79,21 @@ def _without(setting: Mapping[str, Any], *keys: str) -> str:
 # --------------------------------------------------------------------------- targets
 
 
+def _check(name: str, checks: Sequence[tuple[Any, str]], missing: str) -> Target:
+    """The target ``name`` from its ``(holds, numbers)`` checks: PASS when every one holds,
+    ``N/A`` (with the reason ``missing``) without any."""
+    if not checks:
+        return Target(name, "N/A", missing)
+    status: Status = "PASS" if all(ok for ok, _ in checks) else "MISS"
+    return Target(name, status, "; ".join(text for _, text in checks))
+
+
+def _gap(name_a: str, a: GroupResult, name_b: str, b: GroupResult) -> tuple[float, str]:
+    """Points by which ``a``'s mean test accuracy exceeds ``b``'s, and the sum in words."""
+    gap = 100 * (a.test.mean - b.test.mean)
+    return gap, f"{name_a} {_pct(a.test.mean)} - {name_b} {_pct(b.test.mean)} = {gap:+.2f} points"
+
+
 def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
     """The three accuracy targets, evaluated on lambda-selected mean test accuracy.
 
@@ -101,161 +101,102 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
     matched on every key but the mechanism and epsilon (it does not use eps_p). A target whose
     runs are not in this experiment is ``N/A``.
     """
-    corbin = [g for g in groups if g.setting.get("mechanism") == "corbin"]
-    ldpfl = {
-        _without(g.setting, "mechanism"): g for g in groups if g.setting.get("mechanism") == "ldpfl"
-    }
-    fedavg = {
-        _without(g.setting, "mechanism", "epsilon"): g
+
+    def by_setting(mech: str, *drop: str) -> dict[str, GroupResult]:
+        return {
+            _without(g.setting, "mechanism", *drop): g
+            for g in groups
+            if g.setting.get("mechanism") == mech
+        }
+
+    def eps(g: GroupResult) -> float:
+        return float(g.setting["epsilon"])
+
+    ldpfl, fedavg = by_setting("ldpfl"), by_setting("fedavg", "epsilon")
+    corbin = [
+        g
         for g in groups
-        if g.setting.get("mechanism") == "fedavg"
-    }
-    pairs = []
-    for g in corbin:
-        other = ldpfl.get(_without(g.setting, "mechanism"))
-        eps = g.setting.get("epsilon")
-        if other is not None and isinstance(eps, int | float):
-            pairs.append((float(eps), g, other))
-    pairs.sort(key=lambda p: p[0])
-    targets: list[Target] = []
-
-    low = [p for p in pairs if p[0] <= 1.0]
-    if low:
-        parts = [
-            f"eps={e:g}: CorBin {_pct(cg.test.mean)} vs LDP-FL {_pct(lg.test.mean)}"
-            for e, cg, lg in low
-        ]
-        ok = all(cg.test.mean > lg.test.mean for _, cg, lg in low)
-        targets.append(
-            Target(
-                "CorBin-FL > LDP-FL at every eps_p <= 1", "PASS" if ok else "MISS", "; ".join(parts)
-            )
+        if g.setting.get("mechanism") == "corbin"
+        and isinstance(g.setting.get("epsilon"), int | float)
+    ]
+    pairs = sorted(
+        ((c, ldpfl[k]) for c in corbin if (k := _without(c.setting, "mechanism")) in ldpfl),
+        key=lambda p: eps(p[0]),
+    )
+    half = [_gap("CorBin", c, "LDP-FL", lo) for c, lo in pairs if math.isclose(eps(c), 0.5)]
+    at_one = [
+        _gap("FedAvg", fedavg[k], "CorBin", c)
+        for c in corbin
+        if math.isclose(eps(c), 1.0)
+        and (k := _without(c.setting, "mechanism", "epsilon")) in fedavg
+    ]
+    low = [
+        (
+            c.test.mean > lo.test.mean,
+            f"eps={eps(c):g}: CorBin {_pct(c.test.mean)} vs LDP-FL {_pct(lo.test.mean)}",
         )
-    else:
-        targets.append(
-            Target(
-                "CorBin-FL > LDP-FL at every eps_p <= 1",
-                "N/A",
-                "no CorBin/LDP-FL pair with eps_p <= 1",
-            )
-        )
-
-    half = [p for p in pairs if math.isclose(p[0], 0.5)]
-    if half:
-        parts, ok = [], True
-        for _, cg, lg in half:
-            gap = 100 * (cg.test.mean - lg.test.mean)
-            ok &= gap >= 5.0
-            parts.append(
-                f"CorBin {_pct(cg.test.mean)} - LDP-FL {_pct(lg.test.mean)} = {gap:+.2f} points"
-            )
-        targets.append(
-            Target(
-                "CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5",
-                "PASS" if ok else "MISS",
-                "; ".join(parts),
-            )
-        )
-    else:
-        targets.append(
-            Target("CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5", "N/A", "no pair at eps_p = 0.5")
-        )
-
-    at_one = []
-    for g in corbin:
-        eps = g.setting.get("epsilon")
-        if isinstance(eps, int | float) and math.isclose(float(eps), 1.0):
-            ref = fedavg.get(_without(g.setting, "mechanism", "epsilon"))
-            if ref is not None:
-                at_one.append((g, ref))
-    if at_one:
-        parts, ok = [], True
-        for c, f in at_one:
-            gap = 100 * (f.test.mean - c.test.mean)
-            ok &= gap <= 5.0
-            parts.append(
-                f"FedAvg {_pct(f.test.mean)} - CorBin {_pct(c.test.mean)} = {gap:+.2f} points"
-            )
-        targets.append(
-            Target(
-                "CorBin-FL at eps_p = 1 within 5 points of FedAvg",
-                "PASS" if ok else "MISS",
-                "; ".join(parts),
-            )
-        )
-    else:
-        targets.append(
-            Target(
-                "CorBin-FL at eps_p = 1 within 5 points of FedAvg",
-                "N/A",
-                "no CorBin eps_p = 1 / FedAvg pair",
-            )
-        )
-    return targets
+        for c, lo in pairs
+        if eps(c) <= 1.0
+    ]
+    return [
+        _check(
+            "CorBin-FL > LDP-FL at every eps_p <= 1", low, "no CorBin/LDP-FL pair with eps_p <= 1"
+        ),
+        _check(
+            "CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5",
+            [(gap >= 5.0, text) for gap, text in half],
+            "no pair at eps_p = 0.5",
+        ),
+        _check(
+            "CorBin-FL at eps_p = 1 within 5 points of FedAvg",
+            [(gap <= 5.0, text) for gap, text in at_one],
+            "no CorBin eps_p = 1 / FedAvg pair",
+        ),
+    ]
 
 
 def mse_targets(grid: GridMSE | None, real: RealWeightsMSE | None) -> list[Target]:
     """The two MSE targets: measured within 3 SE of the closed form; CorBinQ <= LDPQ / 2 at
     eps_p = 0.5 (grid average, and on real weights when measured)."""
-    targets: list[Target] = []
+    name = "pair MSE measured within 3 SE of the closed form"
     if grid is None:
-        return [Target("pair MSE measured within 3 SE of the closed form", "N/A", "no grid")]
-    worst: dict[str, tuple[float, str]] = {}
-    for which, name in (("corbin", "CorBinQ"), ("ldpq", "LDPQ")):
-        mean, se = grid.grid_mean(which)
+        return [Target(name, "N/A", "no grid")]
+    worst: dict[str, tuple[float, str]] = {}  # part -> the largest |z| and its numbers
+
+    def check(part: str, quantizer: str, epsilons: Sequence[float], *arrays: np.ndarray) -> None:
+        meas, se, closed = arrays
+        for k, eps in enumerate(epsilons):
+            z = (meas[k] - closed[k]) / se[k] if se[k] > 0 else 0.0
+            if abs(z) >= abs(worst.get(part, (0.0, ""))[0]):
+                worst[part] = (z, f"{quantizer} eps={eps:g}: {meas[k]:.5g} vs {closed[k]:.5g}")
+
+    for which, quantizer in (("corbin", "CorBinQ"), ("ldpq", "LDPQ")):
         closed = getattr(grid, f"{which}_closed").mean(axis=(1, 2))
-        for k, eps in enumerate(grid.epsilons):
-            z = (mean[k] - closed[k]) / se[k] if se[k] > 0 else 0.0
-            if abs(z) >= abs(worst.get("grid", (0.0, ""))[0]):
-                worst["grid"] = (z, f"{name} eps={eps:g}: {mean[k]:.5g} vs {closed[k]:.5g}")
+        check("grid", quantizer, grid.epsilons, *grid.grid_mean(which), closed)
     if real is not None:
-        for which, name in (("corbin", "CorBinQ"), ("ldpq", "LDPQ")):
-            meas = getattr(real, f"{which}_measured")[:, -1]
-            se = getattr(real, f"{which}_se")[:, -1]
-            closed = getattr(real, f"{which}_closed")[:, -1]
-            for k, eps in enumerate(real.epsilons):
-                z = (meas[k] - closed[k]) / se[k] if se[k] > 0 else 0.0
-                if abs(z) >= abs(worst.get("real weights", (0.0, ""))[0]):
-                    worst["real weights"] = (
-                        z,
-                        f"{name} eps={eps:g}: {meas[k]:.5g} vs {closed[k]:.5g}",
-                    )
-    ok = all(abs(z) <= 3.0 for z, _ in worst.values())
+        for which, quantizer in (("corbin", "CorBinQ"), ("ldpq", "LDPQ")):
+            last = [getattr(real, f"{which}_{a}")[:, -1] for a in ("measured", "se", "closed")]
+            check("real weights", quantizer, real.epsilons, *last)
     n_checks = 2 * len(grid.epsilons) * (2 if real is not None else 1)
     detail = f"{n_checks} averages (grid; real weights) checked; largest |z|: " + "; ".join(
         f"{part}: z={z:+.2f} ({what})" for part, (z, what) in worst.items()
     )
-    targets.append(
-        Target("pair MSE measured within 3 SE of the closed form", "PASS" if ok else "MISS", detail)
-    )
+    targets = [_check(name, [(all(abs(z) <= 3.0 for z, _ in worst.values()), detail)], "")]
+    name = "CorBinQ MSE <= LDPQ MSE / 2 at eps_p = 0.5"
     try:
         k = grid.eps_index(0.5)
     except KeyError:
-        targets.append(
-            Target("CorBinQ MSE <= LDPQ MSE / 2 at eps_p = 0.5", "N/A", "eps_p = 0.5 not measured")
-        )
-        return targets
-    cm, _ = grid.grid_mean("corbin")
-    lm, _ = grid.grid_mean("ldpq")
-    ratio = cm[k] / lm[k]
+        return [*targets, Target(name, "N/A", "eps_p = 0.5 not measured")]
+    cm, lm = grid.grid_mean("corbin")[0][k], grid.grid_mean("ldpq")[0][k]
     closed_ratio = grid.corbin_closed[k].mean() / grid.ldpq_closed[k].mean()
-    ok = ratio <= 0.5
-    detail = (
-        f"grid average: {cm[k]:.5g} / {lm[k]:.5g} = {ratio:.3f} (closed form {closed_ratio:.3f})"
-    )
-    if real is not None:
-        try:
-            kr = real.epsilons.index(0.5)
-        except ValueError:
-            kr = -1
-        if kr >= 0:
-            rr = real.corbin_measured[kr, -1] / real.ldpq_measured[kr, -1]
-            ok &= rr <= 0.5
-            detail += f"; real weights: ratio {rr:.3f}"
-    targets.append(
-        Target("CorBinQ MSE <= LDPQ MSE / 2 at eps_p = 0.5", "PASS" if ok else "MISS", detail)
-    )
-    return targets
+    ok = cm / lm <= 0.5
+    detail = f"grid average: {cm:.5g} / {lm:.5g} = {cm / lm:.3f} (closed form {closed_ratio:.3f})"
+    if real is not None and 0.5 in real.epsilons:
+        kr = real.epsilons.index(0.5)
+        rr = real.corbin_measured[kr, -1] / real.ldpq_measured[kr, -1]
+        ok = ok and rr <= 0.5
+        detail += f"; real weights: ratio {rr:.3f}"
+    return [*targets, _check(name, [(ok, detail)], "")]
 
 
 def render_targets(targets: Sequence[Target]) -> str:
@@ -278,11 +219,19 @@ _THREAT_MODEL_NAMES: dict[str, str] = {
 """Column names; the same as ``mechanisms.accounting.THREAT_MODELS`` (not imported: importing
 ``mechanisms`` imports torch, and a report of recorded runs needs neither)."""
 
-
-def _eps_delta(eps: float | None, delta: float | None) -> str:
-    if eps is None:
-        return "—"
-    return f"({_num(eps)}, {_num(delta)})"
+_PRIVACY_INTRO = (
+    "From each run's `summary.json` (`mechanisms.accounting.privacy_report`, evaluated by "
+    "the ServerApp on the run's actual m parameters, T rounds and clients; see SECURITY.md). "
+    "One column per adversary; **no DP** means the report gives no differential-privacy "
+    "guarantee against it. **eps_p**: per-parameter PLDP budget (paper eq. 3). "
+    "**A, eavesdropper on one uplink**: each parameter's guarantee, then the exact "
+    "(eps, δ) of one client update of m parameters and of all T rounds. "
+    "**B, server that sees every bit** (honest but curious): for paired mechanisms the "
+    "lower bound on δ of the pair-joint view shows why there is no DP. "
+    "**C, malicious client**: it receives only the global model (and, when paired, its "
+    "partner's common randomness). **D, malicious server**: it can learn every pair's "
+    "common randomness and sets epsilon and the rounds."
+)
 
 
 def _threat_model_cell(key: str, entry: Any) -> str:
@@ -299,11 +248,15 @@ def _threat_model_cell(key: str, entry: Any) -> str:
             cell += f"; one update: δ ≥ {_num(pu['delta_lower_bound'])} for every eps"
         return cell
     parts = [headline]
-    if key == "A":
-        for label, part in (("update", "per_update"), ("run", "all_rounds")):
-            block = entry.get(part)
-            if isinstance(block, Mapping) and not (part == "per_update" and block.get("k") == 1):
-                parts.append(f"{label} {_eps_delta(block.get('eps'), block.get('delta'))}")
+    for label, part in (("update", "per_update"), ("run", "all_rounds")):
+        block = entry.get(part)
+        if (
+            key == "A"
+            and isinstance(block, Mapping)
+            and not (label == "update" and block.get("k") == 1)
+        ):
+            eps, delta = block.get("eps"), block.get("delta")
+            parts.append(f"{label} " + ("—" if eps is None else f"({_num(eps)}, {_num(delta)})"))
     return "; ".join(parts)
 
 
@@ -312,20 +265,6 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     the ServerApp wrote into ``summary.json`` (:func:`mechanisms.accounting.privacy_report`,
     computed from the run's real configuration, number of parameters and rounds; reports of
     the earlier layout are read through :func:`experiments.results.privacy_view`)."""
-    lines = [
-        "From each run's `summary.json` (`mechanisms.accounting.privacy_report`, evaluated by "
-        "the ServerApp on the run's actual m parameters, T rounds and clients; see SECURITY.md). "
-        "One column per adversary; **no DP** means the report gives no differential-privacy "
-        "guarantee against it. **eps_p**: per-parameter PLDP budget (paper eq. 3). "
-        "**A, eavesdropper on one uplink**: each parameter's guarantee, then the exact "
-        "(eps, δ) of one client update of m parameters and of all T rounds. "
-        "**B, server that sees every bit** (honest but curious): for paired mechanisms the "
-        "lower bound on δ of the pair-joint view shows why there is no DP. "
-        "**C, malicious client**: it receives only the global model (and, when paired, its "
-        "partner's common randomness). **D, malicious server**: it can learn every pair's "
-        "common randomness and sets epsilon and the rounds.",
-        "",
-    ]
     rows: list[list[str]] = []
     notes: dict[str, None] = {}
     words: dict[str, list[str]] = {}
@@ -340,12 +279,11 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
             rows.append([label, _num(report.get("eps_p")), f"error: {report['error']}", "", "", ""])
             continue
         mech = str(report.get("mechanism", "?"))
-        for note in report.get("notes", []) or []:
-            notes[f"{mech}: {note}"] = None
+        notes.update(dict.fromkeys(f"{mech}: {note}" for note in report.get("notes", []) or []))
         tm = report.get("threat_models")
         tm = tm if isinstance(tm, Mapping) else {}
         if mech not in words:
-            words[mech] = [f"**{mech}**" + (f" ({label}):" if label != mech else ":")] + [
+            words[mech] = [f"- **{mech}**" + (f" ({label}):" if label != mech else ":")] + [
                 f"  - {key}, {name}: {tm[key].get('guarantee', '')}"
                 for key, name in _THREAT_MODEL_NAMES.items()
                 if isinstance(tm.get(key), Mapping)
@@ -356,14 +294,12 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
             + [_threat_model_cell(key, tm.get(key)) for key in _THREAT_MODEL_NAMES]
         )
     header = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in _THREAT_MODEL_NAMES.items()]
-    lines.append(_table(header, rows))
+    lines = [_PRIVACY_INTRO, "", _table(header, rows)]
     if words:
         lines += ["", "The guarantees in words (first setting of each mechanism):", ""]
-        for block in words.values():
-            lines += [f"- {block[0]}", *block[1:]]
+        lines += [line for block in words.values() for line in block]
     if notes:
-        lines += ["", "Notes from the accountant:", ""]
-        lines += [f"- {n}" for n in notes]
+        lines += ["", "Notes from the accountant:", "", *(f"- {n}" for n in notes)]
     return "\n".join(lines)
 
 
@@ -384,9 +320,34 @@ def _header(spec: ExperimentSpec, command: str) -> list[str]:
     return lines
 
 
+def _figures(figures: Mapping[str, Path], base: Path) -> list[str]:
+    """The ``## Figures`` section (each PNG linked relative to ``base``); none without figures."""
+    lines = ["", "## Figures", ""] if figures else []
+    for name, fig in figures.items():
+        try:
+            rel = str(Path(fig).resolve().relative_to(Path(base).resolve()))
+        except ValueError:
+            rel = str(fig)
+        lines += [f"### {name}", "", f"![{name}]({rel})", ""]
+    return lines
+
+
 DISCUSSION_FILE = "discussion.md"
 """Hand-written analysis next to ``report.md`` (why a target is missed, what a figure shows):
 embedded in the report, never overwritten by it."""
+
+_RESULT_COLUMNS: tuple[tuple[str, Callable[[GroupResult], str]], ...] = (
+    ("λ (val)", lambda g: f"{g.global_lr:g}"),
+    ("test acc @ val-selected round", lambda g: g.test.fmt()),
+    ("final-round test acc", lambda g: g.final_test.fmt()),
+    ("val acc @ checkpoint", lambda g: g.val.fmt()),
+    ("checkpoint round", lambda g: g.selected_round.fmt(scale=1.0, digits=1)),
+    ("seeds", lambda g: str(g.test.n)),
+    ("eps_p", lambda g: _num(g.privacy("eps_p"))),
+    ("uplink MB / run", lambda g: _num(g.uplink_bytes.mean / 1e6, 3) if g.uplink_bytes.n else "—"),
+    ("s / run", lambda g: _num(g.seconds.mean, 3)),
+)
+"""The results table's columns after ``setting``: header and cell of a group."""
 
 
 def write_federated_report(
@@ -403,24 +364,17 @@ def write_federated_report(
 ) -> list[Target]:
     """Write ``report.md`` of a federated experiment; return the target checks.
 
-    Parameters
-    ----------
-    results, groups, keys
-        All finished runs, the lambda-selected groups and the varying setting keys.
-    figures
-        Figure name -> PNG path (embedded relative to ``path``).
-    command
-        The command that regenerates the experiment (printed in the report).
-    expected_runs
-        Number of runs of the spec (to flag an incomplete experiment).
-    failures
-        Run id -> reason, for runs that failed in the last invocation.
+    ``results``: all finished runs; ``groups``: the lambda-selected settings; ``keys``: the
+    varying setting keys; ``figures``: name -> PNG path (linked relative to ``path``);
+    ``command``: the command that regenerates the experiment; ``expected_runs``: the spec's
+    number of runs (to flag an incomplete experiment); ``failures``: run id -> reason, for
+    runs that failed in the last invocation.
     """
     base = Path(path).parent
-    lines = _header(spec, command)
     done = len(results)
     status = "complete" if done == expected_runs else f"INCOMPLETE ({done}/{expected_runs} runs)"
-    lines += [
+    lines = [
+        *_header(spec, command),
         "## Setup",
         "",
         f"- runs: {done} of {expected_runs} finished ({status}); backend: {spec.backend}",
@@ -438,42 +392,14 @@ def write_federated_report(
         "",
         "Accuracies in percent, mean ± sample std over seeds, at each setting's chosen lambda.",
         "",
-    ]
-    rows = []
-    for g in groups:
-        rows.append(
-            [
-                group_label(g.setting, keys),
-                f"{g.global_lr:g}",
-                g.test.fmt(),
-                g.final_test.fmt(),
-                g.val.fmt(),
-                g.selected_round.fmt(scale=1.0, digits=1),
-                str(g.test.n),
-                _num(g.privacy("eps_p")),
-                _num(g.uplink_bytes.mean / 1e6, 3) if g.uplink_bytes.n else "—",
-                _num(g.seconds.mean, 3),
-            ]
-        )
-    lines.append(
         _table(
-            [
-                "setting",
-                "λ (val)",
-                "test acc @ val-selected round",
-                "final-round test acc",
-                "val acc @ checkpoint",
-                "checkpoint round",
-                "seeds",
-                "eps_p",
-                "uplink MB / run",
-                "s / run",
-            ],
-            rows,
-        )
-    )
+            ["setting", *(header for header, _ in _RESULT_COLUMNS)],
+            [[group_label(g.setting, keys), *(f(g) for _, f in _RESULT_COLUMNS)] for g in groups],
+        ),
+    ]
     if len(spec.lambda_grid) > 1:
         lines += ["", "### Lambda selection (mean validation accuracy at the checkpoints)", ""]
+
         lam_rows = []
         for g in groups:
             cells = []
@@ -483,10 +409,7 @@ def write_federated_report(
                 cells.append(f"{_pct(s.mean)}{mark}" if s is not None else "—")
             lam_rows.append([group_label(g.setting, keys), *cells])
         lines.append(_table(["setting", *(f"λ={lam:g}" for lam in spec.lambda_grid)], lam_rows))
-    if figures:
-        lines += ["", "## Figures", ""]
-        for name, fig in figures.items():
-            lines += [f"### {name}", "", f"![{name}]({_rel(fig, base)})", ""]
+    lines += _figures(figures, base)
     lines += ["", "## Privacy", "", privacy_section(groups, keys), ""]
     targets = federated_targets(groups)
     lines += ["## Quick-scale targets", "", render_targets(targets), ""]
@@ -503,10 +426,7 @@ def write_federated_report(
         ]
     if failures:
         lines += ["## Failed runs (redone on the next invocation)", ""]
-        lines += [
-            f"- `{rid}`: {reason.splitlines()[0] if reason else ''}"
-            for rid, reason in failures.items()
-        ]
+        lines += [f"- `{rid}`: {r.splitlines()[0] if r else ''}" for rid, r in failures.items()]
         lines.append("")
     lines += [
         "## Files",
@@ -532,10 +452,9 @@ def write_mse_report(
 ) -> list[Target]:
     """Write ``report.md`` of the quantizer-MSE experiment; return the target checks."""
     assert spec.mse is not None
-    base = Path(path).parent
     m = spec.mse
-    lines = _header(spec, command)
-    lines += [
+    lines = [
+        *_header(spec, command),
         "## Setup",
         "",
         f"- center c = {m.center:g}, radius r = {m.radius:g}, shared bits d = {m.d}",
@@ -553,46 +472,32 @@ def write_mse_report(
         "measured MSE is within 3 SE of the closed form.",
         "",
     ]
-    cm, cse = grid.grid_mean("corbin")
-    lm, lse = grid.grid_mean("ldpq")
-    zc = grid.z_scores("corbin")
-    zl = grid.z_scores("ldpq")
+    quantizers = (("corbin", "CorBinQ"), ("ldpq", "LDPQ"))
+    means = {which: grid.grid_mean(which) for which, _ in quantizers}
+    closed = {which: getattr(grid, f"{which}_closed") for which, _ in quantizers}
+    within = {which: np.abs(grid.z_scores(which)) <= 3 for which, _ in quantizers}
     rows = []
     for k, eps in enumerate(grid.epsilons):
-        cc = grid.corbin_closed[k].mean()
-        lc = grid.ldpq_closed[k].mean()
-        sc, sl = grid.seed_stat("corbin", k), grid.seed_stat("ldpq", k)
-        rows.append(
-            [
-                f"{eps:g}",
-                f"{sc.fmt(scale=1.0, digits=5)} ({cse[k]:.2g})",
-                f"{cc:.5g}",
-                f"{(cm[k] - cc) / cse[k]:+.2f}" if cse[k] > 0 else "0",
-                f"{sl.fmt(scale=1.0, digits=5)} ({lse[k]:.2g})",
-                f"{lc:.5g}",
-                f"{(lm[k] - lc) / lse[k]:+.2f}" if lse[k] > 0 else "0",
-                f"{cm[k] / lm[k]:.3f} ({cc / lc:.3f})",
-                f"{np.mean(np.abs(zc[k]) <= 3):.1%} / {np.mean(np.abs(zl[k]) <= 3):.1%}",
+        row = [f"{eps:g}"]
+        for which, _ in quantizers:
+            (mean, se), c = means[which], closed[which][k].mean()
+            row += [
+                f"{grid.seed_stat(which, k).fmt(scale=1.0, digits=5)} ({se[k]:.2g})",
+                f"{c:.5g}",
+                f"{(mean[k] - c) / se[k]:+.2f}" if se[k] > 0 else "0",
             ]
-        )
-    lines.append(
-        _table(
-            [
-                "eps_p",
-                "CorBinQ measured",
-                "CorBinQ closed",
-                "z",
-                "LDPQ measured",
-                "LDPQ closed",
-                "z",
-                "ratio measured (closed)",
-                "points within 3 SE (CorBinQ / LDPQ)",
-            ],
-            rows,
-        )
-    )
+        ratio = means["corbin"][0][k] / means["ldpq"][0][k]
+        closed_ratio = closed["corbin"][k].mean() / closed["ldpq"][k].mean()
+        row += [
+            f"{ratio:.3f} ({closed_ratio:.3f})",
+            f"{np.mean(within['corbin'][k]):.1%} / {np.mean(within['ldpq'][k]):.1%}",
+        ]
+        rows.append(row)
+    header = [h for _, q in quantizers for h in (f"{q} measured", f"{q} closed", "z")]
+    points = "points within 3 SE (CorBinQ / LDPQ)"
+    lines.append(_table(["eps_p", *header, "ratio measured (closed)", points], rows))
     if real is not None:
-        rw = spec.mse.real_weights
+        rw = m.real_weights
         assert rw is not None
         lines += [
             "",
@@ -605,31 +510,21 @@ def write_mse_report(
             "measured ± SE (closed form):",
             "",
         ]
-        rows = []
-        for li, name in enumerate(real.layers):
-            cells = [name, str(real.sizes[li]), f"{real.radius[li]:.3g}"]
-            for k in range(len(real.epsilons)):
-                cells.append(
-                    f"{real.corbin_measured[k, li]:.4g} ± {real.corbin_se[k, li]:.1g} "
-                    f"({real.corbin_closed[k, li]:.4g}) / {real.ldpq_measured[k, li]:.4g} "
-                    f"({real.ldpq_closed[k, li]:.4g})"
-                )
-            rows.append(cells)
+        rows = [
+            [name, str(real.sizes[li]), f"{real.radius[li]:.3g}"]
+            + [
+                f"{real.corbin_measured[k, li]:.4g} ± {real.corbin_se[k, li]:.1g} "
+                f"({real.corbin_closed[k, li]:.4g}) / {real.ldpq_measured[k, li]:.4g} "
+                f"({real.ldpq_closed[k, li]:.4g})"
+                for k in range(len(real.epsilons))
+            ]
+            for li, name in enumerate(real.layers)
+        ]
+        header = ["layer", "params", "r (all: max)"]
         lines.append(
-            _table(
-                [
-                    "layer",
-                    "params",
-                    "r (all: max)",
-                    *(f"CorBinQ / LDPQ, eps={e:g}" for e in real.epsilons),
-                ],
-                rows,
-            )
+            _table([*header, *(f"CorBinQ / LDPQ, eps={e:g}" for e in real.epsilons)], rows)
         )
-    if figures:
-        lines += ["", "## Figures", ""]
-        for name, fig in figures.items():
-            lines += [f"### {name}", "", f"![{name}]({_rel(fig, base)})", ""]
+    lines += _figures(figures, Path(path).parent)
     targets = mse_targets(grid, real)
     lines += ["", "## Quick-scale targets", "", render_targets(targets), ""]
     lines += [

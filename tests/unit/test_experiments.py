@@ -765,7 +765,7 @@ def test_plot_accuracy_vs_requires_the_key(tmp_path: Path) -> None:
     write_run(d, run_config, rows_of([(0.5, 0.5)]), clients=None)  # type: ignore[arg-type]
     groups = group_results([load_run(d)])
     with pytest.raises(ValueError, match="no run sets 'clients'"):
-        plots.plot_accuracy_vs(groups, "clients", [], tmp_path / "x.png")
+        plots.accuracy_vs_figure(groups, "clients", [])
 
 
 # --------------------------------------------------------------------------- figure texts
