@@ -1,36 +1,16 @@
 """TOML experiment specs, parsed once and validated into frozen dataclasses.
 
-A spec describes one experiment of the paper (Section V and Appendix F of corbin-fl):
-
-.. code-block:: toml
-
-    seeds = [0, 1, 2]                 # repetitions; every table shows mean and std over them
-    lambda-grid = [0.5, 1.0]          # global learning rate lambda (paper eq. 6), chosen on
-                                      # VALIDATION accuracy only, per (mechanism, setting)
-
-    [experiment]
-    name = "epsilon"                  # results go to results/<name>/
-    description = "Accuracy vs eps_p (paper Exp. 6 / Fig. 3b)"
-    kind = "federated"                # or "mse" (quantizer MSE, no federation; see [mse])
-    backend = "simulation"            # or "deployment" with connection = "<name>"
-    run-timeout-s = 3600              # wall-clock limit of one run
-    retries = 1                       # extra attempts of a failed run (e.g. Ray start-up)
-    retry-delay-s = 15                # pause before a retry (lets a load spike pass)
-
-    [base]                            # run config (kebab-case keys of the app) shared by all runs
-    dataset = "mnist"
-    num-rounds = 10
-    clients = 10                      # number of (virtual) SuperNodes, not a run-config key
-
-    [grid]                            # lists to sweep, cartesian product in this order
-    mechanism = ["ldpfl", "corbin"]
-    epsilon = [0.1, 0.5, 1.0]
-
-    [[extra-grid]]                    # optional extra products appended to the sweep,
-    mechanism = ["fedavg"]            # e.g. a reference that does not depend on epsilon
-
-    [plots]
-    figures = ["accuracy-vs-epsilon", "accuracy-vs-round"]
+A spec describes one experiment of the paper (Section V and Appendix F of corbin-fl); the
+layout, with an example, is in ``experiments/README.md`` ("Spec format"). At the top level,
+``seeds`` are the repetitions (tables show mean and std over them) and ``lambda-grid`` the
+candidates of the global learning rate lambda (paper eq. 6), chosen on VALIDATION accuracy only,
+per (mechanism, setting). ``[experiment]`` names the results folder and sets the kind
+(``"federated"``, or ``"mse"``: quantizer MSE, no federation, configured in ``[mse]``), the
+backend (``"simulation"``, or ``"deployment"`` with a ``connection``) and the limits of a run.
+``[base]`` is the run config shared by all runs (kebab-case keys of the app, plus ``clients``:
+the number of SuperNodes), ``[grid]`` the lists to sweep (cartesian product in file order) and
+each ``[[extra-grid]]`` one more product appended to the sweep; ``[plots] figures`` picks the
+figures. The keys and ranges of each table are in the ``_*_OPTIONS`` schemas below.
 
 Validation is strict: unknown tables or keys, wrong types and out-of-range values raise
 :class:`SpecError` naming the file, the table and the key. The keys ``seed``, ``global-lr`` and
@@ -40,7 +20,6 @@ Validation is strict: unknown tables or keys, wrong types and out-of-range value
 from __future__ import annotations
 
 import difflib
-import logging
 import math
 import re
 import tomllib
@@ -51,8 +30,6 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from corbin_fl.config import ConfigError, RunConfig
-
-logger = logging.getLogger(__name__)
 
 RunValue: TypeAlias = bool | int | float | str
 """A value of a Flower run config entry (TOML scalar)."""
@@ -69,25 +46,18 @@ RESERVED_KEYS: Mapping[str, str] = MappingProxyType(
     }
 )
 
-FIGURES: tuple[str, ...] = (
-    "accuracy-vs-round",
-    "accuracy-bar",
-    "accuracy-vs-epsilon",
-    "accuracy-vs-d",
-    "accuracy-vs-dropout",
-    "accuracy-vs-clients",
-    "accuracy-vs-bits",
-    "mse-heatmap",
-    "mse-vs-epsilon",
-    "mse-real-weights",
+FEDERATED_FIGURES = frozenset(
+    {"accuracy-vs-round", "accuracy-bar", "accuracy-vs-epsilon", "accuracy-vs-d"}
+    | {"accuracy-vs-dropout", "accuracy-vs-clients", "accuracy-vs-bits"}
 )
-"""Figure names accepted in ``[plots] figures``."""
-
-FEDERATED_FIGURES = frozenset(f for f in FIGURES if f.startswith("accuracy"))
-MSE_FIGURES = frozenset(f for f in FIGURES if f.startswith("mse"))
+"""Figure names accepted in ``[plots] figures`` of a federated experiment."""
+MSE_FIGURES = frozenset({"mse-heatmap", "mse-vs-epsilon", "mse-real-weights"})
+"""Figure names accepted in ``[plots] figures`` of an mse experiment."""
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
+SweepGrid: TypeAlias = tuple[tuple[str, tuple[RunValue, ...]], ...]
+"""A sweep: ``((key, (v1, v2, ...)), ...)``, expanded as the cartesian product of the values."""
 
 Check: TypeAlias = Callable[[Any], str | None]
 """A range check: returns an error message, or ``None`` when the value is fine."""
@@ -108,71 +78,105 @@ def _is_number(value: object) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(float(value))  # type: ignore[arg-type]
 
 
+_KINDS: Mapping[str, tuple[Callable[[object], bool], str]] = {
+    "int": (_is_int, "an integer"),
+    "float": (_is_number, "a finite number"),
+    "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+}
+
+
 @dataclass(frozen=True)
 class KeySpec:
     """Type and range of one spec value (experiment options, ``[mse]`` entries, ``clients``).
 
-    Attributes
-    ----------
-    kind
-        ``"int"``, ``"float"`` (an integer literal is accepted and converted), ``"str"`` or
-        ``"bool"``.
-    check
-        Returns an error message for an out-of-range value, or ``None``.
-    doc
-        What the value is, shown in range errors.
+    ``kind`` is ``"int"``, ``"float"`` (an integer literal is accepted and converted) or
+    ``"str"`` (non-empty); ``check`` returns an error message for an out-of-range value, shown
+    with ``doc`` (what the value is). With ``many``, the value is a non-empty list of distinct
+    such values, returned as a tuple.
     """
 
-    kind: Literal["int", "float", "str", "bool"]
-    check: Check | None
-    doc: str
+    kind: Literal["int", "float", "str"]
+    check: Check | None = None
+    doc: str = ""
+    many: bool = False
 
-    def coerce(self, value: object, where: str) -> RunValue:
+    def coerce(self, value: object, where: str) -> Any:
         """Return ``value`` converted to this key's type, or raise :class:`SpecError`."""
-        if self.kind == "int":
-            if not _is_int(value):
-                raise SpecError(f"{where}: expected an integer, got {value!r}")
-            out: RunValue = int(value)  # type: ignore[arg-type]
-        elif self.kind == "float":
-            if not _is_number(value):
-                raise SpecError(f"{where}: expected a finite number, got {value!r}")
-            out = float(value)  # type: ignore[arg-type]
-        elif self.kind == "str":
-            if not isinstance(value, str) or not value:
-                raise SpecError(f"{where}: expected a non-empty string, got {value!r}")
-            out = value
-        else:
-            if not isinstance(value, bool):
-                raise SpecError(f"{where}: expected true or false, got {value!r}")
-            out = value
-        if self.check is not None:
-            problem = self.check(out)
-            if problem is not None:
-                raise SpecError(f"{where}: {problem} (got {out!r}; {self.doc})")
+        if self.many:
+            if not isinstance(value, list) or not value:
+                raise SpecError(f"{where}: expected a non-empty list, got {value!r}")
+            one = KeySpec(self.kind, self.check, self.doc)
+            return _distinct(tuple(one.coerce(v, where) for v in value), where)
+        ok, expected = _KINDS[self.kind]
+        if not ok(value):
+            raise SpecError(f"{where}: expected {expected}, got {value!r}")
+        out: RunValue = float(value) if self.kind == "float" else value  # type: ignore[arg-type,assignment]
+        if self.check is not None and (problem := self.check(out)) is not None:
+            raise SpecError(f"{where}: {problem} (got {out!r}; {self.doc})")
         return out
 
 
-def _range(
-    lo: float | None, hi: float | None, *, lo_open: bool = False, hi_open: bool = False
-) -> Check:
+def _distinct(values: tuple[Any, ...], where: str) -> tuple[Any, ...]:
+    if len(set(values)) != len(values):
+        raise SpecError(f"{where}: duplicate values in {list(values)!r}")
+    return values
+
+
+def _range(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Check:
+    """Check ``lo <= v <= hi`` (``lo < v`` with ``lo_open``; no upper bound if ``hi`` is None)."""
+
     def check(v: float) -> str | None:
-        if lo is not None and (v < lo or (lo_open and v == lo)):
+        if v < lo or (lo_open and v == lo):
             return f"must be {'>' if lo_open else '>='} {lo}"
-        if hi is not None and (v > hi or (hi_open and v == hi)):
-            return f"must be {'<' if hi_open else '<='} {hi}"
-        return None
+        return f"must be <= {hi}" if hi is not None and v > hi else None
 
     return check
 
 
 def _one_of(options: Sequence[str]) -> Check:
-    def check(v: str) -> str | None:
-        return None if v in options else f"must be one of {', '.join(options)}"
-
-    return check
+    return lambda v: None if v in options else f"must be one of {', '.join(options)}"
 
 
-CLIENTS_SPEC = KeySpec("int", _range(2, None), "number of (virtual) SuperNodes")
+_POSITIVE = _range(0, lo_open=True)
+CLIENTS_SPEC = KeySpec("int", _range(2), "number of (virtual) SuperNodes")
+
+# The options of each table, in checking order; the keys of its dataclass, kebab-case.
+_EXPERIMENT_OPTIONS: Mapping[str, KeySpec] = {
+    "name": KeySpec("str"),
+    "description": KeySpec("str"),
+    "kind": KeySpec("str", _one_of(("federated", "mse")), "experiment kind"),
+    "backend": KeySpec("str", _one_of(("simulation", "deployment")), "runtime"),
+    "connection": KeySpec("str"),
+    "run-timeout-s": KeySpec("float", _range(1), "seconds"),
+    "retries": KeySpec("int", _range(0, 10), "extra attempts of a failed run"),
+    "retry-delay-s": KeySpec("float", _range(0, 3600), "seconds"),
+    "num-cpus-per-client": KeySpec("int", _range(1), "CPUs"),
+    "num-gpus-per-client": KeySpec("float", _range(0), "GPUs"),
+}
+_FEDERATED_ONLY = ("retries", "retry_delay_s", "num_cpus_per_client", "num_gpus_per_client")
+_MSE_OPTIONS: Mapping[str, KeySpec] = {
+    "center": KeySpec("float", None, "center c"),
+    "radius": KeySpec("float", _POSITIVE, "radius r"),
+    "epsilons": KeySpec("float", _POSITIVE, "epsilons", many=True),
+    "heatmap-epsilons": KeySpec("float", _POSITIVE, "heatmap-epsilons", many=True),
+    "d": KeySpec("int", _range(1, 30), "shared bits"),
+    "grid-points": KeySpec("int", _range(2, 201), "grid size"),
+    "samples": KeySpec("int", _range(100), "draws per point"),
+}
+_REAL_WEIGHTS_OPTIONS: Mapping[str, KeySpec] = {
+    "dataset": KeySpec("str"),
+    "model": KeySpec("str"),
+    "local-epochs": KeySpec("int", _range(1), "epochs"),
+    "batch-size": KeySpec("int", _range(1), "batch"),
+    "num-partitions": KeySpec("int", _range(2), "IID partitions"),
+    "repeats": KeySpec("int", _range(1), "quantizations"),
+    "data-seed": KeySpec("int", _range(0), "split seed"),
+}
+_TOP_OPTIONS: Mapping[str, KeySpec] = {
+    "seeds": KeySpec("int", _range(0, 2**63 - 1), "repetition seeds", many=True),
+    "lambda-grid": KeySpec("float", _range(0, 1, lo_open=True), "global learning rates", many=True),
+}
+_TABLES = ("experiment", "base", "grid", "extra-grid", "plots", "mse")
 
 
 # --------------------------------------------------------------------------- dataclasses
@@ -219,18 +223,12 @@ class MSESpec:
 
 @dataclass(frozen=True)
 class ExperimentSpec:
-    """A validated experiment spec (see the module docstring for the TOML layout).
+    """A validated experiment spec (see ``experiments/README.md`` for the TOML layout).
 
-    Attributes
-    ----------
-    base
-        Run config shared by all runs (read-only mapping), without ``clients``.
-    grid
-        ``((key, (v1, v2, ...)), ...)`` in file order; the sweep is their cartesian product.
-    extra_grids
-        More grids (``[[extra-grid]]``), each expanded the same way and appended.
-    clients
-        Default number of SuperNodes (``base.clients``), overridable per grid point.
+    ``base`` is the run config shared by all runs (read-only, without ``clients``), ``grid`` the
+    sweep in file order, ``extra_grids`` more sweeps (``[[extra-grid]]``) expanded the same way
+    and appended, ``clients`` the default number of SuperNodes (``base.clients``), overridable
+    per grid point.
     """
 
     name: str
@@ -239,8 +237,8 @@ class ExperimentSpec:
     backend: Literal["simulation", "deployment"]
     connection: str | None
     base: Mapping[str, RunValue]
-    grid: tuple[tuple[str, tuple[RunValue, ...]], ...]
-    extra_grids: tuple[tuple[tuple[str, tuple[RunValue, ...]], ...], ...]
+    grid: SweepGrid
+    extra_grids: tuple[SweepGrid, ...]
     seeds: tuple[int, ...]
     lambda_grid: tuple[float, ...]
     figures: tuple[str, ...]
@@ -257,40 +255,6 @@ class ExperimentSpec:
 # --------------------------------------------------------------------------- parsing
 
 
-_TOP_KEYS = {"seeds", "lambda-grid", "experiment", "base", "grid", "extra-grid", "plots", "mse"}
-_EXPERIMENT_KEYS = {
-    "name",
-    "description",
-    "kind",
-    "backend",
-    "connection",
-    "run-timeout-s",
-    "retries",
-    "retry-delay-s",
-    "num-cpus-per-client",
-    "num-gpus-per-client",
-}
-_MSE_KEYS = {
-    "center",
-    "radius",
-    "epsilons",
-    "d",
-    "grid-points",
-    "samples",
-    "heatmap-epsilons",
-    "real-weights",
-}
-_REAL_KEYS = {
-    "dataset",
-    "model",
-    "local-epochs",
-    "batch-size",
-    "num-partitions",
-    "repeats",
-    "data-seed",
-}
-
-
 def _where(source: str, *parts: str) -> str:
     return f"{source}: " + ".".join(p for p in parts if p)
 
@@ -302,13 +266,22 @@ def _table(raw: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:
     return value
 
 
-def _reject_unknown(table: Mapping[str, Any], allowed: set[str], source: str, name: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
+def _options(
+    table: Mapping[str, Any], schema: Mapping[str, KeySpec], source: str, name: str, *tables: str
+) -> dict[str, Any]:
+    """Check the options of table ``name``: a key not in ``schema`` nor ``tables`` (sub-tables,
+    parsed apart) is an error. Returns those present, snake_case (as the dataclass fields)."""
+    allowed = {*schema, *tables}
+    if unknown := sorted(set(table) - allowed):
         raise SpecError(
             f"{_where(source, name)}: unknown key(s) {', '.join(unknown)}; "
             f"allowed: {', '.join(sorted(allowed))}"
         )
+    return {
+        key.replace("-", "_"): spec.coerce(table[key], _where(source, name, key))
+        for key, spec in schema.items()
+        if key in table
+    }
 
 
 def _coerce_run_value(key: str, value: object, where: str) -> RunValue:
@@ -330,38 +303,27 @@ def _coerce_run_value(key: str, value: object, where: str) -> RunValue:
             "corbin_fl.config.RunConfig, kebab-case, plus `clients`)"
         )
     default = defaults[key]
-    if isinstance(value, bool) != isinstance(default, bool) or isinstance(value, list | dict):
-        raise SpecError(
-            f"{where}: expected a {type(default).__name__}, got {type(value).__name__} {value!r}"
-        )
-    if isinstance(default, float) and _is_int(value):
-        value = float(value)  # type: ignore[arg-type]
-    if type(value) is not type(default):
+    # Stricter than RunConfig: no bool for a number, no 2.0 for an int, no "true" for a bool.
+    out = float(value) if isinstance(default, float) and _is_int(value) else value  # type: ignore[arg-type]
+    if type(out) is not type(default):
         raise SpecError(
             f"{where}: expected a {type(default).__name__}, got {type(value).__name__} {value!r}"
         )
     try:
-        RunConfig.from_flower({key: value})
+        RunConfig.from_flower({key: out})
     except ConfigError as exc:
         # An error on another key comes from that key's default beside this value (e.g.
         # dataset = "cifar10" with the default empty data-dir): a combination, checked per run.
         if key in exc.errors:
             raise SpecError(f"{where}: {exc.errors[key]}") from exc
-    return value  # type: ignore[return-value]
+    return out  # type: ignore[return-value]
 
 
 def validate_run_config(run_config: Mapping[str, RunValue], where: str) -> RunConfig:
-    """Validate a complete run config with :meth:`RunConfig.from_flower` (all keys at once).
+    """Return the run's effective :class:`RunConfig` (the defaults overridden by ``run_config``).
 
-    Returns
-    -------
-    RunConfig
-        The run's effective configuration (the defaults overridden by ``run_config``).
-
-    Raises
-    ------
-    SpecError
-        With every bad key of the combination, e.g. ``clients-per-round < min-clients``.
+    All keys are checked at once by :meth:`RunConfig.from_flower`; a :class:`SpecError` at
+    ``where`` lists every bad key of the combination, e.g. ``clients-per-round < min-clients``.
     """
     try:
         return RunConfig.from_flower(dict(run_config))
@@ -369,171 +331,62 @@ def validate_run_config(run_config: Mapping[str, RunValue], where: str) -> RunCo
         raise SpecError(f"{where}: {exc}") from exc
 
 
-def _parse_grid(
-    table: Mapping[str, Any], source: str, name: str
-) -> tuple[tuple[str, tuple[RunValue, ...]], ...]:
+def _parse_grid(table: Mapping[str, Any], source: str, name: str) -> SweepGrid:
+    """Check the run-config values of table ``name``: ``[base]`` holds one value a key, a grid
+    a list of distinct values (or one value, a list of one)."""
     out: list[tuple[str, tuple[RunValue, ...]]] = []
     for key, raw_values in table.items():
         where = _where(source, name, key)
+        if name == "base" and isinstance(raw_values, list):
+            raise SpecError(f"{where}: lists go in [grid], not [base]")
         values = raw_values if isinstance(raw_values, list) else [raw_values]
         if not values:
             raise SpecError(f"{where}: the list of values is empty")
-        coerced = tuple(_coerce_run_value(key, v, where) for v in values)
-        if len(set(coerced)) != len(coerced):
-            raise SpecError(f"{where}: duplicate values in {list(coerced)!r}")
-        out.append((key, coerced))
+        out.append((key, _distinct(tuple(_coerce_run_value(key, v, where) for v in values), where)))
     return tuple(out)
 
 
-def _number_list(
-    raw: object, where: str, *, kind: Literal["int", "float"], check: Check | None = None
-) -> tuple[Any, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise SpecError(f"{where}: expected a non-empty list, got {raw!r}")
-    spec = KeySpec(kind, check, where.rsplit(".", 1)[-1])
-    values = tuple(spec.coerce(v, where) for v in raw)
-    if len(set(values)) != len(values):
-        raise SpecError(f"{where}: duplicate values in {list(values)!r}")
-    return values
-
-
-def _scalar(table: Mapping[str, Any], key: str, spec: KeySpec, where: str, default: Any) -> Any:
-    if key not in table:
-        return default
-    return spec.coerce(table[key], f"{where}.{key}")
-
-
 def _parse_mse(table: Mapping[str, Any], source: str) -> MSESpec:
-    _reject_unknown(table, _MSE_KEYS, source, "mse")
-    where = f"{source}: mse"
-    dflt = MSESpec()
-    center = _scalar(table, "center", KeySpec("float", None, "center c"), where, dflt.center)
-    radius = _scalar(
-        table,
-        "radius",
-        KeySpec("float", _range(0, None, lo_open=True), "radius r"),
-        where,
-        dflt.radius,
-    )
-    positive = _range(0, None, lo_open=True)
-    epsilons = (
-        _number_list(table["epsilons"], f"{where}.epsilons", kind="float", check=positive)
-        if "epsilons" in table
-        else dflt.epsilons
-    )
-    heat = (
-        _number_list(
-            table["heatmap-epsilons"], f"{where}.heatmap-epsilons", kind="float", check=positive
-        )
-        if "heatmap-epsilons" in table
-        else tuple(e for e in dflt.heatmap_epsilons if e in epsilons) or epsilons[:1]
-    )
-    missing = [e for e in heat if e not in epsilons]
-    if missing:
-        raise SpecError(f"{where}.heatmap-epsilons: {missing} not in mse.epsilons {epsilons}")
-    d = _scalar(table, "d", KeySpec("int", _range(1, 30), "shared bits"), where, dflt.d)
-    points = _scalar(
-        table, "grid-points", KeySpec("int", _range(2, 201), "grid size"), where, dflt.grid_points
-    )
-    samples = _scalar(
-        table,
-        "samples",
-        KeySpec("int", _range(100, None), "draws per point"),
-        where,
-        dflt.samples,
-    )
-    real: RealWeightsSpec | None = None
+    options = _options(table, _MSE_OPTIONS, source, "mse", "real-weights")
+    eps = options.setdefault("epsilons", MSESpec.epsilons)
+    default_heat = tuple(e for e in MSESpec.heatmap_epsilons if e in eps) or eps[:1]
+    heat = options.setdefault("heatmap_epsilons", default_heat)
+    if missing := [e for e in heat if e not in eps]:
+        raise SpecError(f"{source}: mse.heatmap-epsilons: {missing} not in mse.epsilons {eps}")
     if "real-weights" in table:
         rw = table["real-weights"]
         if not isinstance(rw, Mapping):
-            raise SpecError(f"{where}.real-weights: expected a table, got {rw!r}")
-        _reject_unknown(rw, _REAL_KEYS, source, "mse.real-weights")
-        rwh = f"{where}.real-weights"
-        rd = RealWeightsSpec()
-        pos = _range(1, None)
-        real = RealWeightsSpec(
-            dataset=_scalar(rw, "dataset", KeySpec("str", None, "dataset"), rwh, rd.dataset),
-            model=_scalar(rw, "model", KeySpec("str", None, "model"), rwh, rd.model),
-            local_epochs=_scalar(
-                rw, "local-epochs", KeySpec("int", pos, "epochs"), rwh, rd.local_epochs
-            ),
-            batch_size=_scalar(rw, "batch-size", KeySpec("int", pos, "batch"), rwh, rd.batch_size),
-            num_partitions=_scalar(
-                rw,
-                "num-partitions",
-                KeySpec("int", _range(2, None), "IID partitions"),
-                rwh,
-                rd.num_partitions,
-            ),
-            repeats=_scalar(rw, "repeats", KeySpec("int", pos, "quantizations"), rwh, rd.repeats),
-            data_seed=_scalar(
-                rw, "data-seed", KeySpec("int", _range(0, None), "split seed"), rwh, rd.data_seed
-            ),
-        )
-    return MSESpec(
-        center=center,
-        radius=radius,
-        epsilons=epsilons,
-        d=d,
-        grid_points=points,
-        samples=samples,
-        heatmap_epsilons=heat,
-        real_weights=real,
-    )
+            raise SpecError(f"{source}: mse.real-weights: expected a table, got {rw!r}")
+        rw_options = _options(rw, _REAL_WEIGHTS_OPTIONS, source, "mse.real-weights")
+        options["real_weights"] = RealWeightsSpec(**rw_options)
+    return MSESpec(**options)
 
 
-def parse_spec(
-    raw: Mapping[str, Any],
-    *,
-    source: str = "<spec>",
-) -> ExperimentSpec:
-    """Validate a parsed TOML document and return the :class:`ExperimentSpec`.
+def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentSpec:
+    """Validate a TOML document (as from :func:`tomllib.loads`) into an :class:`ExperimentSpec`.
 
-    Parameters
-    ----------
-    raw
-        The document as returned by :func:`tomllib.loads`.
-    source
-        Name used in error messages (usually the file path).
-
-    Raises
-    ------
-    SpecError
-        For any unknown key, wrong type, out-of-range or inconsistent value.
+    Raises :class:`SpecError` naming ``source`` (usually the file path), table and key for any
+    unknown key, wrong type, out-of-range or inconsistent value.
     """
     if not isinstance(raw, Mapping):
         raise TypeError(f"raw must be a mapping, got {type(raw).__name__}")
-    _reject_unknown(raw, _TOP_KEYS, source, "")
+    top = _options(raw, _TOP_OPTIONS, source, "", *_TABLES)
 
     exp = _table(raw, "experiment", source)
     if "experiment" not in raw:
         raise SpecError(f"{source}: missing the [experiment] table")
-    _reject_unknown(exp, _EXPERIMENT_KEYS, source, "experiment")
+    options = _options(exp, _EXPERIMENT_OPTIONS, source, "experiment")
     where = f"{source}: experiment"
-    if "name" not in exp:
+    if (name := options.pop("name", None)) is None:
         raise SpecError(f"{where}.name: missing (it names results/<name>/)")
-    name = KeySpec("str", None, "experiment name").coerce(exp["name"], f"{where}.name")
     if not _NAME_RE.match(name):
         raise SpecError(
             f"{where}.name: {name!r} must be 1-64 characters of letters, digits, '_', '.', '-' "
             "and start with a letter or digit (it is a folder name)"
         )
-    description = _scalar(exp, "description", KeySpec("str", None, "description"), where, "")
-    kind = _scalar(
-        exp,
-        "kind",
-        KeySpec("str", _one_of(("federated", "mse")), "experiment kind"),
-        where,
-        "federated",
-    )
-    backend = _scalar(
-        exp,
-        "backend",
-        KeySpec("str", _one_of(("simulation", "deployment")), "runtime"),
-        where,
-        "simulation",
-    )
-    connection = _scalar(exp, "connection", KeySpec("str", None, "connection"), where, None)
+    defaults = {"description": "", "kind": "federated", "backend": "simulation", "connection": None}
+    options = defaults | options
+    kind, backend, connection = options["kind"], options["backend"], options["connection"]
     if backend == "deployment" and connection is None:
         raise SpecError(f'{where}.connection: required with backend = "deployment"')
     if backend == "simulation" and connection is not None:
@@ -541,35 +394,14 @@ def parse_spec(
             f'{where}.connection: only used with backend = "deployment"; the simulation '
             "backend makes its own local connection"
         )
-    timeout = _scalar(
-        exp, "run-timeout-s", KeySpec("float", _range(1, None), "seconds"), where, 3600.0
-    )
-    retries = _scalar(
-        exp, "retries", KeySpec("int", _range(0, 10), "extra attempts of a failed run"), where, 1
-    )
-    retry_delay = _scalar(
-        exp, "retry-delay-s", KeySpec("float", _range(0, 3600), "seconds"), where, 15.0
-    )
-    cpus = _scalar(exp, "num-cpus-per-client", KeySpec("int", _range(1, None), "CPUs"), where, 1)
-    gpus = _scalar(
-        exp, "num-gpus-per-client", KeySpec("float", _range(0, None), "GPUs"), where, 0.0
-    )
-
-    seeds_raw = raw.get("seeds", [0])
-    seeds = _number_list(seeds_raw, f"{source}: seeds", kind="int", check=_range(0, 2**63 - 1))
-    lambdas_raw = raw.get("lambda-grid", [1.0])
-    lambdas = _number_list(
-        lambdas_raw, f"{source}: lambda-grid", kind="float", check=_range(0, 1, lo_open=True)
-    )
 
     plots = _table(raw, "plots", source)
-    _reject_unknown(plots, {"figures"}, source, "plots")
+    _options(plots, {}, source, "plots", "figures")
     allowed_figs = FEDERATED_FIGURES if kind == "federated" else MSE_FIGURES
     figures_raw = plots.get("figures", sorted(allowed_figs))
     if not isinstance(figures_raw, list) or not all(isinstance(f, str) for f in figures_raw):
         raise SpecError(f"{source}: plots.figures: expected a list of strings, got {figures_raw!r}")
-    bad = [f for f in figures_raw if f not in allowed_figs]
-    if bad:
+    if bad := [f for f in figures_raw if f not in allowed_figs]:
         raise SpecError(
             f"{source}: plots.figures: {bad} not available for kind = {kind!r}; "
             f"choose from {', '.join(sorted(allowed_figs))}"
@@ -580,8 +412,26 @@ def parse_spec(
     extra_raw = raw.get("extra-grid", [])
     if not isinstance(extra_raw, list) or not all(isinstance(t, Mapping) for t in extra_raw):
         raise SpecError(f"{source}: extra-grid: expected an array of tables [[extra-grid]]")
-
-    if kind == "mse":
+    mse: MSESpec | None = None
+    if kind == "federated":
+        if "mse" in raw:
+            raise SpecError(f'{source}: [mse]: only used with kind = "mse"')
+        base = {k: v for k, (v,) in _parse_grid(base_raw, source, "base")}
+        grid = _parse_grid(grid_raw, source, "grid")
+        extras = tuple(_parse_grid(t, source, f"extra-grid[{i}]") for i, t in enumerate(extra_raw))
+        if () in extras:
+            raise SpecError(f"{source}: extra-grid[{extras.index(())}]: empty table")
+        swept = {k for g in (grid, *extras) for k, _ in g}
+        if backend == "deployment" and CLIENTS_KEY in swept:
+            raise SpecError(
+                f'{source}: `clients` cannot be swept with backend = "deployment": the number of '
+                "clients is the number of SuperNodes connected to the SuperLink"
+            )
+        if "mechanism" not in base and "mechanism" not in swept:
+            raise SpecError(f"{source}: set `mechanism` in [base] or sweep it in [grid]")
+        if "num-rounds" not in base and "num-rounds" not in swept:
+            raise SpecError(f"{source}: base.num-rounds: missing (rounds of every run)")
+    else:
         if base_raw or grid_raw or extra_raw:
             raise SpecError(
                 f'{source}: [base], [grid] and [[extra-grid]] are for kind = "federated"; '
@@ -590,70 +440,21 @@ def parse_spec(
         if "lambda-grid" in raw:
             raise SpecError(f'{source}: lambda-grid: not used by kind = "mse"')
         mse = _parse_mse(_table(raw, "mse", source), source)
-        return ExperimentSpec(
-            name=name,
-            description=description,
-            kind="mse",
-            backend=backend,
-            connection=connection,
-            base=MappingProxyType({}),
-            grid=(),
-            extra_grids=(),
-            seeds=seeds,
-            lambda_grid=lambdas,
-            figures=tuple(figures_raw),
-            run_timeout_s=timeout,
-            mse=mse,
-            source=Path(source) if source != "<spec>" else None,
-        )
-    if "mse" in raw:
-        raise SpecError(f'{source}: [mse]: only used with kind = "mse"')
-
-    base: dict[str, RunValue] = {}
-    for key, value in base_raw.items():
-        if isinstance(value, list):
-            raise SpecError(f"{_where(source, 'base', key)}: lists go in [grid], not [base]")
-        base[key] = _coerce_run_value(key, value, _where(source, "base", key))
-    grid = _parse_grid(grid_raw, source, "grid")
-    extras = tuple(_parse_grid(t, source, f"extra-grid[{i}]") for i, t in enumerate(extra_raw))
-    for i, eg in enumerate(extras):
-        if not eg:
-            raise SpecError(f"{source}: extra-grid[{i}]: empty table")
-    clients_val = base.pop(CLIENTS_KEY, None)
-    clients = int(clients_val) if clients_val is not None else None
-    swept_clients = any(k == CLIENTS_KEY for g in (grid, *extras) for k, _ in g)
-    if backend == "deployment" and swept_clients:
-        raise SpecError(
-            f'{source}: `clients` cannot be swept with backend = "deployment": the number of '
-            "clients is the number of SuperNodes connected to the SuperLink"
-        )
-    mechanism_set = "mechanism" in base or any(
-        k == "mechanism" for g in (grid, *extras) for k, _ in g
-    )
-    if not mechanism_set:
-        raise SpecError(f"{source}: set `mechanism` in [base] or sweep it in [grid]")
-    if "num-rounds" not in base and not any(
-        k == "num-rounds" for g in (grid, *extras) for k, _ in g
-    ):
-        raise SpecError(f"{source}: base.num-rounds: missing (rounds of every run)")
+        base, grid, extras = {}, (), ()
+        # not used by the mse experiment: kept at their defaults
+        options = {k: v for k, v in options.items() if k not in _FEDERATED_ONLY}
+    clients = base.pop(CLIENTS_KEY, None)
     return ExperimentSpec(
         name=name,
-        description=description,
-        kind="federated",
-        backend=backend,
-        connection=connection,
+        **options,
         base=MappingProxyType(base),
         grid=grid,
         extra_grids=extras,
-        seeds=seeds,
-        lambda_grid=lambdas,
+        seeds=top.get("seeds", (0,)),
+        lambda_grid=top.get("lambda_grid", (1.0,)),
         figures=tuple(figures_raw),
-        clients=clients,
-        run_timeout_s=timeout,
-        retries=retries,
-        retry_delay_s=retry_delay,
-        num_cpus_per_client=cpus,
-        num_gpus_per_client=gpus,
+        clients=int(clients) if clients is not None else None,
+        mse=mse,
         source=Path(source) if source != "<spec>" else None,
     )
 
@@ -661,17 +462,12 @@ def parse_spec(
 def load_spec(path: str | Path) -> ExperimentSpec:
     """Read and validate a TOML spec file (see :func:`parse_spec`).
 
-    Raises
-    ------
-    FileNotFoundError
-        If ``path`` does not exist.
-    SpecError
-        If the file is not valid TOML or fails validation.
+    Raises :class:`FileNotFoundError` if ``path`` does not exist, :class:`SpecError` if the
+    file is not valid TOML or fails validation.
     """
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
     try:
-        raw = tomllib.loads(text)
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{p}: invalid TOML: {exc}") from exc
     return parse_spec(raw, source=str(p))
