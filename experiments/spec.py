@@ -256,7 +256,9 @@ class ExperimentSpec:
 
 
 def _where(source: str, *parts: str) -> str:
-    return f"{source}: " + ".".join(p for p in parts if p)
+    """``"spec.toml: grid.epsilon"``; the file alone for the top level."""
+    path = ".".join(p for p in parts if p)
+    return f"{source}: {path}" if path else source
 
 
 def _table(raw: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:
