@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from experiments import plots
+from experiments import plots, runner
 from experiments.report import Target, write_federated_report, write_mse_report
 from experiments.results import (
     RunResult,
@@ -37,17 +37,11 @@ from experiments.results import (
     varying_keys,
     write_table,
 )
-from experiments.runner import (
-    Backend,
-    DeploymentBackend,
-    RunFailedError,
-    SimulationBackend,
-    check_app_accepts,
-    execute_run,
-    find_app_dir,
-)
 from experiments.spec import ExperimentSpec
 from experiments.sweep import POOL_DIR, Run, RunState, expand_runs, run_state
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -65,31 +59,25 @@ class ExperimentPaths:
 
     @property
     def figures_dir(self) -> Path:
-        """``figures/``: the PNGs."""
         return self.root / "figures"
 
     @property
     def runs_csv(self) -> Path:
-        """``runs.csv``."""
         return self.root / "runs.csv"
 
     @property
     def groups_csv(self) -> Path:
-        """``groups.csv``."""
         return self.root / "groups.csv"
 
     @property
     def report_md(self) -> Path:
-        """``report.md``."""
         return self.root / "report.md"
 
     def run_dir(self, run: Run) -> Path:
-        """Folder of one run."""
         return self.runs_dir / run.run_id
 
     @classmethod
     def of(cls, spec: ExperimentSpec, results_root: Path) -> ExperimentPaths:
-        """Paths of ``spec`` under ``results_root``."""
         return cls(Path(results_root) / spec.name)
 
 
@@ -106,67 +94,21 @@ class Outcome:
     interrupted: bool = False
 
 
-class ExperimentProgress:
-    """Runs done / current round / ETA, drawn with :mod:`rich` (or nothing when disabled)."""
+def _progress(enabled: bool, console: object | None) -> Progress:
+    """A :mod:`rich` display of runs done / current round / ETA; draws nothing if disabled."""
+    from rich import progress as rp
 
-    def __init__(self, enabled: bool, total_runs: int, console: object | None = None) -> None:
-        self.enabled = enabled
-        self._progress = None
-        self._runs = None
-        self._round = None
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import Progress as RichProgress
-
-            self._progress = RichProgress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=console,  # type: ignore[arg-type]
-                transient=False,
-            )
-            self._runs = self._progress.add_task("runs to do", total=total_runs)
-            self._round = self._progress.add_task("round", total=1, visible=False)
-
-    @contextmanager
-    def live(self) -> Iterator[ExperimentProgress]:
-        """Show the display while the block runs."""
-        if self._progress is None:
-            yield self
-            return
-        with self._progress:
-            yield self
-
-    def start_run(self, label: str, rounds: int) -> None:
-        """A run begins: show its round counter."""
-        if self._progress is not None:
-            self._progress.update(
-                self._round, description=label, total=rounds, completed=0, visible=True
-            )
-
-    def rounds(self, done: int) -> None:
-        """Rounds finished in the current run."""
-        if self._progress is not None:
-            self._progress.update(self._round, completed=done)
-
-    def run_finished(self) -> None:
-        """One more run executed (finished or failed)."""
-        if self._progress is not None:
-            self._progress.advance(self._runs)
-
-    def step(self, description: str, done: int, total: int) -> None:
-        """Generic step counter (MSE experiment)."""
-        if self._progress is not None:
-            self._progress.update(self._runs, description=description, completed=done, total=total)
+    return rp.Progress(
+        rp.TextColumn("[bold]{task.description}"),
+        rp.BarColumn(),
+        rp.MofNCompleteColumn(),
+        rp.TimeElapsedColumn(),
+        rp.TextColumn("ETA"),
+        rp.TimeRemainingColumn(),
+        console=console,  # type: ignore[arg-type]
+        transient=False,
+        disable=not enabled,
+    )
 
 
 def _command(spec: ExperimentSpec, results_root: Path) -> str:
@@ -175,35 +117,32 @@ def _command(spec: ExperimentSpec, results_root: Path) -> str:
     return f"corbin-fl experiment run {src}{extra}"
 
 
-# --------------------------------------------------------------------------- federated
-
-
 def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]:
     """Every run of ``spec`` with its state in the pool (done runs are skipped by :func:`run`)."""
     paths = ExperimentPaths.of(spec, results_root)
     return [(r, run_state(paths.run_dir(r), r)) for r in expand_runs(spec)]
 
 
-def make_backend(spec: ExperimentSpec, app_dir: Path) -> Backend:
+def make_backend(spec: ExperimentSpec, app_dir: Path) -> runner.Backend:
     """The backend named by ``[experiment] backend`` of ``spec``."""
     if spec.backend == "deployment":
         assert spec.connection is not None
-        return DeploymentBackend(app_dir, spec.connection)
-    return SimulationBackend(
-        app_dir,
-        num_cpus_per_client=spec.num_cpus_per_client,
-        num_gpus_per_client=spec.num_gpus_per_client,
-    )
+        return runner.DeploymentBackend(app_dir, spec.connection)
+    cpus, gpus = spec.num_cpus_per_client, spec.num_gpus_per_client
+    return runner.SimulationBackend(app_dir, num_cpus_per_client=cpus, num_gpus_per_client=gpus)
 
 
 def load_finished(spec: ExperimentSpec, results_root: Path) -> list[RunResult]:
     """The finished runs of ``spec``, in sweep order."""
     paths = ExperimentPaths.of(spec, results_root)
-    out = []
-    for run, state in plan(spec, results_root):
-        if state is RunState.DONE:
-            out.append(load_run(paths.run_dir(run)))
-    return out
+    return [load_run(paths.run_dir(r)) for r, st in plan(spec, results_root) if st is RunState.DONE]
+
+
+_GROUP_FIGURES = {
+    "accuracy-vs-round": plots.accuracy_vs_round_figure,
+    "accuracy-bar": plots.accuracy_bar_figure,
+    "accuracy-vs-bits": plots.accuracy_vs_bits_figure,
+}
 
 
 def finalize_federated(
@@ -217,7 +156,6 @@ def finalize_federated(
     Returns the target checks and the report path (``None`` if no run has finished).
     """
     paths = ExperimentPaths.of(spec, results_root)
-    expected = len(expand_runs(spec))
     results = load_finished(spec, results_root)
     if not results:
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
@@ -229,13 +167,8 @@ def finalize_federated(
     figures: dict[str, Path] = {}
     title = spec.description or spec.name
     for name in spec.figures:
-        out = paths.figures_dir / f"{name}.png"
-        if name == "accuracy-vs-round":
-            fig = plots.accuracy_vs_round_figure(groups, keys, title=title)
-        elif name == "accuracy-bar":
-            fig = plots.accuracy_bar_figure(groups, keys, title=title)
-        elif name == "accuracy-vs-bits":
-            fig = plots.accuracy_vs_bits_figure(groups, keys, title=title)
+        if name in _GROUP_FIGURES:
+            fig = _GROUP_FIGURES[name](groups, keys, title=title)
         elif name in plots.X_KEY_OF_FIGURE:
             x_key = plots.X_KEY_OF_FIGURE[name]
             if x_key not in keys:
@@ -246,7 +179,7 @@ def finalize_federated(
             fig = plots.accuracy_vs_figure(groups, x_key, keys, title=title)
         else:
             continue
-        figures[name] = plots.save(fig, out)
+        figures[name] = plots.save(fig, paths.figures_dir / f"{name}.png")
     targets = write_federated_report(
         paths.report_md,
         spec,
@@ -255,7 +188,7 @@ def finalize_federated(
         keys,
         figures,
         command=_command(spec, results_root),
-        expected_runs=expected,
+        expected_runs=len(expand_runs(spec)),
         failures=failures,
     )
     return targets, paths.report_md
@@ -266,7 +199,7 @@ def run_federated(
     results_root: Path,
     *,
     app_dir: Path | None = None,
-    backend: Backend | None = None,
+    backend: runner.Backend | None = None,
     max_runs: int | None = None,
     progress: bool = True,
     console: object | None = None,
@@ -274,37 +207,20 @@ def run_federated(
 ) -> Outcome:
     """Execute the runs of ``spec`` that are not done yet, then write every output.
 
-    Parameters
-    ----------
-    spec
-        A federated spec.
-    results_root
-        Parent of the experiment folder.
-    app_dir
-        Flower app folder (default: this checkout, :func:`find_app_dir`).
-    backend
-        Override the backend the spec names (tests).
-    max_runs
-        Execute at most this many runs in this invocation (the rest stay for the next one).
-    progress
-        Show the rich progress display.
-    console
-        A :class:`rich.console.Console` for the display.
-    on_run_done
-        Called with ``(run, "done" | "failed: ...")`` after each executed run.
+    ``app_dir`` defaults to this checkout (:func:`runner.find_app_dir`); ``backend`` overrides
+    the one the spec names (tests); at most ``max_runs`` runs are executed now, the rest stay
+    for the next invocation; ``progress`` and ``console`` drive the rich display;
+    ``on_run_done`` gets ``(run, "done" | "failed: ...")`` after each executed run.
 
-    Raises
-    ------
-    ValueError
-        If the app does not declare every run-config key the runs use.
+    Raises ``ValueError`` if the app does not declare every run-config key the runs use.
     """
     if spec.kind != "federated":
         raise ValueError(f"run_federated needs kind = 'federated', got {spec.kind!r}")
     if max_runs is not None and max_runs < 0:
         raise ValueError(f"max_runs must be >= 0, got {max_runs}")
-    app = Path(app_dir) if app_dir is not None else find_app_dir()
+    app = Path(app_dir) if app_dir is not None else runner.find_app_dir()
     planned = plan(spec, results_root)
-    check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
+    runner.check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
     paths = ExperimentPaths.of(spec, results_root)
     paths.runs_dir.mkdir(parents=True, exist_ok=True)
     outcome = Outcome(total=len(planned))
@@ -314,9 +230,11 @@ def run_federated(
     if max_runs is not None:
         todo = min(todo, max_runs)
     # the bar counts only runs executed now, so its ETA is not fooled by skipped ones
-    view = ExperimentProgress(progress, todo, console)
+    view = _progress(progress, console)
+    runs_bar = view.add_task("runs to do", total=todo)
+    round_bar = view.add_task("round", total=1, visible=False)
     try:
-        with view.live():
+        with view:
             for run, state in planned:
                 if state is RunState.DONE:
                     outcome.skipped += 1
@@ -325,9 +243,12 @@ def run_federated(
                     break
                 if state is not RunState.MISSING:
                     logger.info("run %s is %s: redoing it", run.run_id, state.value)
-                view.start_run(run.run_id, int(run.run_config["num-rounds"]))
+                rounds = int(run.run_config["num-rounds"])
+                view.update(
+                    round_bar, description=run.run_id, total=rounds, completed=0, visible=True
+                )
                 t0 = time.monotonic()
-                error: RunFailedError | None = None
+                error: runner.RunFailedError | None = None
                 for attempt in range(1 + spec.retries):
                     if attempt:
                         logger.warning(
@@ -340,30 +261,27 @@ def run_federated(
                         )
                         time.sleep(spec.retry_delay_s)
                     try:
-                        execute_run(
+                        runner.execute_run(
                             run,
                             be,
                             paths.run_dir(run),
                             experiment=spec.name,
                             timeout_s=spec.run_timeout_s,
-                            on_round=view.rounds,
+                            on_round=lambda done: view.update(round_bar, completed=done),
                         )
-                    except RunFailedError as exc:
-                        error = exc
-                    else:
                         error = None
                         break
+                    except runner.RunFailedError as exc:
+                        error = exc
                 if error is not None:
                     outcome.failed[run.run_id] = str(error)
                     logger.error("%s", error)
-                    if on_run_done is not None:
-                        on_run_done(run, f"failed: {error}")
                 else:
                     outcome.executed += 1
                     logger.info("run %s done in %.1f s", run.run_id, time.monotonic() - t0)
-                    if on_run_done is not None:
-                        on_run_done(run, "done")
-                view.run_finished()
+                if on_run_done is not None:
+                    on_run_done(run, "done" if error is None else f"failed: {error}")
+                view.advance(runs_bar)
     except KeyboardInterrupt:
         outcome.interrupted = True
         logger.warning("interrupted; run the same command again to resume")
@@ -374,9 +292,6 @@ def run_federated(
         spec, results_root, failures=outcome.failed
     )
     return outcome
-
-
-# --------------------------------------------------------------------------- mse
 
 
 def run_mse(
@@ -398,14 +313,15 @@ def run_mse(
         raise ValueError(f"run_mse needs kind = 'mse', got {spec.kind!r}")
     paths = ExperimentPaths.of(spec, results_root)
     paths.root.mkdir(parents=True, exist_ok=True)
-    view = ExperimentProgress(progress, 1, console)
-    outcome = Outcome(total=1)
-    with view.live():
+    view = _progress(progress, console)
+    bar = view.add_task("runs to do", total=1)
+
+    def step(description: str) -> Callable[[int, int], None]:
+        return lambda d, t: view.update(bar, description=description, completed=d, total=t)
+
+    with view:
         grid = mse.measure_grid(
-            spec.mse,
-            spec.seeds,
-            device=device,
-            on_step=lambda d, t: view.step("grid (eps x seed)", d, t),
+            spec.mse, spec.seeds, device=device, on_step=step("grid (eps x seed)")
         )
         mse.save_measurement(paths.root / "mse_grid.npz", grid)
         if spec.mse.real_weights is not None:
@@ -413,10 +329,10 @@ def run_mse(
                 spec.mse,
                 spec.seeds[0],
                 device=device,
-                on_step=lambda d, t: view.step("real weights (train, eps)", d, t),
+                on_step=step("real weights (train, eps)"),
             )
             mse.save_measurement(paths.root / "mse_real.npz", real)
-    outcome.executed = 1
+    outcome = Outcome(total=1, executed=1)
     outcome.targets, outcome.report = finalize_mse(spec, results_root)
     return outcome
 
@@ -441,7 +357,6 @@ def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target]
     figures: dict[str, Path] = {}
     assert spec.mse is not None
     for name in spec.figures:
-        out = paths.figures_dir / f"{name}.png"
         if name == "mse-heatmap":
             fig = plots.mse_heatmaps_figure(grid, spec.mse.heatmap_epsilons)
         elif name == "mse-vs-epsilon":
@@ -450,7 +365,7 @@ def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target]
             fig = plots.mse_real_weights_figure(real)
         else:
             continue
-        figures[name] = plots.save(fig, out)
+        figures[name] = plots.save(fig, paths.figures_dir / f"{name}.png")
     targets = write_mse_report(
         paths.report_md, spec, grid, real, figures, command=_command(spec, results_root)
     )
@@ -478,6 +393,4 @@ def summary_lines(outcome: Outcome) -> Sequence[str]:
     ]
     if outcome.report is not None:
         lines.append(f"report: {outcome.report}")
-    for t in outcome.targets:
-        lines.append(f"[{t.status}] {t.name}: {t.detail}")
-    return lines
+    return lines + [f"[{t.status}] {t.name}: {t.detail}" for t in outcome.targets]

@@ -55,33 +55,11 @@ SELECTION_RULE = (
 )
 
 RUNS_CSV_COLUMNS: tuple[str, ...] = (
-    "run_id",
-    "mechanism",
-    "epsilon",
-    "d",
-    "dropout",
-    "clients",
-    "gamma",
-    "seed",
-    "global_lr",
-    "lambda_selected",
-    "test_accuracy",
-    "val_accuracy",
-    "selected_round",
-    "selected_by",
-    "final_test_accuracy",
-    "final_val_accuracy",
-    "num_rounds",
-    "eps_p",
-    "eps_update",
-    "delta_update",
-    "eps_run",
-    "delta_run",
-    "pair_eps_update",
-    "pair_delta_lower_bound",
-    "ucdp_eps",
-    "uplink_bytes",
-    "seconds",
+    *("run_id", "mechanism", "epsilon", "d", "dropout", "clients", "gamma", "seed", "global_lr"),
+    *("lambda_selected", "test_accuracy", "val_accuracy", "selected_round", "selected_by"),
+    *("final_test_accuracy", "final_val_accuracy", "num_rounds", "eps_p", "eps_update"),
+    *("delta_update", "eps_run", "delta_run", "pair_eps_update", "pair_delta_lower_bound"),
+    *("ucdp_eps", "uplink_bytes", "seconds"),
 )
 """Fixed columns of ``runs.csv``; other swept run-config keys are appended after them."""
 
@@ -90,9 +68,6 @@ _SETTING_COLUMNS = tuple(
     (k, _COLUMN_OF_KEY.get(k, k))
     for k in ("mechanism", "epsilon", "d", "dropout-prob", CLIENTS_KEY, "gamma")
 )
-
-
-# --------------------------------------------------------------------------- statistics
 
 
 @dataclass(frozen=True)
@@ -122,9 +97,6 @@ class Stat:
         if self.n < 2:
             return f"{mean} (n=1)"
         return f"{mean} ± {self.std * scale:.{digits}f}"
-
-
-# --------------------------------------------------------------------------- one run
 
 
 @dataclass(frozen=True)
@@ -206,29 +178,19 @@ def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """The privacy numbers of a run from the app's privacy report (``summary["privacy"]``).
+    """The privacy numbers of a run from its privacy report (read by :func:`privacy_view`).
 
-    The ServerApp writes :func:`mechanisms.accounting.privacy_report`, one entry per threat
-    model; runs written before that layout are read through
-    :func:`mechanisms.accounting.read_privacy_report`, so both give the same fields: ``eps_p``
-    (per parameter), ``eps_update``/``delta_update`` and ``eps_run``/``delta_run`` (one client
-    update of ``m`` parameters and all ``T`` rounds against threat model A, the eavesdropper on
-    one uplink), the pair-joint view of threat model B (``pair_eps_update``, ``None`` when no
-    finite eps exists, and its ``pair_delta_lower_bound``) and AugCorBin's Theorem 3
-    (``ucdp_eps``/``ucdp_delta``, threat model C, where its condition holds). Missing values
-    (FedAvg and CQ have no guarantee) are ``None``.
+    ``eps_p`` (per parameter), ``eps_update``/``delta_update`` and ``eps_run``/``delta_run`` (one
+    client update of ``m`` parameters and all ``T`` rounds against threat model A, the
+    eavesdropper on one uplink), the pair-joint view of threat model B (``pair_eps_update``,
+    ``None`` when no finite eps exists, and its ``pair_delta_lower_bound``) and AugCorBin's
+    Theorem 3 (``ucdp_eps``/``ucdp_delta``, threat model C, where its condition holds). Missing
+    values (FedAvg and CQ have no guarantee) are ``None``.
     """
     out: dict[str, float | None] = dict.fromkeys(
         (
-            "eps_p",
-            "eps_update",
-            "delta_update",
-            "eps_run",
-            "delta_run",
-            "pair_eps_update",
-            "pair_delta_lower_bound",
-            "ucdp_eps",
-            "ucdp_delta",
+            *("eps_p", "eps_update", "delta_update", "eps_run", "delta_run", "pair_eps_update"),
+            *("pair_delta_lower_bound", "ucdp_eps", "ucdp_delta"),
         )
     )
     report = privacy_view(summary)
@@ -268,16 +230,9 @@ def _bytes(value: Any) -> float:
 
 @dataclass(frozen=True)
 class RunResult:
-    """A finished run, read back from ``runs/<run-id>/``.
-
-    Attributes
-    ----------
-    setting
-        The run's result config (its record's ``"config"``) without ``seed``/``global-lr``,
-        plus ``clients``: runs with one setting differ only in seed and lambda.
-    rows
-        The ``metrics.jsonl`` rows.
-    """
+    """A finished run, read back from ``runs/<run-id>/``. Its ``setting`` is the result config
+    (the record's ``"config"``) without ``seed``/``global-lr``, plus ``clients``: runs with one
+    setting differ only in seed and lambda."""
 
     run_id: str
     setting: Mapping[str, RunValue]
@@ -297,19 +252,10 @@ class RunResult:
         """Canonical JSON of the setting (the group key)."""
         return canonical_json(dict(self.setting))
 
-    def get(self, key: str) -> RunValue | None:
-        """A setting value by run-config key (``clients`` included)."""
-        return self.setting.get(key)
-
 
 def load_run(run_dir: Path) -> RunResult:
-    """Read a finished run folder (``summary.json`` with the runner record, ``metrics.jsonl``).
-
-    Raises
-    ------
-    ValueError
-        If the folder is not a complete run.
-    """
+    """Read a finished run folder (``summary.json`` with the runner record, ``metrics.jsonl``);
+    ``ValueError`` if it is not a complete run."""
     run_dir = Path(run_dir)
     try:
         summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
@@ -334,8 +280,6 @@ def load_run(run_dir: Path) -> RunResult:
     }
     if record.get("clients") is not None:
         setting[CLIENTS_KEY] = int(record["clients"])
-    last = rows[-1]
-    uplink = sum(_bytes(r.get("bytes_up")) for r in rows)
     return RunResult(
         run_id=str(record["run_id"]),
         setting=setting,
@@ -344,27 +288,19 @@ def load_run(run_dir: Path) -> RunResult:
         rows=tuple(rows),
         summary=summary,
         selection=select_round(rows),
-        final_test_accuracy=_or_nan(last.get("test_accuracy")),
-        final_val_accuracy=_or_nan(last.get("val_accuracy")),
-        uplink_bytes=uplink,
+        final_test_accuracy=_or_nan(rows[-1].get("test_accuracy")),
+        final_val_accuracy=_or_nan(rows[-1].get("val_accuracy")),
+        uplink_bytes=sum(_bytes(r.get("bytes_up")) for r in rows),
         seconds=float(record.get("seconds", math.nan)),
         privacy=privacy_fields(summary),
     )
 
 
-# --------------------------------------------------------------------------- groups
-
-
 @dataclass(frozen=True)
 class GroupResult:
     """One setting after lambda selection: the runs (seeds) at the chosen lambda.
-
-    Attributes
-    ----------
-    lambda_scores
-        ``lambda -> Stat`` of the checkpoint validation accuracy over seeds (the selection
-        criterion); the chosen ``global_lr`` maximises its mean.
-    """
+    ``lambda_scores`` maps lambda to the :class:`Stat` of the checkpoint validation accuracy over
+    seeds (the selection criterion); the chosen ``global_lr`` maximises its mean."""
 
     setting: Mapping[str, RunValue]
     global_lr: float
@@ -403,11 +339,7 @@ class GroupResult:
 
     def privacy(self, key: str) -> float | None:
         """A privacy number of the setting (the same for every seed; the first is returned)."""
-        for run in self.runs:
-            value = run.privacy.get(key)
-            if value is not None:
-                return value
-        return None
+        return next((v for r in self.runs if (v := r.privacy.get(key)) is not None), None)
 
     def curve(self, metric: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-round ``(rounds, mean, std)`` of ``metric`` over the seeds (std 0 if one seed)."""
@@ -519,9 +451,6 @@ def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
     return ", ".join(parts) if parts else str(setting.get("mechanism", "run"))
 
 
-# --------------------------------------------------------------------------- tables
-
-
 def write_table(path: Path, table: pd.DataFrame) -> None:
     """Write ``table`` as CSV, atomically: floats by ``repr``, NaN and None empty, booleans
     ``true`` / ``false``."""
@@ -536,6 +465,11 @@ def write_table(path: Path, table: pd.DataFrame) -> None:
     atomic_write_text(path, table.astype(object).map(cell).to_csv(index=False, lineterminator="\n"))
 
 
+# runs.csv columns read as they are off a RunResult and off its Selection
+_RUN_ATTRS = ("run_id", "seed", "global_lr", "final_test_accuracy", "final_val_accuracy")
+_SELECTION_ATTRS = ("test_accuracy", "val_accuracy", "selected_by")
+
+
 def runs_table(results: Sequence[RunResult], groups: Sequence[GroupResult]) -> pd.DataFrame:
     """``runs.csv``: one row per run (all lambdas), :data:`RUNS_CSV_COLUMNS` then the other
     varying setting keys."""
@@ -547,23 +481,17 @@ def runs_table(results: Sequence[RunResult], groups: Sequence[GroupResult]) -> p
         and k not in ("mechanism", "epsilon", "d", "gamma")
     ]
     rows = [
-        {
-            "run_id": r.run_id,
-            **{c: r.get(k) for k, c in _SETTING_COLUMNS},
-            "seed": r.seed,
-            "global_lr": r.global_lr,
+        {  # RUNS_CSV_COLUMNS fixes the order
+            **{c: getattr(r, c) for c in _RUN_ATTRS},
+            **{c: getattr(r.selection, c) for c in _SELECTION_ATTRS},
+            **{c: r.setting.get(k) for k, c in _SETTING_COLUMNS},
             "lambda_selected": (r.global_lr, r.setting_key) in chosen,
-            "test_accuracy": r.selection.test_accuracy,
-            "val_accuracy": r.selection.val_accuracy,
             "selected_round": r.selection.round,
-            "selected_by": r.selection.selected_by,
-            "final_test_accuracy": r.final_test_accuracy,
-            "final_val_accuracy": r.final_val_accuracy,
             "num_rounds": len(r.rows),
             "uplink_bytes": r.uplink_bytes,
             "seconds": r.seconds,
             **r.privacy,
-            **{k: r.get(k) for k in extra},
+            **{k: r.setting.get(k) for k in extra},
         }
         for r in results
     ]

@@ -4,10 +4,7 @@ Two backends run the app of this repository (``server.app:app`` / ``client.app:a
 
 * :class:`SimulationBackend` -- Flower's simulation runtime, through
   :func:`deploy.run.run_simulation` (the engine of ``corbin-fl simulate``): a private
-  simulation SuperLink on a free loopback port with a temporary ``FLWR_HOME`` whose connection
-  is ``:local:``, ``flwr run <app> <conn> --stream --run-config <file> --federation-config
-  "num-supernodes=N client-resources-num-cpus=C ..."``, and every process it started (SuperLink,
-  simulation, Ray) stopped by PID at the end of the run, whatever happens.
+  simulation SuperLink per run, every process it started stopped by PID at the end of the run.
 * :class:`DeploymentBackend` -- a named connection of a running SuperLink
   (``flwr run <app> <connection> --stream``), its ``flwr`` process owned by a
   :class:`deploy.processes.ProcessRegistry`. The ServerApp must write ``out-dir`` on a
@@ -38,13 +35,7 @@ import tomli_w
 from corbin_fl.fsio import atomic_write_json
 from deploy import flower, follow, processes
 from deploy.run import LocalRunOptions, run_simulation
-from experiments.sweep import (
-    METRICS_FILE,
-    RUN_RECORD_KEY,
-    SUMMARY_FILE,
-    Run,
-    read_metrics,
-)
+from experiments.sweep import METRICS_FILE, RUN_RECORD_KEY, SUMMARY_FILE, Run, read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +47,10 @@ class RunFailedError(RuntimeError):
     """A run ended without complete outputs; the message says why (with a log tail)."""
 
 
-# --------------------------------------------------------------------------- small helpers
-
-
 def find_app_dir() -> Path:
-    """Return the folder of this project's Flower app (the one with ``pyproject.toml``).
+    """The folder of this project's Flower app (``pyproject.toml`` with ``[tool.flwr.app]``).
 
-    Raises
-    ------
-    FileNotFoundError
-        If the package is not run from a source checkout (no ``pyproject.toml`` with
-        ``[tool.flwr.app]`` above it); pass ``--app`` then.
+    Raises ``FileNotFoundError`` outside a source checkout (pass ``--app`` then).
     """
     import corbin_fl
 
@@ -87,12 +71,7 @@ def check_app_accepts(app_dir: Path, keys: set[str]) -> None:
     """Raise if ``flwr run --run-config`` would reject some of ``keys``.
 
     Flower only overrides keys declared in the app's ``[tool.flwr.app.config]`` and fails the
-    run otherwise; checking before the first run turns that into one clear error.
-
-    Raises
-    ------
-    ValueError
-        Naming the missing keys and the file to declare them in.
+    run otherwise; checking before the first run turns that into one clear ``ValueError``.
     """
     missing = sorted(keys - set(flower.app_config(app_dir)))
     if missing:
@@ -102,29 +81,14 @@ def check_app_accepts(app_dir: Path, keys: set[str]) -> None:
         )
 
 
-# --------------------------------------------------------------------------- backends
-
-
 @dataclass(frozen=True)
 class Submission:
-    """How one ``flwr run`` ended.
+    """How one ``flwr run`` ended."""
 
-    Attributes
-    ----------
-    ok
-        ``flwr run`` exited 0 and Flower reports the run ``finished:completed``.
-    reason
-        ``"completed"`` or why not (timeout, exit code and log tail, final status).
-    flwr_run_id
-        Flower's run id, if the run was submitted.
-    status
-        Flower's final run status (``flwr ls``), if known.
-    """
-
-    ok: bool
-    reason: str
-    flwr_run_id: int | None
-    status: str | None
+    ok: bool  # flwr run exited 0 and Flower reports the run finished:completed
+    reason: str  # "completed" or why not (timeout, exit code and log tail, final status)
+    flwr_run_id: int | None  # if the run was submitted
+    status: str | None  # Flower's final run status (flwr ls), if known
 
 
 class Backend(Protocol):
@@ -153,15 +117,9 @@ class Backend(Protocol):
 class SimulationBackend:
     """Flower's simulation runtime, one private SuperLink per run (via the launcher).
 
-    Parameters
-    ----------
-    app_dir
-        Folder of the Flower app (``pyproject.toml`` with ``[tool.flwr.app]``).
-    num_cpus_per_client, num_gpus_per_client
-        Ray resources of one virtual client (``client-resources-num-cpus/gpus``); the number of
-        clients trained in parallel is ``cpus / num_cpus_per_client``.
-    ready_timeout_s
-        Start-up limit of the SuperLink.
+    ``num_cpus_per_client``/``num_gpus_per_client`` are the Ray resources of one virtual client
+    (``client-resources-num-cpus/gpus``): ``cpus / num_cpus_per_client`` clients train in
+    parallel. ``ready_timeout_s`` limits the SuperLink's start-up.
     """
 
     name = "simulation"
@@ -185,13 +143,6 @@ class SimulationBackend:
         self.num_gpus_per_client = float(num_gpus_per_client)
         self.ready_timeout_s = ready_timeout_s
 
-    def federation_config(self) -> dict[str, Any]:
-        """Extra ``--federation-config`` entries (``num-supernodes`` is added per run)."""
-        fed: dict[str, Any] = {"client-resources-num-cpus": self.num_cpus_per_client}
-        if self.num_gpus_per_client > 0:
-            fed["client-resources-num-gpus"] = self.num_gpus_per_client
-        return fed
-
     def execute(
         self,
         run: Run,
@@ -201,15 +152,12 @@ class SimulationBackend:
         timeout_s: float,
         on_round: Callable[[int], None],
     ) -> Submission:
-        """Run ``run`` on a fresh simulation SuperLink with ``run.clients`` virtual nodes.
-
-        Raises
-        ------
-        ValueError
-            If the run has no number of clients.
-        """
+        """Run ``run`` on a fresh simulation SuperLink with ``run.clients`` virtual nodes."""
         if run.clients is None:
             raise ValueError(f"run {run.run_id}: the simulation backend needs `clients`")
+        fed: dict[str, Any] = {"client-resources-num-cpus": self.num_cpus_per_client}
+        if self.num_gpus_per_client > 0:
+            fed["client-resources-num-gpus"] = self.num_gpus_per_client
         options = LocalRunOptions(
             app_dir=self.app_dir,
             out_dir=Path(out_dir),
@@ -217,13 +165,9 @@ class SimulationBackend:
             run_config=dict(run_config),
             timeout=timeout_s,
             ready_timeout=self.ready_timeout_s,
-            federation_config=self.federation_config(),
+            federation_config=fed,  # num-supernodes is added per run
         )
-
-        def progress(state: follow.RunProgress) -> None:
-            on_round(len(state.metrics))
-
-        result = run_simulation(options, progress)
+        result = run_simulation(options, lambda state: on_round(len(state.metrics)))
         return Submission(
             ok=result.ok, reason=result.reason, flwr_run_id=result.run_id, status=result.status
         )
@@ -233,15 +177,8 @@ class SimulationBackend:
 
 
 class DeploymentBackend:
-    """A named connection of a running SuperLink (``flwr run <app> <connection> --stream``).
-
-    Parameters
-    ----------
-    app_dir
-        Folder of the Flower app.
-    connection
-        Name of a ``[superlink.<name>]`` connection in ``$FLWR_HOME/config.toml``.
-    """
+    """A named connection of a running SuperLink (``flwr run <app> <connection> --stream``);
+    ``connection`` names a ``[superlink.<name>]`` of ``$FLWR_HOME/config.toml``."""
 
     name = "deployment"
 
@@ -255,10 +192,6 @@ class DeploymentBackend:
     def cli(self) -> flower.FlowerCli:
         """The ``flwr`` CLI against the connection."""
         return flower.FlowerCli(self.connection, processes.flower_env(), timeout=60.0)
-
-    def run_status(self, flwr_run_id: int) -> str | None:
-        """Flower's status of a run (``flwr ls <conn> --run-id N --format json``)."""
-        return self.cli.run_status(flwr_run_id)[0]
 
     def execute(
         self,
@@ -282,12 +215,8 @@ class DeploymentBackend:
         cmd = self.cli.run_argv(self.app_dir, config_path)
         try:
             proc = registry.start("flwr-run", cmd, out_dir / "logs" / "flwr-run.log")
-            deadline = time.monotonic() + timeout_s
-            timed_out = False
-            while proc.running():
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
+            deadline, timed_out = time.monotonic() + timeout_s, False
+            while proc.running() and not (timed_out := time.monotonic() > deadline):
                 rounds += len(metrics.read_new())
                 on_round(rounds)
                 time.sleep(0.5)
@@ -299,15 +228,10 @@ class DeploymentBackend:
                 if flwr_run_id is not None:
                     self.cli.stop(flwr_run_id)
                 return Submission(False, f"timed out after {timeout_s:.0f} s", flwr_run_id, None)
-            rc = proc.popen.returncode
-            if rc != 0 or flwr_run_id is None:
-                return Submission(
-                    False,
-                    f"`flwr run` exited with code {rc}:\n{proc.log_tail()}",
-                    flwr_run_id,
-                    None,
-                )
-            status = self.run_status(flwr_run_id)
+            if (rc := proc.popen.returncode) != 0 or flwr_run_id is None:
+                reason = f"`flwr run` exited with code {rc}:\n{proc.log_tail()}"
+                return Submission(False, reason, flwr_run_id, None)
+            status = self.cli.run_status(flwr_run_id)[0]
             if status != flower.COMPLETED_STATUS:
                 return Submission(False, f"run ended with status {status}", flwr_run_id, status)
             return Submission(True, "completed", flwr_run_id, status)
@@ -316,9 +240,6 @@ class DeploymentBackend:
 
     def close(self) -> None:
         """Nothing to release: the SuperLink is not ours."""
-
-
-# --------------------------------------------------------------------------- one run
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -346,10 +267,9 @@ def app_run_config(run_config: Mapping[str, Any], cwd: Path | None = None) -> di
     out = dict(run_config)
     for key in PATH_KEYS:
         value = out.get(key)
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-            out[key] = str((base / value).resolve())
-        elif isinstance(value, str) and value:
-            out[key] = str(Path(value).expanduser())
+        if isinstance(value, str) and value:
+            path = Path(value).expanduser()
+            out[key] = str(path if path.is_absolute() else (base / value).resolve())
     return out
 
 
@@ -362,38 +282,18 @@ def execute_run(
     timeout_s: float,
     on_round: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Execute ``run`` and leave its complete outputs in ``run_dir``.
+    """Execute ``run`` and leave its complete outputs in ``run_dir`` (``<results>/runs/<id>``).
 
-    Any previous content of ``run_dir`` (a partial run) is removed first. On success the
-    folder holds ``app/``, ``metrics.jsonl`` and, written last and atomically,
-    ``summary.json`` = the app's summary plus the runner's ``"run"`` record.
+    Any previous content of ``run_dir`` (a partial run) is removed first. The app gets the run's
+    whole result config and the spec's keys (so what it computes does not depend on the app's
+    defaults) and ``out-dir = run_dir/app``. On success the folder holds ``app/``,
+    ``metrics.jsonl`` and, written last and atomically, ``summary.json`` = the app's summary
+    plus the runner's ``"run"`` record (with ``experiment``); that summary is returned.
+    ``on_round`` gets the number of rounds finished so far.
 
-    Parameters
-    ----------
-    run
-        The run: the app gets its whole result config and the spec's keys (so what it computes
-        does not depend on the app's defaults), and ``out-dir`` = ``run_dir/app``.
-    backend
-        Where to run it.
-    run_dir
-        ``<results>/runs/<run-id>``.
-    experiment
-        Experiment name, recorded in the summary.
-    timeout_s
-        Wall-clock limit of the run.
-    on_round
-        Called with the number of rounds finished so far.
-
-    Returns
-    -------
-    dict
-        The summary written to ``run_dir/summary.json``.
-
-    Raises
-    ------
-    RunFailedError
-        If the backend reports a failure, or the app left no complete ``metrics.jsonl`` (one row
-        per round) and ``summary.json``. A ``failed.json`` with the reason stays in ``run_dir``.
+    Raises ``RunFailedError`` if the backend reports a failure, or the app left no complete
+    ``metrics.jsonl`` (one row per round) and ``summary.json``; a ``failed.json`` with the
+    reason stays in ``run_dir`` then.
     """
     run_dir = Path(run_dir).resolve()
     if run_dir.exists():
@@ -430,18 +330,18 @@ def execute_run(
         )
         return RunFailedError(f"run {run.run_id}: {reason}{more}")
 
+    def read(name: str, load: Callable[[Path], Any]) -> Any:
+        try:
+            return load(out_dir / name)
+        except (OSError, ValueError) as exc:
+            raise fail(f"no readable {APP_OUT_DIR}/{name}: {exc}") from None
+
     if not sub.ok:
         raise fail(sub.reason)
-    try:
-        rows = read_metrics(out_dir / METRICS_FILE)
-    except (OSError, ValueError) as exc:
-        raise fail(f"no readable {APP_OUT_DIR}/{METRICS_FILE}: {exc}") from None
+    rows = read(METRICS_FILE, read_metrics)
     if len(rows) != num_rounds:
         raise fail(f"{APP_OUT_DIR}/{METRICS_FILE} has {len(rows)} rows, expected {num_rounds}")
-    try:
-        app_summary = json.loads((out_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise fail(f"no readable {APP_OUT_DIR}/{SUMMARY_FILE}: {exc}") from None
+    app_summary = read(SUMMARY_FILE, lambda path: json.loads(path.read_text(encoding="utf-8")))
     if not isinstance(app_summary, dict):
         raise fail(f"{APP_OUT_DIR}/{SUMMARY_FILE} is not a JSON object")
 
