@@ -94,7 +94,10 @@ def load(
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         logger.debug("partition cache %s ignored: %s", path, exc)
         return None
-    problem = _check(parts, stored == key and not extra, train, min_partition_size)
+    if stored != key or extra:
+        problem: str | None = "it was written for other inputs"
+    else:
+        problem = _check(parts, train, min_partition_size)
     if problem is not None:
         logger.warning("partition cache %s ignored: %s", path, problem)
         return None
@@ -103,12 +106,8 @@ def load(
     return parts
 
 
-def _check(
-    parts: tuple[np.ndarray, ...], same_inputs: bool, train: np.ndarray, min_size: int
-) -> str | None:
+def _check(parts: tuple[np.ndarray, ...], train: np.ndarray, min_size: int) -> str | None:
     """Why ``parts`` cannot be partitions of ``train``, or None."""
-    if not same_inputs:
-        return "it was written for other inputs"
     if any(p.ndim != 1 or p.dtype != np.int64 or p.size < min_size for p in parts):
         return f"a partition is not a 1-D int64 array of >= {min_size} indices"
     rows = np.concatenate(parts)
