@@ -154,6 +154,19 @@ class ClientAppTiming(StartupTiming):
         fixed = SUPERNODE_POLL_S + SUPEREXEC_POLL_S + SUPERNODE_REPLY_POLL_S + poll_interval
         return fixed + LOAD_HEADROOM * self.slowdown(concurrent) * work
 
+    def stage_timeouts(
+        self, concurrent: int, *, poll_interval: float, queue: int = 1
+    ) -> dict[str, float]:
+        """The app's two stage-timeout run-config keys at :meth:`stage_timeout`'s bound, times
+        ``queue`` when a stage's clients run ``queue`` after one another (the simulation
+        runtime's workers): ``first-stage-timeout`` (round 1) and ``stage-timeout``."""
+        return {
+            "first-stage-timeout": queue
+            * self.stage_timeout(concurrent, first=True, poll_interval=poll_interval),
+            "stage-timeout": queue
+            * self.stage_timeout(concurrent, first=False, poll_interval=poll_interval),
+        }
+
     def server_work(self) -> float:
         """Bound on the ServerApp's own work per round and at start (imports, model, data,
         evaluation, aggregation): ``k * first``, one client's first update being at least as
@@ -169,12 +182,13 @@ class ClientAppTiming(StartupTiming):
         concurrent: int,
         poll_interval: float,
         wait_for_nodes: float,
+        queue: int = 1,
     ) -> float:
         """How long a whole run may take: the ServerApp's start and per-round work
         (:meth:`server_work`, ``1 + rounds`` times), its wait for nodes, and every stage at its
-        timeout (:meth:`stage_timeout`; round 1 runs each stage for the first time)."""
-        first = self.stage_timeout(concurrent, first=True, poll_interval=poll_interval)
-        later = self.stage_timeout(concurrent, first=False, poll_interval=poll_interval)
+        timeout (:meth:`stage_timeouts`; round 1 runs each stage for the first time)."""
+        timeouts = self.stage_timeouts(concurrent, poll_interval=poll_interval, queue=queue)
+        first, later = timeouts["first-stage-timeout"], timeouts["stage-timeout"]
         return (
             (1 + rounds) * self.server_work()
             + wait_for_nodes

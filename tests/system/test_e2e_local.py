@@ -79,12 +79,7 @@ def _options(
     ready = timing.startup_timeout(1 + NUM_CLIENTS)
     config = {
         **_run_config(run_config),
-        "stage-timeout": timing.stage_timeout(
-            NUM_CLIENTS, first=False, poll_interval=POLL_INTERVAL
-        ),
-        "first-stage-timeout": timing.stage_timeout(
-            NUM_CLIENTS, first=True, poll_interval=POLL_INTERVAL
-        ),
+        **timing.stage_timeouts(NUM_CLIENTS, poll_interval=POLL_INTERVAL),
         "wait-for-nodes": ready,
     }
     run_timeout = timing.run_timeout(

@@ -162,27 +162,17 @@ def _components(app: Path) -> dict[str, str]:
 
 
 def _run_bound(timing: ClientAppTiming, *, concurrent: int, queue: int, ready: float) -> float:
-    """Seconds ``ROUNDS`` rounds of the app may take: the ServerApp's start and per-round work
-    (imports, model, evaluation), the wait for nodes, and every stage of every round at the bound
-    of :meth:`ClientAppTiming.stage_timeout` (``queue`` clients after one another per worker)."""
-    first = queue * timing.stage_timeout(concurrent, first=True, poll_interval=POLL_INTERVAL)
-    later = queue * timing.stage_timeout(concurrent, first=False, poll_interval=POLL_INTERVAL)
-    return (
-        (1 + ROUNDS) * timing.server_work()
-        + ready
-        + FIRST_ROUND_STAGES * first
-        + (ROUNDS - 1) * LATER_ROUND_STAGES * later
+    """Seconds ``ROUNDS`` rounds of the app may take (:meth:`ClientAppTiming.run_timeout`,
+    ``queue`` clients after one another per worker)."""
+    return timing.run_timeout(
+        rounds=ROUNDS,
+        first_round_stages=FIRST_ROUND_STAGES,
+        later_round_stages=LATER_ROUND_STAGES,
+        concurrent=concurrent,
+        poll_interval=POLL_INTERVAL,
+        wait_for_nodes=ready,
+        queue=queue,
     )
-
-
-def _stage_timeouts(timing: ClientAppTiming, concurrent: int, queue: int) -> dict[str, float]:
-    """The app's stage timeouts at the bound this machine's probe gives (as :func:`_run_bound`
-    counts them), not the app's laptop defaults, which a busy 2-core machine can outlast."""
-    return {
-        f"{prefix}stage-timeout": queue
-        * timing.stage_timeout(concurrent, first=first, poll_interval=POLL_INTERVAL)
-        for prefix, first in (("first-", True), ("", False))
-    }
 
 
 def _dropped_ids(row: Mapping[str, Any]) -> set[str]:
@@ -239,7 +229,7 @@ def test_quickstart_deployment_learns_one_bit_uplink_survives_a_killed_supernode
                 {
                     "num-server-rounds": ROUNDS,
                     "out-dir": str(out),
-                    **_stage_timeouts(timing, NUM_CLIENTS, 1),
+                    **timing.stage_timeouts(NUM_CLIENTS, poll_interval=POLL_INTERVAL),
                 }
             ),
         ]
@@ -310,7 +300,7 @@ def _simulate(
                 {
                     "num-server-rounds": ROUNDS,
                     "out-dir": str(out),
-                    **_stage_timeouts(timing, workers, queue),
+                    **timing.stage_timeouts(workers, poll_interval=POLL_INTERVAL, queue=queue),
                 }
             ),
             timeout=run,

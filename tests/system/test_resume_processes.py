@@ -94,10 +94,7 @@ def test_server_side_sigkill_and_resume_on_real_processes(
     ready = timing.startup_timeout(1 + E2E_CLIENTS)
     run_config.update(
         {
-            "stage-timeout": timing.stage_timeout(E2E_CLIENTS, first=False, poll_interval=E2E_POLL),
-            "first-stage-timeout": timing.stage_timeout(
-                E2E_CLIENTS, first=True, poll_interval=E2E_POLL
-            ),
+            **timing.stage_timeouts(E2E_CLIENTS, poll_interval=E2E_POLL),
             "wait-for-nodes": ready,
             "out-dir": str(out),
         }
