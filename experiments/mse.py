@@ -36,16 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
-from corbin_fl.fsio import atomic_write_text
-from experiments.results import Stat
+from experiments.results import Stat, write_table
 from experiments.spec import MSESpec, RealWeightsSpec
 
 logger = logging.getLogger(__name__)
 
 _MAX_CHUNK_ELEMENTS = 2_000_000
 """Elements per sampling chunk (samples x grid points), bounds the memory to ~100 MB."""
+_QUANTIZERS = ("corbin", "ldpq")
+_ARRAYS = tuple(f"{q}_{part}" for q in _QUANTIZERS for part in ("measured", "se", "closed"))
+"""The measured mean, its SE and the closed form of both quantizers (fields, CSV columns)."""
 
 
 def _device(device: str | torch.device | None) -> torch.device:
@@ -96,17 +99,8 @@ class GridMSE:
         raise KeyError(f"eps={eps} was not measured (have {list(self.epsilons)})")
 
     def grid_mean(self, which: str) -> tuple[np.ndarray, np.ndarray]:
-        """Grid-averaged measured MSE and its standard error, shape ``(E,)`` each.
-
-        Parameters
-        ----------
-        which
-            ``"corbin"`` or ``"ldpq"``.
-        """
-        if which not in ("corbin", "ldpq"):
-            raise ValueError(f"which must be 'corbin' or 'ldpq', got {which!r}")
-        meas = getattr(self, f"{which}_measured")
-        se = getattr(self, f"{which}_se")
+        """Grid-averaged measured MSE of ``which`` and its standard error, shape ``(E,)`` each."""
+        meas, se, _ = _arrays(self, which)
         points = meas.shape[1] * meas.shape[2]
         return meas.mean(axis=(1, 2)), np.sqrt((se**2).sum(axis=(1, 2))) / points
 
@@ -123,14 +117,19 @@ class GridMSE:
         closed form agree to ``1e-6`` of the largest closed-form value at that ``eps`` (the
         quantizers compute ``q`` in float32), ``inf`` otherwise.
         """
-        meas = getattr(self, f"{which}_measured")
-        closed = getattr(self, f"{which}_closed")
-        se = getattr(self, f"{which}_se")
+        meas, se, closed = _arrays(self, which)
         diff = meas - closed
         tol = 1e-6 * np.abs(closed).max(axis=(1, 2), keepdims=True)
         with np.errstate(divide="ignore", invalid="ignore"):
             z = np.where(se > 0, diff / np.where(se > 0, se, 1.0), 0.0)
         return np.where((se == 0) & (np.abs(diff) > tol), np.inf, z)
+
+
+def _arrays(data: GridMSE | RealWeightsMSE, which: str) -> list[np.ndarray]:
+    """``[measured, se, closed]`` of quantizer ``which`` (``"corbin"`` or ``"ldpq"``)."""
+    if which not in _QUANTIZERS:
+        raise ValueError(f"which must be 'corbin' or 'ldpq', got {which!r}")
+    return [getattr(data, f"{which}_{part}") for part in ("measured", "se", "closed")]
 
 
 class _Accumulator:
@@ -228,40 +227,34 @@ def measure_grid(
     chunk = max(1, _MAX_CHUNK_ELEMENTS // points)
     n_eps, n_seeds = len(spec.epsilons), len(seeds)
     shape = (n_eps, spec.grid_points, spec.grid_points)
-    out = {k: np.zeros(shape) for k in ("cm", "cs", "lm", "ls", "cc", "lc")}
-    seed_means = {"c": np.zeros((n_seeds, n_eps)), "l": np.zeros((n_seeds, n_eps))}
+    out = {name: np.zeros(shape) for name in _ARRAYS}
+    seed_means = {q: np.zeros((n_seeds, n_eps)) for q in _QUANTIZERS}
     for k, eps in enumerate(spec.epsilons):
-        pooled_c = _Accumulator(w1.shape, dev)
-        pooled_l = _Accumulator(w1.shape, dev)
+        pooled = {q: _Accumulator(w1.shape, dev) for q in _QUANTIZERS}
         for s_idx, seed in enumerate(seeds):
             gen = torch.Generator(device=dev)
             gen.manual_seed(int(seed) * 1_000_003 + k)
-            acc_c = _Accumulator(w1.shape, dev)
-            acc_l = _Accumulator(w1.shape, dev)
+            own = {q: _Accumulator(w1.shape, dev) for q in _QUANTIZERS}
             done = 0
             while done < spec.samples:
                 n = min(chunk, spec.samples - done)
-                err_c, err_l = _pair_errors(w1, w2, c, r, float(eps), d, n, gen)
-                for acc in (acc_c, pooled_c):
-                    acc.add(err_c)
-                for acc in (acc_l, pooled_l):
-                    acc.add(err_l)
+                errors = _pair_errors(w1, w2, c, r, float(eps), d, n, gen)
+                for q, err in zip(_QUANTIZERS, errors, strict=True):
+                    own[q].add(err)
+                    pooled[q].add(err)
                 done += n
-            seed_means["c"][s_idx, k] = acc_c.mean_se()[0].mean()
-            seed_means["l"][s_idx, k] = acc_l.mean_se()[0].mean()
+            for q in _QUANTIZERS:
+                seed_means[q][s_idx, k] = own[q].mean_se()[0].mean()
             if on_step is not None:
                 on_step(k * n_seeds + s_idx + 1, n_eps * n_seeds)
-        out["cm"][k], out["cs"][k] = pooled_c.mean_se()
-        out["lm"][k], out["ls"][k] = pooled_l.mean_se()
-        out["cc"][k] = corbin_pair_mse(w1_f, w2_f, c, r, float(eps), d)
-        out["lc"][k] = ldpq_pair_mse(w1_f, w2_f, c, r, float(eps))
+        for q in _QUANTIZERS:
+            out[f"{q}_measured"][k], out[f"{q}_se"][k] = pooled[q].mean_se()
+        out["corbin_closed"][k] = corbin_pair_mse(w1_f, w2_f, c, r, float(eps), d)
+        out["ldpq_closed"][k] = ldpq_pair_mse(w1_f, w2_f, c, r, float(eps))
         logger.info(
             "eps=%g: CorBinQ %.5g (closed %.5g), LDPQ %.5g (closed %.5g)",
             eps,
-            out["cm"][k].mean(),
-            out["cc"][k].mean(),
-            out["lm"][k].mean(),
-            out["lc"][k].mean(),
+            *(out[f"{q}_{part}"][k].mean() for q in _QUANTIZERS for part in ("measured", "closed")),
         )
     return GridMSE(
         w=w,
@@ -271,14 +264,9 @@ def measure_grid(
         d=d,
         samples_per_seed=spec.samples,
         seeds=tuple(int(s) for s in seeds),
-        corbin_measured=out["cm"],
-        corbin_se=out["cs"],
-        corbin_closed=out["cc"],
-        ldpq_measured=out["lm"],
-        ldpq_se=out["ls"],
-        ldpq_closed=out["lc"],
-        corbin_seed_means=seed_means["c"],
-        ldpq_seed_means=seed_means["l"],
+        **out,
+        corbin_seed_means=seed_means["corbin"],
+        ldpq_seed_means=seed_means["ldpq"],
     )
 
 
@@ -375,35 +363,39 @@ def measure_real_weights(
     c = torch.repeat_interleave(torch.tensor(c_list, dtype=torch.float32, device=dev), size_t)
     r = torch.repeat_interleave(torch.tensor(r_list, dtype=torch.float32, device=dev), size_t)
     layer_of = torch.repeat_interleave(torch.arange(len(sizes), device=dev), size_t)
-    n_layers = len(sizes) + 1
     n_eps = len(spec.epsilons)
-    res = {k: np.zeros((n_eps, n_layers)) for k in ("cm", "cs", "cc", "lm", "ls", "lc")}
+    res = {name: np.zeros((n_eps, len(sizes) + 1)) for name in _ARRAYS}
     w1_np, w2_np = w1.double().cpu().numpy(), w2.double().cpu().numpy()
     c_np, r_np = c.double().cpu().numpy(), r.double().cpu().numpy()
     size_np = np.asarray(sizes, dtype=float)
+
+    def layer_means(sums: np.ndarray) -> np.ndarray:
+        """Per-layer means of per-layer sums, then the mean over every parameter (``"all"``)."""
+        return np.append(sums / size_np, sums.sum() / size_np.sum())
+
     for k, eps in enumerate(spec.epsilons):
         gen = torch.Generator(device=dev)
         gen.manual_seed(int(seed) * 1_000_003 + 7919 * k + 1)
-        per_rep = {"c": np.zeros((rw.repeats, n_layers)), "l": np.zeros((rw.repeats, n_layers))}
+        per_rep = {q: np.zeros((rw.repeats, len(sizes) + 1)) for q in _QUANTIZERS}
         for rep in range(rw.repeats):
-            err_c, err_l = _pair_errors(w1, w2, c, r, float(eps), spec.d, 1, gen)
-            for key, err in (("c", err_c[0]), ("l", err_l[0])):
+            errors = _pair_errors(w1, w2, c, r, float(eps), spec.d, 1, gen)
+            for q, err in zip(_QUANTIZERS, errors, strict=True):
                 sums = torch.zeros(len(sizes), dtype=torch.float64, device=dev)
-                sums.index_add_(0, layer_of, err)
-                sums_np = sums.cpu().numpy()
-                per_rep[key][rep, :-1] = sums_np / size_np
-                per_rep[key][rep, -1] = sums_np.sum() / size_np.sum()
-        for key, arr in per_rep.items():
-            res[f"{key}m"][k] = arr.mean(axis=0)
-            res[f"{key}s"][k] = (
+                sums.index_add_(0, layer_of, err[0])
+                per_rep[q][rep] = layer_means(sums.cpu().numpy())
+        for q, arr in per_rep.items():
+            res[f"{q}_measured"][k] = arr.mean(axis=0)
+            res[f"{q}_se"][k] = (
                 arr.std(axis=0, ddof=1) / math.sqrt(rw.repeats) if rw.repeats > 1 else 0.0
             )
-        closed_c = np.asarray(corbin_pair_mse(w1_np, w2_np, c_np, r_np, float(eps), spec.d))
-        closed_l = np.asarray(ldpq_pair_mse(w1_np, w2_np, c_np, r_np, float(eps)))
-        for key, closed in (("cc", closed_c), ("lc", closed_l)):
-            sums = np.bincount(layer_of.cpu().numpy(), weights=closed, minlength=len(sizes))
-            res[key][k, :-1] = sums / size_np
-            res[key][k, -1] = sums.sum() / size_np.sum()
+        closed = {
+            "corbin": corbin_pair_mse(w1_np, w2_np, c_np, r_np, float(eps), spec.d),
+            "ldpq": ldpq_pair_mse(w1_np, w2_np, c_np, r_np, float(eps)),
+        }
+        for q, values in closed.items():
+            weights = np.asarray(values)
+            sums = np.bincount(layer_of.cpu().numpy(), weights=weights, minlength=len(sizes))
+            res[f"{q}_closed"][k] = layer_means(sums)
         if on_step is not None:
             on_step(k + 2, len(spec.epsilons) + 1)
     return RealWeightsMSE(
@@ -413,12 +405,7 @@ def measure_real_weights(
         d=spec.d,
         repeats=rw.repeats,
         radius=(*r_list, max(r_list)),
-        corbin_measured=res["cm"],
-        corbin_se=res["cs"],
-        corbin_closed=res["cc"],
-        ldpq_measured=res["lm"],
-        ldpq_se=res["ls"],
-        ldpq_closed=res["lc"],
+        **res,
     )
 
 
@@ -427,51 +414,23 @@ def measure_real_weights(
 
 def write_grid_csv(path: Path, grid: GridMSE) -> None:
     """One row per ``(eps, w1, w2)``: measured mean and SE and closed form, both quantizers."""
-    lines = [
-        "epsilon,w1,w2,corbin_measured,corbin_se,corbin_closed,ldpq_measured,ldpq_se,ldpq_closed"
-    ]
-    for k, eps in enumerate(grid.epsilons):
-        for i, a in enumerate(grid.w):
-            for j, b in enumerate(grid.w):
-                vals = (
-                    grid.corbin_measured[k, i, j],
-                    grid.corbin_se[k, i, j],
-                    grid.corbin_closed[k, i, j],
-                    grid.ldpq_measured[k, i, j],
-                    grid.ldpq_se[k, i, j],
-                    grid.ldpq_closed[k, i, j],
-                )
-                lines.append(
-                    ",".join(
-                        [repr(eps), repr(float(a)), repr(float(b))] + [repr(float(v)) for v in vals]
-                    )
-                )
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    eps, w1, w2 = np.meshgrid(grid.epsilons, grid.w, grid.w, indexing="ij")
+    columns = {"epsilon": eps, "w1": w1, "w2": w2}
+    columns.update({name: getattr(grid, name) for name in _ARRAYS})
+    write_table(path, pd.DataFrame({k: np.ravel(v) for k, v in columns.items()}))
 
 
 def write_real_csv(path: Path, real: RealWeightsMSE) -> None:
     """One row per ``(eps, layer)``: per-parameter pair MSE measured (SE) and closed form."""
-    lines = [
-        "epsilon,layer,params,radius,corbin_measured,corbin_se,corbin_closed,"
-        "ldpq_measured,ldpq_se,ldpq_closed"
-    ]
-    for k, eps in enumerate(real.epsilons):
-        for li, name in enumerate(real.layers):
-            vals = (
-                real.corbin_measured[k, li],
-                real.corbin_se[k, li],
-                real.corbin_closed[k, li],
-                real.ldpq_measured[k, li],
-                real.ldpq_se[k, li],
-                real.ldpq_closed[k, li],
-            )
-            lines.append(
-                ",".join(
-                    [repr(eps), name, str(real.sizes[li]), repr(float(real.radius[li]))]
-                    + [repr(float(v)) for v in vals]
-                )
-            )
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    n_eps = len(real.epsilons)
+    columns = {
+        "epsilon": np.repeat(real.epsilons, len(real.layers)),
+        "layer": np.tile(np.array(real.layers, dtype=object), n_eps),
+        "params": np.tile(real.sizes, n_eps),
+        "radius": np.tile(real.radius, n_eps),
+    }
+    columns.update({name: np.ravel(getattr(real, name)) for name in _ARRAYS})
+    write_table(path, pd.DataFrame(columns))
 
 
 # --------------------------------------------------------------------------- persistence
