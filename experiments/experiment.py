@@ -203,14 +203,12 @@ def run_federated(
     max_runs: int | None = None,
     progress: bool = True,
     console: object | None = None,
-    on_run_done: Callable[[Run, str], None] | None = None,
 ) -> Outcome:
     """Execute the runs of ``spec`` that are not done yet, then write every output.
 
     ``app_dir`` defaults to this checkout (:func:`runner.find_app_dir`); ``backend`` overrides
     the one the spec names (tests); at most ``max_runs`` runs are executed now, the rest stay
-    for the next invocation; ``progress`` and ``console`` drive the rich display;
-    ``on_run_done`` gets ``(run, "done" | "failed: ...")`` after each executed run.
+    for the next invocation; ``progress`` and ``console`` drive the rich display.
 
     Raises ``ValueError`` if the app does not declare every run-config key the runs use.
     """
@@ -279,8 +277,6 @@ def run_federated(
                 else:
                     outcome.executed += 1
                     logger.info("run %s done in %.1f s", run.run_id, time.monotonic() - t0)
-                if on_run_done is not None:
-                    on_run_done(run, "done" if error is None else f"failed: {error}")
                 view.advance(runs_bar)
     except KeyboardInterrupt:
         outcome.interrupted = True

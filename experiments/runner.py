@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 APP_OUT_DIR = "app"
 FAILED_FILE = "failed.json"
+READY_TIMEOUT_S = 120.0
+"""Seconds a simulation SuperLink has to start."""
 
 
 class RunFailedError(RuntimeError):
@@ -118,30 +120,18 @@ class SimulationBackend:
     """Flower's simulation runtime, one private SuperLink per run (via the launcher).
 
     ``num_cpus_per_client``/``num_gpus_per_client`` are the Ray resources of one virtual client
-    (``client-resources-num-cpus/gpus``): ``cpus / num_cpus_per_client`` clients train in
-    parallel. ``ready_timeout_s`` limits the SuperLink's start-up.
+    (``client-resources-num-cpus/gpus``, checked by the spec): ``cpus / num_cpus_per_client``
+    clients train in parallel. The SuperLink has :data:`READY_TIMEOUT_S` to start.
     """
 
     name = "simulation"
 
     def __init__(
-        self,
-        app_dir: Path,
-        *,
-        num_cpus_per_client: int = 1,
-        num_gpus_per_client: float = 0.0,
-        ready_timeout_s: float = 120.0,
+        self, app_dir: Path, *, num_cpus_per_client: int = 1, num_gpus_per_client: float = 0.0
     ) -> None:
-        if isinstance(num_cpus_per_client, bool) or not isinstance(num_cpus_per_client, int):
-            raise TypeError(f"num_cpus_per_client must be an int, got {num_cpus_per_client!r}")
-        if num_cpus_per_client < 1:
-            raise ValueError(f"num_cpus_per_client must be >= 1, got {num_cpus_per_client}")
-        if not num_gpus_per_client >= 0:
-            raise ValueError(f"num_gpus_per_client must be >= 0, got {num_gpus_per_client}")
         self.app_dir = Path(app_dir).resolve()
         self.num_cpus_per_client = num_cpus_per_client
         self.num_gpus_per_client = float(num_gpus_per_client)
-        self.ready_timeout_s = ready_timeout_s
 
     def execute(
         self,
@@ -164,7 +154,7 @@ class SimulationBackend:
             num_clients=int(run.clients),
             run_config=dict(run_config),
             timeout=timeout_s,
-            ready_timeout=self.ready_timeout_s,
+            ready_timeout=READY_TIMEOUT_S,
             federation_config=fed,  # num-supernodes is added per run
         )
         result = run_simulation(options, lambda state: on_round(len(state.metrics)))
@@ -183,8 +173,6 @@ class DeploymentBackend:
     name = "deployment"
 
     def __init__(self, app_dir: Path, connection: str) -> None:
-        if not isinstance(connection, str) or not connection:
-            raise ValueError(f"connection must be a non-empty string, got {connection!r}")
         self.app_dir = Path(app_dir).resolve()
         self.connection = connection
 
