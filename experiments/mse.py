@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import itertools
 import json
 import logging
@@ -39,6 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from corbin_fl.fsio import atomic_write_bytes
 from experiments.results import Stat, write_table
 from experiments.spec import MSESpec, RealWeightsSpec
 
@@ -450,11 +452,9 @@ def save_measurement(path: Path, data: GridMSE | RealWeightsMSE) -> None:
             arrays[f.name] = value
         else:
             meta[f.name] = list(value) if isinstance(value, tuple) else value
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.npz")
-    np.savez(tmp, __meta__=np.array(json.dumps(meta)), **arrays)
-    tmp.replace(path)
+    npz = io.BytesIO()
+    np.savez(npz, __meta__=np.array(json.dumps(meta)), **arrays)
+    atomic_write_bytes(path, npz.getvalue())
 
 
 def load_measurement(path: Path) -> GridMSE | RealWeightsMSE:

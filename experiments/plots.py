@@ -21,6 +21,7 @@ it) and :func:`save` writes it as a PNG.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import textwrap
@@ -33,6 +34,7 @@ import numpy as np
 
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS, RunConfig
+from corbin_fl.fsio import atomic_write_bytes
 from experiments.results import GroupResult, Stat, group_label
 from experiments.spec import CLIENTS_KEY
 
@@ -358,13 +360,11 @@ def _int_ticks(ax: Axes) -> None:
 
 def save(fig: Figure, path: Path) -> Path:
     """Write ``fig`` to the PNG ``path`` (atomically, folders created); return ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
+    atomic_write_bytes(path, png.getvalue())
     logger.info("wrote %s", path)
-    return path
+    return Path(path)
 
 
 def _color(mechanism: str) -> str | None:
