@@ -9,8 +9,3 @@ SuperLink) by :mod:`~experiments.runner`, and summarised by
 :mod:`~experiments.report`. The quantizer-MSE experiment (paper Fig. 4) needs no
 federation and lives in :mod:`~experiments.mse`.
 """
-
-from experiments.spec import ExperimentSpec, SpecError, load_spec, parse_spec
-from experiments.sweep import Run, expand_runs
-
-__all__ = ["ExperimentSpec", "Run", "SpecError", "expand_runs", "load_spec", "parse_spec"]

@@ -169,15 +169,10 @@ def finalize_federated(
     for name in spec.figures:
         if name in _GROUP_FIGURES:
             fig = _GROUP_FIGURES[name](groups, keys, title=title)
-        elif name in plots.X_KEY_OF_FIGURE:
-            x_key = plots.X_KEY_OF_FIGURE[name]
-            if x_key not in keys:
-                logger.warning(
-                    "figure %s skipped: %s does not vary in this experiment", name, x_key
-                )
-                continue
+        elif (x_key := plots.X_KEY_OF_FIGURE[name]) in keys:  # the spec checked the name
             fig = plots.accuracy_vs_figure(groups, x_key, keys, title=title)
         else:
+            logger.warning("figure %s skipped: %s does not vary in this experiment", name, x_key)
             continue
         figures[name] = plots.save(fig, paths.figures_dir / f"{name}.png")
     targets = write_federated_report(

@@ -537,9 +537,8 @@ def accuracy_vs_figure(
     all_x = sorted({x_of(g) for ms in lines.values() for g in ms})
     fig, (ax,) = _figure(w=5.5)
     mechs_per_line = {label: {_mech(g) for g in ms} for label, ms in lines.items()}
-    one_line_per_mech = all(len(m) == 1 for m in mechs_per_line.values()) and len(
-        {next(iter(m)) for m in mechs_per_line.values()}
-    ) == len(lines)
+    mechs = [m for ms in mechs_per_line.values() for m in ms]
+    one_line_per_mech = len(mechs) == len(set(mechs)) == len(lines)  # each its own mechanism
     handles: list[Any] = []
     labels: list[str] = []
     bands: _Bands = []

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -296,6 +296,12 @@ def load_run(run_dir: Path) -> RunResult:
     )
 
 
+def _over_seeds(value: Callable[[RunResult], float], doc: str) -> Any:
+    """A :class:`GroupResult` property: the :class:`Stat` of ``value`` over the group's runs
+    (its seeds); ``doc`` says what the value is."""
+    return property(lambda group: Stat.of(value(r) for r in group.runs), doc=f"{doc} Over seeds.")
+
+
 @dataclass(frozen=True)
 class GroupResult:
     """One setting after lambda selection: the runs (seeds) at the chosen lambda.
@@ -307,35 +313,12 @@ class GroupResult:
     lambda_scores: Mapping[float, Stat]
     runs: tuple[RunResult, ...]
 
-    @property
-    def test(self) -> Stat:
-        """Test accuracy at the validation-selected round, over seeds."""
-        return Stat.of(r.selection.test_accuracy for r in self.runs)
-
-    @property
-    def final_test(self) -> Stat:
-        """Final-round test accuracy, over seeds."""
-        return Stat.of(r.final_test_accuracy for r in self.runs)
-
-    @property
-    def val(self) -> Stat:
-        """Validation accuracy at the checkpoint, over seeds."""
-        return Stat.of(r.selection.val_accuracy for r in self.runs)
-
-    @property
-    def selected_round(self) -> Stat:
-        """Checkpoint round, over seeds."""
-        return Stat.of(r.selection.round for r in self.runs)
-
-    @property
-    def uplink_bytes(self) -> Stat:
-        """Total uplink bytes of a run, over seeds."""
-        return Stat.of(r.uplink_bytes for r in self.runs)
-
-    @property
-    def seconds(self) -> Stat:
-        """Wall seconds of a run, over seeds."""
-        return Stat.of(r.seconds for r in self.runs)
+    test = _over_seeds(lambda r: r.selection.test_accuracy, "Test accuracy at the checkpoint.")
+    final_test = _over_seeds(lambda r: r.final_test_accuracy, "Final-round test accuracy.")
+    val = _over_seeds(lambda r: r.selection.val_accuracy, "Validation accuracy at the checkpoint.")
+    selected_round = _over_seeds(lambda r: r.selection.round, "Checkpoint round.")
+    uplink_bytes = _over_seeds(lambda r: r.uplink_bytes, "Total uplink bytes of a run.")
+    seconds = _over_seeds(lambda r: r.seconds, "Wall seconds of a run.")
 
     def privacy(self, key: str) -> float | None:
         """A privacy number of the setting (the same for every seed; the first is returned)."""

@@ -30,7 +30,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -134,43 +134,40 @@ def make_run_id(config: Mapping[str, RunValue], clients: int | None) -> str:
     return "-".join(parts)
 
 
-def _product(
-    grid: Sequence[tuple[str, Sequence[RunValue]]],
-) -> Iterable[dict[str, RunValue]]:
-    keys = [k for k, _ in grid]
-    for combo in itertools.product(*(values for _, values in grid)):
-        yield dict(zip(keys, combo, strict=True))
-
-
-def expand_settings(spec: ExperimentSpec) -> list[tuple[dict[str, RunValue], int | None]]:
-    """Expand ``[base]``, ``[grid]`` and ``[[extra-grid]]`` into distinct settings.
-
-    Returns
-    -------
-    list of (run_config_without_seed_and_lr, clients)
-        In sweep order, duplicates removed (first occurrence kept).
-    """
-    if spec.kind != "federated":
-        raise ValueError(f"only federated specs expand into runs, got kind={spec.kind!r}")
-    seen: set[str] = set()
-    out: list[tuple[dict[str, RunValue], int | None]] = []
-    grids = (spec.grid, *spec.extra_grids)
-    for grid in grids:
-        for point in _product(grid):
-            cfg = dict(spec.base)
-            clients = point.pop(CLIENTS_KEY, spec.clients)
-            cfg.update(point)
-            key = canonical_json({"c": cfg, "n": clients})
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append((cfg, int(clients) if clients is not None else None))
-    return out
+def _setting_runs(spec: ExperimentSpec, cfg: dict[str, RunValue], clients: int | None) -> list[Run]:
+    """The runs of one setting (``cfg`` without seed and lambda, on ``clients`` clients)."""
+    if clients is None and spec.backend == "simulation":
+        raise SpecError(
+            f"{spec.source or spec.name}: base.clients: required with backend = "
+            '"simulation" (the number of virtual SuperNodes), or sweep it in [grid]'
+        )
+    if clients is not None and "min-clients" not in cfg:
+        # All virtual SuperNodes exist from the start of a simulation: wait for all of them,
+        # so every round of every run starts with the configured number of clients.
+        cfg = {**cfg, "min-clients": clients}
+    runs = []
+    for lam in spec.lambda_grid:
+        for seed in spec.seeds:
+            run_config = {**cfg, "global-lr": float(lam), "seed": int(seed)}
+            where = f"{spec.name}: setting {canonical_json(run_config)}"
+            config = validate_run_config(run_config, where).result_config()
+            runs.append(
+                Run(
+                    run_id=make_run_id(config, clients),
+                    run_config=MappingProxyType(run_config),
+                    clients=clients,
+                    config_hash=config_hash(config, clients),
+                    config=MappingProxyType(config),
+                )
+            )
+    return runs
 
 
 def expand_runs(spec: ExperimentSpec) -> list[Run]:
     """Expand a federated spec into its runs: ``settings x lambda-grid x seeds``.
 
+    The settings are ``[base]`` updated by each point of ``[grid]`` and then of every
+    ``[[extra-grid]]`` (cartesian products, in file order), a repeated setting expanded once.
     Every run's complete configuration is validated with
     :meth:`corbin_fl.config.RunConfig.from_flower` (all keys together), so an impossible
     combination fails here, before anything runs.
@@ -183,31 +180,19 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
         If a run's configuration is invalid as a whole, or a simulation run has no number of
         clients.
     """
+    if spec.kind != "federated":
+        raise ValueError(f"only federated specs expand into runs, got kind={spec.kind!r}")
+    seen: set[str] = set()
     runs: list[Run] = []
-    for cfg, clients in expand_settings(spec):
-        if clients is None and spec.backend == "simulation":
-            raise SpecError(
-                f"{spec.source or spec.name}: base.clients: required with backend = "
-                '"simulation" (the number of virtual SuperNodes), or sweep it in [grid]'
-            )
-        if clients is not None and "min-clients" not in cfg:
-            # All virtual SuperNodes exist from the start of a simulation: wait for all of them,
-            # so every round of every run starts with the configured number of clients.
-            cfg = {**cfg, "min-clients": clients}
-        for lam in spec.lambda_grid:
-            for seed in spec.seeds:
-                run_config = {**cfg, "global-lr": float(lam), "seed": int(seed)}
-                where = f"{spec.name}: setting {canonical_json(run_config)}"
-                config = validate_run_config(run_config, where).result_config()
-                runs.append(
-                    Run(
-                        run_id=make_run_id(config, clients),
-                        run_config=MappingProxyType(run_config),
-                        clients=clients,
-                        config_hash=config_hash(config, clients),
-                        config=MappingProxyType(config),
-                    )
-                )
+    for grid in (spec.grid, *spec.extra_grids):
+        keys = [k for k, _ in grid]
+        for combo in itertools.product(*(values for _, values in grid)):
+            cfg: dict[str, RunValue] = {**spec.base, **dict(zip(keys, combo, strict=True))}
+            clients = cfg.pop(CLIENTS_KEY, spec.clients)
+            if (key := canonical_json({"c": cfg, "n": clients})) in seen:
+                continue
+            seen.add(key)
+            runs += _setting_runs(spec, cfg, None if clients is None else int(clients))
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):  # pragma: no cover - a SHA-256 prefix collision
         raise RuntimeError("run id collision; lengthen the hash prefix")
