@@ -29,6 +29,7 @@ from deploy.processes import (
     ProcessRegistry,
     flower_env,
     free_ports,
+    thread_share,
 )
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class LocalDeployment:
     """One SuperLink and ``num_supernodes`` SuperNodes on loopback, each in its own session.
 
     Use as a context manager; leaving it (normally or by an exception) stops everything.
+    Every process gets this host's share of threads for the clients that train at once
+    (:func:`deploy.processes.thread_share`) unless the environment sets ``OMP_NUM_THREADS``.
 
     Parameters
     ----------
@@ -98,7 +101,10 @@ class LocalDeployment:
         self.node_config = dict(node_config or {})
         self.simulation = simulation
         self.host = host
-        self.registry = ProcessRegistry(env={"FLWR_HOME": str(self.flwr_home)})
+        env = {"FLWR_HOME": str(self.flwr_home)}
+        if num_supernodes:  # its SuperNodes' ClientApps train at once on this host's cores
+            env.update(thread_share(num_supernodes))
+        self.registry = ProcessRegistry(env=env)
         self.superlink: ManagedProcess | None = None
         self.superlink_port: int | None = None
         self.supernodes: dict[int, ManagedProcess] = {}

@@ -18,7 +18,7 @@ from typing import Final
 
 import pytest
 
-from deploy.processes import FLOWER_ENV, ProcessRegistry, free_ports
+from deploy.processes import FLOWER_ENV, THREADS_ENV, ProcessRegistry, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +26,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Flower CLIs and processes started by any test: no telemetry, no update check, no `uv sync`.
 for _key, _value in FLOWER_ENV.items():
     os.environ.setdefault(_key, _value)
+
+# One torch thread per process started by a test: the suite runs 4 workers on 2 cores, each test
+# starts several ClientApps that train at once, and oversubscribed OpenMP threads spin instead of
+# computing (deploy.processes.thread_share; a user's own OMP_NUM_THREADS is kept).
+os.environ.setdefault(THREADS_ENV, "1")
 
 
 def flower_installed() -> bool:

@@ -30,6 +30,7 @@ from deploy.flower import format_config_args, parse_config_string, write_connect
 from deploy.follow import read_jsonl
 from deploy.local import LocalDeployment
 from deploy.processes import (
+    THREADS_ENV,
     LauncherError,
     ProcessRegistry,
     alive_matching,
@@ -37,6 +38,7 @@ from deploy.processes import (
     free_ports,
     is_alive,
     process_ref,
+    thread_share,
 )
 from deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 
@@ -576,6 +578,25 @@ def test_free_ports_are_distinct_and_bindable() -> None:
             sock.bind(("127.0.0.1", port))
     with pytest.raises(ValueError):
         free_ports(0)
+
+
+def test_thread_share_splits_the_cores_and_keeps_the_users_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert thread_share(1) == {THREADS_ENV: "8"}
+    assert thread_share(3) == {THREADS_ENV: "2"}
+    assert thread_share(16) == {THREADS_ENV: "1"}
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="trainers"):
+            thread_share(bad)  # type: ignore[arg-type]
+    # A local deployment's processes get the share of its SuperNodes; a simulation none.
+    assert LocalDeployment(4, tmp_path, tmp_path).env[THREADS_ENV] == "2"
+    assert THREADS_ENV not in LocalDeployment(0, tmp_path, tmp_path, simulation=True).env
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert thread_share(4) == {}
+    assert LocalDeployment(4, tmp_path, tmp_path).env[THREADS_ENV] == "3"
 
 
 def test_write_connection(tmp_path: Path) -> None:
