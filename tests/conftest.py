@@ -18,7 +18,13 @@ from typing import Final
 
 import pytest
 
-from deploy.processes import FLOWER_ENV, THREADS_ENV, ProcessRegistry, free_ports
+from deploy.processes import (
+    FLOWER_ENV,
+    TASK_POLL_ENV,
+    THREADS_ENV,
+    ProcessRegistry,
+    free_ports,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,10 +33,16 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 for _key, _value in FLOWER_ENV.items():
     os.environ.setdefault(_key, _value)
 
-# One torch thread per process started by a test: the suite runs 4 workers on 2 cores, each test
+# One torch thread per process started by a test: the suite runs 6 workers on 2 cores, each test
 # starts several ClientApps that train at once, and oversubscribed OpenMP threads spin instead of
 # computing (deploy.processes.thread_share; a user's own OMP_NUM_THREADS is kept).
 os.environ.setdefault(THREADS_ENV, "1")
+
+# Flower's own task poll (1 s) for the executors of the tests' deployments, not the 0.2 s that
+# local deployments set for latency (deploy.processes.DEFAULT_TASK_POLL_INTERVAL): an idle
+# 2-node deployment used 4.8 CPU-s a minute at 0.2 s and 2.1 at 1 s, and the suite keeps ~50
+# executors alive for ~100 minutes in all. tests/waits.py bounds every stage with this value.
+os.environ.setdefault(TASK_POLL_ENV, "1.0")
 
 
 def flower_installed() -> bool:

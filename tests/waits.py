@@ -28,7 +28,7 @@ SUPERNODE_REPLY_POLL_S: Final[float] = 0.5
 
 SUPEREXEC_POLL_S: Final[float] = float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1.0"))
 """The SuperExec that starts each ClientApp process polls for tasks this often (Flower's
-``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, default 1 s)."""
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, default 1 s; tests/conftest.py sets 1 s for the suite)."""
 
 
 LOAD_HEADROOM: Final[float] = 8.0

@@ -19,22 +19,33 @@ import sys
 import textwrap
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from rich.console import Console
+from waits import (
+    LOAD_HEADROOM,
+    SUPEREXEC_POLL_S,
+    SUPERNODE_POLL_S,
+    SUPERNODE_REPLY_POLL_S,
+    StartupTiming,
+)
 
 from deploy import cli
 from deploy.flower import format_config_args, parse_config_string, write_connection
 from deploy.follow import read_jsonl
 from deploy.local import LocalDeployment
 from deploy.processes import (
+    DEFAULT_TASK_POLL_INTERVAL,
+    TASK_POLL_ENV,
     THREADS_ENV,
     LauncherError,
     ProcessRegistry,
     alive_matching,
     descendants,
+    flower_env,
     free_ports,
     is_alive,
     process_ref,
@@ -158,6 +169,29 @@ def tiny_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (pkg / "server.py").write_text(_TINY_SERVER)
     (pkg / "client.py").write_text(_TINY_CLIENT)
     return root
+
+
+SEND_AND_RECEIVE_POLL_S: Final[float] = 3.0
+"""Flower 1.41's ``Grid.send_and_receive`` (the tiny ServerApp's loop) pulls replies every 3 s."""
+
+
+def _tiny_waits(startup: StartupTiming, nodes: int) -> tuple[float, float, float]:
+    """``(ready, stage, run)`` of a tiny-app run on ``nodes`` nodes, from a start-up probe taken
+    now: start-up of the SuperLink and the nodes (:meth:`StartupTiming.startup_timeout`); a
+    stage's wait for its live nodes (``T_poll + T_exec + k * s(n) * T_startup + T_reply +
+    T_pull``: the tiny ClientApp's work is its process's start-up); the run: the ServerApp's
+    start-up, the first stage (the app's default ``first-stage-timeout``, 90 s) and a later
+    stage. None is below the fixed value these tests used before (25 s, 200 s)."""
+    stage = (
+        SUPERNODE_POLL_S
+        + SUPEREXEC_POLL_S
+        + LOAD_HEADROOM * startup.slowdown(nodes) * startup.startup
+        + SUPERNODE_REPLY_POLL_S
+        + SEND_AND_RECEIVE_POLL_S
+    )
+    stage = max(25.0, stage)
+    run = max(200.0, LOAD_HEADROOM * startup.startup + 90.0 + stage)
+    return startup.startup_timeout(1 + nodes), stage, run
 
 
 def _round_start_time(events: list[dict], rnd: int) -> float:
@@ -599,6 +633,17 @@ def test_thread_share_splits_the_cores_and_keeps_the_users_setting(
     assert LocalDeployment(4, tmp_path, tmp_path).env[THREADS_ENV] == "3"
 
 
+def test_flower_env_polls_at_the_tuned_interval_unless_the_user_sets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(TASK_POLL_ENV, raising=False)
+    env = flower_env({"FLWR_HOME": "/x"})
+    assert env[TASK_POLL_ENV] == DEFAULT_TASK_POLL_INTERVAL == "0.2"
+    assert env["FLWR_HOME"] == "/x" and env["FLWR_TELEMETRY_ENABLED"] == "0"
+    monkeypatch.setenv(TASK_POLL_ENV, "1.0")
+    assert flower_env()[TASK_POLL_ENV] == "1.0"
+
+
 def test_write_connection(tmp_path: Path) -> None:
     path = write_connection(tmp_path / "home", "127.0.0.1:4321")
     data = tomllib.loads(path.read_text())
@@ -710,19 +755,28 @@ def test_deployment_start_failure_cleans_up(tmp_path: Path) -> None:
 
 # ====================================================================== e2e: tiny app
 @pytest.mark.e2e
+# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
 @pytest.mark.timeout(240)
-def test_local_run_with_killed_client(tiny_app: Path, tmp_path: Path) -> None:
+def test_local_run_with_killed_client(
+    tiny_app: Path,
+    tmp_path: Path,
+    flower_startup: StartupTiming,
+    rearm_timeout: Callable[[float], None],
+) -> None:
     """2 SuperNodes, 2 rounds; partition 1 SIGKILLed in round 2; everything stopped after."""
     seen: list[str] = []
     out = tmp_path / "out"
+    ready, stage, run = _tiny_waits(flower_startup, 2)
+    rearm_timeout(ready + run + 60)
     options = LocalRunOptions(
         app_dir=tiny_app,
         out_dir=out,
         num_clients=2,
-        run_config={"num-rounds": 2, "stage-timeout": 25.0, "min-nodes": 2},
+        run_config={"num-rounds": 2, "stage-timeout": stage, "min-nodes": 2},
         kills=(KillSpec(1, 2),),
         kill_delay=0.5,
-        timeout=200,
+        timeout=run,
+        ready_timeout=ready,
     )
     result = run_local(options, progress=lambda s: seen.append(s.phase))
     assert result.ok, result.reason
@@ -877,15 +931,27 @@ def test_interrupts_wait_for_process_bookkeeping() -> None:
 
 
 @pytest.mark.e2e
+# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
 @pytest.mark.timeout(300)
-def test_simulation_runtime(tiny_app: Path, tmp_path: Path, flwr_home: Path) -> None:
+def test_simulation_runtime(
+    tiny_app: Path,
+    tmp_path: Path,
+    flwr_home: Path,
+    flower_startup: StartupTiming,
+    rearm_timeout: Callable[[float], None],
+) -> None:
+    # Start-up: the SuperLink, then Ray's own processes and one worker per virtual node.
+    _, _, run = _tiny_waits(flower_startup, 2)
+    ready = flower_startup.startup_timeout(1 + 2 + 2)
+    rearm_timeout(ready + run + 60)
     options = LocalRunOptions(
         app_dir=tiny_app,
         out_dir=tmp_path / "out",
         num_clients=2,
         run_config={"num-rounds": 1, "min-nodes": 2},
         federation_config={"client-resources-num-cpus": 1},
-        timeout=220,
+        timeout=ready + run,
+        ready_timeout=ready,
         keep_logs=True,
         flwr_home=flwr_home,
     )
