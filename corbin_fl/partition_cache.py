@@ -122,7 +122,6 @@ def store(key: str, parts: tuple[np.ndarray, ...]) -> None:
     buf = io.BytesIO()
     np.savez(buf, key=np.array(key), **{f"p{i}": p for i, p in enumerate(parts)})
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue())  # creates the folder
     except OSError as exc:
         logger.warning("partition cache %s not written (%s)", path, exc)
