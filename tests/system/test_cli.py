@@ -25,13 +25,7 @@ from typing import Any, Final
 
 import pytest
 from rich.console import Console
-from waits import (
-    LOAD_HEADROOM,
-    SUPEREXEC_POLL_S,
-    SUPERNODE_POLL_S,
-    SUPERNODE_REPLY_POLL_S,
-    StartupTiming,
-)
+from waits import LOAD_HEADROOM, ClientAppTiming, StartupTiming
 
 from deploy import cli
 from deploy.flower import format_config_args, parse_config_string, write_connection
@@ -175,23 +169,23 @@ SEND_AND_RECEIVE_POLL_S: Final[float] = 3.0
 """Flower 1.41's ``Grid.send_and_receive`` (the tiny ServerApp's loop) pulls replies every 3 s."""
 
 
-def _tiny_waits(startup: StartupTiming, nodes: int) -> tuple[float, float, float]:
+def _tiny_waits(
+    startup: StartupTiming, nodes: int, *, processes: int | None = None
+) -> tuple[float, float, float]:
     """``(ready, stage, run)`` of a tiny-app run on ``nodes`` nodes, from a start-up probe taken
-    now: start-up of the SuperLink and the nodes (:meth:`StartupTiming.startup_timeout`); a
-    stage's wait for its live nodes (``T_poll + T_exec + k * s(n) * T_startup + T_reply +
-    T_pull``: the tiny ClientApp's work is its process's start-up); the run: the ServerApp's
-    start-up, the first stage (the app's default ``first-stage-timeout``, 90 s) and a later
-    stage. None is below the fixed value these tests used before (25 s, 200 s)."""
-    stage = (
-        SUPERNODE_POLL_S
-        + SUPEREXEC_POLL_S
-        + LOAD_HEADROOM * startup.slowdown(nodes) * startup.startup
-        + SUPERNODE_REPLY_POLL_S
-        + SEND_AND_RECEIVE_POLL_S
+    now: the start-up of ``processes`` Flower processes (default: the SuperLink and the nodes;
+    :meth:`StartupTiming.startup_timeout`); a stage's wait for its live nodes
+    (:meth:`ClientAppTiming.stage_timeout` with the ServerApp pulling every
+    :data:`SEND_AND_RECEIVE_POLL_S`, the tiny ClientApp's whole work being its process's
+    start-up); the run: the ServerApp's start-up, the first stage (the app's default
+    ``first-stage-timeout``, 90 s) and a later stage. None is below the fixed value these tests
+    used before (25 s, 200 s)."""
+    app = ClientAppTiming(
+        startup=startup.startup, cores=startup.cores, first=startup.startup, partition=0.0
     )
-    stage = max(25.0, stage)
+    stage = max(25.0, app.stage_timeout(nodes, first=True, poll_interval=SEND_AND_RECEIVE_POLL_S))
     run = max(200.0, LOAD_HEADROOM * startup.startup + 90.0 + stage)
-    return startup.startup_timeout(1 + nodes), stage, run
+    return startup.startup_timeout(processes or 1 + nodes), stage, run
 
 
 def _round_start_time(events: list[dict], rnd: int) -> float:
@@ -941,8 +935,7 @@ def test_simulation_runtime(
     rearm_timeout: Callable[[float], None],
 ) -> None:
     # Start-up: the SuperLink, then Ray's own processes and one worker per virtual node.
-    _, _, run = _tiny_waits(flower_startup, 2)
-    ready = flower_startup.startup_timeout(1 + 2 + 2)
+    ready, _, run = _tiny_waits(flower_startup, 2, processes=1 + 2 + 2)
     rearm_timeout(ready + run + 60)
     options = LocalRunOptions(
         app_dir=tiny_app,
