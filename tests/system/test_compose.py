@@ -686,9 +686,6 @@ def test_tls_command_lines_run_on_loopback(
 DEMO_MIN_ACCURACY = 0.5
 """Round-2 test accuracy floor of the demo run (chance 0.1; the app's defaults reach about 0.8
 with 3-4 clients in two rounds at eps_p = 1; the 1,000 test digits give a binomial std of 0.013)."""
-TRAIN_DIGITS = 3200
-"""The public training split of the embedded MNIST digits (5,000: 3,200 train, 800 validation,
-1,000 test): the ``train_size`` of :func:`corbin_fl.training.step_bound`."""
 
 
 # Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
@@ -808,8 +805,7 @@ def test_demo_command_lines_and_documented_run_learn_on_loopback(
     # tests/system/test_defaults_learn.py checks docs/RUNNING.md's command and runs them in
     # simulation): the update range with R derived from public training settings,
     # ceil(3,200 training digits / (3 clients x batch 64)) = 17 Adam steps x lr 1e-3.
-    steps = -(-TRAIN_DIGITS // (len(clients) * app.batch_size)) * app.local_epochs
-    assert summary["update_radius"]["value"] == pytest.approx(steps * app.lr)
+    assert summary["update_radius"]["value"] == pytest.approx(17 * 1e-3)
     # R bounds Adam's update: almost nothing is clipped (a fixed R = 0.01 clipped 12% in round 1
     # with four clients).
     clip = summary["clip_fraction"]

@@ -23,7 +23,6 @@ from experiments.results import (
 )
 from experiments.spec import parse_spec
 
-REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 E2E_SPEC = """
