@@ -120,9 +120,7 @@ def encode_update(
     -------
     EncodeResult
     """
-    from corbin_fl.training import pick_device
-
-    dev = pick_device("auto")
+    dev = encode_device(cfg.mechanism)
     g = torch.from_numpy(w_global).to(dev)
     w = torch.from_numpy(weights).to(dev)
     if cfg.quantizes_update:
@@ -151,6 +149,20 @@ def encode_update(
         **extra,
     }
     return EncodeResult(array_key=key, array=array, metrics=metrics, z_digest=digest)
+
+
+def encode_device(mechanism: str) -> torch.device:
+    """Where the update of ``mechanism`` is encoded (the registry's encoder contract).
+
+    ``encode_device = "update"``: the node's CUDA device when it has one, else the CPU
+    (:func:`corbin_fl.training.pick_device` ``("auto")``); ``"cpu"``: the CPU.
+    """
+    from corbin_fl import registry
+    from corbin_fl.training import pick_device
+
+    if registry.get(mechanism).encode_device == "cpu":
+        return torch.device("cpu")
+    return pick_device("auto")
 
 
 def clip_fraction(
@@ -203,6 +215,7 @@ class EncodeInput:
         Node context (FedCAD keeps its state in ``context.state``).
     w : torch.Tensor
         What is quantized: the trained model ``w_i``, or ``w_i - w_g`` in update range mode.
+        Every tensor here and ``gen`` are on ``w.device`` (the registry's encoder contract).
     w_global : torch.Tensor
         The round's global model ``w_g``.
     blocks : Sequence[RangeBlock]
@@ -255,14 +268,26 @@ def encode(
     element (``[m]``, without ``layout``). ``assignment`` is checked by the caller; the
     encoders see its outcome in ``shared``.
 
+    The registry's encoder contract is kept here: every tensor the encoder gets is on one device,
+    ``w``'s device (``encode_device = "update"``) or the CPU (``"cpu"``), and its array comes
+    back to the host (a ``torch.Tensor`` is copied there; anything but a numpy array is refused).
+
     Returns
     -------
     tuple
         ``(array key, numpy array, extra metrics, z digest or None)``.
+
+    Raises
+    ------
+    TypeError
+        If the encoder returns something other than a numpy array or a tensor.
     """
     from corbin_fl import registry
     from corbin_fl.models import range_blocks
 
+    mech = registry.get(cfg.mechanism)
+    dev = torch.device("cpu") if mech.encode_device == "cpu" else w.device
+    w, w_global, c, r = (t.to(dev) for t in (w, w_global, c, r))
     flags: dict[str, float] = {wire.M_PAIRED: 0.0, wire.M_FALLBACK: 0.0, wire.M_FALLBACK_CODE: 0.0}
     job = EncodeInput(
         cfg=cfg,
@@ -276,7 +301,14 @@ def encode(
         cq=cq,
         flags=flags,
     )
-    key, array, digest = registry.get(cfg.mechanism).encode_fn()(job)
+    key, array, digest = mech.encode_fn()(job)
+    if isinstance(array, torch.Tensor):
+        array = _np(array)
+    if not isinstance(array, np.ndarray):
+        raise TypeError(
+            f"the encoder of {cfg.mechanism!r} returned a {type(array).__name__}, "
+            "not a numpy array (corbin_fl.registry: the encoder contract)"
+        )
     return key, array, flags, digest
 
 

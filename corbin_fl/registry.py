@@ -9,6 +9,20 @@ mechanism through the mod and the strategy.
 
 Encoders and aggregators are named by ``"module:attribute"`` and imported on first use, so this
 module (imported by ``corbin_fl.config``) stays free of torch.
+
+The encoder contract (what :func:`client.encode.encode` guarantees an encoder and expects back):
+
+- It is called as ``fn(job)`` with one :class:`client.encode.EncodeInput`. Every tensor of ``job``
+  (``w``, ``w_global``, the blocks' ``c`` and ``r`` when they are tensors) and its generator
+  ``gen`` live on one device, ``job.w.device``: with ``encode_device = "update"`` (the default)
+  the device of the update, which is the node's CUDA device when it has one (the mod picks it as
+  ``corbin_fl.training.pick_device("auto")``) and the CPU otherwise; with
+  ``encode_device = "cpu"`` always the CPU (the mod moves the update there first), for an encoder
+  written for the host only.
+- It returns ``(array key, array, z digest or None)`` where the array is a host
+  ``numpy.ndarray`` (an encoder on CUDA copies its result to the host, e.g.
+  ``t.detach().cpu().numpy()``; never ``t.numpy()``, which fails for a CUDA tensor). A
+  ``torch.Tensor`` on any device is copied to the host by the mod; anything else is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +40,9 @@ if TYPE_CHECKING:
     from corbin_fl.config import RunConfig
     from mechanisms.accounting import PrivacyEvent
     from mechanisms.baselines.levels import FiniteMechanism
+
+ENCODE_DEVICES: Final[tuple[str, ...]] = ("update", "cpu")
+"""Where an encoder runs (:attr:`Mechanism.encode_device`): the update's device, or the CPU."""
 
 WireSpec = tuple[str, np.dtype[Any], int]
 """``(array key, dtype, length)`` of an update on the wire."""
@@ -103,8 +120,9 @@ class Mechanism:
         Array key, dtype and length of one update of ``m`` parameters under the run's settings
         (e.g. ``ternary-encoding``, ``pbm-trials``).
     encoder : str
-        ``"module:function"`` of the client encoder, called as ``fn(cfg, context, w=..., ...)``
-        (see :func:`client.encode.encode`).
+        ``"module:function"`` of the client encoder, called as ``fn(job)`` with one
+        :class:`client.encode.EncodeInput` (see :func:`client.encode.encode` and the encoder
+        contract in this module's docstring); returns a host ``numpy.ndarray``.
     aggregator : str
         ``"module:Class"`` of the server's streaming aggregator
         (:class:`server.aggregation.Aggregator`).
@@ -123,6 +141,9 @@ class Mechanism:
         The update-stage assignments the server may send it.
     instruction_keys : frozenset[str]
         Keys its update instruction carries besides the common ones (e.g. CQ's shared seed).
+    encode_device : str
+        Where the encoder's tensors live (:data:`ENCODE_DEVICES`): ``"update"`` (default), the
+        device of the update (CUDA when the node has one), or ``"cpu"``.
     """
 
     name: str
@@ -136,6 +157,13 @@ class Mechanism:
     dp_unit: str = "parameter"
     assignments: tuple[str, ...] = ("solo",)
     instruction_keys: frozenset[str] = field(default_factory=frozenset)
+    encode_device: str = "update"
+
+    def __post_init__(self) -> None:
+        if self.encode_device not in ENCODE_DEVICES:
+            raise ValueError(
+                f"encode_device must be one of {ENCODE_DEVICES}, got {self.encode_device!r}"
+            )
 
     def encode_fn(self) -> Callable[..., Any]:
         """The client encoder (imported now)."""

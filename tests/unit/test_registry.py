@@ -9,6 +9,7 @@ and the server decodes it, with no other change.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,34 +103,131 @@ def mech_pairs(name: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- a new mechanism
-def encode_halves(job: EncodeInput) -> Encoded:
-    """A toy mechanism: each parameter clipped into its range and rounded to a multiple of r/2."""
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.device,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+        ],
+    ),
+]
+"""The device the mod picks for the update (``pick_device("auto")``), forced per case."""
+
+SEEN: list[set[str]] = []
+"""Device types of every tensor and generator the toy encoder got, one set per call."""
+
+
+def _halves(job: EncodeInput) -> torch.Tensor:
+    """Each parameter clipped into its range and rounded to a multiple of r/2 (on ``w``'s device)."""
+    devices = {job.w.device.type, job.w_global.device.type, job.gen.device.type}
+    devices |= {t.device.type for b in job.blocks for t in (b.c, b.r) if isinstance(t, torch.Tensor)}
+    SEEN.append(devices)
     out = torch.empty_like(job.w)
     for b in job.blocks:
         part = job.w[b.lo : b.hi]
-        c_b, r_b = b.c, b.r
-        step = r_b / 2
-        out[b.lo : b.hi] = torch.round((torch.clamp(part, c_b - r_b, c_b + r_b) - c_b) / step)
-        out[b.lo : b.hi] = out[b.lo : b.hi] * step + c_b
-    return wire.VALUES, out.numpy().astype(np.float32), None
+        step = b.r / 2
+        out[b.lo : b.hi] = torch.round((torch.clamp(part, b.c - b.r, b.c + b.r) - b.c) / step)
+        out[b.lo : b.hi] = out[b.lo : b.hi] * step + b.c
+    return out
 
 
-def test_a_new_mechanism_is_one_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+def encode_halves(job: EncodeInput) -> Encoded:
+    """A toy mechanism that keeps the contract: its array comes back to the host itself."""
+    return wire.VALUES, _halves(job).detach().cpu().numpy().astype(np.float32), None
+
+
+def encode_halves_tensor(job: EncodeInput) -> Any:
+    """The same, returning the tensor on its device: the mod copies it to the host."""
+    return wire.VALUES, _halves(job), None
+
+
+def encode_halves_list(job: EncodeInput) -> Any:
+    """Breaks the contract: a list is no array (the mod refuses it)."""
+    return wire.VALUES, _halves(job).tolist(), None
+
+
+def test_the_encode_device_is_checked() -> None:
+    assert registry.ENCODE_DEVICES == ("update", "cpu")
+    assert all(mech.encode_device == "update" for mech in registry.REGISTRY.values())
+    with pytest.raises(ValueError, match="encode_device must be one of"):
+        registry.Mechanism("x", "x", registry.float32, "a:b", "c:d", encode_device="cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("encoder", "encode_device"),
+    [("encode_halves", "update"), ("encode_halves", "cpu"), ("encode_halves_tensor", "update")],
+)
+def test_a_new_mechanism_is_one_registration(
+    monkeypatch: pytest.MonkeyPatch, device: str, encoder: str, encode_device: str
+) -> None:
+    """Registered once, the config accepts it, the mod encodes with it on the device the
+    encoder contract names (the update's, or the CPU), and the server decodes it."""
+    import corbin_fl.training
+
     toy = registry.Mechanism(
         "halves",
         "clip and round to multiples of r/2 (no privacy)",
         registry.float32,
-        f"{__name__}:encode_halves",
+        f"{__name__}:{encoder}",
         "server.aggregation:FloatAggregator",
         local_dp=False,
+        encode_device=encode_device,
     )
     with pytest.raises(ConfigError, match="mechanism"):
         RunConfig.from_flower({"mechanism": "halves"})
     monkeypatch.setitem(registry.REGISTRY, "halves", toy)
+    # The mod puts the update on the node's device: force the one of this case.
+    monkeypatch.setattr(corbin_fl.training, "pick_device", lambda *_: torch.device(device))
     cfg = RunConfig.from_flower({"mechanism": "halves", "range-mode": "layer"})
     assert "halves" not in Policy.from_node({}, {}).mechanisms  # no local DP: not by default
 
-    # The mod encodes with it, for a node that admits it.
+    SEEN.clear()
+    w0 = np.linspace(-1.0, 1.0, 8, dtype=np.float32)
+    reply = _encode_with_mod(cfg, w0)
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    assert SEEN == [{device if encode_device == "update" else "cpu"}]
+    values = reply.content.array_records[wire.UPDATE_REC][wire.VALUES].numpy()
+    np.testing.assert_allclose(values, np.round(w0 * 0.5 / 0.5) * 0.5)
+
+    # The server decodes it with the registered aggregator.
+    from corbin_fl.arrays import layout_of_arrays
+
+    layout = layout_of_arrays(ArrayRecord({"w": Array(w0)}))
+    agg = make_aggregator(cfg, torch.zeros(8), torch.zeros(1), torch.ones(1), layout)
+    assert isinstance(agg, FloatAggregator)
+    agg.add(reply.content.array_records[wire.UPDATE_REC])
+    est = agg.estimate()
+    assert est is not None and math.isclose(float(est.sum()), float(values.sum()), abs_tol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_encoder_that_breaks_the_contract_is_refused(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    import corbin_fl.training
+
+    toy = registry.Mechanism(
+        "halves",
+        "returns a list",
+        registry.float32,
+        f"{__name__}:encode_halves_list",
+        "server.aggregation:FloatAggregator",
+        local_dp=False,
+    )
+    monkeypatch.setitem(registry.REGISTRY, "halves", toy)
+    monkeypatch.setattr(corbin_fl.training, "pick_device", lambda *_: torch.device(device))
+    cfg = RunConfig.from_flower({"mechanism": "halves", "range-mode": "layer"})
+    reply = _encode_with_mod(cfg, np.linspace(-1.0, 1.0, 8, dtype=np.float32))
+    assert reply.has_error()
+    assert "returned a list, not a numpy array" in (reply.error.reason or "")
+
+
+def _encode_with_mod(cfg: RunConfig, w0: np.ndarray) -> Message:
+    """One update instruction of ``cfg`` through :func:`corbin_mod` around a train handler that
+    halves the model, on a node whose policy admits ``cfg.mechanism``."""
     settings = cfg.to_flower()
     head = {
         wire.STAGE: wire.UPDATE,
@@ -138,7 +236,6 @@ def test_a_new_mechanism_is_one_registration(monkeypatch: pytest.MonkeyPatch) ->
         wire.ARRAYS_KEY: "arrays",
         **{k: settings[k] for k in wire.PARAM_KEYS},
     }
-    w0 = np.linspace(-1.0, 1.0, 8, dtype=np.float32)
     msg = Message(
         RecordDict(
             {
@@ -172,21 +269,8 @@ def test_a_new_mechanism_is_one_registration(monkeypatch: pytest.MonkeyPatch) ->
     ctx = Context(
         run_id=9,
         node_id=5,
-        node_config={"corbin-mechanisms": "halves"},
+        node_config={"corbin-mechanisms": cfg.mechanism},
         state=RecordDict(),
         run_config={},
     )
-    reply = corbin_mod(msg, ctx, train)
-    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
-    values = reply.content.array_records[wire.UPDATE_REC][wire.VALUES].numpy()
-    np.testing.assert_allclose(values, np.round(w0 * 0.5 / 0.5) * 0.5)
-
-    # The server decodes it with the registered aggregator.
-    from corbin_fl.arrays import layout_of_arrays
-
-    layout = layout_of_arrays(ArrayRecord({"w": Array(w0)}))
-    agg = make_aggregator(cfg, torch.zeros(8), torch.zeros(1), torch.ones(1), layout)
-    assert isinstance(agg, FloatAggregator)
-    agg.add(reply.content.array_records[wire.UPDATE_REC])
-    est = agg.estimate()
-    assert est is not None and math.isclose(float(est.sum()), float(values.sum()), abs_tol=1e-6)
+    return corbin_mod(msg, ctx, train)
