@@ -115,15 +115,16 @@ DEVICES = [
 ]
 """The device the mod picks for the update (``pick_device("auto")``), forced per case."""
 
-SEEN: list[set[str]] = []
+seen_devices: list[set[str]] = []
 """Device types of every tensor and generator the toy encoder got, one set per call."""
 
 
 def _halves(job: EncodeInput) -> torch.Tensor:
-    """Each parameter clipped into its range and rounded to a multiple of r/2 (on ``w``'s device)."""
+    """Each parameter clipped into its range and rounded to a multiple of r/2 (on w's device)."""
     devices = {job.w.device.type, job.w_global.device.type, job.gen.device.type}
-    devices |= {t.device.type for b in job.blocks for t in (b.c, b.r) if isinstance(t, torch.Tensor)}
-    SEEN.append(devices)
+    blocks = (t for b in job.blocks for t in (b.c, b.r) if isinstance(t, torch.Tensor))
+    devices |= {t.device.type for t in blocks}
+    seen_devices.append(devices)
     out = torch.empty_like(job.w)
     for b in job.blocks:
         part = job.w[b.lo : b.hi]
@@ -184,11 +185,12 @@ def test_a_new_mechanism_is_one_registration(
     cfg = RunConfig.from_flower({"mechanism": "halves", "range-mode": "layer"})
     assert "halves" not in Policy.from_node({}, {}).mechanisms  # no local DP: not by default
 
-    SEEN.clear()
+    seen_devices.clear()
     w0 = np.linspace(-1.0, 1.0, 8, dtype=np.float32)
     reply = _encode_with_mod(cfg, w0)
     assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
-    assert SEEN == [{device if encode_device == "update" else "cpu"}]
+    expected = device if encode_device == "update" else "cpu"
+    assert seen_devices == [{expected}], seen_devices
     values = reply.content.array_records[wire.UPDATE_REC][wire.VALUES].numpy()
     np.testing.assert_allclose(values, np.round(w0 * 0.5 / 0.5) * 0.5)
 
