@@ -69,7 +69,7 @@ from flwr.supercore.run import Run
 # The in-process harness of the protocol tests: Flower's task identity for Message(), and the
 # tiny linear model with stub training/evaluation (autouse fixtures, active here too).
 from harness import RUN_ID, make_cfg
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -374,12 +374,39 @@ def finite_number(value: object) -> bool:
         return False
 
 
+def spec_value_bytes(value: object) -> int:
+    """Payload bytes of one config or metric value by the wire spec: raw bytes, UTF-8 text, 1
+    for a bool, 8 for any other number; a list is the sum of its items."""
+    if isinstance(value, list):
+        return sum(spec_value_bytes(v) for v in value)
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    return 1 if isinstance(value, bool) else 8
+
+
+def spec_app_bytes(app: dict[str, Any]) -> int:
+    """Payload bytes of an update reply's app records (their array data, config and metric
+    values; not Flower's framing): what ``MAX_APP_BYTES`` caps."""
+    total = 0
+    for rec in app.values():
+        if isinstance(rec, ArrayRecord):
+            total += sum(len(arr.data) for arr in rec.values())
+        else:
+            total += sum(spec_value_bytes(v) for v in rec.values())
+    return total
+
+
 def spec_app_records(content: RecordDict) -> bool:
     """The app's records of an update reply by the wire spec: at most ``MAX_APP_RECORDS``
-    MetricRecords (at most ``MAX_APP_METRICS`` entries, each a finite number or a non-empty
-    list of them) and ConfigRecords; no ArrayRecord (the app's arrays never leave the node)."""
+    records carrying at most ``MAX_APP_BYTES`` payload bytes together, each a MetricRecord (at
+    most ``MAX_APP_METRICS`` entries, each a finite number or a non-empty list of them) or a
+    ConfigRecord; no ArrayRecord (the app's arrays never leave the node)."""
     app = {k: v for k, v in content.items() if not (k == "corbin" or k.startswith("corbin."))}
     if len(app) > wire.MAX_APP_RECORDS:
+        return False
+    if spec_app_bytes(app) > wire.MAX_APP_BYTES:
         return False
     for rec in app.values():
         if type(rec) is MetricRecord:
@@ -933,7 +960,9 @@ def test_server_update_reply_decoding(
 @st.composite
 def app_record_sets(draw: st.DrawFn) -> dict[str, Any]:
     """App records an update reply may carry, and hostile ones: extra ArrayRecords, MetricRecords
-    with many entries or non-finite values, more than ``MAX_APP_RECORDS`` records."""
+    with many entries or non-finite values, more than ``MAX_APP_RECORDS`` records, and
+    ConfigRecords whose bytes or text (2 UTF-8 bytes a letter) bring the payload to just under,
+    exactly at or just over ``MAX_APP_BYTES`` (two halves sum to the cap), or far over it."""
     count = draw(st.sampled_from([0, 1, 2, wire.MAX_APP_RECORDS, wire.MAX_APP_RECORDS + 1, 12]))
     out: dict[str, Any] = {}
     for i in range(count):
@@ -942,7 +971,7 @@ def app_record_sets(draw: st.DrawFn) -> dict[str, Any]:
         )
         if wire.is_protocol_record(name) or name in out:
             name = f"app-{i}"
-        kind = draw(st.sampled_from(["metrics", "metrics", "huge", "config", "arrays"]))
+        kind = draw(st.sampled_from(["metrics", "metrics", "huge", "config", "arrays", "big"]))
         if kind == "metrics":
             out[name] = draw(metric_records())
         elif kind == "huge":
@@ -951,17 +980,34 @@ def app_record_sets(draw: st.DrawFn) -> dict[str, Any]:
             out[name] = MetricRecord({f"m{j}": value for j in range(size)})
         elif kind == "config":
             out[name] = draw(config_records())
+        elif kind == "big":
+            cap = wire.MAX_APP_BYTES
+            size = draw(st.sampled_from([cap // 2, cap // 2 + 1, cap - 8, cap, cap + 1]))
+            text = draw(st.booleans())
+            out[name] = ConfigRecord({"blob": "é" * (size // 2) if text else b"\x00" * size})
         else:
             out[name] = ArrayRecord({"w": wire.to_array(np.zeros(3, np.float32))})
     return out
 
 
+_CAP = wire.MAX_APP_BYTES
+
+
 @given(app=app_record_sets())
+@example(app={"config": ConfigRecord({"blob": b"\x00" * _CAP})})  # at the cap: accepted
+@example(app={"config": ConfigRecord({"blob": b"\x00" * (_CAP + 1)})})  # one byte over
+@example(
+    app={"a": ConfigRecord({"t": "é" * (_CAP // 4)}), "b": ConfigRecord({"t": "é" * (_CAP // 4)})}
+)
+@example(app={"a": ConfigRecord({"t": "é" * (_CAP // 4)}), "m": MetricRecord({"x": 1.0})})
+@example(app={"config": ConfigRecord({"blob": b"\x00" * 1_000_000})})  # hypothesis's find
 @fuzz_settings(60)
 def test_server_update_refuses_bad_app_records(app: dict[str, Any]) -> None:
     """``accept_update`` keeps the app's MetricRecords and ConfigRecords of an update reply and
     refuses, with a WireError and before aggregating anything, extra ArrayRecords, MetricRecords
-    with too many entries or non-finite values, and more than ``MAX_APP_RECORDS`` records."""
+    with too many entries or non-finite values, more than ``MAX_APP_RECORDS`` records, and
+    records that carry more than ``MAX_APP_BYTES`` payload bytes together (the examples sit on
+    both sides of that cap; the oracle counts the bytes by the spec, not by the server's code)."""
     cfg = RunConfig(mechanism="corbin")
     rng = np.random.default_rng(3)
     w_g, c, r = torch.zeros(M), torch.zeros(M), torch.ones(M)
@@ -974,6 +1020,9 @@ def test_server_update_refuses_bad_app_records(app: dict[str, Any]) -> None:
     reply = make_reply(server_round.instruction(SERVER_RT, wire.UPDATE, VICTIM, RND, {}), body)
     valid = spec_app_records(body)
     event(f"app records {'accepted' if valid else 'refused'}")
+    app_bytes = spec_app_bytes(app)
+    cap = wire.MAX_APP_BYTES
+    event(f"app bytes {'over' if app_bytes > cap else 'at' if app_bytes == cap else 'under'} cap")
     if valid:
         server_round.accept_update(state, VICTIM, reply, aggregator, cfg)
         assert aggregator.n == 1

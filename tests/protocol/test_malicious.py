@@ -98,9 +98,9 @@ class Attack:
             if layout is not None:  # per-layer c, r as the client got them: expand to compare
                 c, r = expand_per_element(c, layout), expand_per_element(r, layout)
             self.local[context.node_id] = {
-                "w": kw["w"].detach().clone(),
-                "c": c.detach().clone(),
-                "r": r.detach().clone(),
+                "w": kw["w"].detach().cpu().clone(),  # on the encode device: CUDA when there is one
+                "c": c.detach().cpu().clone(),
+                "r": r.detach().cpu().clone(),
             }
             return real(cfg, context, **kw)
 
