@@ -94,9 +94,6 @@ if ! in_range "$days" 1 3650; then
 fi
 [[ -z "$owner" || "$owner" =~ ^[0-9]+:[0-9]+$ ]] ||
     die "-u must be numeric UID:GID (e.g. 49999:49999), got '$owner'"
-command -v openssl >/dev/null || die "openssl not found (Debian/Ubuntu: apt-get install openssl)"
-command -v ssh-keygen >/dev/null ||
-    die "ssh-keygen not found (Debian/Ubuntu: apt-get install openssh-client)"
 
 dns_names=("${ALWAYS_DNS[@]}")
 ip_addrs=("${ALWAYS_IP[@]}")
@@ -130,6 +127,11 @@ for ip in "${ip_addrs[@]}"; do server_sans+=("IP:$ip"); done
 if [[ -e "$out_dir" && -n "$(ls -A "$out_dir" 2>/dev/null)" && "$force" -ne 1 ]]; then
     die "'$out_dir' is not empty; use -f to overwrite (old node keys stop working)"
 fi
+
+# The tools last: every argument is checked first, on any machine.
+command -v openssl >/dev/null || die "openssl not found (Debian/Ubuntu: apt-get install openssl)"
+command -v ssh-keygen >/dev/null ||
+    die "ssh-keygen not found (Debian/Ubuntu: apt-get install openssh-client)"
 
 umask 077
 mkdir -p "$out_dir"

@@ -662,10 +662,48 @@ def test_make_certs_refuses_to_overwrite_without_force(certs: Path, tmp_path: Pa
         (["-x"], "unknown option -x"),
     ],
 )
-def test_make_certs_rejects_bad_arguments(args: list[str], message: str, tmp_path: Path) -> None:
-    out = _run(["bash", str(MAKE_CERTS), "-o", str(tmp_path / "o"), *args])
+@pytest.mark.parametrize("tools", ["system", "no ssh-keygen", "no tools"])
+def test_make_certs_rejects_bad_arguments(
+    args: list[str], message: str, tools: str, tmp_path: Path
+) -> None:
+    """Arguments are checked before the tools: the same error on a machine without them."""
+    out = _run(
+        [_BASH, str(MAKE_CERTS), "-o", str(tmp_path / "o"), *args], env=_tools_env(tools, tmp_path)
+    )
     assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "not found" not in out.stderr
     assert not (tmp_path / "o").exists(), "nothing may be written on bad arguments"
+
+
+@pytest.mark.parametrize(
+    ("tools", "missing"), [("no ssh-keygen", "ssh-keygen"), ("no tools", "openssl")]
+)
+def test_make_certs_needs_its_tools(tools: str, missing: str, tmp_path: Path) -> None:
+    """Good arguments on a machine without a tool: it names the tool and writes nothing."""
+    if missing == "ssh-keygen" and shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed here")
+    out = _run(
+        [_BASH, str(MAKE_CERTS), "-o", str(tmp_path / "o"), "-n", "1", "lab.example"],
+        env=_tools_env(tools, tmp_path),
+    )
+    assert out.returncode == 2 and f"{missing} not found" in out.stderr, out.stderr
+    assert not (tmp_path / "o").exists()
+
+
+_BASH = shutil.which("bash") or "/bin/bash"
+
+
+def _tools_env(tools: str, tmp_path: Path) -> dict[str, str]:
+    """The environment of a machine with ``tools``: ``system`` (this one's PATH), ``no
+    ssh-keygen`` (a PATH with only ``openssl``) or ``no tools`` (an empty PATH)."""
+    if tools == "system":
+        return dict(os.environ)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    openssl = shutil.which("openssl")
+    if tools == "no ssh-keygen" and openssl is not None:
+        (bin_dir / "openssl").symlink_to(openssl)
+    return {**os.environ, "PATH": str(bin_dir)}
 
 
 def test_register_nodes_argument_errors(tmp_path: Path) -> None:
