@@ -107,7 +107,7 @@ def _partner_id(cfg_rec: ConfigRecord, context: Context, key: str = wire.PARTNER
 
 # ----------------------------------------------------------------------------- keygen
 def keygen(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
-    """``query.keygen``: a fresh X25519 key pair for round ``t`` (Alg. 3 line 1).
+    """Stage ``keygen``: a fresh X25519 key pair for round ``t`` (Alg. 3 line 1).
 
     Instruction ``corbin{stage, round, params}``; reply ``corbin.keys{round, pubkey}``. The
     private key replaces any older one in ``context.state`` (keys are never reused across rounds).
@@ -122,7 +122,7 @@ def keygen(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
 
 # ----------------------------------------------------------------------------- pair
 def pair(msg: Message, context: Context, cfg: RunConfig, *, max_params: int) -> RecordDict:
-    """``query.pair`` (relay/exact): seal ``Y || secret`` for the partner (Alg. 3 lines 6-8).
+    """Stage ``pair`` (relay/exact): seal ``Y || secret`` for the partner (Alg. 3 lines 6-8).
 
     Instruction ``corbin{stage, round, params, partner, partner-pubkey[, num-params]}``; reply
     ``corbin.pair{round, blob}``. ``num-params`` (exact mode) may be at most ``max_params``

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.live import Live
 from rich.logging import RichHandler
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -183,7 +184,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cr-mode",
         default=None,
-        help="common-randomness mode: relay (2 round trips) or derived (1 round trip)",
+        help="common-randomness mode, run config cr-mode: relay (pipelined: 1 round trip per "
+        "steady round), derived (1) or exact (2: a pair stage every round); round 1 adds a "
+        f"keygen stage, and a pair stage in relay and exact (default: {app['cr-mode']})",
     )
     parser.add_argument(
         "--range-mode",
@@ -431,14 +434,22 @@ def _fmt(value: Any, digits: int = 4) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:,.0f}"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, dict):
-        return ", ".join(f"{k}:{v}" for k, v in value.items()) or "-"
+        return ", ".join(f"{k}:{_item(v, digits)}" for k, v in value.items()) or "-"
     if isinstance(value, list):
-        return ", ".join(map(str, value)) or "-"
+        return ", ".join(_item(v, digits) for v in value) or "-"
     return str(value)
+
+
+def _item(value: Any, digits: int = 4) -> str:
+    """One element of a list or dict shown by :func:`_fmt`: a float to ``digits`` significant
+    digits (``clip_fraction.per_round``), anything else as it is (node ids without commas)."""
+    if isinstance(value, float):
+        return _fmt(value, digits)
+    return "-" if value is None else str(value)
 
 
 def _human_bytes(value: Any) -> str:
@@ -646,14 +657,18 @@ def privacy_table(report: Mapping[str, Any]) -> Table:
     return table
 
 
-REASON_CHARS: Final[int] = 60
-"""A drop reason in an event line is cut to this many characters (the line itself to the
-console width); ``metrics.jsonl`` keeps the whole reason."""
+REASON_CHARS: Final[int] = 400
+"""A drop reason in an event line is shown whole up to this many characters, on its own
+lines under its round's result (wrapped to the console width); a longer one ends in an
+ellipsis. ``metrics.jsonl`` keeps the whole reason."""
+
+STATUS_DROP_LINES: Final[int] = 3
+"""Console lines the live status gives the latest drop (wrapped; a longer one is cut)."""
 
 
 def _clip(text: str, limit: int) -> str:
     """``text``, or its first ``limit - 1`` characters and an ellipsis."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
 
 
 def _one_line(text: str, style: str | None = None) -> Text:
@@ -661,27 +676,74 @@ def _one_line(text: str, style: str | None = None) -> Text:
     return Text(text, style=style or "", no_wrap=True, overflow="ellipsis", end="\n")
 
 
+def _wrapped(text: str, style: str | None = None, indent: int = 0) -> RenderableType:
+    """``text`` wrapped at the console width (its continuation lines indented by ``indent``
+    columns as well), never cut."""
+    body = Text(text, style=style or "", no_wrap=False, overflow="fold", end="\n")
+    return Padding(body, (0, 0, 0, indent)) if indent else body
+
+
+class _LiveStatus:
+    """The live status as a renderable that reads the run's state each time it is drawn.
+
+    :class:`rich.live.Live` draws it about four times a second (so the elapsed time runs on
+    while the launcher blocks in start-up, where nobody calls the view) and again under every
+    line printed above it (so that status is never the one from before the line).
+    """
+
+    def __init__(self, view: ProgressView) -> None:
+        self.view = view
+        self._last: list[Text] = []
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        state = self.view.state
+        if state is not None:
+            try:
+                self._last = self.view.status_lines(state)
+            except Exception:  # drawn from rich's refresh thread: keep the last status
+                logger.debug("live status not drawn", exc_info=True)
+        yield from self._last
+
+
 class ProgressView:
-    """Live progress: one line per event when it happens, plus a status line on a terminal.
+    """Live progress: one line per event when it happens, plus a status on a terminal.
 
     The events, from what the launcher follows (``events.jsonl``, ``metrics.jsonl``, its own
     kills): nodes online, run submitted, round started, node dropped (round, stage, node,
-    partition), SuperNode killed, round done (test accuracy, clients, drops with their reasons),
-    ServerApp error, stopping. On a terminal they are printed above a live status of at most
-    two lines (elapsed, phase, round, stage, nodes, drop count, accuracy; the latest drop);
-    without one (a log file, CI) they are plain lines, one per event, without control codes.
-    No line is wider than the console: longer ones end in an ellipsis (the full drop reasons
-    stay in ``metrics.jsonl``).
+    partition), SuperNode killed, round done (test accuracy, clients, drops; under it each
+    drop with its reason on its own line, wrapped, never cut below :data:`REASON_CHARS`),
+    ServerApp error, stopping. On a terminal they are printed above a live status
+    (:meth:`status_lines`) that is drawn from the current state every time it is shown: the
+    elapsed time since the launcher started, the phase, and until the first round what the
+    launcher waits for (``starting SuperNode 2/4``, ``waiting for 4 SuperNodes to register``,
+    ``submitting the run``, ...); then the round of the last ``round_start`` event, the last
+    stage of that round that ended, nodes, drop count, the accuracy of the last finished round,
+    and the latest drop. Without a terminal (a log file, CI) the events are plain lines without
+    control codes. No line is wider than the console: event lines end in an ellipsis, drop
+    reasons wrap (the full reasons stay in ``metrics.jsonl``).
 
     ``nodes k/N``: ``N`` SuperNodes deployed, ``k`` the nodes the ServerApp still counts
     (:meth:`deploy.follow.RunProgress.active_nodes`: sampled in the last finished round,
     less the nodes dropped since).
+
+    Parameters
+    ----------
+    console : Console
+        Where the lines and the status go (the status only on a terminal).
+    num_clients : int
+        SuperNodes deployed (when the state does not say).
+    auto_refresh : bool
+        Redraw the status about four times a second on rich's thread (off: only when the
+        launcher calls the view; for tests).
     """
 
-    def __init__(self, console: Console, num_clients: int) -> None:
+    def __init__(self, console: Console, num_clients: int, *, auto_refresh: bool = True) -> None:
         self.console = console
         self.num_clients = num_clients
+        self.auto_refresh = auto_refresh
         self.live: Live | None = None
+        self.state: RunProgress | None = None
+        """The state of the last call (what the live status shows)."""
         self._phase: str | None = None
         self._run_id_shown = False
         self._events = 0
@@ -690,7 +752,13 @@ class ProgressView:
 
     def __enter__(self) -> ProgressView:
         if self.console.is_terminal:
-            self.live = Live(console=self.console, refresh_per_second=4, transient=True)
+            self.live = Live(
+                _LiveStatus(self),
+                console=self.console,
+                refresh_per_second=4,
+                auto_refresh=self.auto_refresh,
+                transient=True,
+            )
             self.live.__enter__()
         return self
 
@@ -721,19 +789,31 @@ class ProgressView:
         return f"node {node}" if part is None else f"partition {part}"
 
     def status_lines(self, state: RunProgress) -> list[Text]:
-        """The live status: elapsed, phase, round, stage, nodes, drops, accuracy; last drop."""
+        """The live status, from ``state`` as it is now.
+
+        First line: elapsed seconds and phase, then what the launcher waits for until the
+        first round starts (:meth:`deploy.follow.RunProgress.waiting_for`), else ``round r/T``
+        (the last ``round_start``), ``<stage> done`` (the last stage of that round that
+        ended), nodes, drops and ``acc`` (the test accuracy of the last finished round). Then
+        the latest drop with its reason, wrapped to at most :data:`STATUS_DROP_LINES` lines.
+        """
+        head = f"{state.elapsed:4.0f}s {state.phase}"
+        waiting = state.waiting_for()
+        if waiting is not None:
+            return [_one_line(f"{head} · {waiting}", "bold")]
         total = state.num_rounds if state.num_rounds is not None else "?"
-        parts = [f"{state.elapsed:4.0f}s {state.phase}", f"round {state.current_round}/{total}"]
+        parts = [head, f"round {state.current_round}/{total}"]
         if state.last_stage:
-            parts.append(state.last_stage)
+            parts.append(f"{state.last_stage} done")
         parts.append(f"nodes {self._nodes(state)}")
         parts.append(f"dropped {state.drop_count()}")
         if state.metrics:
-            parts.append(f"acc {_fmt(state.metrics[-1].get('test_accuracy'))}")
+            parts.append(f"acc {_fmt(state.accuracy)}")
         lines = [_one_line(" · ".join(parts), "bold")]  # kills: an event line each
         last = self._last_drop(state)
         if last:
-            lines.append(_one_line(f"last drop: {last}", "yellow"))
+            room = max(40, self.console.width * STATUS_DROP_LINES - 1)
+            lines.append(Text(_clip(f"last drop: {last}", room), style="yellow", overflow="fold"))
         return lines
 
     def _last_drop(self, state: RunProgress) -> str | None:
@@ -750,17 +830,17 @@ class ProgressView:
                 return f"{where}: {why}" if why else where
         return None
 
-    def new_lines(self, state: RunProgress) -> list[Text]:
+    def new_lines(self, state: RunProgress) -> list[RenderableType]:
         """The event lines not shown yet, in the order they happened (one call shows each
         event once)."""
-        lines: list[Text] = []
+        lines: list[RenderableType] = []
         total = state.num_rounds if state.num_rounds is not None else "?"
         if state.phase != self._phase:
             self._phase = state.phase
             if state.phase == "ready":
                 n = len(state.node_ids)
                 what = f"{n} SuperNodes online" if n else "simulation SuperLink up"
-                lines.append(_one_line(f"ready: {what}"))
+                lines.append(_one_line(f"ready: {what} ({state.elapsed:.0f} s)"))
             elif state.phase == "stopping":
                 lines.append(_one_line("stopping every process", "dim"))
         if state.run_id is not None and not self._run_id_shown:
@@ -780,7 +860,7 @@ class ProgressView:
             elif kind == "resume":
                 lines.append(_one_line(f"resumed after round {ev.get('from_round')}"))
             elif kind == "run_end" and ev.get("error"):
-                lines.append(_one_line(f"ServerApp failed: {ev.get('error')}", "red"))
+                lines.append(_wrapped(f"ServerApp failed: {ev.get('error')}", "red", indent=0))
         self._events = len(state.events)
         lines += self._row_lines(state)  # rows read before their round_end event
         for kill in state.killed[self._kills :]:  # the launcher kills after reading the files
@@ -793,10 +873,11 @@ class ProgressView:
         self._kills = len(state.killed)
         return lines
 
-    def _row_lines(self, state: RunProgress, up_to: object = None) -> list[Text]:
+    def _row_lines(self, state: RunProgress, up_to: object = None) -> list[RenderableType]:
         """``round r/T done: ...`` for each ``metrics.jsonl`` row not shown yet (those of
-        rounds ``<= up_to`` when given)."""
-        lines: list[Text] = []
+        rounds ``<= up_to`` when given), each followed by its drops, one per line with the
+        whole reason (wrapped, indented)."""
+        lines: list[RenderableType] = []
         total = state.num_rounds if state.num_rounds is not None else "?"
         limit = up_to if isinstance(up_to, int) and not isinstance(up_to, bool) else None
         while self._rows < len(state.metrics):
@@ -812,22 +893,24 @@ class ProgressView:
                 f"round {rnd}/{total} done: test acc {_fmt(row.get('test_accuracy'))}, "
                 f"clients {clients}, dropped {len(drops)}, {_fmt(row.get('round_seconds'), 3)} s"
             )
-            if drops:
-                reasons = (
-                    f"{self._short(state, k)}: {_clip(v, REASON_CHARS)}" if v else k
-                    for k, v in drops.items()
-                )
-                text += " (" + "; ".join(reasons) + ")"
             lines.append(_one_line(text, "green"))
+            for node, why in drops.items():
+                reason = f": {_clip(why, REASON_CHARS)}" if why else ""
+                where = f"{self._short(state, node)}" + (
+                    "" if self._partition(state, node) is None else f" (node {node})"
+                )
+                lines.append(_wrapped(f"dropped {where}{reason}", "yellow", indent=2))
         return lines
 
     def __call__(self, state: RunProgress) -> None:
-        """Print the new event lines; on a terminal, redraw the status. The launcher calls
-        it about four times a second."""
+        """Print the new event lines above the status (which is drawn from ``state`` under
+        each of them); on a terminal, redraw the status. The launcher calls it about four
+        times a second, and at each step of start-up."""
+        self.state = state
         for line in self.new_lines(state):
-            self.console.print(line, no_wrap=True, overflow="ellipsis", highlight=False)
+            self.console.print(line, highlight=False)
         if self.live is not None:
-            self.live.update(Group(*self.status_lines(state)), refresh=True)
+            self.live.refresh()
 
 
 def print_report(console: Console, result: RunResult) -> None:

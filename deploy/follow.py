@@ -61,11 +61,14 @@ class RunProgress:
     """What a progress display needs; updated in place while a run goes on."""
 
     phase: str = "starting"
-    """``starting`` -> ``ready`` -> ``running`` -> ``finished`` | ``failed``."""
+    """``starting`` -> ``ready`` -> ``running`` -> ``stopping`` -> ``finished`` | ``failed``."""
     run_id: int | None = None
     num_rounds: int | None = None
     current_round: int = 0
+    """The round of the last ``round_start`` event (0 before the first)."""
     last_stage: str | None = None
+    """The last stage of ``current_round`` that ended (its ``stage_end`` event), None before
+    the first."""
     events: list[dict[str, Any]] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     killed: list[KilledNode] = field(default_factory=list)
@@ -77,11 +80,64 @@ class RunProgress:
     stage_drops: list[tuple[int, str, int]] = field(default_factory=list)
     """``(round, stage, node id)`` of every drop a ``stage_end`` event reported, in order (the
     reason comes with the round's ``metrics.jsonl`` row)."""
+    waiting: str = ""
+    """What the launcher waits for while it starts the deployment (``starting the
+    SuperLink``, ``waiting for 4 SuperNodes to register``, ...); empty once it is up."""
 
     @property
     def elapsed(self) -> float:
         """Seconds since the launcher started."""
         return time.monotonic() - self.started
+
+    # ------------------------------------------------------------------ reading the files
+    def apply_event(self, ev: Mapping[str, Any]) -> None:
+        """Record one ``events.jsonl`` record and update the round, stage and drops from it.
+
+        ``round_start`` sets :attr:`current_round` and clears :attr:`last_stage`;
+        ``stage_end`` of the current round sets :attr:`last_stage` and records its drops (a
+        ``stage_end`` of another round only its drops).
+        """
+        self.events.append(dict(ev))
+        kind, rnd = ev.get("event"), as_int(ev.get("round"))
+        if kind == "round_start" and rnd is not None:
+            self.current_round, self.last_stage = rnd, None
+        elif kind == "stage_end":
+            stage = str(ev.get("stage"))
+            if rnd is None or rnd == self.current_round:
+                self.last_stage = stage
+            for nid in ev.get("dropped") or []:
+                if rnd is not None and (node := as_int(nid)) is not None:
+                    self.stage_drops.append((rnd, stage, node))
+
+    def add_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Record ``metrics.jsonl`` rows (one per finished round, in order)."""
+        self.metrics.extend(rows)
+
+    @property
+    def accuracy(self) -> Any:
+        """``test_accuracy`` of the last finished round (None before the first)."""
+        return self.metrics[-1].get("test_accuracy") if self.metrics else None
+
+    def waiting_for(self) -> str | None:
+        """What the run waits for before its first round starts (None once one has).
+
+        While starting: :attr:`waiting` (``preparing the deployment`` before its first step);
+        then ``submitting the run`` until ``flwr run`` names the run, ``waiting for the
+        ServerApp`` until its ``run_start`` event, and ``ServerApp preparing round r`` (data,
+        model, the initial evaluation; ``r`` is 1, or the round after the checkpoint of a
+        resumed run) until its ``round_start``.
+        """
+        if self.current_round or self.phase in ("stopping", "finished", "failed"):
+            return None
+        if self.phase == "starting":
+            return self.waiting or "preparing the deployment"
+        if self.run_id is None:
+            return "submitting the run"
+        kinds = {str(ev.get("event")): ev for ev in self.events}
+        if "run_start" not in kinds:
+            return "waiting for the ServerApp"
+        resumed = as_int(kinds["resume"].get("from_round")) if "resume" in kinds else None
+        return f"ServerApp preparing round {(resumed or 0) + 1}"
 
     @property
     def finished_round(self) -> int:

@@ -6,7 +6,7 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,16 +135,26 @@ class LocalDeployment:
         return flower_env(self.registry.env)
 
     # ------------------------------------------------------------------ start
-    def start(self, attempts: int = 3) -> None:
+    def start(self, attempts: int = 3, on_step: Callable[[str], None] | None = None) -> None:
         """Start the SuperLink, then the SuperNodes, and wait until all are usable.
+
+        ``on_step`` is told what start-up waits for next (``starting the SuperLink``,
+        ``starting SuperNode 2/4``, ``waiting for 4 SuperNodes to register``), for a progress
+        display.
 
         Raises
         ------
         LauncherError
             If a process exits during start-up or is not ready within ``ready_timeout``.
         """
+
+        def step(what: str) -> None:
+            if on_step is not None:
+                on_step(what)
+
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        step(f"starting the {'simulation ' if self.simulation else ''}SuperLink")
         self._start_superlink(attempts)
         if self.simulation:
             # A `:local:` connection makes `flwr` probe $FLWR_LOCAL_SUPERLINK_HTTP_API_PORT
@@ -155,8 +165,10 @@ class LocalDeployment:
         else:
             write_connection(self.flwr_home, self.address)
         for partition in range(self.num_supernodes):
+            step(f"starting SuperNode {partition + 1}/{self.num_supernodes}")
             self._start_supernode(partition, attempts)
         if self.num_supernodes:
+            step(f"waiting for {self.num_supernodes} SuperNodes to register")
             self.wait_registered()
         self.registry.snapshot()
 

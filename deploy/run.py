@@ -335,16 +335,21 @@ def _run(
     status: str | None = None
     interrupted = False
     summary: dict[str, Any] | None = None
+
+    def step(what: str) -> None:
+        state.waiting = what
+        notify()
+
     try:
         with terminate_as_interrupt():
             notify()
             try:
-                deployment.start()
+                deployment.start(on_step=step)
             except LauncherError as exc:
                 reason = f"start-up failed: {exc}"
                 raise _StartupError from exc
             state.node_ids = dict(deployment.node_ids)
-            state.phase = "ready"
+            state.phase, state.waiting = "ready", ""
             notify()
             reason, ok, status = _submit_and_follow(
                 deployment, options, state, run_config_path, notify, simulation=simulation
@@ -428,19 +433,15 @@ class _RunFiles:
         self.state, self.kills = state, kills
 
     def poll(self) -> None:
+        """Read the new events, then the new rows (a row is written before its ``round_end``
+        event, so the rows read here cover every ``round_end`` read before them)."""
         state = self.state
         for ev in self.events.read_new():
-            state.events.append(ev)
-            kind, rnd = ev.get("event"), as_int(ev.get("round"))
-            if kind == "round_start" and rnd is not None:
-                state.current_round, state.last_stage = rnd, None
+            state.apply_event(ev)
+            rnd = as_int(ev.get("round"))
+            if ev.get("event") == "round_start" and rnd is not None:
                 self.kills.round_started(rnd, float(ev.get("time", time.time())))
-            elif kind == "stage_end":
-                state.last_stage = str(ev.get("stage"))
-                for nid in ev.get("dropped") or []:
-                    if rnd is not None and (node := as_int(nid)) is not None:
-                        state.stage_drops.append((rnd, state.last_stage, node))
-        state.metrics.extend(self.metrics.read_new())
+        state.add_rows(self.metrics.read_new())
 
 
 def _follow(

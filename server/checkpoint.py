@@ -25,7 +25,7 @@ What the server's public random choices need is stateless: every generator of a 
 ``numpy.random.default_rng([seed, round, purpose])`` (:meth:`server.round.ServerRuntime.rng`), so a
 resumed round ``t`` samples, splits and pairs exactly as the uninterrupted run would have (given
 the same connected node ids). X25519 public keys known for the next round are NOT kept: a resumed
-round runs ``query.keygen`` again. Nothing secret is ever written: the server never sees a pair
+round runs the ``keygen`` stage again. Nothing secret is ever written: the server never sees a pair
 seed, a private key, a pair key or a role (lead/follow), and the checkpoint holds no public key
 or relayed ciphertext either.
 """

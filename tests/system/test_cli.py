@@ -504,16 +504,11 @@ def _feed(state: Any, steps: list[list[tuple[str, Any]]], view: cli.ProgressView
         for kind, item in step:
             if kind == "event":
                 for ev in item:
-                    state.events.append(ev)
-                    if ev["event"] == "round_start":
-                        state.current_round = ev["round"]
-                    elif ev["event"] == "stage_end":
-                        state.last_stage = ev["stage"]
-                        state.stage_drops += [(ev["round"], ev["stage"], n) for n in ev["dropped"]]
+                    state.apply_event(ev)
             elif kind == "kill":
                 state.killed.append(item)
             else:
-                state.metrics.append(item)
+                state.add_rows([item])
         view(state)
         view(state)  # nothing new: prints nothing twice
 
@@ -521,7 +516,8 @@ def _feed(state: Any, steps: list[list[tuple[str, Any]]], view: cli.ProgressView
 @pytest.mark.parametrize("terminal", [True, False])
 def test_progress_view_at_80_columns(terminal: bool) -> None:
     """Every event line once, in order, no line over 80 columns, the kill shown when it
-    happens (before the round's result), nodes and drops as the server reports them."""
+    happens (before the round's result), nodes and drops as the server reports them, the
+    long drop reason whole (wrapped on its own lines under its round's result)."""
     import io
 
     buf = io.StringIO()
@@ -547,10 +543,16 @@ def test_progress_view_at_80_columns(terminal: bool) -> None:
     order.append("round 3/3 started")
     at = [plain.index(text) for text in order]
     assert at == sorted(at), plain
-    assert any(ln.startswith(done) and ln.endswith("…") for ln in lines)  # reason cut
+    reason = "update: no reply within 30 s " + "(the SuperNode was gone) " * 8
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("  dropped partition 1"))
+    assert lines[first - 1].startswith(done) or terminal  # on a terminal: a status between
+    shown_reason = " ".join(" ".join(lines[first : first + 4]).split())
+    assert shown_reason == f"dropped partition 1 (node 1234567890123456789): {reason.strip()}"
+    assert not any(ln.endswith("…") for ln in lines[first : first + 4])  # not cut: wrapped
     if not terminal:  # a log file: plain lines, one per event, no control codes
         assert "\x1b" not in text and "\r" not in text
-        assert len(lines) == 8  # run id, 3 rounds started, kill, drop, 2 rounds done
+        # run id, 3 rounds started, kill, drop, 2 rounds done, the reason on 4 lines
+        assert len(lines) == 12, lines
     shown = status.export_text()
     assert all(len(ln) <= 80 for ln in shown.splitlines())
     assert "round 3/3" in shown and "nodes 3/4" in shown and "dropped 1" in shown

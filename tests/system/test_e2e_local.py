@@ -6,10 +6,12 @@ repository, and checks the ServerApp's ``metrics.jsonl``/``events.jsonl``/``summ
 that no process is left behind. Full runs are expensive (start-up, ~5-7 s per round trip because
 SuperNodes poll every 3 s, a fresh ClientApp process per message), so one relay run combines the
 checks: accuracy clearly above chance, every pair's common randomness ``z`` matched on both sides
-(``test-z-digest``), one bit per parameter on the uplink, 3 then 2 round trips, the privacy
-report in ``summary.json``, and a SuperNode SIGKILLed in round 2 recorded as dropped while the
-round completes. ``cr-mode = "derived"`` (1 round trip per steady round) runs on real processes
-in ``tests/protocol/test_resume.py`` (crash of the whole server side, then resume).
+(``test-z-digest``), one bit per parameter on the uplink, 3 round trips in round 1 (keygen,
+pair, update) and 1 in round 2 (the relay is pipelined: round 2's blobs came with round 1's
+update replies), the privacy report in ``summary.json``, and a SuperNode SIGKILLed in round 2
+recorded as dropped while the round completes. ``cr-mode = "derived"`` (1 round trip per steady
+round) runs on real processes in ``tests/system/test_resume_processes.py`` (crash of the whole
+server side, then resume).
 
 Tampered and replayed pair blobs are rejected by the client/server logic, covered by
 ``tests/unit/test_pair_crypto.py`` and ``tests/protocol/test_protocol_logic.py`` (the app
@@ -43,8 +45,10 @@ MAX_STEPS = 50
 enough that a round measures the protocol rather than training."""
 POLL_INTERVAL: Final[float] = 0.5
 FIRST_ROUND_STAGES: Final[int] = 3
-"""Relay mode: round 1 runs keygen, pair and update; later rounds pair and update."""
+"""Relay mode: round 1 runs keygen, pair and update."""
 LATER_ROUND_STAGES: Final[int] = 2
+"""Later relay rounds run the update stage only (pipelined); the run's time budget counts two
+stages for each, a margin (a pair stage for nodes that need a fresh partner)."""
 MIN_ROUND2_ACCURACY = 0.3
 """Round-2 test accuracy bound (chance is 0.1): three times chance. The quantization noise comes
 from the CSPRNG (not seeded), so the accuracy varies from run to run; 0.3 leaves a wide margin

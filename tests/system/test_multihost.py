@@ -95,8 +95,10 @@ RUN_CONFIG: Final[dict[str, Any]] = {
     # stage-timeout, first-stage-timeout and wait-for-nodes come from `_waits` (measured).
 }
 FIRST_ROUND_STAGES: Final[int] = 3
-"""Relay mode: round 1 runs keygen, pair and update; later rounds pair and update."""
+"""Relay mode: round 1 runs keygen, pair and update."""
 LATER_ROUND_STAGES: Final[int] = 2
+"""Later relay rounds run the update stage only (pipelined), or a pair stage and the update for
+nodes that need a fresh partner (after the kill): the run's time budget counts two stages."""
 
 MIN_FINAL_ACCURACY: Final[float] = 0.4
 """Round-3 test accuracy floor: four times chance (0.1, ten balanced MNIST classes). The run
