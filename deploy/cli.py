@@ -904,12 +904,12 @@ class ProgressView:
 
     def __call__(self, state: RunProgress) -> None:
         """Print the new event lines above the status (which is drawn from ``state`` under
-        each of them); on a terminal, redraw the status. The launcher calls it about four
-        times a second, and at each step of start-up."""
+        each of them); without ``auto_refresh``, redraw the status. The launcher calls it
+        about four times a second, and at each step of start-up."""
         self.state = state
         for line in self.new_lines(state):
             self.console.print(line, highlight=False)
-        if self.live is not None:
+        if self.live is not None and not self.auto_refresh:
             self.live.refresh()
 
 

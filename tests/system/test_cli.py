@@ -524,7 +524,7 @@ def test_progress_view_at_80_columns(terminal: bool) -> None:
     console = Console(file=buf, force_terminal=terminal, width=80, highlight=False)
     state, steps = _drop_run_state()
     state.phase = "running"
-    with cli.ProgressView(console, num_clients=4) as view:
+    with cli.ProgressView(console, num_clients=4, auto_refresh=False) as view:
         assert (view.live is not None) == terminal
         _feed(state, steps, view)
         status = Console(width=80, record=True, file=io.StringIO())
