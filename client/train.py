@@ -3,11 +3,18 @@
 It is an ordinary Flower train handler, like any app's: it reads the global model from
 ``msg.content["arrays"]``, trains on the node's partition (Alg. 3 line 4) with the run config's
 settings (model, data, optimizer) and replies with ``{"arrays": the trained model, "metrics":
-{train-loss, num-examples, steps, train-seconds, startup-seconds, handler-seconds}}``.
+{train-loss, num-examples, steps, startup-seconds, handler-seconds, import-seconds,
+device-seconds, model-seconds, data-seconds, train-seconds},
+"train-info": {device}}`` (``device``: where it trained, e.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H100
+80GB HBM3)"``; the server records it per client in ``metrics.jsonl`` and ``summary.json``).
 ``startup-seconds`` is the age of the ClientApp process when the handler began (interpreter
 start, Flower's ClientApp runtime, pulling the message and the app bundle, imports), and
-``handler-seconds`` the handler's own time (model, data, training): the deployment benchmark
-reads them to split a round trip into Flower's waiting and the app's work.
+``handler-seconds`` the handler's own time: the deployment benchmark reads them to split a round
+trip into Flower's waiting and the app's work. The handler's time splits into ``import-seconds``
+(loading torch and the training code), ``device-seconds`` (the device's start: on CUDA the context
+and its libraries, paid once per process), ``model-seconds`` (building the model, loading the
+global weights, moving it to the device), ``data-seconds`` (the node's partition) and
+``train-seconds`` (the training loop); the rest is the reply (the trained weights back to the host).
 
 It knows nothing of privacy: the :func:`client.mod.corbin_mod` in front of it turns the trained
 model into the one-bit update and never lets these arrays leave the node.
@@ -33,6 +40,9 @@ STATE_PARTITION = "corbin.partition"
 STATE_PARTITION_ROWS = "corbin.partition.rows"
 ARRAYS: str = "arrays"
 """Record of the model in the train instruction and reply (Flower's ``FedAvg`` default)."""
+TRAIN_INFO: str = "train-info"
+"""ConfigRecord of the reply with the training device under ``device``
+(:data:`server.metrics.DEVICE_KEY`)."""
 
 
 @overload
@@ -66,9 +76,14 @@ class LocalTask:
     def __init__(self, cfg: RunConfig) -> None:
         from corbin_fl.data import dataset_info
         from corbin_fl.models import empty_model, layout_of
-        from corbin_fl.training import pick_device
+        from corbin_fl.training import device_label, pick_device
 
+        t0 = time.perf_counter()
         self.device = pick_device(cfg.device)
+        self.device_name = device_label(self.device)
+        start_device(self.device)
+        self.device_seconds = time.perf_counter() - t0
+        """Seconds the device took to start (CUDA context), paid by the first message only."""
         self.info = dataset_info(cfg.dataset, cfg.data_dir or None)
         # Uninitialised: the handler overwrites every entry with the global model (strict load).
         self.model = empty_model(cfg.model, self.info.in_channels, self.info.num_classes)
@@ -82,6 +97,21 @@ class LocalTask:
         if task is None:
             task = cls._cache[key] = LocalTask(cfg)
         return task
+
+    def take_device_seconds(self) -> float:
+        """The device's start-up seconds the first time asked, 0 afterwards (it starts once)."""
+        seconds, self.device_seconds = self.device_seconds, 0.0
+        return seconds
+
+
+def start_device(device: Any) -> None:
+    """Start ``device`` now: on CUDA, create the context (and load its libraries) with one tiny
+    allocation, so that its cost is measured apart from the model's and the data's."""
+    if device.type == "cuda":
+        import torch
+
+        torch.empty(1, device=device)
+        torch.cuda.synchronize(device)
 
 
 def _train_seed(cfg: RunConfig, partition: int, rnd: int) -> int:
@@ -157,14 +187,17 @@ def train(msg: Message, context: Context) -> Message:
     t0 = time.perf_counter()
     from corbin_fl.training import train_local
 
+    t_import = time.perf_counter()
     cfg = RunConfig.from_flower(context.run_config)
     if ARRAYS not in msg.content.array_records:
         raise ValueError(f"train instruction without the model record {ARRAYS!r}")
     task = LocalTask.get(cfg)
+    device_seconds = task.take_device_seconds()
     model = task.model
     state = msg.content.array_records[ARRAYS].to_torch_state_dict()
     model.load_state_dict(state, strict=True)
     model.to(task.device)
+    t_model = time.perf_counter()
     rnd = 0
     if "config" in msg.content.config_records:
         value = msg.content.config_records["config"].get("server-round", 0)
@@ -173,6 +206,7 @@ def train(msg: Message, context: Context) -> Message:
         rnd = value
     pid, num = partition(context)
     data = local_dataset(cfg, context, pid, num)
+    t_data = time.perf_counter()
     trained = train_local(
         model,
         data,
@@ -191,10 +225,15 @@ def train(msg: Message, context: Context) -> Message:
             wire.M_NUM_EXAMPLES: int(trained.num_examples),
             "steps": int(trained.steps),
             "train-seconds": float(trained.seconds),
+            "import-seconds": t_import - t0,
+            "device-seconds": device_seconds,
+            "model-seconds": t_model - t_import - device_seconds,
+            "data-seconds": t_data - t_model,
         }
     )
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     metrics["handler-seconds"] = time.perf_counter() - t0
     if startup is not None:
         metrics["startup-seconds"] = startup
-    return Message(RecordDict({ARRAYS: arrays, "metrics": metrics}), reply_to=msg)
+    info = ConfigRecord({"device": task.device_name})
+    return Message(RecordDict({ARRAYS: arrays, "metrics": metrics, TRAIN_INFO: info}), reply_to=msg)

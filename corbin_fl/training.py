@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ __all__ = [
     "EvalResult",
     "StepBound",
     "TrainResult",
+    "device_label",
     "evaluate",
     "pick_device",
     "set_threads",
@@ -123,6 +125,18 @@ def pick_device(override: str | torch.device | None = None) -> torch.device:
             raise ValueError(f"device {override!r} requested but MPS is not available")
         return dev
     raise ValueError(f"unsupported device {override!r}: expected auto, cpu, cuda[:N] or mps")
+
+
+def device_label(device: torch.device) -> str:
+    """A short name of ``device`` for the run's records: ``"cpu"``, ``"mps"``, or
+    ``"cuda:N (model name)"`` (the name as the driver reports it, printable ASCII without
+    parentheses, at most 80 characters; ``cuda`` without an index names the current device)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        name = re.sub(r"[^\x20-\x27\x2a-\x7e]", "", torch.cuda.get_device_name(index))
+        name = name[:80].strip()
+        return f"cuda:{index} ({name})" if name else f"cuda:{index}"
+    return str(device) if device.index is not None else device.type
 
 
 def set_threads(n: int) -> None:

@@ -10,6 +10,8 @@ The files are the contract with the ``corbin-fl local`` launcher, which shows pr
   ``{"event": "resume", "from_round": t, ...}``, ``{"event": "run_end"}``.
 - ``metrics.jsonl``: one JSON object per round (see :func:`server.round.round_record`); after
   a resume it holds exactly one row per completed round (:meth:`RunFiles.rewrite_metrics`).
+  Its ``devices`` maps each accepted client's node id to the device it trained on, as the client
+  names it (:func:`client_device`); ``summary.json``'s ``client_devices`` collects them.
 - ``summary.json``: written once at the end (atomically: temp file + rename).
 
 With ``out-dir = ""`` nothing is written and every method is a no-op.
@@ -21,17 +23,73 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from corbin_fl.fsio import atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from flwr.app import RecordDict
 
 logger = logging.getLogger(__name__)
 
 EVENTS_FILE = "events.jsonl"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+
+DEVICE_KEY: Final[str] = "device"
+"""Key of an app ConfigRecord of an update reply that names the device the client trained on
+(this project's train handler sends ``{"train-info": {"device": "cuda:0 (NVIDIA H100 ...)"}}``)."""
+MAX_DEVICE_CHARS: Final[int] = 96
+"""Longest device name recorded."""
+INVALID_DEVICE: Final[str] = "invalid"
+"""What is recorded for a device name that is not of the known shape."""
+_DEVICE_RE: Final[re.Pattern[str]] = re.compile(
+    r"(cpu|mps|(cuda|xpu)(:[0-9]{1,3})?)( \([\x20-\x27\x2a-\x7e]{1,80}\))?"
+)
+"""``cpu``, ``mps``, ``cuda[:N]`` or ``xpu[:N]``, optionally `` (model name)`` in printable ASCII
+without parentheses."""
+
+
+def client_device(records: RecordDict, node: int | str = "?") -> str | None:
+    """The training device a client names in its reply's app records, checked as untrusted input.
+
+    Returns the name (``"cpu"``, ``"cuda:0 (NVIDIA H100 80GB HBM3)"``, ...), None when no app
+    ConfigRecord has :data:`DEVICE_KEY` (an app that does not report it), or
+    :data:`INVALID_DEVICE` for anything else (a non-string, too long, an unknown shape): it is
+    only recorded, so a bad value never fails the round.
+    """
+    for rec in records.config_records.values():
+        if DEVICE_KEY not in rec:
+            continue
+        value = rec[DEVICE_KEY]
+        if (
+            isinstance(value, str)
+            and len(value) <= MAX_DEVICE_CHARS
+            and _DEVICE_RE.fullmatch(value) is not None
+        ):
+            return value
+        logger.warning("node %s: unrecognised device name %.64r, recorded as invalid", node, value)
+        return INVALID_DEVICE
+    return None
+
+
+def client_devices(history: list[dict[str, Any]]) -> dict[str, str]:
+    """The device of each client in ``metrics.jsonl`` rows (their ``devices``), by node id; a
+    client that reported different ones over the run gets them joined by ``", "`` in order."""
+    seen: dict[str, list[str]] = {}
+    for row in history:
+        devices = row.get("devices")
+        if not isinstance(devices, dict):
+            continue  # a row of a run before devices were recorded
+        for node, device in devices.items():
+            if isinstance(device, str):
+                names = seen.setdefault(str(node), [])
+                if device not in names:
+                    names.append(device)
+    return {node: ", ".join(names) for node, names in seen.items()}
 
 
 def jsonable(value: Any) -> Any:

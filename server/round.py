@@ -36,7 +36,7 @@ from flwr.serverapp import Grid
 from corbin_fl import wire
 from corbin_fl.config import RunConfig
 from server.aggregation import apply_global_lr, make_aggregator
-from server.metrics import RunFiles
+from server.metrics import RunFiles, client_device, client_devices
 from server.stages import RoundState, active_of, exchange
 
 if TYPE_CHECKING:
@@ -640,14 +640,17 @@ def round_record(
         "max_radius": state.max_radius,
         "update_radius": state.max_radius if cfg.quantizes_update else None,
         "train_loss": _mean(_app_metric(r, wire.M_TRAIN_LOSS) for r in state.app_records.values()),
-        "clientapp_seconds": {  # startup / handler as this project's app reports them
+        "clientapp_seconds": {  # startup, handler and its parts as this project's app reports them
             **{
                 key: _mean(_app_metric(r, f"{key}-seconds") for r in state.app_records.values())
-                for key in ("startup", "handler")
+                for key in ("startup", "handler", "import", "device", "model", "data", "train")
             },
             "encode": _mean(m.get(wire.M_ENCODE_SECONDS) for m in state.client_metrics.values()),
         },
         "clip_fraction": _mean(m.get(wire.M_CLIP_FRACTION) for m in state.client_metrics.values()),
+        "devices": {  # the training device each client names (checked, never fatal)
+            str(nid): client_device(recs, nid) for nid, recs in sorted(state.app_records.items())
+        },
     }
     if cfg.paired and cfg.test_z_digest:
         matched = mismatched = 0
@@ -706,6 +709,7 @@ def build_summary(
         "bytes_up_total": sum(int(r["bytes_up"]["total"]) for r in history),
         "bytes_down_total": sum(int(r["bytes_down"]["total"]) for r in history),
         "clip_fraction": clip_summary(history),
+        "client_devices": client_devices(history),
     }
     clients = max(participation, default=0)
     r_max = max((float(r["max_radius"]) for r in history), default=None)
