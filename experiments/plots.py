@@ -1,10 +1,14 @@
 """PNG figures of an experiment (matplotlib's object API with the Agg canvas; no pyplot state).
 
-Every figure states on itself what a reader needs to read it: a **title** (``suptitle``) with
-the experiment's description and the settings every plotted run shares (:func:`fixed_settings`),
+Every figure states on itself what a reader needs to read it: a **title** (``suptitle``) that
+starts with what the figure shows (so no two figures of an experiment share one), then the
+experiment's description and the settings every plotted run shares (:func:`fixed_settings`),
 so a figure cut out of its report still says what was held fixed; a **caption** (under the
 plot) saying what the error bars and bands are (one sample std, ``ddof = 1``, over the seeds,
 with their count) and the y-axis rule; a **legend entry for every line**, references included.
+Every mechanism's label states its privacy guarantee and the threat models it holds against
+(:data:`THREAT_MODELS`, SECURITY.md's A-D, e.g. CorBin-FL "ε_p/param. vs A only; no DP vs B"),
+and the caption gives the key to the letters (:data:`THREAT_NOTE`).
 
 Federated figures use the lambda-selected runs of each setting
 (:func:`experiments.results.group_results`): the mean over seeds with a band / error bar of one
@@ -59,6 +63,13 @@ _X_LABEL = {
     "dropout-prob": "dropout probability $p$",
     CLIENTS_KEY: "number of clients $n$",
 }
+_X_NAME = {
+    "epsilon": "the per-parameter budget ε_p",
+    "d": "the shared random bits per parameter d",
+    "dropout-prob": "the dropout probability p",
+    CLIENTS_KEY: "the number of clients n",
+}
+"""What an accuracy-vs figure's x-axis is, in its title."""
 _ACC_LABEL = "test accuracy (%) at val-selected round"
 
 MIN_Y_SPAN = 20.0
@@ -68,12 +79,38 @@ STD_SPAN = 5.0
 
 # --------------------------------------------------------------------------- privacy guarantees
 
-PAIRED_KIND = "ε_p per parameter vs an eavesdropper on one uplink only; no DP vs the server"
-LDP_KIND = "ε_p-LDP per parameter"
-GAUSSIAN_KIND = "(ε_p, δ)-LDP per parameter"
-UPDATE_KIND = "(ε, δ)-DP per client update (all parameters together)"
-CENTRAL_KIND = "(ε, δ)-DP of the released models; trusts the server; no DP vs it"
-NO_DP_KIND = "no DP"
+THREAT_MODELS: dict[str, str] = {
+    "A": "eavesdropper on one uplink",
+    "B": "server that sees every bit",
+    "C": "malicious client",
+    "D": "malicious server",
+}
+"""The adversaries of SECURITY.md (``mechanisms.accounting.THREAT_MODELS``; not imported, it
+imports torch), named by letter in every figure's guarantee labels."""
+
+THREAT_NOTE = "threat models (SECURITY.md): " + "; ".join(
+    f"{key}: {name}" for key, name in THREAT_MODELS.items()
+)
+"""The key to the letters, in the legend title or caption of every figure that names them."""
+
+PAIRED_KIND = "ε_p per parameter vs one uplink (A) only; no DP vs the server (B)"
+LDP_KIND = "ε_p-LDP per parameter vs one uplink (A) and the server (B)"
+GAUSSIAN_KIND = "(ε_p, δ)-LDP per parameter vs one uplink (A) and the server (B)"
+UPDATE_KIND = "(ε, δ)-DP per client update vs one uplink (A) and the server (B)"
+CENTRAL_KIND = "(ε, δ)-DP of the released models (C); trusts the server: no DP vs A, B"
+NO_DP_KIND = "no DP vs any threat model (A-D)"
+
+DP_AGAINST: dict[str, frozenset[str]] = {
+    PAIRED_KIND: frozenset("A"),
+    LDP_KIND: frozenset("AB"),
+    GAUSSIAN_KIND: frozenset("AB"),
+    UPDATE_KIND: frozenset("AB"),
+    CENTRAL_KIND: frozenset(),
+    NO_DP_KIND: frozenset(),
+}
+"""The threat models among A and B against which each guarantee class gives DP, as the
+accountant reports them (``privacy_report(...)["threat_models"][key]["dp"]``; a unit test holds
+the two together). Central DP's guarantee is against C (an observer of the released models)."""
 
 _RANGED_KINDS = frozenset({PAIRED_KIND, LDP_KIND, GAUSSIAN_KIND, CENTRAL_KIND})
 """Guarantee classes whose mechanisms encode within a range (``range-mode`` applies)."""
@@ -88,22 +125,23 @@ GUARANTEE_COLORS: dict[str, str] = {
 }
 """One colour per guarantee class in the mechanism bar chart (legend order)."""
 
-_SHORT_KIND = {
-    PAIRED_KIND: "ε_p/param., one uplink only; no DP vs server",
-    LDP_KIND: "ε_p-LDP/param.",
-    GAUSSIAN_KIND: "(ε_p, δ)-LDP/param.",
-    UPDATE_KIND: "(ε, δ)-DP/update",
-    CENTRAL_KIND: "(ε, δ) central; no DP vs server",
-    NO_DP_KIND: "no DP",
+SHORT_KIND = {
+    PAIRED_KIND: "ε_p/param. vs A only; no DP vs B",
+    LDP_KIND: "ε_p-LDP/param. vs A, B",
+    GAUSSIAN_KIND: "(ε_p, δ)-LDP/param. vs A, B",
+    UPDATE_KIND: "(ε, δ)-DP/update vs A, B",
+    CENTRAL_KIND: "(ε, δ) central vs C; no DP vs A, B",
+    NO_DP_KIND: "no DP vs A-D",
 }
+"""A line's guarantee in a legend entry (the letters are :data:`THREAT_MODELS`)."""
 
 _BAR_LABEL = {
-    PAIRED_KIND: "ε_p={eps:g} per param.\none uplink only;\nno DP vs server",
-    LDP_KIND: "ε_p={eps:g} per param.",
-    GAUSSIAN_KIND: "(ε_p={eps:g}, δ={delta:g})\nper param.",
-    UPDATE_KIND: "(ε={eps:g}, δ={delta:g})\nper update",
-    CENTRAL_KIND: "(ε={eps:g}, δ={delta:g}) central;\nno DP vs server",
-    NO_DP_KIND: "no DP",
+    PAIRED_KIND: "ε_p={eps:g}/param.\nvs A only;\nno DP vs B",
+    LDP_KIND: "ε_p={eps:g}/param.\nvs A, B",
+    GAUSSIAN_KIND: "(ε_p={eps:g}, δ={delta:g})\nper param. vs A, B",
+    UPDATE_KIND: "(ε={eps:g}, δ={delta:g})\nper update vs A, B",
+    CENTRAL_KIND: "(ε={eps:g}, δ={delta:g})\ncentral vs C;\nno DP vs A, B",
+    NO_DP_KIND: "no DP vs A-D",
 }
 """A bar's label per guarantee class, with the setting's ``eps`` and ``delta``."""
 
@@ -112,7 +150,8 @@ _BAR_LABEL = {
 class Guarantee:
     """The privacy guarantee of one setting, as a figure states it: its ``kind`` (one of
     ``*_KIND``; the bar colour and legend entry) and its ``label`` with the setting's numbers,
-    e.g. ``"ε_p=5 per param."`` (a bar's label)."""
+    e.g. ``"ε_p=5/param.\nvs A, B"`` (a bar's label: the budget and the threat models of
+    :data:`THREAT_MODELS` it holds against)."""
 
     kind: str
     label: str
@@ -121,11 +160,12 @@ class Guarantee:
 def guarantee_kind(mechanism: str) -> str | None:
     """The guarantee class of ``mechanism``, from its registration; ``None`` for an unknown one.
 
-    Paired (corbin, augcorbin): per-parameter eps_p against an eavesdropper on one uplink only
-    (the server sees both bits of a pair: no DP against it). Other local-DP mechanisms:
-    per-parameter eps_p-LDP, (eps_p, delta) with a delta, or (eps, delta)-DP of a whole update
-    (fedcad). Without local DP: central (eps, delta)-DP of the released models, trusting the
-    server (central-gaussian), or no DP (fedavg, cq, signsgd).
+    Paired (corbin, augcorbin): per-parameter eps_p against an eavesdropper on one uplink (A)
+    only (the server sees both bits of a pair: no DP against it, B). Other local-DP mechanisms,
+    against A and B alike: per-parameter eps_p-LDP, (eps_p, delta) with a delta, or
+    (eps, delta)-DP of a whole update (fedcad). Without local DP: central (eps, delta)-DP of the
+    released models (against C), trusting the server (no DP against A or B; central-gaussian),
+    or no DP (fedavg, cq, signsgd). :data:`DP_AGAINST` lists the letters of each class.
     """
     mech = registry.REGISTRY.get(mechanism)
     if mech is None:
@@ -248,10 +288,15 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-def figure_title(description: str, groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
-    """``description`` then ``"fixed: <fixed_settings>"`` (one line each; the figure wraps them)."""
+def figure_title(
+    shows: str, description: str, groups: Sequence[GroupResult], keys: Sequence[str]
+) -> str:
+    """What the figure ``shows`` (its own first line, so that two figures of one experiment
+    never share a title), then ``"experiment: <description>"`` and ``"fixed: <fixed_settings>"``
+    (one line each; the figure wraps them)."""
     fixed = fixed_settings(groups, keys)
-    return "\n".join(t for t in (description, fixed and f"fixed: {fixed}") if t)
+    lines = (shows, description and f"experiment: {description}", fixed and f"fixed: {fixed}")
+    return "\n".join(t for t in lines if t)
 
 
 def seed_note(groups: Sequence[GroupResult], what: str = "error bars") -> str:
@@ -379,7 +424,7 @@ def _mech_order(mech: str) -> int:
 def _with_kind(label: str, mechanism: str) -> str:
     """``label`` followed by the short guarantee class of ``mechanism`` (if known)."""
     kind = guarantee_kind(mechanism)
-    return f"{label} [{_SHORT_KIND[kind]}]" if kind is not None else label
+    return f"{label} [{SHORT_KIND[kind]}]" if kind is not None else label
 
 
 def _legend_above(fig: Figure, ax: Axes, handles: Sequence[Any], labels: Sequence[str]) -> None:
@@ -442,9 +487,9 @@ def accuracy_vs_round_figure(
         axes[0].set_ylim(*_ylim(bands))
     _annotate(
         fig,
-        figure_title(title, groups, keys),
+        figure_title("Test accuracy per round", title, groups, keys),
         f"lines: mean test accuracy; {seed_note(groups, 'bands')}; λ: the validation-selected "
-        f"global learning rate; {Y_RULE}",
+        f"global learning rate; {Y_RULE}; [ ]: the mechanism's guarantee; {THREAT_NOTE}",
     )
     return fig
 
@@ -499,10 +544,15 @@ def accuracy_bar_figure(
     legend.get_title().set_fontsize(7)
     _annotate(
         fig,
-        figure_title(title, groups, keys),
+        figure_title(
+            "Test accuracy per mechanism at the val-selected and the final round",
+            title,
+            groups,
+            keys,
+        ),
         f"bars: mean over seeds; {seed_note(groups)}. ε_p bounds one parameter, ε one whole "
         "update: the numbers under the bars are not one unit and do not rank the mechanisms' "
-        "privacy",
+        f"privacy; {THREAT_NOTE}",
         caption_ax=ax,
     )
     return fig
@@ -581,9 +631,9 @@ def accuracy_vs_figure(
     _legend_above(fig, ax, handles, labels)
     _annotate(
         fig,
-        figure_title(title, groups, keys),
+        figure_title(f"Test accuracy vs {_X_NAME.get(x_key, x_key)}", title, groups, keys),
         f"points: mean test accuracy at each run's validation-selected round; "
-        f"{seed_note(plotted)}; {Y_RULE}",
+        f"{seed_note(plotted)}; {Y_RULE}; [ ]: the mechanism's guarantee; {THREAT_NOTE}",
     )
     return fig
 
@@ -650,15 +700,20 @@ def accuracy_vs_bits_figure(
     axes[0].set_ylabel(_ACC_LABEL)
     axes[0].set_ylim(*_ylim(bands))
     labels = [
-        f"{m} (1 bit + shared randomness)" if m in PAIRED_MECHANISMS else _with_kind(m, m)
+        _with_kind(f"{m}, 1 bit + shared randomness" if m in PAIRED_MECHANISMS else m, m)
         for m in handles
     ]
     _annotate(
         fig,
-        figure_title(title, groups, [k for k in keys if k != "epsilon"]),
+        figure_title(
+            "Test accuracy vs uplink bits per parameter, one panel per ε_p",
+            title,
+            groups,
+            [k for k in keys if k != "epsilon"],
+        ),
         "one panel per eps_p; points: mean test accuracy at each run's validation-selected "
         f"round against the mechanism's uplink bits per parameter; {seed_note(plotted)}; "
-        f"{Y_RULE}",
+        f"{Y_RULE}; [ ]: the mechanism's guarantee; {THREAT_NOTE}",
     )
     # Then the legend beside the panels, once title and caption are wrapped to their width.
     fig.legend(list(handles.values()), labels, fontsize=7, loc="outside right center")
@@ -667,6 +722,13 @@ def accuracy_vs_bits_figure(
 
 
 # --------------------------------------------------------------------------- MSE figures
+
+
+QUANTIZER_NOTE = (
+    f"CorBinQ: ε_p per parameter vs one uplink (A) only, no DP vs the server (B); LDPQ: "
+    f"ε_p-LDP per parameter vs A and B; {THREAT_NOTE}"
+)
+"""The guarantees of the two quantizers of the MSE figures, in their captions."""
 
 
 def _grid_title(what: str, grid: GridMSE) -> str:
@@ -710,7 +772,7 @@ def mse_heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
         _grid_title("Pair MSE of CorBinQ and LDPQ over the weight pair (w1, w2)", grid),
         "measured: empirical pair MSE, samples pooled over seeds; closed form: "
         "mechanisms.theory (corbin_pair_mse, ldpq_pair_mse) at the same (w1, w2); one colour "
-        "scale per row (per ε_p)",
+        f"scale per row (per ε_p). {QUANTIZER_NOTE}",
     )
     return fig
 
@@ -744,7 +806,7 @@ def mse_vs_epsilon_figure(grid: GridMSE) -> Figure:
         fig,
         _grid_title("Grid-averaged pair MSE vs ε_p", grid),
         "error bars: ± 3 standard errors of the grid-averaged MSE (samples pooled over seeds); "
-        "right: ratio of the grid averages",
+        f"right: ratio of the grid averages. {QUANTIZER_NOTE}",
     )
     return fig
 
@@ -780,6 +842,6 @@ def mse_real_weights_figure(real: RealWeightsMSE) -> Figure:
         f"d={real.d}, c_j and r_j = midpoint and half-range of layer j over both clients, "
         f"{real.repeats} quantization repeats",
         "error bars: ± 3 standard errors over the repeats (clipped at zero on the log axis); "
-        "'all': every parameter of the model",
+        f"'all': every parameter of the model. {QUANTIZER_NOTE}",
     )
     return fig

@@ -1,5 +1,6 @@
 """``report.md``: setup, model-selection rule, tables (mean ± std over seeds), figures, privacy,
-and the quick-scale TARGET checks (printed with PASS / MISS and the numbers, never asserted).
+and the quick-scale TARGET checks (printed with PASS / MISS / not resolved / N/A and the numbers,
+never asserted).
 
 Targets (the quick-scale acceptance bar of this project):
 
@@ -9,6 +10,14 @@ Targets (the quick-scale acceptance bar of this project):
 * MSE (``mse`` experiment): the measured pair MSE is within 3 standard errors of the closed form
   (grid averages, per ``eps`` and quantizer); CorBinQ's MSE is at most half of LDPQ's at
   ``eps_p = 0.5``.
+
+A target claims a difference (CorBin-FL above LDP-FL, FedAvg less than 5 points above CorBin-FL,
+a ratio below 1/2). It is checked on the two-sided :data:`CONFIDENCE` interval of that
+difference (:class:`Difference`; for accuracies Welch's t interval of the difference of the means
+over seeds, from each setting's sample std and number of seeds): **PASS** when the whole interval
+lies on the claimed side of the threshold, **MISS** when the whole interval lies on the other
+side, **not resolved** when the interval contains the threshold (a setting with one seed has no
+interval and is never resolved), **N/A** when the experiment has no runs to check.
 """
 
 from __future__ import annotations
@@ -22,12 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from scipy import stats
 
 from corbin_fl.fsio import atomic_write_text
 from experiments.results import (
     SELECTION_RULE,
     GroupResult,
     RunResult,
+    Stat,
     group_label,
     privacy_view,
 )
@@ -36,16 +47,105 @@ from experiments.spec import ExperimentSpec
 if TYPE_CHECKING:  # typing only: a federated report must not import torch
     from experiments.mse import GridMSE, RealWeightsMSE
 
-Status = Literal["PASS", "MISS", "N/A"]
+Status = Literal["PASS", "MISS", "not resolved", "N/A"]
+
+CONFIDENCE = 0.95
+"""Confidence of the two-sided interval a target check reads (:func:`verdict`)."""
+
+TARGET_RULE = (
+    "Each target claims a difference. Its check reads the two-sided "
+    f"{100 * CONFIDENCE:g}% confidence interval of that difference, Welch's t interval of the "
+    "difference of the two mean test accuracies over seeds (standard error "
+    "sqrt(s_a^2 / n_a + s_b^2 / n_b) from each setting's sample std s and number of seeds n, "
+    "Welch-Satterthwaite degrees of freedom). **PASS**: the whole interval lies on the "
+    "side of the threshold the target claims; **MISS**: the whole interval lies on the other "
+    "side; **not resolved**: the interval contains the threshold, so the seeds cannot tell "
+    "(a setting with one seed has no interval). A target with several comparisons is a MISS if "
+    "one misses, else not resolved if one is not resolved, else PASS. The numbers give each "
+    "difference, its standard error (SE), its interval and the degrees of freedom (df)."
+)
+"""The rule of the target checks, stated above their table in every federated report."""
+
+MSE_TARGET_RULE = (
+    "The agreement target passes when every measured average is within 3 standard errors of "
+    "its closed form (|z| <= 3). The ratio target reads the two-sided "
+    f"{100 * CONFIDENCE:g}% normal interval of the measured ratio (delta-method SE from the "
+    "standard errors of the two MSEs): **PASS** when the whole interval lies below 1/2, **MISS** "
+    "when it lies above, **not resolved** when it contains 1/2; with several comparisons a MISS "
+    "if one misses, else not resolved if one is not resolved, else PASS."
+)
+"""The rule of the MSE target checks, stated above their table in the MSE report."""
 
 
 @dataclass(frozen=True)
 class Target:
-    """One quick-scale target check: a name, PASS / MISS / N/A, and the numbers behind it."""
+    """One quick-scale target check: a name, its :data:`Status`, and the numbers behind it."""
 
     name: str
     status: Status
     detail: str
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A difference of two estimates with its standard error ``se``, degrees of freedom ``df``
+    (``inf`` for a normal interval) and two-sided :data:`CONFIDENCE` interval ``[low, high]``.
+    ``se``, ``low`` and ``high`` are NaN when the difference has no interval (one seed)."""
+
+    value: float
+    se: float
+    df: float
+    low: float
+    high: float
+
+    @classmethod
+    def welch(cls, a: Stat, b: Stat, *, scale: float = 100.0) -> Difference:
+        """``scale * (a.mean - b.mean)`` with Welch's t interval at :data:`CONFIDENCE` from the
+        sample stds and counts of ``a`` and ``b`` (NaN interval if either has fewer than two
+        values; a zero standard error gives the point interval)."""
+        value = scale * (a.mean - b.mean)
+        if a.n < 2 or b.n < 2 or not (math.isfinite(a.std) and math.isfinite(b.std)):
+            return cls(value, math.nan, math.nan, math.nan, math.nan)
+        va, vb = (scale * a.std) ** 2 / a.n, (scale * b.std) ** 2 / b.n
+        se = math.sqrt(va + vb)
+        if se == 0.0:
+            return cls(value, 0.0, math.inf, value, value)
+        df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
+        half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * se
+        return cls(value, se, df, value - half, value + half)
+
+    @classmethod
+    def normal(cls, value: float, se: float) -> Difference:
+        """``value`` with the normal interval ``value ± z se`` at :data:`CONFIDENCE` (for
+        estimates over many samples); a non-finite ``se`` gives no interval."""
+        if not math.isfinite(se) or se < 0.0:
+            return cls(value, math.nan, math.nan, math.nan, math.nan)
+        half = float(stats.norm.ppf(0.5 + CONFIDENCE / 2)) * se
+        return cls(value, se, math.inf, value - half, value + half)
+
+    def fmt(self, digits: int = 2) -> str:
+        """``"SE 0.76, 95% CI [-2.03, +3.03], df 2.8"`` (``digits`` decimals; an SE below
+        their last one with two significant digits), or that there is no interval."""
+        if math.isnan(self.se):
+            return "no interval (one seed)"
+        se = f"{self.se:.{digits}f}" if self.se >= 10.0**-digits else f"{self.se:.2g}"
+        df = "" if math.isinf(self.df) else f", df {self.df:.1f}"
+        return (
+            f"SE {se}, {100 * CONFIDENCE:g}% CI "
+            f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}]{df}"
+        )
+
+
+def verdict(diff: Difference, threshold: float, claim: Literal["above", "below"]) -> Status:
+    """PASS if ``diff``'s whole interval is ``claim`` (strictly above / below) ``threshold``,
+    MISS if it is wholly on the other side, "not resolved" if it contains the threshold or
+    there is no interval (:data:`TARGET_RULE`)."""
+    low, high = diff.low, diff.high
+    if math.isnan(low) or math.isnan(high):
+        return "not resolved"
+    if claim == "above":
+        return "PASS" if low > threshold else "MISS" if high < threshold else "not resolved"
+    return "PASS" if high < threshold else "MISS" if low > threshold else "not resolved"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -79,19 +179,35 @@ def _without(setting: Mapping[str, Any], *keys: str) -> str:
 # --------------------------------------------------------------------------- targets
 
 
-def _check(name: str, checks: Sequence[tuple[Any, str]], missing: str) -> Target:
-    """The target ``name`` from its ``(holds, numbers)`` checks: PASS when every one holds,
-    ``N/A`` (with the reason ``missing``) without any."""
+def _check(name: str, checks: Sequence[tuple[Status, str]], missing: str) -> Target:
+    """The target ``name`` from its ``(status, numbers)`` checks: MISS if one misses, else
+    "not resolved" if one is not resolved, else PASS; ``N/A`` (with the reason ``missing``)
+    without any."""
     if not checks:
         return Target(name, "N/A", missing)
-    status: Status = "PASS" if all(ok for ok, _ in checks) else "MISS"
-    return Target(name, status, "; ".join(text for _, text in checks))
+    found = {status for status, _ in checks}
+    status: Status = next(s for s in ("MISS", "not resolved", "N/A", "PASS") if s in found)
+    if len(checks) == 1:
+        return Target(name, status, checks[0][1])
+    return Target(name, status, "; ".join(f"{text}: {st}" for st, text in checks))
 
 
-def _gap(name_a: str, a: GroupResult, name_b: str, b: GroupResult) -> tuple[float, str]:
-    """Points by which ``a``'s mean test accuracy exceeds ``b``'s, and the sum in words."""
-    gap = 100 * (a.test.mean - b.test.mean)
-    return gap, f"{name_a} {_pct(a.test.mean)} - {name_b} {_pct(b.test.mean)} = {gap:+.2f} points"
+def _gap(
+    name_a: str,
+    a: GroupResult,
+    name_b: str,
+    b: GroupResult,
+    threshold: float,
+    claim: Literal["above", "below"],
+) -> tuple[Status, str]:
+    """The verdict on ``a``'s mean test accuracy minus ``b``'s being ``claim`` ``threshold``
+    points, and the numbers behind it in words."""
+    diff = Difference.welch(a.test, b.test)
+    text = (
+        f"{name_a} {a.test.fmt()} - {name_b} {b.test.fmt()} = {diff.value:+.2f} points "
+        f"({diff.fmt()})"
+    )
+    return verdict(diff, threshold, claim), text
 
 
 def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
@@ -123,18 +239,36 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
         ((c, ldpfl[k]) for c in corbin if (k := _without(c.setting, "mechanism")) in ldpfl),
         key=lambda p: eps(p[0]),
     )
-    half = [_gap("CorBin", c, "LDP-FL", lo) for c, lo in pairs if math.isclose(eps(c), 0.5)]
+    # The other keys that tell CorBin settings apart (dropout-prob, range-mode, ...) name
+    # each comparison, so that two at one eps_p can be told apart.
+    values: dict[str, set[str]] = {}
+    for c in corbin:
+        for key, value in c.setting.items():
+            values.setdefault(key, set()).add(repr(value))
+    other = sorted(k for k, v in values.items() if len(v) > 1 and k != "epsilon")
+
+    def where(c: GroupResult, *, with_eps: bool = True) -> str:
+        parts = [f"eps={eps(c):g}"] if with_eps else []
+        parts += [f"{k}={c.setting[k]}" for k in other if k in c.setting]
+        return ", ".join(parts)
+
+    def named(c: GroupResult, check: tuple[Status, str], with_eps: bool) -> tuple[Status, str]:
+        label = where(c, with_eps=with_eps)
+        return (check[0], f"{label}: {check[1]}" if label else check[1])
+
+    half = [
+        named(c, _gap("CorBin", c, "LDP-FL", lo, 5.0, "above"), False)
+        for c, lo in pairs
+        if math.isclose(eps(c), 0.5)
+    ]
     at_one = [
-        _gap("FedAvg", fedavg[k], "CorBin", c)
+        named(c, _gap("FedAvg", fedavg[k], "CorBin", c, 5.0, "below"), False)
         for c in corbin
         if math.isclose(eps(c), 1.0)
         and (k := _without(c.setting, "mechanism", "epsilon")) in fedavg
     ]
     low = [
-        (
-            c.test.mean > lo.test.mean,
-            f"eps={eps(c):g}: CorBin {_pct(c.test.mean)} vs LDP-FL {_pct(lo.test.mean)}",
-        )
+        named(c, _gap("CorBin", c, "LDP-FL", lo, 0.0, "above"), True)
         for c, lo in pairs
         if eps(c) <= 1.0
     ]
@@ -142,14 +276,10 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
         _check(
             "CorBin-FL > LDP-FL at every eps_p <= 1", low, "no CorBin/LDP-FL pair with eps_p <= 1"
         ),
-        _check(
-            "CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5",
-            [(gap >= 5.0, text) for gap, text in half],
-            "no pair at eps_p = 0.5",
-        ),
+        _check("CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5", half, "no pair at eps_p = 0.5"),
         _check(
             "CorBin-FL at eps_p = 1 within 5 points of FedAvg",
-            [(gap <= 5.0, text) for gap, text in at_one],
+            at_one,
             "no CorBin eps_p = 1 / FedAvg pair",
         ),
     ]
@@ -181,22 +311,43 @@ def mse_targets(grid: GridMSE | None, real: RealWeightsMSE | None) -> list[Targe
     detail = f"{n_checks} averages (grid; real weights) checked; largest |z|: " + "; ".join(
         f"{part}: z={z:+.2f} ({what})" for part, (z, what) in worst.items()
     )
-    targets = [_check(name, [(all(abs(z) <= 3.0 for z, _ in worst.values()), detail)], "")]
+    agree: Status = "PASS" if all(abs(z) <= 3.0 for z, _ in worst.values()) else "MISS"
+    targets = [_check(name, [(agree, detail)], "")]
     name = "CorBinQ MSE <= LDPQ MSE / 2 at eps_p = 0.5"
     try:
         k = grid.eps_index(0.5)
     except KeyError:
         return [*targets, Target(name, "N/A", "eps_p = 0.5 not measured")]
-    cm, lm = grid.grid_mean("corbin")[0][k], grid.grid_mean("ldpq")[0][k]
+    (cm, cse), (lm, lse) = (grid.grid_mean(which) for which in ("corbin", "ldpq"))
     closed_ratio = grid.corbin_closed[k].mean() / grid.ldpq_closed[k].mean()
-    ok = cm / lm <= 0.5
-    detail = f"grid average: {cm:.5g} / {lm:.5g} = {cm / lm:.3f} (closed form {closed_ratio:.3f})"
+    ratio = _ratio(float(cm[k]), float(cse[k]), float(lm[k]), float(lse[k]))
+    checks = [
+        (
+            verdict(ratio, 0.5, "below"),
+            f"grid average: {cm[k]:.5g} / {lm[k]:.5g} = {ratio.value:.3f} "
+            f"({ratio.fmt(3)}; closed form {closed_ratio:.3f})",
+        )
+    ]
     if real is not None and 0.5 in real.epsilons:
         kr = real.epsilons.index(0.5)
-        rr = real.corbin_measured[kr, -1] / real.ldpq_measured[kr, -1]
-        ok = ok and rr <= 0.5
-        detail += f"; real weights: ratio {rr:.3f}"
-    return [*targets, _check(name, [(ok, detail)], "")]
+        rr = _ratio(
+            *(
+                float(getattr(real, f"{w}_{a}")[kr, -1])
+                for w in ("corbin", "ldpq")
+                for a in ("measured", "se")
+            )
+        )
+        checks.append(
+            (verdict(rr, 0.5, "below"), f"real weights: ratio {rr.value:.3f} ({rr.fmt(3)})")
+        )
+    return [*targets, _check(name, checks, "")]
+
+
+def _ratio(a: float, se_a: float, b: float, se_b: float) -> Difference:
+    """``a / b`` with its first-order (delta-method) standard error from the independent
+    standard errors of ``a`` and ``b``, and the normal interval (:meth:`Difference.normal`)."""
+    ratio = a / b
+    return Difference.normal(ratio, abs(ratio) * math.hypot(se_a / a, se_b / b))
 
 
 def render_targets(targets: Sequence[Target]) -> str:
@@ -412,7 +563,7 @@ def write_federated_report(
     lines += _figures(figures, base)
     lines += ["", "## Privacy", "", privacy_section(groups, keys), ""]
     targets = federated_targets(groups)
-    lines += ["## Quick-scale targets", "", render_targets(targets), ""]
+    lines += ["## Quick-scale targets", "", TARGET_RULE, "", render_targets(targets), ""]
     discussion = base / DISCUSSION_FILE
     if discussion.is_file():
         lines += [
@@ -526,7 +677,7 @@ def write_mse_report(
         )
     lines += _figures(figures, Path(path).parent)
     targets = mse_targets(grid, real)
-    lines += ["", "## Quick-scale targets", "", render_targets(targets), ""]
+    lines += ["", "## Quick-scale targets", "", MSE_TARGET_RULE, "", render_targets(targets), ""]
     lines += [
         "## Files",
         "",

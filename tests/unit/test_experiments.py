@@ -11,6 +11,7 @@ import csv
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from fake_experiments import (
     spec_from,
 )
 
+from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, RunConfig
 from experiments import cli as exp_cli
 from experiments import experiment as ex
@@ -36,7 +38,13 @@ from experiments.mse import (
     measure_real_weights,
     save_measurement,
 )
-from experiments.report import federated_targets, mse_targets
+from experiments.report import (
+    TARGET_RULE,
+    Difference,
+    federated_targets,
+    mse_targets,
+    verdict,
+)
 from experiments.results import (
     SELECTION_RULE,
     RunResult,
@@ -69,7 +77,7 @@ from experiments.sweep import (
     read_metrics,
     run_state,
 )
-from mechanisms.accounting import privacy_report
+from mechanisms.accounting import THREAT_MODELS, privacy_report
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -724,9 +732,11 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
     assert "— (no DP)" in report  # fedavg: no eps_p
     assert "**no DP** (paired bits are not private against it); one update: δ ≥" in report
     assert "corbin-fl experiment run" in report
-    # fake accuracies: corbin > ldpfl by ~20 points, fedavg ~3 points above corbin at eps 1
-    assert [t.status for t in out.targets] == ["PASS", "PASS", "PASS"]
-    assert "**PASS**" in report and "CorBin 8" in report
+    # fake accuracies: corbin > ldpfl by ~20 points; fedavg ~3 points above corbin at eps 1,
+    # which 2 seeds (Welch df ~1) cannot place below the target's 5 points
+    assert [t.status for t in out.targets] == ["PASS", "PASS", "not resolved"]
+    assert "**PASS**" in report and "**not resolved**" in report and "CorBin 8" in report
+    assert TARGET_RULE in report and "95% CI [" in report
     assert "## Discussion" not in report
     # a hand-written discussion next to the report is embedded, and kept on regeneration
     (root / "discussion.md").write_text("Why the figure looks like this.\n")
@@ -736,27 +746,118 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
     assert (root / "discussion.md").read_text() == "Why the figure looks like this.\n"
 
 
-def test_targets_report_miss_and_not_applicable(tmp_path: Path) -> None:
-    def group(mech: str, eps: float, acc: float, i: int) -> RunResult:
-        d = tmp_path / f"{mech}-{eps}-{i}"
-        write_run(
-            d,
-            {"mechanism": mech, "epsilon": eps, "global-lr": 1.0, "seed": 0},
-            rows_of([(acc, acc)]),
-        )
-        return load_run(d)
+def _seeded_groups(tmp_path: Path, settings: list[tuple[str, float, list[float]]]) -> list[Any]:
+    """Lambda-selected groups of ``(mechanism, eps, test accuracy per seed)`` (one run per
+    seed, validation accuracy = test accuracy)."""
+    runs = []
+    for mech, eps, accs in settings:
+        for seed, acc in enumerate(accs):
+            d = tmp_path / f"{mech}-{eps}-s{seed}"
+            cfg = {"mechanism": mech, "epsilon": eps, "global-lr": 1.0, "seed": seed}
+            write_run(d, cfg, rows_of([(acc, acc)]))
+            runs.append(load_run(d))
+    return group_results(runs)
 
-    res = [
-        group("corbin", 0.5, 0.62, 0),
-        group("ldpfl", 0.5, 0.60, 1),  # beats, but by 2 points < 5
-        group("corbin", 1.0, 0.70, 2),
-        group("ldpfl", 1.0, 0.72, 3),  # LDP-FL wins at eps 1
-    ]
-    t = federated_targets(group_results(res))
+
+def test_targets_pass_miss_not_resolved_and_not_applicable(tmp_path: Path) -> None:
+    groups = _seeded_groups(
+        tmp_path,
+        [
+            ("corbin", 0.5, [0.618, 0.62, 0.622]),
+            ("ldpfl", 0.5, [0.599, 0.60, 0.601]),  # beaten by 2 points: resolved, but < 5
+            ("corbin", 1.0, [0.698, 0.70, 0.702]),
+            ("ldpfl", 1.0, [0.719, 0.72, 0.721]),  # LDP-FL 2 points ahead: resolved
+        ],
+    )
+    t = federated_targets(groups)
     assert [x.status for x in t] == ["MISS", "MISS", "N/A"]
-    assert "+2.00 points" in t[1].detail
-    res.append(group("fedavg", 1.0, 0.80, 4))
-    assert federated_targets(group_results(res))[2].status == "MISS"  # 10 points behind
+    assert "eps=0.5: CorBin 62.00 ± 0.20 - LDP-FL 60.00 ± 0.10 = +2.00 points" in t[0].detail
+    assert "95% CI [" in t[0].detail and ": PASS; eps=1: " in t[0].detail
+    assert t[0].detail.endswith(": MISS")
+    assert "+2.00 points (SE 0.13, 95% CI [" in t[1].detail
+    # the same means with noisier seeds: the 5-point target is then not resolved
+    noisy = _seeded_groups(
+        tmp_path / "noisy",
+        [("corbin", 0.5, [0.52, 0.62, 0.72]), ("ldpfl", 0.5, [0.50, 0.60, 0.70])],
+    )
+    t = federated_targets(noisy)
+    assert [x.status for x in t] == ["not resolved", "not resolved", "N/A"]
+    # FedAvg 10 points ahead of CorBin at eps 1: resolved above the 5 points allowed
+    fedavg = _seeded_groups(tmp_path / "fedavg", [("fedavg", 1.0, [0.79, 0.80, 0.81])])
+    assert federated_targets([*groups, *fedavg])[2].status == "MISS"
+    close = _seeded_groups(tmp_path / "close", [("fedavg", 1.0, [0.719, 0.72, 0.721])])
+    assert federated_targets([*groups, *close])[2].status == "PASS"  # 2 points, resolved
+    # one seed per setting: no interval, never resolved
+    single = _seeded_groups(tmp_path / "single", [("corbin", 0.5, [0.90]), ("ldpfl", 0.5, [0.10])])
+    t = federated_targets(single)
+    assert t[0].status == "not resolved" and "no interval (one seed)" in t[0].detail
+
+
+def test_target_rule_is_welchs_interval_at_95_percent() -> None:
+    from scipy import stats as st
+
+    a, b = [0.95, 0.955, 0.9455], [0.94, 0.93, 0.9659]
+    diff = Difference.welch(Stat.of(a), Stat.of(b))
+    want = st.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert diff.low == pytest.approx(100 * want.low) and diff.high == pytest.approx(100 * want.high)
+    assert diff.value == pytest.approx(100 * (np.mean(a) - np.mean(b)))
+    # issue 26's case: 95.03 ± 0.55 vs 94.53 ± 1.20 over 3 seeds each is not resolved
+    case = Difference.welch(Stat(0.9503, 0.0055, 3), Stat(0.9453, 0.0120, 3))
+    assert case.low < 0.0 < case.high
+    assert verdict(case, 0.0, "above") == "not resolved"
+    assert verdict(case, -5.0, "above") == "PASS" and verdict(case, 5.0, "above") == "MISS"
+    assert verdict(case, 5.0, "below") == "PASS" and verdict(case, -5.0, "below") == "MISS"
+    # more seeds of the same spread resolve it
+    assert verdict(Difference.welch(Stat(0.9503, 0.0055, 30), Stat(0.9453, 0.0120, 30)),
+                   0.0, "above") == "PASS"  # fmt: skip
+    assert verdict(Difference.welch(Stat(0.9, 0.01, 1), Stat(0.1, 0.01, 3)), 0.0, "above") == (
+        "not resolved"
+    )
+    same = Difference.welch(Stat(0.75, 0.0, 3), Stat(0.5, 0.0, 3))  # no spread: a point
+    assert (same.low, same.high) == (25.0, 25.0)
+    assert verdict(same, 25.0, "above") == "not resolved"  # on the threshold
+    assert verdict(same, 24.0, "above") == "PASS"
+    ratio = Difference.normal(0.16, 0.01)
+    assert ratio.high == pytest.approx(0.16 + 1.959964 * 0.01)
+    assert verdict(ratio, 0.5, "below") == "PASS"
+
+
+def test_figure_guarantees_name_the_threat_models_the_accountant_gives(tmp_path: Path) -> None:
+    """Every guarantee class claims DP against exactly the threat models (of A and B) for which
+    the accountant's report of each of its mechanisms says ``dp``, in its legend entry, its bar
+    label and its bar legend alike (central DP: against C)."""
+    setting = {"epsilon": 1.0, "delta": 1e-5}
+    for mech in MECHANISMS:
+        kind = plots.guarantee_kind(mech)
+        assert kind is not None
+        m = registry.get(mech)
+        report = privacy_report(
+            mech,
+            1.0,
+            1e-5,
+            1000,
+            10,
+            d=5 if m.pairs else None,
+            gamma=0.2 if mech == "augcorbin" else None,
+            n=10,
+            r=0.01,
+            fedcad_delta=1e-5 if mech == "fedcad" else None,
+        )
+        tm = report["threat_models"]
+        assert {k for k in "AB" if tm[k]["dp"]} == plots.DP_AGAINST[kind], mech
+        for label in (
+            plots.SHORT_KIND[kind],
+            _flat(plots.guarantee({**setting, "mechanism": mech}).label),
+            kind,
+        ):
+            claimed, _, denied = label.replace("A-D", "A, B, C, D").partition("no DP")
+            letters = {k for k in "AB" if re.search(rf"\b{k}\b", claimed)}
+            assert letters == plots.DP_AGAINST[kind], (mech, label)
+            assert {k for k in "AB" if re.search(rf"\b{k}\b", denied)} == set("AB") - letters
+        if mech == "central-gaussian":
+            assert tm["C"]["dp"] and "vs C" in plots.SHORT_KIND[kind]
+    assert set(plots.THREAT_MODELS) == set(THREAT_MODELS)
+    assert all(name in plots.THREAT_NOTE for name in THREAT_MODELS.values())
 
 
 def test_plot_accuracy_vs_requires_the_key(tmp_path: Path) -> None:
@@ -811,16 +912,16 @@ def test_every_mechanism_has_a_stated_guarantee() -> None:
     labels = {m: plots.guarantee({**setting, "mechanism": m}) for m in MECHANISMS}
     for mech in ("corbin", "augcorbin"):
         assert labels[mech].kind == plots.PAIRED_KIND
-        assert "ε_p=5 per param." in labels[mech].label
-        assert "no DP vs server" in _flat(labels[mech].label)
+        assert _flat(labels[mech].label) == "ε_p=5/param. vs A only; no DP vs B"
     for mech in ("ldpfl", "laplace", "ternary"):
-        assert labels[mech] == plots.Guarantee(plots.LDP_KIND, "ε_p=5 per param.")
+        assert labels[mech] == plots.Guarantee(plots.LDP_KIND, "ε_p=5/param.\nvs A, B")
     assert labels["gaussian"].kind == plots.GAUSSIAN_KIND
-    assert _flat(labels["gaussian"].label) == "(ε_p=5, δ=1e-05) per param."
+    assert _flat(labels["gaussian"].label) == "(ε_p=5, δ=1e-05) per param. vs A, B"
     assert labels["fedcad"].kind == plots.UPDATE_KIND
-    assert _flat(labels["fedcad"].label) == "(ε=5, δ=1e-05) per update"
+    assert _flat(labels["fedcad"].label) == "(ε=5, δ=1e-05) per update vs A, B"
+    assert _flat(labels["central-gaussian"].label) == "(ε=5, δ=1e-05) central vs C; no DP vs A, B"
     for mech in ("fedavg", "cq"):
-        assert labels[mech] == plots.Guarantee(plots.NO_DP_KIND, "no DP")
+        assert labels[mech] == plots.Guarantee(plots.NO_DP_KIND, "no DP vs A-D")
     assert plots.guarantee({"mechanism": "signsgd"}).kind == plots.NO_DP_KIND
     with pytest.raises(ValueError, match="no privacy guarantee is known for mechanism 'sgd'"):
         plots.guarantee({"mechanism": "sgd", "epsilon": 1.0})
@@ -836,11 +937,11 @@ def test_mechanism_bar_chart_marks_each_bars_guarantee(tmp_path: Path) -> None:
     (ax,) = fig.axes
     ticks = {t.get_text().split("\n")[0]: _flat(t.get_text()) for t in ax.get_xticklabels()}
     assert set(ticks) == set(MECHANISMS)
-    assert ticks["corbin"] == "corbin ε_p=5 per param. one uplink only; no DP vs server"
-    assert ticks["ldpfl"] == "ldpfl ε_p=5 per param."
-    assert ticks["gaussian"] == "gaussian (ε_p=5, δ=1e-05) per param."
-    assert ticks["fedcad"] == "fedcad (ε=5, δ=1e-05) per update"
-    assert ticks["fedavg"] == "fedavg no DP" and ticks["cq"] == "cq no DP"
+    assert ticks["corbin"] == "corbin ε_p=5/param. vs A only; no DP vs B"
+    assert ticks["ldpfl"] == "ldpfl ε_p=5/param. vs A, B"
+    assert ticks["gaussian"] == "gaussian (ε_p=5, δ=1e-05) per param. vs A, B"
+    assert ticks["fedcad"] == "fedcad (ε=5, δ=1e-05) per update vs A, B"
+    assert ticks["fedavg"] == "fedavg no DP vs A-D" and ticks["cq"] == "cq no DP vs A-D"
     legend = _legend_texts(fig)
     for kind in plots.GUARANTEE_COLORS:
         assert kind in legend
@@ -859,7 +960,10 @@ def test_mechanism_bar_chart_marks_each_bars_guarantee(tmp_path: Path) -> None:
         assert to_rgb(bars[len(order) + k].get_facecolor()) == pytest.approx(want)
     title, _ = _texts(fig)
     caption = ax.get_xlabel()
-    assert title.startswith("All mechanisms\nfixed: ")
+    assert title.startswith(
+        "Test accuracy per mechanism at the val-selected and the final round\n"
+        "experiment: All mechanisms\nfixed: "
+    )
     flat_title = _flat(title)
     assert "clients=10" in flat_title and "rounds=2" in flat_title and "d=5" in flat_title
     assert (
@@ -868,6 +972,7 @@ def test_mechanism_bar_chart_marks_each_bars_guarantee(tmp_path: Path) -> None:
     )
     assert "δ=1e-05" in flat_title
     assert "± 1 sample std (ddof=1) over 2 seeds (0, 1)" in _flat(caption)
+    assert plots.THREAT_NOTE in _flat(caption)
     assert "not one unit" in _flat(caption)
     fig.savefig(tmp_path / "bar.png")  # lays out and draws without error
     with pytest.raises(ValueError, match="no privacy guarantee is known"):
@@ -886,17 +991,20 @@ def test_line_figures_state_settings_error_bars_references_and_y_range(tmp_path:
     keys = ["mechanism", "epsilon"]
     fig = plots.accuracy_vs_figure(groups, "epsilon", keys, title="Accuracy vs eps_p")
     title, caption = _texts(fig)
-    assert title.startswith("Accuracy vs eps_p\nfixed: ")
+    assert title.startswith(
+        "Test accuracy vs the per-parameter budget ε_p\nexperiment: Accuracy vs eps_p\nfixed: "
+    )
     for part in ("clients=4", "rounds=4", "d=5", "dataset=mnist", "model=cnn"):
         assert part in _flat(title), (part, title)
     assert "epsilon" not in _flat(title).split("fixed: ")[1]  # it varies: not a fixed setting
     assert "error bars: ± 1 sample std (ddof=1) over 2 seeds (0, 1)" in _flat(caption)
     assert f"y-axis spans ≥ {plots.MIN_Y_SPAN:g} points" in _flat(caption)
+    assert plots.THREAT_NOTE in _flat(caption)
     legend = _legend_texts(fig)
     assert legend == [
-        "ldpfl [ε_p-LDP/param.]",
-        "corbin [ε_p/param., one uplink only; no DP vs server]",
-        "fedavg [no DP]: reference, not swept over epsilon (band ± 1 std)",
+        "ldpfl [ε_p-LDP/param. vs A, B]",
+        "corbin [ε_p/param. vs A only; no DP vs B]",
+        "fedavg [no DP vs A-D]: reference, not swept over epsilon (band ± 1 std)",
     ]
     (ax,) = fig.axes
     lo, hi = ax.get_ylim()
@@ -905,8 +1013,12 @@ def test_line_figures_state_settings_error_bars_references_and_y_range(tmp_path:
     assert lo >= 0.0 and hi <= 100.0
     # every panel of the per-round figure shares one honest y-axis; bands are named
     fig = plots.accuracy_vs_round_figure(groups, keys, title="per round")
-    title, caption = _texts(fig)
-    assert "fixed: " in title and "bands: ± 1 sample std (ddof=1) over 2 seeds" in _flat(caption)
+    round_title, caption = _texts(fig)
+    assert "fixed: " in round_title
+    assert "bands: ± 1 sample std (ddof=1) over 2 seeds" in _flat(caption)
+    # two figures of one experiment (one description) never share a title
+    assert round_title.startswith("Test accuracy per round\nexperiment: per round\n")
+    assert round_title.split("\n")[0] != title.split("\n")[0]
     visible = [ax for ax in fig.axes if ax.get_visible()]
     assert len({ax.get_ylim() for ax in visible}) == 1
     lo, hi = visible[0].get_ylim()
@@ -939,7 +1051,7 @@ def test_a_flat_sweep_is_drawn_flat(tmp_path: Path) -> None:
     assert max(data) - min(data) < plots.MIN_Y_SPAN / 2  # autoscale would zoom in ~4x
     assert hi - lo == pytest.approx(plots.MIN_Y_SPAN)
     assert lo <= min(data) and max(data) <= hi
-    assert "ldpfl [ε_p-LDP/param.]: reference, not swept over d (band ± 1 std)" in (
+    assert "ldpfl [ε_p-LDP/param. vs A, B]: reference, not swept over d (band ± 1 std)" in (
         _legend_texts(fig)
     )
     assert "over 3 seeds (0, 1, 2)" in _flat(_texts(fig)[1])
@@ -1135,8 +1247,11 @@ def test_accuracy_vs_bits_puts_each_mechanism_at_its_uplink_bits(tmp_path: Path)
     # corbin, ldpfl, pbm (m = 1, 2), rqm (3 levels), imvu (1, 2, 4 bits)
     assert sorted(xs) == sorted([(1.0,), (1.0,), (1.0, 2.0), (2.0,), (1.0, 2.0, 4.0)])
     legend = _legend_texts(fig)
-    assert "corbin (1 bit + shared randomness)" in legend
-    assert any(t.startswith("imvu [") for t in legend)
+    assert "corbin, 1 bit + shared randomness [ε_p/param. vs A only; no DP vs B]" in legend
+    assert "imvu [ε_p-LDP/param. vs A, B]" in legend
+    title, caption = _texts(fig)
+    assert title.startswith("Test accuracy vs uplink bits per parameter, one panel per ε_p\n")
+    assert plots.THREAT_NOTE in _flat(caption)
     fig.savefig(tmp_path / "bits.png")
     with pytest.raises(ValueError, match="no settings"):
         plots.accuracy_vs_bits_figure([], [])
