@@ -4,7 +4,7 @@ It is an ordinary Flower train handler, like any app's: it reads the global mode
 ``msg.content["arrays"]``, trains on the node's partition (Alg. 3 line 4) with the run config's
 settings (model, data, optimizer) and replies with ``{"arrays": the trained model, "metrics":
 {train-loss, num-examples, steps, startup-seconds, handler-seconds, import-seconds,
-device-seconds, model-seconds, data-seconds, train-seconds},
+device-seconds, model-seconds, data-seconds, setup-seconds, train-seconds},
 "train-info": {device}}`` (``device``: where it trained, e.g. ``"cpu"`` or ``"cuda:0 (NVIDIA H100
 80GB HBM3)"``; the server records it per client in ``metrics.jsonl`` and ``summary.json``).
 ``startup-seconds`` is the age of the ClientApp process when the handler began (interpreter
@@ -13,8 +13,10 @@ start, Flower's ClientApp runtime, pulling the message and the app bundle, impor
 trip into Flower's waiting and the app's work. The handler's time splits into ``import-seconds``
 (loading torch and the training code), ``device-seconds`` (the device's start: on CUDA the context
 and its libraries, paid once per process), ``model-seconds`` (building the model, loading the
-global weights, moving it to the device), ``data-seconds`` (the node's partition) and
-``train-seconds`` (the training loop); the rest is the reply (the trained weights back to the host).
+global weights, moving it to the device), ``data-seconds`` (the node's partition),
+``setup-seconds`` (the training call outside its loop: building the optimizer, whose first use
+imports ``torch._dynamo``) and ``train-seconds`` (the training loop); the rest is the reply (the
+trained weights back to the host).
 
 It knows nothing of privacy: the :func:`client.mod.corbin_mod` in front of it turns the trained
 model into the one-bit update and never lets these arrays leave the node.
@@ -219,6 +221,7 @@ def train(msg: Message, context: Context) -> Message:
         weight_decay=cfg.weight_decay,
         max_steps=cfg.max_steps or None,
     )
+    t_fit = time.perf_counter()
     metrics = MetricRecord(
         {
             wire.M_TRAIN_LOSS: float(trained.loss),
@@ -229,6 +232,7 @@ def train(msg: Message, context: Context) -> Message:
             "device-seconds": device_seconds,
             "model-seconds": t_model - t_import - device_seconds,
             "data-seconds": t_data - t_model,
+            "setup-seconds": max(0.0, t_fit - t_data - float(trained.seconds)),
         }
     )
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})

@@ -643,7 +643,16 @@ def round_record(
         "clientapp_seconds": {  # startup, handler and its parts as this project's app reports them
             **{
                 key: _mean(_app_metric(r, f"{key}-seconds") for r in state.app_records.values())
-                for key in ("startup", "handler", "import", "device", "model", "data", "train")
+                for key in (
+                    "startup",
+                    "handler",
+                    "import",
+                    "device",
+                    "model",
+                    "data",
+                    "setup",
+                    "train",
+                )
             },
             "encode": _mean(m.get(wire.M_ENCODE_SECONDS) for m in state.client_metrics.values()),
         },

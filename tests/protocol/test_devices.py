@@ -64,7 +64,7 @@ def test_each_client_s_device_is_recorded(device: str, monkeypatch: pytest.Monke
     # The handler's seconds and their parts (means over the clients), in every row.
     for row in rows:
         secs = row["clientapp_seconds"]
-        parts = [secs[k] for k in ("import", "device", "model", "data", "train")]
+        parts = [secs[k] for k in ("import", "device", "model", "data", "setup", "train")]
         assert all(v is not None and v >= 0.0 for v in [*parts, secs["handler"], secs["encode"]])
         assert sum(parts) <= secs["handler"] + 1e-9, secs
     # The device starts once per process: the second round's handlers (same process) skip it.
