@@ -28,8 +28,9 @@ server cannot switch the node off privacy. ``evaluate`` and ``query`` messages p
 the app: they carry the (public) global model to the node, and their replies are the app's own
 metrics.
 
-Every failure becomes a Flower error reply (``code = wire.ERROR_CODE_REJECTED``) naming the
-cause; nothing raises into Flower's executor.
+Every failure becomes a Flower error reply naming the cause (``code = wire.ERROR_CODE_POLICY``
+for a policy refusal, ``wire.ERROR_CODE_REJECTED`` for anything else); nothing raises into
+Flower's executor.
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         plan = handlers.prepare_update(msg, context, cfg, max_params=policy.max_params)
     except PolicyError as exc:
         logger.warning("node %d: refused a train message: %s", nid, exc)
-        return error_reply(msg, f"refused by the node's privacy policy: {exc}")
+        return error_reply(
+            msg, f"refused by the node's privacy policy: {exc}", code=wire.ERROR_CODE_POLICY
+        )
     except (wire.WireError, PairCryptoError, ValueError, TypeError) as exc:
         logger.warning("node %d: rejected stage %r: %s", nid, stage, exc)
         return error_reply(msg, f"{type(exc).__name__}: {exc}")
@@ -140,6 +143,7 @@ def instruction_config(msg: Message) -> RunConfig:
         raise wire.WireError(f"bad mechanism settings: {exc}") from exc
 
 
-def error_reply(msg: Message, reason: str) -> Message:
-    """A Flower error reply with :data:`corbin_fl.wire.ERROR_CODE_REJECTED` and ``reason``."""
-    return Message(Error(code=wire.ERROR_CODE_REJECTED, reason=reason[:2000]), reply_to=msg)
+def error_reply(msg: Message, reason: str, code: int = wire.ERROR_CODE_REJECTED) -> Message:
+    """A Flower error reply with ``code`` (:data:`corbin_fl.wire.ERROR_CODE_REJECTED`, or
+    :data:`corbin_fl.wire.ERROR_CODE_POLICY` for a policy refusal) and ``reason``."""
+    return Message(Error(code=code, reason=reason[:2000]), reply_to=msg)

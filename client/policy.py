@@ -140,23 +140,37 @@ class Policy:
             Naming what was asked and what the node allows.
         """
         if cfg.mechanism not in self.mechanisms:
+            allowed = ",".join(sorted(self.mechanisms))
             raise PolicyError(
                 f"mechanism {cfg.mechanism!r} is not allowed by this node "
-                f"(corbin-mechanisms = {','.join(sorted(self.mechanisms))})"
+                f"(corbin-mechanisms = {allowed}); to run, set the run's mechanism to "
+                f"one of these, or add {cfg.mechanism} to the node's corbin-mechanisms "
+                f"({_where('corbin-mechanisms')})"
             )
         if registry.get(cfg.mechanism).local_dp and cfg.epsilon > self.max_epsilon:
             raise PolicyError(
                 f"epsilon {cfg.epsilon:g} is above this node's corbin-max-epsilon "
-                f"{self.max_epsilon:g}"
+                f"{self.max_epsilon:g}; to run, set the run's epsilon <= "
+                f"{self.max_epsilon:g}, or the node's corbin-max-epsilon >= {cfg.epsilon:g} "
+                f"({_where('corbin-max-epsilon')})"
             )
         if registry.get(cfg.mechanism).has_delta and cfg.delta > self.max_delta:
             raise PolicyError(
-                f"delta {cfg.delta:g} is above this node's corbin-max-delta {self.max_delta:g}"
+                f"delta {cfg.delta:g} is above this node's corbin-max-delta {self.max_delta:g}; "
+                f"to run, set the run's delta <= {self.max_delta:g}, or the node's "
+                f"corbin-max-delta >= {cfg.delta:g} ({_where('corbin-max-delta')})"
             )
         if num_params is not None and num_params > self.max_params:
             raise PolicyError(
-                f"{num_params} parameters is above this node's corbin-max-params {self.max_params}"
+                f"{num_params} parameters is above this node's corbin-max-params "
+                f"{self.max_params}; to run, raise the node's corbin-max-params "
+                f"({_where('corbin-max-params')})"
             )
+
+
+def _where(key: str) -> str:
+    """Where a node operator sets ``key``: its node config, or the environment variable."""
+    return f"node config {key}, or environment {_env_name(key)}"
 
 
 def _env_name(key: str) -> str:

@@ -193,6 +193,11 @@ ERROR_CODE_REJECTED: Final[int] = 1000
 """Flower ``Error.code`` of a client that refused an instruction (reason in ``Error.reason``).
 Flower's own codes are 0-8."""
 
+ERROR_CODE_POLICY: Final[int] = 1001
+"""Flower ``Error.code`` of a client whose own privacy policy refused the instruction's settings
+(:class:`client.policy.Policy`; the reason names the run's setting and the node's limit). When
+every sampled node answers with it, no round can run and the server stops the run."""
+
 
 class WireError(ValueError):
     """A message does not follow the wire format; ``str(err)`` is the reason."""

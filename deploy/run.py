@@ -220,6 +220,35 @@ class LocalRunOptions:
                 f"--kill-client {late[0].partition}@{late[0].round}: the run has only {rounds} "
                 f"round(s), so this kill would never happen; use a round in 1..{rounds}"
             )
+        self._check_policy(effective)
+
+    def _check_policy(self, effective: Mapping[str, Any]) -> None:
+        """Refuse a run that the nodes this launcher starts would refuse by their privacy policy
+        (``--node-config`` may set a stricter ``corbin-max-epsilon`` than the run's ``epsilon``):
+        every round would be refused, so nothing starts.
+
+        Raises
+        ------
+        ValueError
+            The node's reason, which names the run's setting and the node's limit.
+        """
+        from client.policy import Policy, PolicyError
+        from corbin_fl import wire
+        from corbin_fl.config import ConfigError, RunConfig
+
+        if "mechanism" not in effective:  # another app: its nodes' policy is its own business
+            return
+        try:
+            cfg = RunConfig.from_flower(
+                {k: effective[k] for k in wire.PARAM_KEYS if k in effective}
+            )
+            Policy.from_node({**node_policy(effective), **self.node_config}).check(cfg)
+        except ConfigError:
+            return  # a bad run config is reported by its own check, with every bad key
+        except PolicyError as exc:
+            raise ValueError(
+                f"the SuperNodes this command starts would refuse the run: {exc}"
+            ) from exc
 
 
 def node_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -528,6 +557,11 @@ def _submit_and_follow(
         if status is not None and status != COMPLETED_STATUS:
             logger.warning("run %s ended with status %s (%s)", state.run_id, status, details)
     reason, ok = _verdict(reason, flwr_run, state.run_id, status)
+    error = next(
+        (e.get("error") for e in reversed(state.events) if e.get("event") == "run_end"), None
+    )
+    if not ok and isinstance(error, str) and error:  # the ServerApp's own words: why it failed
+        reason = f"{reason}: {error}"
     return reason, ok, status
 
 

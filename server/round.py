@@ -2,10 +2,14 @@
 
 :func:`run_round` is one round, top to bottom::
 
-    [AugCorBin split] -> keygen (nodes without a fresh key) -> pairing (Alg. 3 line 2) -> pair
-    stage (relay/exact: encrypted Y || seed blobs, lines 6-8) -> update stage (the app's records,
-    center/radius, partner blob or key; lines 3-4, 9-21) -> aggregate (line 23) -> global
-    learning rate (paper eq. 6)
+    [AugCorBin split] -> pipelined pairs of the last round -> keygen (nodes without a fresh
+    key) -> pairing of the others (Alg. 3 line 2) -> pair stage (relay: only fresh pairs; exact:
+    every round; encrypted Y || seed blobs, lines 6-8) -> update stage (the app's records,
+    center/radius, partner blob or key, next round's pairing; lines 3-4, 9-21) -> aggregate
+    (line 23) -> global learning rate (paper eq. 6)
+
+A steady relay round is the update stage alone (one round trip): its instruction carries the
+blobs of the pair fixed in the last round, and its reply the blob for the next round.
 
 The nodes are the wrapped strategy's sample (:class:`server.strategy.CorBin`). Every stage is
 :func:`server.stages.exchange` over one :class:`server.stages.RoundState`: a node that does not
@@ -210,7 +214,7 @@ def run_round(
         carry_pipeline(rt, state, to_pair)
     leftover = [nid for nid in to_pair if nid not in state.partner]
 
-    # 3. Keys (Alg. 3 line 1): fresh per round; nodes without one answer query.keygen.
+    # 3. Keys (Alg. 3 line 1): fresh per round; nodes without one answer a keygen stage.
     if cfg.paired:
         for nid in to_pair:
             key = round_key(rt, state, nid)
@@ -471,7 +475,7 @@ def assignment_of(state: RoundState, nid: int, cfg: RunConfig) -> str:
 
 # ============================================================================ reply checks
 def accept_pubkey(state: RoundState, nid: int, reply: Message) -> None:
-    """Check a ``query.keygen`` reply: ``keys{round, pubkey}`` with a valid X25519 key."""
+    """Check a ``keygen`` stage reply: ``keys{round, pubkey}`` with a valid X25519 key."""
     wire.check_records(reply.content, {wire.KEYS: ConfigRecord})
     rec = reply.content.config_records[wire.KEYS]
     wire.check_keys(rec, {wire.ROUND, wire.PUBKEY}, what="keys")
@@ -480,7 +484,7 @@ def accept_pubkey(state: RoundState, nid: int, reply: Message) -> None:
 
 
 def accept_blob(state: RoundState, nid: int, reply: Message, length: int) -> None:
-    """Check a ``query.pair`` reply: ``pair{round, blob}``, blob of the expected size.
+    """Check a ``pair`` stage reply: ``pair{round, blob}``, blob of the expected size.
 
     The blob is opaque to the server (AES-GCM under the pair key); it is relayed unchanged.
     """

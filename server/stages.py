@@ -26,7 +26,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 
-from corbin_fl.wire import CFG, STAGE, WireError, payload_bytes
+from corbin_fl.wire import CFG, ERROR_CODE_POLICY, STAGE, WireError, payload_bytes
 from server.metrics import RunFiles
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,9 @@ class RoundState:
         Nodes still in the round (sampled minus dropped).
     dropped : dict[int, str]
         Node -> reason it left the round.
+    refused : dict[int, str]
+        Node -> the reason its own privacy policy gave for refusing the instruction
+        (:data:`corbin_fl.wire.ERROR_CODE_POLICY`); each is also in ``dropped``.
     seen_message_ids : set[str]
         Message ids of every reply received in the run (shared across rounds; replay check).
     pubkeys : dict[int, bytes]
@@ -105,6 +108,7 @@ class RoundState:
     sampled: list[int]
     active: set[int] = field(default_factory=set)
     dropped: dict[int, str] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
     seen_message_ids: set[str] = field(default_factory=set)
     pubkeys: dict[int, bytes] = field(default_factory=dict)
     next_pubkeys: dict[int, bytes] = field(default_factory=dict)
@@ -370,9 +374,10 @@ def _handle(
     if reply.has_error():  # from the node, or from the SuperLink on its behalf (unavailable)
         err = reply.error
         reason = (str(err.reason or "")).strip().splitlines()
-        state.drop(
-            nid, f"error reply (code {err.code}): {reason[-1][:500] if reason else ''}", stage
-        )
+        last = reason[-1][:500] if reason else ""
+        if err.code == ERROR_CODE_POLICY and meta.src_node_id == nid:
+            state.refused[nid] = last
+        state.drop(nid, f"error reply (code {err.code}): {last}", stage)
         return
     if meta.message_type != msg_type:
         state.drop(

@@ -110,6 +110,17 @@ _PROTOCOL_FIELDS: Final[frozenset[str]] = frozenset(
 own task: data, model, local training)."""
 
 
+class RunFailedError(RuntimeError):
+    """The run cannot learn, or learned nothing: :meth:`CorBin.start` raises it, so the
+    ServerApp fails and Flower reports the run ``finished:failed`` (never ``completed``)."""
+
+
+class PolicyRefusedError(RunFailedError):
+    """Every node sampled in a round refused the instruction by its own privacy policy
+    (:class:`client.policy.Policy`): no round can run until the run's settings or the nodes'
+    limits change. The message names both, as the nodes gave them."""
+
+
 class CorBin(Strategy):
     """Wrap a Flower Message-API strategy so that every update is released through CorBin-FL.
 
@@ -286,6 +297,11 @@ class CorBin(Strategy):
         ------
         server.checkpoint.CheckpointError
             ``resume`` without a usable checkpoint, or an ``out_dir`` holding another run's.
+        PolicyRefusedError
+            At once, when every node sampled in a round refused the round by its privacy policy.
+        RunFailedError
+            At the end, when no round of the run aggregated an update (``summary.json`` is
+            written first): the model is the initial one, which is no success.
         """
         from corbin_fl.arrays import flatten_arrays, layout_of_arrays, unflatten_arrays
         from corbin_fl.training import pick_device
@@ -298,6 +314,10 @@ class CorBin(Strategy):
             wait_for_nodes,
         )
 
+        if logging.getLogger("server").level == logging.NOTSET:  # the app left it to us
+            from corbin_fl.config import configure_app_logging
+
+            configure_app_logging()  # CorBin-FL's INFO lines in the ServerApp's log, as Flower's
         cfg = dataclasses.replace(self.cfg, num_rounds=num_rounds)
         self.cfg = cfg
         self.summary()
@@ -407,6 +427,8 @@ class CorBin(Strategy):
                 t0 = time.monotonic()
                 arrays = arrays_of(rt.weights)
                 state = self._train_round(rt, rnd, arrays, train_config, result)
+                if state.sampled and set(state.refused) == set(state.sampled):
+                    raise PolicyRefusedError(policy_refusal_message(rnd, state.refused))
                 arrays = arrays_of(rt.weights)
                 self._evaluate_round(grid, rnd, arrays, evaluate_config, timeout, result)
                 evals = evaluate_now(rnd, arrays)
@@ -468,6 +490,8 @@ class CorBin(Strategy):
                 summary["update_radius"] = radius
             files.summary(summary)
             self.summary_ = summary
+            if not any(row.get("participants") for row in train.history):
+                raise RunFailedError(learned_nothing_message(train.history))
             files.event("run_end", time=time.time())
             return result
         except BaseException as exc:
@@ -512,6 +536,15 @@ class CorBin(Strategy):
             message_type=wire.TRAIN,
         )
         state.aggregate = None
+        logger.info(
+            "round %d: %d of %d sampled node(s) sent an update (%d dropped); their decoded mean "
+            "goes to %s.aggregate_train as one result",
+            rnd,
+            len(state.client_metrics),
+            len(state.sampled),
+            len(state.dropped),
+            type(self.strategy).__name__,
+        )
         new_arrays, _ = self.strategy.aggregate_train(rnd, [reply])
         if new_arrays is not None:  # its non-float arrays (cast to float by FedAvg) are ignored
             rt.weights = torch.from_numpy(flatten_arrays(new_arrays, rt.layout)).to(
@@ -598,3 +631,41 @@ def _metrics_text(evals: dict[str, float]) -> str:
     first = [k for k in ("test_accuracy", "val_accuracy") if k in evals]
     keys = first + [k for k in evals if k not in first]
     return ", ".join(f"{k.replace('_', ' ')} {evals[k]:.4f}" for k in keys) or "no evaluation"
+
+
+def policy_refusal_message(rnd: int, refused: dict[int, str]) -> str:
+    """Why a run stops when every sampled node refused round ``rnd`` by its privacy policy: each
+    distinct reason the nodes gave (which names the run's setting and the node's limit), with
+    the nodes that gave it."""
+    by_reason: dict[str, list[int]] = {}
+    for nid, reason in sorted(refused.items()):
+        cause = reason.removeprefix("refused by the node's privacy policy: ")
+        by_reason.setdefault(cause, []).append(nid)
+    lines = [
+        f"  - node(s) {', '.join(str(n) for n in nodes)}: {reason}"
+        for reason, nodes in sorted(by_reason.items())
+    ]
+    return (
+        f"round {rnd}: every sampled node ({len(refused)}) refused the run's settings by its own "
+        "privacy policy, so no round can run; the run stops. What each node said:\n"
+        + "\n".join(lines)
+    )
+
+
+def learned_nothing_message(history: list[dict[str, Any]]) -> str:
+    """Why a run in which no round aggregated an update failed: each round's drops."""
+    if not history:
+        return "the run had no round"
+    lines = []
+    for row in history:
+        dropped = row.get("dropped") or {}
+        reasons = sorted(set(dropped.values())) if isinstance(dropped, dict) else []
+        why = "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else "")
+        lines.append(
+            f"  - round {row.get('round')}: {row.get('sampled', 0)} sampled, 0 updates"
+            + (f" ({why})" if why else "")
+        )
+    return (
+        f"no round of the run aggregated an update ({len(history)} round(s)): the global model is "
+        "the initial one. Per round:\n" + "\n".join(lines)
+    )

@@ -25,7 +25,8 @@ keygen and pair through the project's ClientApp (``client.app.app``: dropout mod
 of a trivial train handler (the project's own handler runs in
 :func:`test_client_rejects_replayed_and_stale_instructions`). Properties: nothing escapes; the
 instruction is answered iff it is valid by an independent check of the spec; an answer passes the
-server's own validator; a refusal is an error reply (``ERROR_CODE_REJECTED``) with a warning that
+server's own validator; a refusal is an error reply (``ERROR_CODE_POLICY`` when the node's policy
+refused it, else ``ERROR_CODE_REJECTED``) with a warning that
 names the node and the reason, leaves ``context.state`` untouched, and the next valid instruction
 is still answered; a message that is not a ``train`` message passes to the app untouched. The
 mechanism settings an instruction carries (``wire.PARAM_KEYS``) get any value, a wrong type or go
@@ -1203,7 +1204,8 @@ def check_refusal(
 ) -> None:
     """A refusal is an error reply with a reason, one warning that names the node and the
     reason, and no change of the node's state."""
-    assert reply.error.code == wire.ERROR_CODE_REJECTED
+    policy = (reply.error.reason or "").startswith("refused by the node's privacy policy")
+    assert reply.error.code == (wire.ERROR_CODE_POLICY if policy else wire.ERROR_CODE_REJECTED)
     assert reply.error.reason
     lines = [
         r.getMessage()

@@ -94,6 +94,36 @@ def test_kill_after_the_last_round(
     assert "--kill-client 1@3: the run has only 2 round(s)" in cause
 
 
+def test_nodes_that_would_refuse_the_run_by_policy(
+    no_spawn: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The nodes this command starts would refuse every round (their node config allows less
+    than the run asks for): refused before anything starts, naming both settings."""
+    argv = ["local", "--epsilon", "4", "--node-config", "corbin-max-epsilon=1"]
+    (cause,) = _usage_error(argv, tmp_path, capsys)
+    assert cause.startswith("the SuperNodes this command starts would refuse the run: ")
+    assert "epsilon 4 is above this node's corbin-max-epsilon 1" in cause
+    assert "the run's epsilon <= 1" in cause and "corbin-max-epsilon >= 4" in cause
+    argv = ["local", "--mechanism", "ldpfl", "--node-config", "corbin-mechanisms=corbin"]
+    (cause,) = _usage_error(argv, tmp_path, capsys)
+    assert "mechanism 'ldpfl' is not allowed by this node" in cause
+    # a node config that allows what the run asks is fine
+    options = cli.options_from_args(
+        cli.build_parser().parse_args(
+            [
+                "local",
+                "--epsilon",
+                "0.5",
+                "--node-config",
+                "corbin-max-epsilon=1",
+                "--out",
+                str(tmp_path / "ok"),
+            ]
+        )
+    )
+    options.validate()
+
+
 def test_options_refuse_the_same_without_the_cli(repo_root: Path, tmp_path: Path) -> None:
     """``run_local`` callers get the check too (it runs in ``LocalRunOptions.validate``)."""
     options = LocalRunOptions(app_dir=repo_root, out_dir=tmp_path / "o", num_clients=1)

@@ -186,7 +186,7 @@ def test_mod_refuses_weaker_privacy_and_the_app_never_runs(
     app = _App()
     reply = corbin_mod(_update(**params), _context(node_config), app)
     assert app.calls == 0
-    assert reply.has_error() and reply.error.code == wire.ERROR_CODE_REJECTED
+    assert reply.has_error() and reply.error.code == wire.ERROR_CODE_POLICY
     assert "privacy policy" in (reply.error.reason or "")
     assert re.search(match, reply.error.reason or "")
 
