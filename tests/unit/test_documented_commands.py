@@ -1,0 +1,227 @@
+"""Every command line of README.md, docs/RUNNING.md, docs/DOCKER.md and
+examples/quickstart/README.md is run by a test as written, or checked statically.
+
+:data:`COVERAGE` is the inventory: each command line of a ``bash`` block (continuations joined,
+comments dropped) must match exactly one entry, and each entry names the test that runs or checks
+it, which must exist. A command added to a document without a test fails here, and so does an
+entry whose command left the documents. The commands that need a second machine, a download or
+``sudo``, and those whose run would stop other tests' processes, are checked here statically: their
+flags are parsed by the real command-line parsers (Flower's ``flower-superlink`` and
+``flower-supernode``, the ``flwr`` CLI, ``corbin-fl``, the benchmarks).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+REPO: Final[Path] = Path(__file__).resolve().parents[2]
+DOCS: Final[tuple[str, ...]] = (
+    "README.md",
+    "docs/RUNNING.md",
+    "docs/DOCKER.md",
+    "examples/quickstart/README.md",
+)
+HERE: Final[str] = "tests/unit/test_documented_commands.py"
+
+_CLI, _DEFAULTS = "tests/system/test_cli.py::", "tests/system/test_defaults_learn.py::"
+_QS = "tests/system/test_quickstart.py::"
+_QS_SIM = f"{_QS}test_quickstart_simulation_as_documented_learns_and_a_refused_run_fails"
+_QS_DEP = f"{_QS}test_quickstart_deployment_as_documented_learns_and_survives_a_kill"
+_RUNNING_SIM = f"{_DEFAULTS}test_flwr_run_with_only_rounds_and_epsilon_learns_in_simulation"
+_PROD = f"{_DEFAULTS}test_documented_production_command_sets_only_rounds_budget_and_out_dir"
+_HERE = f"{HERE}::"
+
+COVERAGE: Final[list[tuple[str, str, str]]] = [
+    # (document, regex of a whole command line, the test that runs or checks it)
+    # --- README.md: the two commands, also run by hand from a clean clone before every stop
+    (
+        "README.md",
+        r"pip install torch==2\.13\.0 && pip install -e \"\.\[tools\]\" && corbin-fl local",
+        f"{_HERE}test_readme_main_job_installs_what_it_runs",
+    ),
+    ("README.md", r"bash \.ci/run", f"{_HERE}test_readme_main_job_installs_what_it_runs"),
+    # --- docs/RUNNING.md
+    (
+        "docs/RUNNING.md",
+        r"pip install torch==2\.13\.0",
+        f"{_HERE}test_install_lines_are_the_ci_ones",
+    ),
+    (
+        "docs/RUNNING.md",
+        r"pip install -e \"\.\[tools,simulation\]\"",
+        f"{_HERE}test_install_lines_are_the_ci_ones",
+    ),
+    (
+        "docs/RUNNING.md",
+        r"corbin-fl (local|simulate)\b.*",
+        f"{_CLI}test_documented_commands_run_the_app_defaults",
+    ),
+    (
+        "docs/RUNNING.md",
+        r"huggingface-cli download flwrlabs/\w+ .*",
+        f"{_HERE}test_hub_downloads_land_where_the_next_command_reads",
+    ),
+    ("docs/RUNNING.md", r"flower-super(link|node) .*", f"{_HERE}test_flower_process_lines_parse"),
+    (
+        "docs/RUNNING.md",
+        r"export FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0\.2",
+        f"{_CLI}test_flower_env_polls_at_the_tuned_interval_unless_the_user_sets_it",
+    ),
+    ("docs/RUNNING.md", r"flwr run \. lab --stream .*", _PROD),
+    ("docs/RUNNING.md", r"flwr (ls|log|stop|supernode list) .*", f"{_HERE}test_flwr_lines_parse"),
+    ("docs/RUNNING.md", r"export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1", _RUNNING_SIM),
+    ("docs/RUNNING.md", r"flwr run \. local --stream .*", _RUNNING_SIM),
+    (
+        "docs/RUNNING.md",
+        r"python bench/bench_deployment\.py.*",
+        f"{_HERE}test_benchmark_lines_parse",
+    ),
+    # --- examples/quickstart/README.md: run as written by tests/system/test_quickstart.py
+    (
+        "examples/quickstart/README.md",
+        r"pip install -e \.",
+        f"{_QS}test_readme_installs_both_apps_and_turns_off_runtime_installation",
+    ),
+    (
+        "examples/quickstart/README.md",
+        r"export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
+        r"|flwr (run \. local --stream .*|ls local)",
+        _QS_SIM,
+    ),
+    (
+        "examples/quickstart/README.md",
+        r"flower-super(link|node) .*|flwr (run \. quickstart --stream|ls quickstart)",
+        _QS_DEP,
+    ),
+]
+
+
+def documented_commands(doc: str) -> list[str]:
+    """The command lines of ``doc``'s ``bash`` blocks (continuations joined, comments dropped)."""
+    text = (REPO / doc).read_text(encoding="utf-8")
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                out.append(" ".join(line.split()))
+    return out
+
+
+def _entries(doc: str) -> list[tuple[str, str]]:
+    return [(pattern, test) for d, pattern, test in COVERAGE if d == doc]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_documented_command_is_run_or_checked(doc: str) -> None:
+    entries = _entries(doc)
+    if doc == "docs/DOCKER.md" and not entries:
+        pytest.skip("docs/DOCKER.md's commands are run by the Docker layer (tests/docker)")
+    commands = documented_commands(doc)
+    assert commands, f"{doc} has no bash block"
+    for command in commands:
+        hits = [test for pattern, test in entries if re.fullmatch(pattern, command)]
+        assert len(hits) == 1, f"{doc}: {command!r} is covered by {hits or 'no test'}"
+    for pattern, _test in entries:  # no entry for a command that has left the document
+        assert any(re.fullmatch(pattern, c) for c in commands), f"{doc}: nothing matches {pattern}"
+
+
+@pytest.mark.parametrize("test", sorted({test for _, _, test in COVERAGE}))
+def test_every_named_test_exists(test: str) -> None:
+    path, name = test.split("::")
+    source = (REPO / path).read_text(encoding="utf-8")
+    assert re.search(rf"^def {re.escape(name)}\(", source, flags=re.M), test
+
+
+# ====================================================================== static checks
+def test_readme_main_job_installs_what_it_runs() -> None:
+    """The main job's install pins the CPU torch wheel .ci/run installs, its extra provides the
+    ``corbin-fl`` command, and ``bash .ci/run`` is the CI entry point."""
+    import tomllib
+
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "pip install -q torch==2.13.0" in ci
+    with (REPO / "pyproject.toml").open("rb") as fh:
+        project = tomllib.load(fh)["project"]
+    assert project["scripts"]["corbin-fl"].startswith("deploy.cli:")
+    assert "tools" in project["optional-dependencies"]
+
+
+def test_install_lines_are_the_ci_ones() -> None:
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "torch==2.13.0" in ci and "simulation" in ci
+
+
+def test_hub_downloads_land_where_the_next_command_reads() -> None:
+    """``huggingface-cli download X --local-dir D`` is followed by a run that reads ``D``."""
+    commands = documented_commands("docs/RUNNING.md")
+    for i, command in enumerate(commands):
+        if command.startswith("huggingface-cli download"):
+            argv = shlex.split(command)
+            local_dir = argv[argv.index("--local-dir") + 1]
+            assert argv[argv.index("--repo-type") + 1] == "dataset"
+            assert f'data-dir="{local_dir}"' in commands[i + 1], commands[i + 1]
+
+
+def test_flower_process_lines_parse() -> None:
+    """Flower's own parsers accept every documented ``flower-superlink`` / ``flower-supernode``
+    line (a second machine runs them)."""
+    from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
+    from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
+
+    parsers = {
+        "flower-superlink": _parse_args_run_superlink,
+        "flower-supernode": _parse_args_run_supernode,
+    }
+    seen = set()
+    for doc in DOCS:
+        for command in documented_commands(doc):
+            argv = shlex.split(command)
+            if argv[0] in parsers:
+                args = parsers[argv[0]]().parse_args(argv[1:])
+                assert args.insecure, command
+                if argv[0] == "flower-superlink":  # Flower must not install the app at run time
+                    assert "--disable-runtime-dependency-installation" in argv, command
+                seen.add(argv[0])
+    assert seen == set(parsers)
+
+
+def test_flwr_lines_parse() -> None:
+    """The ``flwr`` subcommands of docs/RUNNING.md exist with the documented arguments (``--help``
+    after them: Flower's CLI checks the path, nothing is sent)."""
+    from flwr.cli.app import app
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    checked = 0
+    for command in documented_commands("docs/RUNNING.md"):
+        argv = shlex.split(command.replace("<run-id>", "1"))
+        if argv[0] == "flwr" and argv[1] in ("ls", "log", "stop", "supernode"):
+            res = runner.invoke(app, [*argv[1:], "--help"])
+            assert res.exit_code == 0, (command, res.output[-800:])
+            checked += 1
+    assert checked >= 4
+
+
+def test_benchmark_lines_parse() -> None:
+    """Every documented benchmark command's flags parse (``--help`` after them)."""
+    for doc in DOCS:
+        for command in documented_commands(doc):
+            argv = shlex.split(command)
+            if argv[:2] == ["python", "bench/bench_deployment.py"]:
+                res = subprocess.run(
+                    [sys.executable, *argv[1:], "--help"],
+                    cwd=REPO,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=False,
+                )
+                assert res.returncode == 0, (command, res.stderr[-800:])
