@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -153,6 +153,7 @@ def run_round(
     sampled: list[int],
     app_records: RecordDict,
     arrays_key: str,
+    node_records: Mapping[int, RecordDict] | None = None,
 ) -> RoundState:
     """Run round ``rnd`` of Alg. 3 and update ``rt.weights`` (paper eq. 6).
 
@@ -169,6 +170,10 @@ def run_round(
         config): the app's part of every update instruction.
     arrays_key : str
         Name of the global model's ArrayRecord in ``app_records``.
+    node_records : Mapping[int, RecordDict], optional
+        A node's own train records where the wrapped strategy configured nodes differently
+        (each with the same global model: :func:`server.strategy.node_train_records`); the
+        others get ``app_records``.
 
     Returns
     -------
@@ -301,7 +306,14 @@ def run_round(
         state,
         {
             nid: update_instruction(
-                state, nid, rt, range_rec, app_records, arrays_key, participants, cq_seed
+                state,
+                nid,
+                rt,
+                range_rec,
+                (node_records or {}).get(nid, app_records),
+                arrays_key,
+                participants,
+                cq_seed,
             )
             for nid in participants
         },

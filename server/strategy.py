@@ -16,7 +16,10 @@ mechanism's settings), and folds the one-bit replies into the decoded mean as th
 dropout at every stage, replay and tamper checks and ``max_inflight`` are those of
 :func:`server.stages.exchange`. The clients run :func:`client.mod.corbin_mod`.
 
-**What the wrapped strategy does.** Exactly what it does in Flower, on the decoded mean: its
+**What the wrapped strategy does.** Its ``configure_train`` picks the nodes and their train
+records; a strategy that configures nodes differently (per-node ConfigRecords) has each node's
+own records sent to it, and one that sends nodes different global models is refused
+(:func:`node_train_records`). Then exactly what it does in Flower, on the decoded mean: its
 ``aggregate_train`` receives one reply whose ArrayRecord is the round's aggregate ``w_agg``, and
 turns it into the next global model, so ``FedAdam``, ``FedYogi`` and ``FedAvgM`` give a
 server-side optimizer with no code of ours (``FedAvg`` returns ``w_agg`` itself). Its
@@ -519,9 +522,11 @@ class CorBin(Strategy):
         messages = list(
             self.strategy.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), rt.grid)
         )
-        sampled = sorted({int(m.metadata.dst_node_id) for m in messages})
         app_records = messages[0].content if messages else RecordDict()
-        state = run_round(rt, rnd, sampled, app_records, arrays_key(self.strategy, app_records))
+        key = arrays_key(self.strategy, app_records)
+        node_records = node_train_records(messages, key)
+        sampled = sorted(node_records)
+        state = run_round(rt, rnd, sampled, app_records, key, node_records)
         if state.aggregate is None:
             return state
         weight_key = getattr(self.strategy, "weighted_by_key", wire.M_NUM_EXAMPLES)
@@ -614,6 +619,59 @@ class CorBin(Strategy):
     def _best_view(self, evals: dict[str, float]) -> dict[str, float]:
         """What the checkpoint rule keeps of a round's evaluation (all of it)."""
         return dict(evals)
+
+
+def node_train_records(messages: list[Message], key: str) -> dict[int, RecordDict]:
+    """Each sampled node's train records from the wrapped strategy's ``configure_train``.
+
+    A strategy may configure nodes differently (its ConfigRecords: a per-node learning rate,
+    a proximal term, ...): each node's update instruction carries its own records. The global
+    model under ``key`` must be the same for every node, since each update is quantized around
+    it and their decoded mean is added back to it (paper eq. 6).
+
+    Raises
+    ------
+    ValueError
+        Two messages for one node, a message without the model, or models that differ between
+        nodes, naming the nodes.
+    """
+    out: dict[int, RecordDict] = {}
+    model: ArrayRecord | None = None
+    for msg in messages:
+        nid = int(msg.metadata.dst_node_id)
+        if nid in out:
+            raise ValueError(
+                f"the wrapped strategy's configure_train sent node {nid} two train messages; "
+                "CorBin-FL releases one update per node and round"
+            )
+        content = msg.content
+        if key not in content.array_records:
+            raise ValueError(
+                f"the wrapped strategy's train message for node {nid} has no ArrayRecord "
+                f"{key!r} (the global model)"
+            )
+        arrays = content.array_records[key]
+        if model is None:
+            model = arrays
+        elif arrays is not model and not _same_arrays(arrays, model):
+            raise ValueError(
+                f"the wrapped strategy's configure_train sent node {nid} another global model "
+                f"than node {int(messages[0].metadata.dst_node_id)}: CorBin-FL quantizes every "
+                "update around one global model, so a strategy may configure nodes differently "
+                "(its ConfigRecords) but must send them all the same arrays"
+            )
+        out[nid] = content
+    return out
+
+
+def _same_arrays(a: ArrayRecord, b: ArrayRecord) -> bool:
+    """The two records hold the same arrays (names, dtypes, shapes and bytes)."""
+    if list(a) != list(b):
+        return False
+    return all(
+        x.dtype == y.dtype and x.shape == y.shape and x.data == y.data
+        for x, y in ((a[k], b[k]) for k in a)
+    )
 
 
 def arrays_key(strategy: Strategy, records: RecordDict) -> str:
