@@ -29,6 +29,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def run_tests(workers: int) -> tuple[int, str]:
     else:
         cmd += ["-p", "no:xdist"]
     cmd += ["tests/unit", "tests/protocol"]
-    print("$", " ".join(cmd[1:]), flush=True)
+    print("$ python", shlex.join(cmd[1:]), flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     lines = proc.stdout.strip().splitlines()
@@ -147,7 +148,7 @@ def run_local(clients: int, rounds: int, out: Path) -> tuple[int, float]:
         str(out),
         "--quiet",
     ]
-    print("$", " ".join(["corbin-fl", *cmd[len(head) :]]), flush=True)
+    print("$", shlex.join(["corbin-fl", *cmd[len(head) :]]), flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, check=False)
     return proc.returncode, time.monotonic() - t0
