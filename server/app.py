@@ -95,7 +95,6 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     from corbin_fl.data import dataset_info, server_datasets
     from corbin_fl.models import build_model
     from corbin_fl.training import evaluate, pick_device
-    from server.round import update_radius
     from server.strategy import CorBin
 
     device = pick_device(cfg.device)
@@ -124,7 +123,7 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     strategy = CorBin.from_run_config(
         inner_strategy(cfg),
         cfg,
-        update_radius=lambda num_nodes: update_radius(cfg, num_nodes, []) or {},
+        update_radius=lambda num_nodes: update_radius(cfg, num_nodes) or {},
     )
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     strategy.start(
@@ -134,3 +133,41 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
         evaluate_fn=evaluate_fn,
     )
     return strategy.summary_ or {}
+
+
+def update_radius(cfg: RunConfig, num_nodes: int) -> dict[str, Any] | None:
+    """This app's ``R`` of ``range-mode = "update"`` and how it was chosen (``None`` otherwise):
+    the rule it hands to :class:`server.strategy.CorBin`, which calls it once when the run starts
+    (a resumed run keeps the ``R`` of its checkpointed rounds, in ``CorBin``).
+
+    ``update-radius > 0`` is taken as given. ``0`` derives ``R = S * lr`` from public settings
+    (:func:`corbin_fl.training.step_bound`: Adam's per-step bound times the steps ``S`` of a
+    round, with ``N = num_nodes``, the nodes connected at the start of the run, and the size of
+    this app's public training split). The building block cannot derive it: it knows nothing of
+    an app's data or optimizer.
+    """
+    if not cfg.quantizes_update:
+        return None
+    if cfg.update_radius > 0:
+        return {"value": cfg.update_radius, "source": "update-radius (run config)"}
+    from corbin_fl.data import train_size
+    from corbin_fl.training import step_bound
+
+    bound = step_bound(
+        lr=cfg.lr,
+        local_epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
+        max_steps=cfg.max_steps,
+        train_size=train_size(
+            cfg.dataset,
+            data_seed=cfg.data_seed,
+            data_dir=cfg.data_dir or None,
+            use_official_test=cfg.use_official_test,
+        ),
+        num_clients=max(num_nodes, 1),
+    )
+    return {
+        "value": bound.radius,
+        "source": f"steps x lr = {bound.steps} x {cfg.lr:g}; steps = {bound.source}",
+        "steps": bound.steps,
+    }

@@ -19,8 +19,9 @@ relayed is told ``partner-gone`` and quantizes independently (``ldpq``); an upda
 vanished later still counts (each role's marginal is LDPQ's, Theorem 1).
 
 :func:`round_record`, :func:`build_summary` and :func:`privacy_summary` are the run's records
-(``metrics.jsonl`` rows, ``summary.json``); :func:`update_radius` derives this project's ``R``
-from public settings.
+(``metrics.jsonl`` rows, ``summary.json``). The update radius ``R`` comes from
+:class:`server.strategy.CorBin` (a number, or the app's rule: this project's is
+:func:`server.app.update_radius`); a round never needs the app's data.
 """
 
 from __future__ import annotations
@@ -273,9 +274,8 @@ def run_round(
     if cfg.quantizes_update:  # clients encode w_i - w_g in [-R, R]
         shape, dev = (rt.layout.num_layers,), rt.weights.device  # as layer_center_radius
         c_layer = torch.zeros(shape, dtype=torch.float32, device=dev)
-        if rt.update_radius <= 0:  # not resolved by CorBin.start (a caller of run_round alone)
-            resolved = update_radius(cfg, len(list(grid.get_node_ids())), [])
-            rt.update_radius = resolved["value"] if resolved else 0.0
+        if not rt.update_radius > 0:  # CorBin.start resolves it before round 1
+            raise ValueError("range-mode 'update' needs ServerRuntime.update_radius R > 0")
         r_layer = torch.full(shape, rt.update_radius, dtype=torch.float32, device=dev)
     else:
         c_layer, r_layer = layer_center_radius(
@@ -583,47 +583,6 @@ def wait_for_nodes(grid: Grid, cfg: RunConfig) -> list[int]:
                 f"min-clients is {cfg.min_clients}"
             )
         time.sleep(min(1.0, cfg.poll_interval))
-
-
-def update_radius(
-    cfg: RunConfig, num_nodes: int, history: list[dict[str, Any]]
-) -> dict[str, Any] | None:
-    """The run's ``R`` of ``range-mode = "update"`` and how it was chosen (``None`` otherwise).
-
-    ``update-radius > 0`` is taken as given. ``0`` derives ``R = S * lr`` from public settings
-    (:func:`corbin_fl.training.step_bound`: Adam's per-step bound times the steps of a round,
-    with ``N = num_nodes``, the nodes connected at the start of the run, and the size of the
-    public training split). ``R`` is fixed for the run; a resumed run keeps the ``R`` its
-    checkpointed rounds used (``history[-1]["update_radius"]``), so nodes that connect or
-    vanish across the crash do not change it.
-    """
-    if not cfg.quantizes_update:
-        return None
-    if cfg.update_radius > 0:
-        return {"value": cfg.update_radius, "source": "update-radius (run config)"}
-    if history and history[-1].get("update_radius"):
-        return {"value": float(history[-1]["update_radius"]), "source": "the resumed run's R"}
-    from corbin_fl.data import train_size
-    from corbin_fl.training import step_bound
-
-    bound = step_bound(
-        lr=cfg.lr,
-        local_epochs=cfg.local_epochs,
-        batch_size=cfg.batch_size,
-        max_steps=cfg.max_steps,
-        train_size=train_size(
-            cfg.dataset,
-            data_seed=cfg.data_seed,
-            data_dir=cfg.data_dir or None,
-            use_official_test=cfg.use_official_test,
-        ),
-        num_clients=max(num_nodes, 1),
-    )
-    return {
-        "value": bound.radius,
-        "source": f"steps x lr = {bound.steps} x {cfg.lr:g}; steps = {bound.source}",
-        "steps": bound.steps,
-    }
 
 
 # ============================================================================ the run

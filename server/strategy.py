@@ -197,7 +197,23 @@ class CorBin(Strategy):
         select_metric: str = "val_accuracy",
     ) -> CorBin:
         """A ``CorBin`` with every protocol setting of a validated ``RunConfig`` (this project's
-        app); its ``summary.json`` records the whole ``cfg``."""
+        app); its ``summary.json`` records the whole ``cfg``.
+
+        Raises
+        ------
+        corbin_fl.config.ConfigError
+            ``update-radius = 0`` ("derive R") without the app's ``update_radius`` rule: the
+            building block knows nothing of the app's data to derive it from.
+        """
+        if cfg.quantizes_update and cfg.update_radius <= 0 and update_radius is None:
+            from corbin_fl.config import ConfigError
+
+            raise ConfigError(
+                {
+                    "update-radius": "0 (derive R) needs the app's rule: pass "
+                    "update_radius=rule(num_nodes) -> R, or set update-radius > 0"
+                }
+            )
         self = cls.__new__(cls)
         self._init(strategy, cfg, update_radius, select_metric)
         return self

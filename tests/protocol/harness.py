@@ -235,6 +235,7 @@ def runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
         layout=layout_of(model),
         device=torch.device("cpu"),
         files=RunFiles(""),
+        update_radius=(server_app.update_radius(cfg, len(grid.node_ids)) or {}).get("value", 0.0),
     )
 
 

@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 from harness import InProcessGrid, make_cfg
 
 from corbin_fl import wire
-from corbin_fl.config import RunConfig
+from corbin_fl.config import ConfigError, RunConfig
 from server.strategy import CorBin
 
 
@@ -77,7 +77,7 @@ class PerNodeModel(FedAvg):
 
 
 def _corbin(strategy: Any, run_config: dict[str, Any]) -> tuple[CorBin, RunConfig]:
-    cfg = RunConfig.from_flower(run_config)
+    cfg = RunConfig.from_flower({**run_config, "update-radius": 0.01})
     return CorBin.from_run_config(strategy, cfg), cfg
 
 
@@ -100,6 +100,12 @@ def test_per_node_configs_reach_their_nodes() -> None:
         assert config["lr"] == pytest.approx(0.01 * (order.index(nid) + 1))
     # the replies were accepted: both rounds aggregated every node's update
     assert [row["participants"] for row in corbin.history] == [3, 3]
+
+
+def test_deriving_r_needs_the_apps_rule() -> None:
+    """``update-radius = 0`` means "derive R", which only the app can do (from its data)."""
+    with pytest.raises(ConfigError, match="update-radius"):
+        CorBin.from_run_config(FedAvg(), RunConfig.from_flower(make_cfg()))
 
 
 def test_per_node_models_are_refused_naming_the_nodes() -> None:

@@ -13,12 +13,15 @@ import math
 
 import pytest
 import torch
+from flwr.serverapp.strategy import FedAvg
 
 from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.data import client_dataset, dataset_info, train_size
 from corbin_fl.models import build_model, flatten
 from corbin_fl.training import step_bound, train_local
-from server.round import clip_summary, update_radius
+from server.app import update_radius
+from server.round import clip_summary
+from server.strategy import CorBin
 
 
 def test_step_bound_is_one_clients_share_of_the_public_split() -> None:
@@ -71,19 +74,24 @@ def test_the_server_resolves_r_from_the_config_and_the_node_count() -> None:
     assert cfg.range_mode == "update" and cfg.update_radius == 0  # the defaults
     n_train = train_size("mnist")
     assert n_train == 3200  # 5,000 digits minus 20% test, minus 20% of the rest for validation
-    got = update_radius(cfg, 4, [])
+    got = update_radius(cfg, 4)
     assert got is not None
     assert got["steps"] == 13 and got["value"] == pytest.approx(0.013)
     assert "3200 training examples / 4 clients" in got["source"]
     # more nodes, smaller shares, fewer steps
-    assert update_radius(cfg, 10, [])["value"] == pytest.approx(5e-3)
+    assert update_radius(cfg, 10)["value"] == pytest.approx(5e-3)
     # an explicit R is taken as given; the layer range and fedcad have no R
-    assert update_radius(cfg.replace(update_radius=0.02), 4, [])["value"] == 0.02
-    assert update_radius(cfg.replace(range_mode="layer"), 4, []) is None
-    assert update_radius(cfg.replace(mechanism="fedcad"), 4, []) is None
-    # a resumed run keeps the R of its checkpointed rounds whatever connects after the crash
+    assert update_radius(cfg.replace(update_radius=0.02), 4)["value"] == 0.02
+    assert update_radius(cfg.replace(range_mode="layer"), 4) is None
+    assert update_radius(cfg.replace(mechanism="fedcad"), 4) is None
+    # a resumed run keeps the R of its checkpointed rounds whatever connects after the crash:
+    # CorBin keeps it, whatever the app's rule would say now
+    strategy = CorBin.from_run_config(
+        FedAvg(), cfg, update_radius=lambda n: update_radius(cfg, n) or {}
+    )
     history = [{"round": 1, "update_radius": 0.013}]
-    assert update_radius(cfg, 2, history)["value"] == pytest.approx(0.013)
+    assert strategy._resolve_radius(2, history)["value"] == pytest.approx(0.013)
+    assert strategy._resolve_radius(2, [])["value"] == pytest.approx(update_radius(cfg, 2)["value"])
 
 
 def test_derived_r_needs_adam() -> None:
@@ -112,7 +120,7 @@ def test_r_bounds_one_round_of_adam_on_the_cnn() -> None:
         lr=cfg.lr,
         weight_decay=cfg.weight_decay,
     )
-    bound = update_radius(cfg, 4, [])
+    bound = update_radius(cfg, 4)
     assert bound is not None and result.steps == bound["steps"]
     delta = (flatten(model) - w0).abs()
     outside = float((delta > bound["value"]).double().mean())
