@@ -64,8 +64,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/ lives in the checkout
+
 from deploy.cli import total_bytes
-from deploy.netns import (
+from testbed.netns import (
     FlowerHosts,
     RunOutcome,
     Topology,

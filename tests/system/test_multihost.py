@@ -32,7 +32,9 @@ import pytest
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 from waits import ClientAppTiming
 
-from deploy.netns import (
+from deploy.processes import ManagedProcess, ProcessRef, ProcessRegistry
+from deploy.run import node_policy
+from testbed.netns import (
     FlowerHosts,
     NetnsError,
     RunOutcome,
@@ -44,8 +46,6 @@ from deploy.netns import (
     sweep_stale,
     wait_in_namespace,
 )
-from deploy.processes import ManagedProcess, ProcessRef, ProcessRegistry
-from deploy.run import node_policy
 
 pytestmark = [pytest.mark.multihost]
 
