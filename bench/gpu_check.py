@@ -65,8 +65,9 @@ def device_report() -> str | None:
 
 
 # ----------------------------------------------------------------------------- 1. tests
-def run_tests(workers: int) -> tuple[int, str]:
-    """Every in-process test that touches a device; its exit status and summary line."""
+def run_tests(workers: int, log: Path) -> tuple[int, str]:
+    """Every in-process test that touches a device; its exit status and summary line (the whole
+    output goes to ``log``; on a failure the failing tests and their errors are printed)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", DEVICE_TESTS]
     if workers > 0 and importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", str(workers)]
@@ -76,10 +77,13 @@ def run_tests(workers: int) -> tuple[int, str]:
     print("$ python", shlex.join(cmd[1:]), flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    log.write_text(proc.stdout + proc.stderr)
     lines = proc.stdout.strip().splitlines()
     tail = lines[-1] if lines else proc.stderr.strip()[-300:]
     if proc.returncode != 0:
-        print("\n".join(lines[-40:]), file=sys.stderr)
+        errors = [ln for ln in lines if ln.startswith(("E ", "FAILED", "ERROR", "_____"))]
+        print("\n".join(errors[-80:]), file=sys.stderr)
+        print(f"(the whole pytest output: {log})", file=sys.stderr)
     return proc.returncode, f"{tail} ({time.monotonic() - t0:.0f} s wall)"
 
 
@@ -238,18 +242,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--m", type=int, default=11_200_000, help="parameters (client path)")
     parser.add_argument("--d", type=int, default=5, help="shared bits per parameter")
     parser.add_argument("--repeats", type=int, default=5, help="timing repeats (best kept)")
-    parser.add_argument("--out", type=Path, default=None, help="run folder (default: a temp dir)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="pytest.log and run/ go here (default: a temp dir)"
+    )
     parser.add_argument("--skip-tests", action="store_true", help="do not run the tests")
     parser.add_argument("--skip-local", action="store_true", help="do not run corbin-fl local")
     args = parser.parse_args(argv)
 
     print("== device")
     gpu = device_report()
+    out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    out.mkdir(parents=True, exist_ok=True)
     failed = False
     tests_line = "skipped"
     if not args.skip_tests:
         print("\n== 1. tests that touch a device", flush=True)
-        rc, tests_line = run_tests(args.workers)
+        rc, tests_line = run_tests(args.workers, out / "pytest.log")
         failed |= rc != 0
         print(tests_line)
 
@@ -257,13 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     local_line = "skipped"
     if not args.skip_local:
         print("\n== 2. the main job: corbin-fl local, device = auto", flush=True)
-        out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
         with GpuMemory() as memory:
-            rc, wall = run_local(args.clients, args.rounds, out)
+            rc, wall = run_local(args.clients, args.rounds, out / "run")
         failed |= rc != 0
-        local_line = f"exit {rc}, {wall:.0f} s wall, files in {out}"
+        local_line = f"exit {rc}, {wall:.0f} s wall, files in {out / 'run'}"
         print(local_line)
-        print_run(*read_run(out))
+        print_run(*read_run(out / "run"))
 
     print("\n== 3. client path", flush=True)
     rates = client_path_rates(args.m, args.d, args.repeats)
