@@ -322,202 +322,195 @@ class CorBin(Strategy):
             At the end, when no round of the run aggregated an update (``summary.json`` is
             written first): the model is the initial one, which is no success.
         """
-        from corbin_fl.arrays import flatten_arrays, layout_of_arrays, unflatten_arrays
-        from corbin_fl.training import pick_device
-        from server.checkpoint import Checkpointer, CheckpointError, TrainingState, release_event
-        from server.metrics import RunFiles
-        from server.round import (
-            ServerRuntime,
-            build_summary,
-            round_record,
-            wait_for_nodes,
-        )
-
         if logging.getLogger("server").level == logging.NOTSET:  # the app left it to us
             from corbin_fl.config import configure_app_logging
 
             configure_app_logging()  # CorBin-FL's INFO lines in the ServerApp's log, as Flower's
-        cfg = dataclasses.replace(self.cfg, num_rounds=num_rounds)
-        self.cfg = cfg
+        self.cfg = dataclasses.replace(self.cfg, num_rounds=num_rounds)
         self.summary()
-        train_config = ConfigRecord() if train_config is None else train_config
-        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
-        layout = layout_of_arrays(initial_arrays)
-        device = pick_device(cfg.device)
-        files = RunFiles(cfg.out_dir)
-        run_id = int(grid.run.run_id)
-        rt = ServerRuntime(
-            grid=grid,
-            cfg=cfg,
-            run_id=run_id,
-            weights=torch.from_numpy(flatten_arrays(initial_arrays, layout)).to(device),
-            layout=layout,
-            device=device,
-            files=files,
-        )
-        template = initial_arrays
-        result = Result()
-
-        def arrays_of(weights: torch.Tensor) -> ArrayRecord:
-            return unflatten_arrays(weights.detach().cpu().numpy(), layout, template)
-
-        def evaluate_now(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
-            if evaluate_fn is None:
-                return {}
-            res = evaluate_fn(rnd, arrays)
-            if res is None:
-                return {}
-            result.evaluate_metrics_serverapp[rnd] = res
-            return {k: float(v) for k, v in res.items() if isinstance(v, int | float)}
-
-        files.event(
-            "run_start",
-            time=time.time(),
-            run_id=run_id,
-            config=cfg.to_flower(),
-            num_params=layout.m,
-            device=str(device),
-        )
-        logger.info(
-            "CorBin-FL run %d: mechanism %s, %d rounds, %d parameters, device %s",
-            run_id,
-            cfg.mechanism,
-            cfg.num_rounds,
-            layout.m,
-            device,
-        )
+        run = _Run.open(self.cfg, grid, initial_arrays, evaluate_fn)
         try:
-            ckpt = Checkpointer(cfg.out_dir, cfg, layout.m) if cfg.out_dir else None
-            resumed: TrainingState | None = None
-            if ckpt is not None and cfg.resume:
-                resumed = ckpt.load()
-                rt.weights = resumed.weights.to(device)
-                resumed.best_weights = resumed.best_weights.to(device)
-                files.rewrite_metrics(resumed.history)
-                files.event(
-                    "resume",
-                    time=time.time(),
-                    from_round=resumed.round,
-                    run_ids=resumed.run_ids,
-                    aborted_releases=len(resumed.aborted_releases),
-                )
-                logger.info(
-                    "resuming after round %d (checkpoint of run(s) %s)",
-                    resumed.round,
-                    ", ".join(str(r) for r in resumed.run_ids),
-                )
-            elif ckpt is not None and ckpt.exists():
-                raise CheckpointError(
-                    f"out-dir {cfg.out_dir} holds the checkpoint of another run "
-                    f"({ckpt.state_path}): set resume = true to continue it, or use a new out-dir"
-                )
-
-            nodes = wait_for_nodes(grid, cfg)
-            logger.info("%d node(s) connected", len(nodes))
-            radius = self._resolve_radius(len(nodes), resumed.history if resumed else [])
-            rt.update_radius = radius["value"] if radius else 0.0
-            if radius:
-                logger.info("update radius R = %.4g (%s)", radius["value"], radius["source"])
-
-            arrays = arrays_of(rt.weights)
-            train = resumed or TrainingState(
-                round=0,
-                weights=rt.weights,
-                best={"round": 0, **self._best_view(evaluate_now(0, arrays))},
-                best_weights=rt.weights.clone(),
-            )
-            train.run_ids.append(run_id)
-
-            def journal(rnd: int, nid: int, metrics: dict[str, float]) -> None:
-                """Journal an accepted update at once (a crash later in the round keeps it)."""
-                if ckpt is None:
-                    return
-                paired = metrics.get(wire.M_PAIRED, 0.0) > 0
-                try:
-                    ckpt.journal_release(
-                        run_id, release_event(cfg, rnd, nid, layout.m, paired=paired)
-                    )
-                except OSError:  # the round's ledger events are committed from the round state
-                    logger.exception("round %d: could not journal the release of node %d", rnd, nid)
-
-            rt.on_release = journal
-            for rnd in range(train.round + 1, cfg.num_rounds + 1):
-                files.round_start(rnd)
-                t0 = time.monotonic()
-                arrays = arrays_of(rt.weights)
-                state = self._train_round(rt, rnd, arrays, train_config, result)
-                if state.sampled and set(state.refused) == set(state.sampled):
-                    raise PolicyRefusedError(policy_refusal_message(rnd, state.refused))
-                arrays = arrays_of(rt.weights)
-                self._evaluate_round(grid, rnd, arrays, evaluate_config, timeout, result)
-                evals = evaluate_now(rnd, arrays)
-                record = round_record(state, time.monotonic() - t0, evals, cfg)
-                # Checkpoints (paper Sec. V.3): model selection on validation only.
-                score = evals.get(self.select_metric)
-                best = train.best.get(self.select_metric)
-                if score is not None and (best is None or score > best):
-                    train.best = {"round": rnd, **self._best_view(evals)}
-                    train.best_weights = rt.weights.clone()
-                    train.since_best = 0
-                else:
-                    train.since_best += 1
-                record["checkpoint_reloaded"] = False
-                if cfg.checkpoint_patience and train.since_best >= cfg.checkpoint_patience:
-                    logger.info(
-                        "round %d: %s has not improved for %d rounds; reloading the model of "
-                        "round %d",
-                        rnd,
-                        self.select_metric,
-                        train.since_best,
-                        train.best["round"],
-                    )
-                    rt.weights = train.best_weights.clone()
-                    train.since_best = 0
-                    record["checkpoint_reloaded"] = True
-                for nid, metrics in sorted(state.client_metrics.items()):
-                    paired = metrics.get(wire.M_PAIRED, 0.0) > 0
-                    train.ledger.add(release_event(cfg, rnd, nid, layout.m, paired=paired))
-                train.history.append(record)
-                train.round, train.weights = rnd, rt.weights
-                if ckpt is not None:  # commit before the row: a visible row is a durable round
-                    ckpt.save(train)
-                    files.event("checkpoint", round=rnd, time=time.time())
-                files.metrics(record)
-                self.history.append(record)
-                files.event(
-                    "round_end",
-                    round=rnd,
-                    time=time.time(),
-                    seconds=record["round_seconds"],
-                    test_accuracy=evals.get("test_accuracy"),
-                    participants=record["participants"],
-                    dropped=sorted(int(n) for n in state.dropped),
-                )
-                logger.info(
-                    "round %d/%d: %s, %d/%d clients, %d dropped, %.1f s",
+            train = self._begin(run)
+            for rnd in range(train.round + 1, run.cfg.num_rounds + 1):
+                self._round(
+                    run,
+                    train,
                     rnd,
-                    cfg.num_rounds,
-                    _metrics_text(evals),
-                    record["participants"],
-                    record["sampled"],
-                    len(state.dropped),
-                    record["round_seconds"],
+                    ConfigRecord() if train_config is None else train_config,
+                    ConfigRecord() if evaluate_config is None else evaluate_config,
+                    timeout,
                 )
-            result.arrays = arrays_of(rt.weights)
-            summary = build_summary(cfg, train.history, train.best, layout.m, train=train)
-            if radius:
-                summary["update_radius"] = radius
-            files.summary(summary)
-            self.summary_ = summary
-            if not any(row.get("participants") for row in train.history):
-                raise RunFailedError(learned_nothing_message(train.history))
-            files.event("run_end", time=time.time())
-            return result
+            self._finish(run, train)
+            return run.result
         except BaseException as exc:
-            files.event("run_end", time=time.time(), error=f"{type(exc).__name__}: {exc}")
+            run.files.event("run_end", time=time.time(), error=f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            files.close()
+            run.files.close()
+
+    # ------------------------------------------------------------------ pieces of the run
+    def _begin(self, run: _Run) -> TrainingState:
+        """Resume from the checkpoint or start afresh; wait for the nodes; fix ``R``; evaluate
+        the initial model; journal every accepted update from now on.
+
+        Raises
+        ------
+        server.checkpoint.CheckpointError
+            ``resume`` without a usable checkpoint, or an ``out_dir`` holding another run's.
+        """
+        from server.checkpoint import Checkpointer, CheckpointError, TrainingState
+        from server.round import wait_for_nodes
+
+        cfg, rt = run.cfg, run.rt
+        run.ckpt = Checkpointer(cfg.out_dir, cfg, rt.layout.m) if cfg.out_dir else None
+        resumed: TrainingState | None = None
+        if run.ckpt is not None and cfg.resume:
+            resumed = run.ckpt.load()
+            rt.weights = resumed.weights.to(rt.device)
+            resumed.best_weights = resumed.best_weights.to(rt.device)
+            run.files.rewrite_metrics(resumed.history)
+            run.files.event(
+                "resume",
+                time=time.time(),
+                from_round=resumed.round,
+                run_ids=resumed.run_ids,
+                aborted_releases=len(resumed.aborted_releases),
+            )
+            logger.info(
+                "resuming after round %d (checkpoint of run(s) %s)",
+                resumed.round,
+                ", ".join(str(r) for r in resumed.run_ids),
+            )
+        elif run.ckpt is not None and run.ckpt.exists():
+            raise CheckpointError(
+                f"out-dir {cfg.out_dir} holds the checkpoint of another run "
+                f"({run.ckpt.state_path}): set resume = true to continue it, or use a new out-dir"
+            )
+
+        nodes = wait_for_nodes(rt.grid, cfg)
+        logger.info("%d node(s) connected", len(nodes))
+        run.radius = self._resolve_radius(len(nodes), resumed.history if resumed else [])
+        rt.update_radius = run.radius["value"] if run.radius else 0.0
+        if run.radius:
+            logger.info("update radius R = %.4g (%s)", run.radius["value"], run.radius["source"])
+        train = resumed or TrainingState(
+            round=0,
+            weights=rt.weights,
+            best={"round": 0, **self._best_view(run.evaluate(0))},
+            best_weights=rt.weights.clone(),
+        )
+        train.run_ids.append(rt.run_id)
+        rt.on_release = run.journal
+        return train
+
+    def _round(
+        self,
+        run: _Run,
+        train: TrainingState,
+        rnd: int,
+        train_config: ConfigRecord,
+        evaluate_config: ConfigRecord,
+        timeout: float,
+    ) -> None:
+        """Round ``rnd``: train, evaluate, the checkpoint rule, the ledger, then commit."""
+        from server.round import round_record
+
+        run.files.round_start(rnd)
+        t0 = time.monotonic()
+        state = self._train_round(run.rt, rnd, run.arrays(), train_config, run.result)
+        if state.sampled and set(state.refused) == set(state.sampled):
+            raise PolicyRefusedError(policy_refusal_message(rnd, state.refused))
+        arrays = run.arrays()
+        self._evaluate_round(run.rt.grid, rnd, arrays, evaluate_config, timeout, run.result)
+        evals = run.evaluate(rnd, arrays)
+        record = round_record(state, time.monotonic() - t0, evals, run.cfg)
+        record["checkpoint_reloaded"] = self._select(run, train, rnd, evals)
+        self._commit(run, train, rnd, state, record, evals)
+
+    def _select(self, run: _Run, train: TrainingState, rnd: int, evals: dict[str, float]) -> bool:
+        """The paper's checkpoint rule (Sec. V.3), on validation only: keep the best model so
+        far; after ``checkpoint_patience`` rounds without improvement, reload it. True when it
+        reloaded."""
+        score = evals.get(self.select_metric)
+        best = train.best.get(self.select_metric)
+        if score is not None and (best is None or score > best):
+            train.best = {"round": rnd, **self._best_view(evals)}
+            train.best_weights = run.rt.weights.clone()
+            train.since_best = 0
+        else:
+            train.since_best += 1
+        patience = run.cfg.checkpoint_patience
+        if not (patience and train.since_best >= patience):
+            return False
+        logger.info(
+            "round %d: %s has not improved for %d rounds; reloading the model of round %d",
+            rnd,
+            self.select_metric,
+            train.since_best,
+            train.best["round"],
+        )
+        run.rt.weights = train.best_weights.clone()
+        train.since_best = 0
+        return True
+
+    def _commit(
+        self,
+        run: _Run,
+        train: TrainingState,
+        rnd: int,
+        state: Any,
+        record: dict[str, Any],
+        evals: dict[str, float],
+    ) -> None:
+        """Make round ``rnd`` durable: the ledger, the checkpoint, then its metrics row (a
+        visible row is a durable round), the round's event and log line."""
+        from server.checkpoint import release_event
+
+        cfg, files = run.cfg, run.files
+        for nid, metrics in sorted(state.client_metrics.items()):
+            paired = metrics.get(wire.M_PAIRED, 0.0) > 0
+            train.ledger.add(release_event(cfg, rnd, nid, run.rt.layout.m, paired=paired))
+        train.history.append(record)
+        train.round, train.weights = rnd, run.rt.weights
+        if run.ckpt is not None:
+            run.ckpt.save(train)
+            files.event("checkpoint", round=rnd, time=time.time())
+        files.metrics(record)
+        self.history.append(record)
+        files.event(
+            "round_end",
+            round=rnd,
+            time=time.time(),
+            seconds=record["round_seconds"],
+            test_accuracy=evals.get("test_accuracy"),
+            participants=record["participants"],
+            dropped=sorted(int(n) for n in state.dropped),
+        )
+        logger.info(
+            "round %d/%d: %s, %d/%d clients, %d dropped, %.1f s",
+            rnd,
+            cfg.num_rounds,
+            _metrics_text(evals),
+            record["participants"],
+            record["sampled"],
+            len(state.dropped),
+            record["round_seconds"],
+        )
+
+    def _finish(self, run: _Run, train: TrainingState) -> None:
+        """The final model, ``summary.json``, and the verdict: a run in which no round
+        aggregated an update fails (:class:`RunFailedError`)."""
+        from server.round import build_summary
+
+        run.result.arrays = run.arrays()
+        summary = build_summary(run.cfg, train.history, train.best, run.rt.layout.m, train=train)
+        if run.radius:
+            summary["update_radius"] = run.radius
+        run.files.summary(summary)
+        self.summary_ = summary
+        if not any(row.get("participants") for row in train.history):
+            raise RunFailedError(learned_nothing_message(train.history))
+        run.files.event("run_end", time=time.time())
 
     # ------------------------------------------------------------------ pieces of a round
     def _train_round(
@@ -635,6 +628,97 @@ class CorBin(Strategy):
     def _best_view(self, evals: dict[str, float]) -> dict[str, float]:
         """What the checkpoint rule keeps of a round's evaluation (all of it)."""
         return dict(evals)
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one :meth:`CorBin.start` holds: the server runtime, the output files, the crash
+    checkpoint (``None`` without ``out_dir``, or until :meth:`CorBin._begin` opens it), Flower's
+    ``Result``, the app's evaluation and the run's ``R``."""
+
+    cfg: RunConfig
+    rt: Any
+    files: Any
+    ckpt: Any
+    template: ArrayRecord
+    result: Result
+    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None
+    radius: dict[str, Any] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        cfg: RunConfig,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+    ) -> _Run:
+        """The run's state from the initial model; logs and records ``run_start``."""
+        from corbin_fl.arrays import flatten_arrays, layout_of_arrays
+        from corbin_fl.training import pick_device
+        from server.metrics import RunFiles
+        from server.round import ServerRuntime
+
+        layout = layout_of_arrays(initial_arrays)
+        device = pick_device(cfg.device)
+        files = RunFiles(cfg.out_dir)
+        run_id = int(grid.run.run_id)
+        rt = ServerRuntime(
+            grid=grid,
+            cfg=cfg,
+            run_id=run_id,
+            weights=torch.from_numpy(flatten_arrays(initial_arrays, layout)).to(device),
+            layout=layout,
+            device=device,
+            files=files,
+        )
+        files.event(
+            "run_start",
+            time=time.time(),
+            run_id=run_id,
+            config=cfg.to_flower(),
+            num_params=layout.m,
+            device=str(device),
+        )
+        logger.info(
+            "CorBin-FL run %d: mechanism %s, %d rounds, %d parameters, device %s",
+            run_id,
+            cfg.mechanism,
+            cfg.num_rounds,
+            layout.m,
+            device,
+        )
+        return cls(cfg, rt, files, None, initial_arrays, Result(), evaluate_fn)
+
+    def arrays(self) -> ArrayRecord:
+        """The current global model in the app's layout."""
+        from corbin_fl.arrays import unflatten_arrays
+
+        weights = self.rt.weights.detach().cpu().numpy()
+        return unflatten_arrays(weights, self.rt.layout, self.template)
+
+    def evaluate(self, rnd: int, arrays: ArrayRecord | None = None) -> dict[str, float]:
+        """The app's server-side evaluation of round ``rnd`` (its numbers), kept in ``result``."""
+        if self.evaluate_fn is None:
+            return {}
+        res = self.evaluate_fn(rnd, self.arrays() if arrays is None else arrays)
+        if res is None:
+            return {}
+        self.result.evaluate_metrics_serverapp[rnd] = res
+        return {k: float(v) for k, v in res.items() if isinstance(v, int | float)}
+
+    def journal(self, rnd: int, nid: int, metrics: dict[str, float]) -> None:
+        """Journal an accepted update at once (a crash later in the round keeps it)."""
+        from server.checkpoint import release_event
+
+        if self.ckpt is None:
+            return
+        paired = metrics.get(wire.M_PAIRED, 0.0) > 0
+        event = release_event(self.cfg, rnd, nid, self.rt.layout.m, paired=paired)
+        try:
+            self.ckpt.journal_release(self.rt.run_id, event)
+        except OSError:  # the round's ledger events are committed from the round state
+            logger.exception("round %d: could not journal the release of node %d", rnd, nid)
 
 
 def node_train_records(messages: list[Message], key: str) -> dict[int, RecordDict]:
