@@ -5,11 +5,10 @@ Usage::
     corbin-fl experiment run experiments/quick/epsilon.toml [--results results] [--fresh]
     corbin-fl experiment plan experiments/quick/epsilon.toml      # runs and their state
     corbin-fl experiment report experiments/quick/epsilon.toml    # CSV/figures/report only
-    corbin-fl experiment migrate experiments/quick/*.toml --dry-run   # runs to the specs' ids
 
 ``run`` skips runs that are already done, so re-running the same command after an interruption
 resumes. Exit codes: 0 success (target checks are reported, never enforced), 1 some runs failed,
-2 invalid spec or arguments (or a refused migration: nothing changed), 130 interrupted.
+2 invalid spec or arguments, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -19,12 +18,8 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from experiments.spec import SpecError, load_spec
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +63,6 @@ def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="rebuild CSV, figures and report from saved results")
     common(report)
 
-    migrate = sub.add_parser(
-        "migrate",
-        help="move the runs of the per-experiment layout (<results>/<experiment>/runs/) into "
-        "the run pool (<results>/runs/), addressed by their result config (nothing is run)",
-    )
-    migrate.add_argument("--results", type=Path, required=True, help="results folder")
-    migrate.add_argument(
-        "--dry-run", action="store_true", help="say what would change, change nothing"
-    )
     return parser
 
 
@@ -91,28 +77,6 @@ def _configure_logging(verbose: bool) -> None:
         format="%(message)s",
         handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
     )
-
-
-def _migrate(results: Path, *, dry_run: bool, out: Console) -> int:
-    """``corbin-fl experiment migrate``: move old-layout runs into the pool."""
-    from experiments.migrate import apply_migration, plan_migration
-
-    plan = plan_migration(results)
-    verb = "would be" if dry_run else "were"
-    out.print(
-        f"{len(plan.moves)} run folders: {plan.count('move')} {verb} moved into the pool, "
-        f"{plan.count('duplicate')} copies {verb} removed, {plan.count('conflict')} other "
-        f"executions of a pooled run {verb} left where they are; {len(plan.skipped)} skipped"
-    )
-    for line in plan.skipped:
-        out.print(f"  skipped {line}", soft_wrap=True, markup=False)
-    if dry_run:
-        for move in plan.moves:
-            rel = move.source.relative_to(results)
-            out.print(f"  {move.action:9s} {rel} -> {move.target.name}", soft_wrap=True)
-    else:
-        apply_migration(plan)
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,8 +97,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console(stderr=True)
     out = Console()
-    if args.command == "migrate":
-        return _migrate(args.results, dry_run=args.dry_run, out=out)
     try:
         specs = [load_spec(p) for p in args.spec]
     except (SpecError, OSError) as exc:

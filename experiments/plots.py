@@ -1,26 +1,14 @@
-"""PNG figures of an experiment (matplotlib's object API with the Agg canvas; no pyplot state).
+"""PNG figures of an experiment (matplotlib's object API on the Agg canvas, no pyplot state).
 
-Every figure states on itself what a reader needs to read it: a **title** (``suptitle``) that
-starts with what the figure shows (so no two figures of an experiment share one), then the
-experiment's description and the settings every plotted run shares (:func:`fixed_settings`),
-so a figure cut out of its report still says what was held fixed; a **caption** (under the
-plot) saying what the error bars and bands are (one sample std, ``ddof = 1``, over the seeds,
-with their count) and the y-axis rule; a **legend entry for every line**, references included.
-Every mechanism's label states its privacy guarantee and the threat models it holds against
-(:data:`THREAT_MODELS`, SECURITY.md's A-D, e.g. CorBin-FL "ε_p/param. vs A only; no DP vs B"),
-and the caption gives the key to the letters (:data:`THREAT_NOTE`).
-
-Federated figures use the lambda-selected runs of each setting
-(:func:`experiments.results.group_results`): the mean over seeds with a band / error bar of one
-sample std. Their y-axis never zooms in on seed noise: it spans at least
-``max(MIN_Y_SPAN, STD_SPAN * s_max)`` percentage points, ``s_max`` the largest seed std plotted,
-kept inside ``[0, 100]`` (:func:`accuracy_ylim`), so a 3-point spread with 4-point seed stds
-looks as flat as it is. The accuracy bars are coloured and labelled by the privacy guarantee
-of their mechanism (:func:`guarantee`), because the budgets differ in kind. MSE figures (paper
-Fig. 4) take the arrays of :mod:`experiments.mse`.
-
-Each ``*_figure`` function builds a :class:`~matplotlib.figure.Figure` (not saved; tests read
-it) and :func:`save` writes it as a PNG.
+Every figure says what it shows: a title that starts with what is drawn, then the experiment's
+description and the settings all its runs share (:func:`fixed_settings`); a caption with what
+the error bars are (one sample std over the seeds) and the y-axis rule (:func:`accuracy_ylim`:
+at least ``MIN_Y_SPAN`` points and ``STD_SPAN`` seed stds, so seed noise does not read as a
+trend); a legend entry for every line, each mechanism with its privacy guarantee and the threat
+models of SECURITY.md it holds against (:data:`THREAT_NOTE` keys the letters). Federated figures
+draw the lambda-selected settings (:func:`experiments.results.group_results`); the MSE figures
+(paper Fig. 4) the arrays of :mod:`experiments.mse`. ``*_figure`` builds a figure, :func:`save`
+writes it.
 """
 
 from __future__ import annotations
@@ -57,27 +45,17 @@ X_KEY_OF_FIGURE = {
     "accuracy-vs-dropout": "dropout-prob",
     "accuracy-vs-clients": CLIENTS_KEY,
 }
-_X_LABEL = {
-    "epsilon": "PLDP budget $\\epsilon_p$ (per parameter)",
-    "d": "shared random bits per parameter $d$",
-    "dropout-prob": "dropout probability $p$",
-    CLIENTS_KEY: "number of clients $n$",
+_X_LABEL = {  # the x-axis label and the x-axis in a title
+    "epsilon": ("PLDP budget $\\epsilon_p$ (per parameter)", "the per-parameter budget ε_p"),
+    "d": ("shared random bits per parameter $d$", "the shared random bits per parameter d"),
+    "dropout-prob": ("dropout probability $p$", "the dropout probability p"),
+    CLIENTS_KEY: ("number of clients $n$", "the number of clients n"),
 }
-_X_NAME = {
-    "epsilon": "the per-parameter budget ε_p",
-    "d": "the shared random bits per parameter d",
-    "dropout-prob": "the dropout probability p",
-    CLIENTS_KEY: "the number of clients n",
-}
-"""What an accuracy-vs figure's x-axis is, in its title."""
 _ACC_LABEL = "test accuracy (%) at val-selected round"
-
 MIN_Y_SPAN = 20.0
 """Smallest y-axis span of an accuracy line figure, in percentage points."""
 STD_SPAN = 5.0
 """An accuracy line figure's y-axis also spans at least this many of its largest seed std."""
-
-# --------------------------------------------------------------------------- privacy guarantees
 
 THREAT_MODELS: dict[str, str] = {
     "A": "eavesdropper on one uplink",
@@ -85,13 +63,10 @@ THREAT_MODELS: dict[str, str] = {
     "C": "malicious client",
     "D": "malicious server",
 }
-"""The adversaries of SECURITY.md (``mechanisms.accounting.THREAT_MODELS``; not imported, it
-imports torch), named by letter in every figure's guarantee labels."""
-
+"""SECURITY.md's adversaries (``mechanisms.accounting.THREAT_MODELS``, not imported: torch)."""
 THREAT_NOTE = "threat models (SECURITY.md): " + "; ".join(
     f"{key}: {name}" for key, name in THREAT_MODELS.items()
 )
-"""The key to the letters, in the legend title or caption of every figure that names them."""
 
 PAIRED_KIND = "ε_p per parameter vs one uplink (A) only; no DP vs the server (B)"
 LDP_KIND = "ε_p-LDP per parameter vs one uplink (A) and the server (B)"
@@ -99,74 +74,56 @@ GAUSSIAN_KIND = "(ε_p, δ)-LDP per parameter vs one uplink (A) and the server (
 UPDATE_KIND = "(ε, δ)-DP per client update vs one uplink (A) and the server (B)"
 CENTRAL_KIND = "(ε, δ)-DP of the released models (C); trusts the server: no DP vs A, B"
 NO_DP_KIND = "no DP vs any threat model (A-D)"
-
-DP_AGAINST: dict[str, frozenset[str]] = {
-    PAIRED_KIND: frozenset("A"),
-    LDP_KIND: frozenset("AB"),
-    GAUSSIAN_KIND: frozenset("AB"),
-    UPDATE_KIND: frozenset("AB"),
-    CENTRAL_KIND: frozenset(),
-    NO_DP_KIND: frozenset(),
+_KINDS: dict[str, tuple[str, str, str, str]] = {
+    # guarantee class: DP against (of A, B), bar colour, legend entry, bar label
+    PAIRED_KIND: (
+        "A",
+        "tab:blue",
+        "ε_p/param. vs A only; no DP vs B",
+        "ε_p={eps:g}/param.\nvs A only;\nno DP vs B",
+    ),
+    LDP_KIND: ("AB", "tab:green", "ε_p-LDP/param. vs A, B", "ε_p={eps:g}/param.\nvs A, B"),
+    GAUSSIAN_KIND: (
+        "AB",
+        "tab:purple",
+        "(ε_p, δ)-LDP/param. vs A, B",
+        "(ε_p={eps:g}, δ={delta:g})\nper param. vs A, B",
+    ),
+    UPDATE_KIND: (
+        "AB",
+        "tab:orange",
+        "(ε, δ)-DP/update vs A, B",
+        "(ε={eps:g}, δ={delta:g})\nper update vs A, B",
+    ),
+    CENTRAL_KIND: (
+        "",
+        "tab:red",
+        "(ε, δ) central vs C; no DP vs A, B",
+        "(ε={eps:g}, δ={delta:g})\ncentral vs C;\nno DP vs A, B",
+    ),
+    NO_DP_KIND: ("", "tab:gray", "no DP vs A-D", "no DP vs A-D"),
 }
-"""The threat models among A and B against which each guarantee class gives DP, as the
-accountant reports them (``privacy_report(...)["threat_models"][key]["dp"]``; a unit test holds
-the two together). Central DP's guarantee is against C (an observer of the released models)."""
-
+DP_AGAINST = {kind: frozenset(v[0]) for kind, v in _KINDS.items()}
+"""Of A and B, the threat models each class gives DP against, as the accountant reports them
+(``threat_models[key]["dp"]``; a unit test holds them together)."""
+GUARANTEE_COLORS = {kind: v[1] for kind, v in _KINDS.items()}
+"""One colour per guarantee class in the bar chart (legend order)."""
+SHORT_KIND = {kind: v[2] for kind, v in _KINDS.items()}
+"""A line's guarantee in a legend entry."""
 _RANGED_KINDS = frozenset({PAIRED_KIND, LDP_KIND, GAUSSIAN_KIND, CENTRAL_KIND})
-"""Guarantee classes whose mechanisms encode within a range (``range-mode`` applies)."""
-
-GUARANTEE_COLORS: dict[str, str] = {
-    PAIRED_KIND: "tab:blue",
-    LDP_KIND: "tab:green",
-    GAUSSIAN_KIND: "tab:purple",
-    UPDATE_KIND: "tab:orange",
-    CENTRAL_KIND: "tab:red",
-    NO_DP_KIND: "tab:gray",
-}
-"""One colour per guarantee class in the mechanism bar chart (legend order)."""
-
-SHORT_KIND = {
-    PAIRED_KIND: "ε_p/param. vs A only; no DP vs B",
-    LDP_KIND: "ε_p-LDP/param. vs A, B",
-    GAUSSIAN_KIND: "(ε_p, δ)-LDP/param. vs A, B",
-    UPDATE_KIND: "(ε, δ)-DP/update vs A, B",
-    CENTRAL_KIND: "(ε, δ) central vs C; no DP vs A, B",
-    NO_DP_KIND: "no DP vs A-D",
-}
-"""A line's guarantee in a legend entry (the letters are :data:`THREAT_MODELS`)."""
-
-_BAR_LABEL = {
-    PAIRED_KIND: "ε_p={eps:g}/param.\nvs A only;\nno DP vs B",
-    LDP_KIND: "ε_p={eps:g}/param.\nvs A, B",
-    GAUSSIAN_KIND: "(ε_p={eps:g}, δ={delta:g})\nper param. vs A, B",
-    UPDATE_KIND: "(ε={eps:g}, δ={delta:g})\nper update vs A, B",
-    CENTRAL_KIND: "(ε={eps:g}, δ={delta:g})\ncentral vs C;\nno DP vs A, B",
-    NO_DP_KIND: "no DP vs A-D",
-}
-"""A bar's label per guarantee class, with the setting's ``eps`` and ``delta``."""
+"""Classes whose mechanisms encode within a range (``range-mode`` applies)."""
 
 
 @dataclass(frozen=True)
 class Guarantee:
-    """The privacy guarantee of one setting, as a figure states it: its ``kind`` (one of
-    ``*_KIND``; the bar colour and legend entry) and its ``label`` with the setting's numbers,
-    e.g. ``"ε_p=5/param.\nvs A, B"`` (a bar's label: the budget and the threat models of
-    :data:`THREAT_MODELS` it holds against)."""
+    """A setting's guarantee class ``kind`` and its bar ``label`` with the setting's numbers."""
 
     kind: str
     label: str
 
 
 def guarantee_kind(mechanism: str) -> str | None:
-    """The guarantee class of ``mechanism``, from its registration; ``None`` for an unknown one.
-
-    Paired (corbin, augcorbin): per-parameter eps_p against an eavesdropper on one uplink (A)
-    only (the server sees both bits of a pair: no DP against it, B). Other local-DP mechanisms,
-    against A and B alike: per-parameter eps_p-LDP, (eps_p, delta) with a delta, or
-    (eps, delta)-DP of a whole update (fedcad). Without local DP: central (eps, delta)-DP of the
-    released models (against C), trusting the server (no DP against A or B; central-gaussian),
-    or no DP (fedavg, cq, signsgd). :data:`DP_AGAINST` lists the letters of each class.
-    """
+    """The guarantee class of ``mechanism`` from its registration (``None`` if unknown)."""
     mech = registry.REGISTRY.get(mechanism)
     if mech is None:
         return None
@@ -179,20 +136,9 @@ def guarantee_kind(mechanism: str) -> str | None:
     return GAUSSIAN_KIND if mech.has_delta else LDP_KIND
 
 
-def _setting_number(setting: Mapping[str, RunValue], key: str, mechanism: str) -> float:
-    value = setting.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(
-            f"mechanism {mechanism!r}: the run config has no finite {key!r} ({value!r}); "
-            "cannot state its privacy guarantee"
-        )
-    return float(value)
-
-
 def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
-    """The guarantee of a setting, derived from its ``mechanism``, ``epsilon`` and ``delta``;
-    ``ValueError`` if it has no mechanism, an unknown one, or lacks the epsilon / delta its
-    guarantee needs."""
+    """The guarantee of a setting from its ``mechanism``, ``epsilon`` and ``delta``;
+    ``ValueError`` without a known mechanism or a finite number its label needs."""
     mech = setting.get("mechanism")
     if not isinstance(mech, str):
         raise ValueError(f"the setting names no mechanism ({mech!r}); cannot state its guarantee")
@@ -200,13 +146,21 @@ def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
     if kind is None:
         known = sorted(registry.REGISTRY)
         raise ValueError(f"no privacy guarantee is known for mechanism {mech!r}; known: {known}")
-    label = _BAR_LABEL[kind]
-    eps = _setting_number(setting, "epsilon", mech) if "{eps" in label else 0.0
-    delta = _setting_number(setting, "delta", mech) if "{delta" in label else 0.0
-    return Guarantee(kind, label.format(eps=eps, delta=delta))
-
-
-# --------------------------------------------------------------------------- titles and captions
+    label = _KINDS[kind][3]
+    numbers = {}
+    for key, name in (("epsilon", "eps"), ("delta", "delta")):
+        value = setting.get(key)
+        if "{" + name in label and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ValueError(
+                f"mechanism {mech!r}: the run config has no finite {key!r} ({value!r}); "
+                "cannot state its privacy guarantee"
+            )
+        numbers[name] = float(value) if "{" + name in label else 0.0  # type: ignore[arg-type]
+    return Guarantee(kind, label.format(**numbers))
 
 
 def _wrap(text: str, width: int = 70) -> str:
@@ -225,14 +179,11 @@ def _fmt(value: RunValue) -> str:
 def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     """The settings every plotted group shares, e.g. ``"dataset=mnist, clients=10, ..."``.
 
-    A key is fixed when it is not among the varying ``keys`` and every group that sets it
-    sets the same value (a key a mechanism ignores, such as ``d`` for FedAvg, is absent from
-    that mechanism's setting). Only keys that change what a run computes are listed, and only
-    where they apply: ``d`` with a paired mechanism, ``gamma`` with AugCorBin, ``delta`` with
-    a mechanism whose guarantee has one, ``update-radius`` ``R`` (0: derived from the public
-    training settings) where settings quantize the update, and ``dropout-prob`` /
-    ``clients-per-round`` when not 0. ``eps`` is written ``ε_p`` when every private mechanism
-    plotted has a per-parameter budget, ``ε`` with a note otherwise.
+    A key not among the varying ``keys`` is listed when every group that sets it sets the same
+    value, and only where it applies (``d`` with a paired mechanism, ``γ`` with AugCorBin,
+    ``δ`` with a guarantee that has one, ``R`` where settings quantize the update, dropout and
+    clients per round when not 0); eps is ``ε_p`` when every private mechanism has a
+    per-parameter budget.
     """
     varying = set(keys)
     mechs = {_mech(g) for g in groups}
@@ -264,8 +215,6 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         add(key, name)
     eps = fixed("epsilon")
     if eps is not None and private:
-        # What epsilon measures differs: per parameter (local DP), per update (fedcad), the
-        # whole run's released models (central-gaussian).
         scopes = {"fedcad": "per update", "central-gaussian": "central, all rounds"}
         special = sorted(private & set(scopes))
         if special and private <= set(scopes) and len(special) == 1:
@@ -291,9 +240,7 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
 def figure_title(
     shows: str, description: str, groups: Sequence[GroupResult], keys: Sequence[str]
 ) -> str:
-    """What the figure ``shows`` (its own first line, so that two figures of one experiment
-    never share a title), then ``"experiment: <description>"`` and ``"fixed: <fixed_settings>"``
-    (one line each; the figure wraps them)."""
+    """What the figure ``shows``, then ``experiment: <description>`` and ``fixed: <...>``."""
     fixed = fixed_settings(groups, keys)
     lines = (shows, description and f"experiment: {description}", fixed and f"fixed: {fixed}")
     return "\n".join(t for t in lines if t)
@@ -313,16 +260,11 @@ Y_RULE = (
     f"y-axis spans ≥ {MIN_Y_SPAN:g} points and ≥ {STD_SPAN:g} × the largest seed std, "
     "so seed noise does not read as a trend"
 )
-"""The caption's statement of :func:`accuracy_ylim`."""
 
 
 def accuracy_ylim(lo: float, hi: float, max_std: float) -> tuple[float, float]:
-    """y-limits (percent) for accuracies spanning ``[lo, hi]`` (error bars included).
-
-    The span is ``max(1.1 (hi - lo), MIN_Y_SPAN, STD_SPAN * max_std)``, centred on the data,
-    then shifted (not shrunk) to lie inside ``[0, 100]``; ``ValueError`` if ``lo > hi`` or a
-    value is not finite.
-    """
+    """y-limits (percent) for accuracies in ``[lo, hi]``: a span of ``max(1.1 (hi - lo),
+    MIN_Y_SPAN, STD_SPAN * max_std)`` centred on the data, shifted into ``[0, 100]``."""
     if not all(math.isfinite(v) for v in (lo, hi, max_std)) or lo > hi:
         raise ValueError(f"accuracy range [{lo}, {hi}] with std {max_std} is not a finite range")
     span = max(1.1 * (hi - lo), MIN_Y_SPAN, STD_SPAN * max(max_std, 0.0))
@@ -358,15 +300,11 @@ def _percent(stats: Sequence[Stat]) -> tuple[np.ndarray, np.ndarray]:
 def _figure(
     n: int = 1, max_cols: int = 1, *, w: float = 5.0, h: float = 3.6, **kw: Any
 ) -> tuple[Figure, list[Axes]]:
-    """A figure of ``n`` panels of ``w`` x ``h`` inches, at most ``max_cols`` per row (the rest
-    of the grid hidden; ``kw`` go to ``subplots``), and its panels row by row."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:  # pragma: no cover - matplotlib is a declared extra
-        raise ImportError(
-            "figures need matplotlib: pip install 'corbin-fl[tools]' (or matplotlib>=3.8)"
-        ) from exc
+    """A figure of ``n`` panels of ``w`` x ``h`` inches, at most ``max_cols`` per row (``kw``
+    go to ``subplots``), and its panels row by row."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     ncols = min(max_cols, n)
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
@@ -378,12 +316,9 @@ def _figure(
 
 
 def _annotate(fig: Figure, title: str, caption: str, *, caption_ax: Axes | None = None) -> None:
-    """Title on top, caption under the plot, wrapped to the figure's width (about 12 characters
-    per inch at 10 pt, 15 at 8 pt); the figure grows by their lines of text.
-
-    The caption is the figure's ``supxlabel``, or the x-label of ``caption_ax`` (an axes without
-    an x-label of its own, where a legend below the axes would overlap a ``supxlabel``).
-    """
+    """Title on top, caption under the plot (the x-label of ``caption_ax`` if given), wrapped
+    to the figure's width (about 12 characters per inch at 10 pt, 15 at 8 pt); the figure grows
+    by their lines."""
     width_in = fig.get_figwidth()
     title = _wrap(title, max(40, int(width_in * 12))) if title else ""
     caption = _wrap(caption, max(50, int(width_in * 15))) if caption else ""
@@ -428,9 +363,8 @@ def _with_kind(label: str, mechanism: str) -> str:
 
 
 def _legend_above(fig: Figure, ax: Axes, handles: Sequence[Any], labels: Sequence[str]) -> None:
-    """The legend of ``ax`` between the title and the axes, never over a line: the figure grows
-    by its rows and is at least as wide as its longest entry (about 0.055 in per character at
-    7 pt, plus the handle)."""
+    """The legend of ``ax`` between the title and the axes; the figure grows to hold it (about
+    0.055 in per character at 7 pt)."""
     if not labels:
         return
     fig.set_figwidth(max(fig.get_figwidth(), 0.055 * max(len(t) for t in labels) + 1.2))
@@ -449,12 +383,8 @@ def _check_groups(groups: Sequence[GroupResult]) -> None:
 def accuracy_vs_round_figure(
     groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
 ) -> Figure:
-    """Test accuracy (mean ± std over seeds) per round, one line per mechanism.
-
-    Every varying key but ``mechanism`` splits the figure into panels (sharing one y-axis,
-    :func:`accuracy_ylim` over all panels); ``title`` is the experiment's description (the
-    fixed settings are appended). ``ValueError`` if ``groups`` is empty.
-    """
+    """Test accuracy (mean ± std over seeds) per round, one line per mechanism, one panel per
+    value of the other varying keys (one y-axis); ``ValueError`` if ``groups`` is empty."""
     _check_groups(groups)
     other = [k for k in keys if k != "mechanism"]
     facets: dict[str, list[GroupResult]] = {}
@@ -497,13 +427,9 @@ def accuracy_vs_round_figure(
 def accuracy_bar_figure(
     groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
 ) -> Figure:
-    """Bars of the test accuracy at the selected round and at the final round (± std).
-
-    Each pair of bars is coloured by its mechanism's guarantee class and labelled with the
-    guarantee and its numbers (:func:`guarantee`), with one legend entry per class present;
-    the bars are ordered by class (in the order of :data:`GUARANTEE_COLORS`), then as given.
-    ``ValueError`` if ``groups`` is empty or a guarantee cannot be stated (:func:`guarantee`).
-    """
+    """Bars of the test accuracy at the selected and at the final round (± std), coloured and
+    labelled by the guarantee (:func:`guarantee`), ordered by class; ``ValueError`` if
+    ``groups`` is empty or a guarantee cannot be stated."""
     from matplotlib.patches import Patch
 
     _check_groups(groups)
@@ -565,13 +491,9 @@ def accuracy_vs_figure(
     *,
     title: str = "",
 ) -> Figure:
-    """Test accuracy at the selected round against ``x_key``, one line per mechanism.
-
-    Groups are split into lines by every varying key except ``x_key``; a line with a single
-    point (a reference run at one value of ``x_key``) is drawn as a horizontal dashed line
-    with a band of ± 1 std, named in the legend as a reference. The y-axis follows
-    :func:`accuracy_ylim`. ``ValueError`` if no group sets ``x_key`` or none has a test accuracy.
-    """
+    """Test accuracy at the selected round against ``x_key``, one line per value of the other
+    varying keys; a line of one point (a reference) is a dashed horizontal line with a ± 1 std
+    band. ``ValueError`` if no group sets ``x_key`` or none has a test accuracy."""
     from matplotlib.patches import Patch
 
     def x_of(g: GroupResult) -> float:
@@ -619,7 +541,7 @@ def accuracy_vs_figure(
         _int_ticks(ax)
     if x_key == "epsilon" and len(all_x) > 1 and all_x[-1] / max(all_x[0], 1e-12) > 20:
         ax.set_xscale("log")
-    x_label = _X_LABEL.get(x_key, x_key)
+    x_label = _X_LABEL[x_key][0] if x_key in _X_LABEL else x_key
     plotted_mechs = {_mech(g) for g in plotted}
     # What eps bounds for mechanisms whose budget is not per parameter.
     scopes = {"fedcad": "per update", "central-gaussian": "central"}
@@ -631,7 +553,9 @@ def accuracy_vs_figure(
     _legend_above(fig, ax, handles, labels)
     _annotate(
         fig,
-        figure_title(f"Test accuracy vs {_X_NAME.get(x_key, x_key)}", title, groups, keys),
+        figure_title(
+            f"Test accuracy vs {_X_LABEL.get(x_key, (x_key, x_key))[1]}", title, groups, keys
+        ),
         f"points: mean test accuracy at each run's validation-selected round; "
         f"{seed_note(plotted)}; {Y_RULE}; [ ]: the mechanism's guarantee; {THREAT_NOTE}",
     )
@@ -656,10 +580,8 @@ def accuracy_vs_bits_figure(
     groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
 ) -> Figure:
     """Test accuracy against uplink bits per parameter, one panel per eps_p, one line per
-    mechanism (``pbm`` at m = 1, 2; ``rqm`` at 2, 3 levels; ``imvu`` at 1, 2, 4 bits; the
-    paired mechanisms as a star at their one bit). ``ValueError`` if no group has a mechanism,
-    an epsilon and a finished test accuracy.
-    """
+    mechanism (the paired ones a star at their one bit); ``ValueError`` if no group has a
+    mechanism, an epsilon and a finished test accuracy."""
     _check_groups(groups)
     panels: dict[float, dict[str, list[tuple[int, GroupResult]]]] = {}
     for g in groups:
@@ -740,12 +662,8 @@ def _grid_title(what: str, grid: GridMSE) -> str:
 
 
 def mse_heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
-    """Heat maps of the pair MSE over ``(w1, w2)``: CorBinQ and LDPQ, measured and closed form.
-
-    One row per ``eps``; the four panels of a row share one colour scale, so measured and
-    closed form can be compared by eye (paper Fig. 4). ``KeyError`` if an ``eps`` of
-    ``epsilons`` was not measured, ``ValueError`` if there is none.
-    """
+    """Heat maps of the pair MSE over ``(w1, w2)``, CorBinQ and LDPQ, measured and closed
+    form, one row (one colour scale) per eps of ``epsilons`` (paper Fig. 4)."""
     rows = [grid.eps_index(e) for e in epsilons]
     if not rows:
         raise ValueError("no eps_p to draw heat maps for")
@@ -778,11 +696,8 @@ def mse_heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
 
 
 def mse_vs_epsilon_figure(grid: GridMSE) -> Figure:
-    """Grid-averaged pair MSE vs eps_p, measured (± 3 SE) and closed form, both quantizers.
-
-    Left: the MSE averaged over the ``(w1, w2)`` grid (log-log). Right: the ratio
-    CorBinQ / LDPQ, measured and closed form, with the 1/2 line of the target check.
-    """
+    """Grid-averaged pair MSE vs eps_p, measured (± 3 SE) and closed form (left), and the
+    ratio CorBinQ / LDPQ with the 1/2 line of the target check (right)."""
     fig, (ax, ax2) = _figure(2, 2, w=5.0)
     eps = np.asarray(grid.epsilons)
     cm, cse = grid.grid_mean("corbin")

@@ -528,7 +528,7 @@ def write_federated_report(
         *_header(spec, command),
         "## Setup",
         "",
-        f"- runs: {done} of {expected_runs} finished ({status}); backend: {spec.backend}",
+        f"- runs: {done} of {expected_runs} finished ({status}); backend: simulation",
         f"- seeds: {list(spec.seeds)}; lambda grid: {list(spec.lambda_grid)}",
         f"- swept: {', '.join(keys) if keys else '(nothing)'}",
         "- base run config: "

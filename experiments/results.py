@@ -1,18 +1,12 @@
-"""Finished runs -> honest model selection -> ``runs.csv`` and ``groups.csv``.
+"""Finished runs -> model selection on validation data only -> ``runs.csv`` and ``groups.csv``.
 
-Selection rule (stated in every report; paper Section V.3 with the test set kept out of it):
-
-1. **Checkpoint round, per run**: the round with the highest *validation* accuracy (the
-   earliest such round on ties). The run's reported ``test_accuracy`` is the test accuracy *at
-   that round*, never the best test value over rounds. ``final_test_accuracy`` (last round) is
-   reported next to it.
-2. **Global learning rate lambda, per setting** (a setting is everything but the seed and
-   lambda, e.g. one (mechanism, eps_p) pair): the lambda of ``lambda-grid`` with the highest
-   mean over seeds of the validation accuracy at the runs' checkpoint rounds (ties: the larger
-   lambda, i.e. the one closer to the plain update of eq. 6). Tables then show the mean and the
-   sample standard deviation over seeds of the runs at that lambda.
-
-Test accuracy is read only after both choices are made.
+The rule (:data:`SELECTION_RULE`, in every report): per run, the checkpoint is the round of
+``metrics.jsonl`` with the highest validation accuracy (the earliest on ties) and its test
+accuracy is the one reported; per setting (everything but seed and lambda), lambda is the one
+with the highest mean checkpoint validation accuracy over seeds (ties: the larger). The
+ServerApp's ``best_val_round`` in ``summary.json`` follows the same rule but also counts round 0,
+the initial model before any update; the experiments choose among the trained rounds 1..T, so
+the two differ only where the initial model validates best (no committed run).
 """
 
 from __future__ import annotations
@@ -79,24 +73,18 @@ class Stat:
     n: int
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> Stat:
-        """Statistics of the finite ``values`` (NaN/None are skipped)."""
-        arr = np.array(
-            [float(v) for v in values if v is not None and math.isfinite(float(v))], dtype=float
-        )
-        if arr.size == 0:
-            return cls(math.nan, math.nan, 0)
-        std = float(arr.std(ddof=1)) if arr.size >= 2 else math.nan
-        return cls(float(arr.mean()), std, int(arr.size))
+    def of(cls, values: Iterable[float | None]) -> Stat:
+        """Statistics of the finite ``values`` (NaN, inf and None are skipped)."""
+        s = pd.Series([v for v in values if v is not None], dtype=float)
+        s = s[np.isfinite(s)]
+        return cls(float(s.mean()), float(s.std(ddof=1)), int(s.size))
 
     def fmt(self, scale: float = 100.0, digits: int = 2) -> str:
         """``"mean ± std"`` scaled (accuracies as percent by default); ``"—"`` if empty."""
         if self.n == 0:
             return "—"
         mean = f"{self.mean * scale:.{digits}f}"
-        if self.n < 2:
-            return f"{mean} (n=1)"
-        return f"{mean} ± {self.std * scale:.{digits}f}"
+        return f"{mean} (n=1)" if self.n < 2 else f"{mean} ± {self.std * scale:.{digits}f}"
 
 
 @dataclass(frozen=True)
@@ -117,37 +105,17 @@ def _finite(value: Any) -> float | None:
 
 
 def select_round(rows: Sequence[Mapping[str, Any]]) -> Selection:
-    """Pick the checkpoint round of a run on validation accuracy only.
-
-    The checkpoint is ``argmax_t val_accuracy[t]`` (the earliest ``t`` on ties) and the
-    reported test accuracy is ``test_accuracy[t]`` at that same round.
-
-    Parameters
-    ----------
-    rows
-        ``metrics.jsonl`` rows (each with ``round``, ``val_accuracy``, ``test_accuracy``).
-
-    Raises
-    ------
-    ValueError
-        If ``rows`` is empty or no row has a finite ``val_accuracy``.
-    """
-    if not rows:
-        raise ValueError("no metrics rows to select from")
-    best: Mapping[str, Any] | None = None
-    best_val = -math.inf
-    for row in rows:
-        val = _finite(row.get("val_accuracy"))
-        if val is not None and val > best_val:
-            best, best_val = row, val
-    if best is None:
+    """The checkpoint of a run from its ``metrics.jsonl`` rows: ``argmax_t val_accuracy[t]``
+    (the earliest on ties) and ``test_accuracy[t]``; ``ValueError`` if no row has a finite
+    ``val_accuracy`` or the chosen row no integer ``round``."""
+    vals = [_finite(row.get("val_accuracy")) for row in rows]
+    if not rows or all(v is None for v in vals):
         raise ValueError("no row has a finite val_accuracy")
-    rnd = best.get("round")
+    i = max(range(len(rows)), key=lambda k: (vals[k] is not None, vals[k] or 0.0, -k))
+    rnd = rows[i].get("round")
     if not isinstance(rnd, int) or isinstance(rnd, bool):
-        raise ValueError(f"metrics row has no integer 'round': {dict(best)!r}")
-    return Selection(
-        round=rnd, val_accuracy=best_val, test_accuracy=_or_nan(best.get("test_accuracy"))
-    )
+        raise ValueError(f"metrics row has no integer 'round': {dict(rows[i])!r}")
+    return Selection(rnd, float(vals[i]), _or_nan(rows[i].get("test_accuracy")))  # type: ignore[arg-type]
 
 
 def _or_nan(value: Any) -> float:
@@ -270,7 +238,7 @@ def load_run(run_dir: Path) -> RunResult:
         raise ValueError(f"{run_dir}: {METRICS_FILE} is empty")
     config = record.get("config")
     if not isinstance(config, Mapping):
-        raise ValueError(f"{run_dir}: the run record has no result config (migrate the folder)")
+        raise ValueError(f"{run_dir}: the run record has no result config")
     try:
         RunConfig.from_flower(config)
     except ConfigError as exc:
@@ -297,16 +265,14 @@ def load_run(run_dir: Path) -> RunResult:
 
 
 def _over_seeds(value: Callable[[RunResult], float], doc: str) -> Any:
-    """A :class:`GroupResult` property: the :class:`Stat` of ``value`` over the group's runs
-    (its seeds); ``doc`` says what the value is."""
+    """A :class:`GroupResult` property: the :class:`Stat` of ``value`` over its runs (seeds)."""
     return property(lambda group: Stat.of(value(r) for r in group.runs), doc=f"{doc} Over seeds.")
 
 
 @dataclass(frozen=True)
 class GroupResult:
-    """One setting after lambda selection: the runs (seeds) at the chosen lambda.
-    ``lambda_scores`` maps lambda to the :class:`Stat` of the checkpoint validation accuracy over
-    seeds (the selection criterion); the chosen ``global_lr`` maximises its mean."""
+    """One setting at its chosen lambda ``global_lr``: its runs (seeds) at that lambda, and per
+    lambda the :class:`Stat` of the checkpoint validation accuracy over seeds."""
 
     setting: Mapping[str, RunValue]
     global_lr: float
@@ -326,52 +292,36 @@ class GroupResult:
 
     def curve(self, metric: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-round ``(rounds, mean, std)`` of ``metric`` over the seeds (std 0 if one seed)."""
-        by_round: dict[int, list[float]] = {}
-        for run in self.runs:
-            for row in run.rows:
-                v = _finite(row.get(metric))
-                rnd = row.get("round")
-                if v is not None and isinstance(rnd, int):
-                    by_round.setdefault(rnd, []).append(v)
-        rounds = np.array(sorted(by_round), dtype=int)
-        means = np.array([np.mean(by_round[t]) for t in rounds], dtype=float)
-        stds = np.array(
-            [np.std(by_round[t], ddof=1) if len(by_round[t]) > 1 else 0.0 for t in rounds],
-            dtype=float,
+        frame = pd.DataFrame(
+            [(row.get("round"), _finite(row.get(metric))) for r in self.runs for row in r.rows],
+            columns=["round", "value"],
+        ).dropna()
+        frame = frame[frame["round"].map(lambda t: isinstance(t, int))]
+        stats = frame.groupby("round")["value"].apply(Stat.of)
+        return (
+            stats.index.to_numpy(dtype=int),
+            np.array([s.mean for s in stats], dtype=float),
+            np.array([s.std if s.n > 1 else 0.0 for s in stats], dtype=float),
         )
-        return rounds, means, stds
 
 
 def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
-    """Choose lambda for one setting on validation accuracy only (see the module docstring).
-
-    Returns
-    -------
-    (lambda, scores)
-        ``scores[lam]`` is the :class:`Stat` of the checkpoint validation accuracies of the
-        runs with that lambda.
-
-    Raises
-    ------
-    ValueError
-        If ``runs`` is empty.
-    """
+    """The lambda of one setting's ``runs`` with the highest mean checkpoint validation accuracy
+    over seeds (ties: the larger), and per lambda the :class:`Stat` of those accuracies;
+    ``ValueError`` without runs."""
     if not runs:
         raise ValueError("no runs to choose lambda from")
-    by_lam: dict[float, list[float]] = {}
-    for run in runs:
-        by_lam.setdefault(run.global_lr, []).append(run.selection.val_accuracy)
-    scores = {lam: Stat.of(vals) for lam, vals in sorted(by_lam.items())}
-    best = max(scores, key=lambda lam: (scores[lam].mean, lam))
-    return best, scores
+    frame = pd.DataFrame(
+        {"lam": [r.global_lr for r in runs], "val": [r.selection.val_accuracy for r in runs]}
+    )
+    stats = frame.groupby("lam")["val"].apply(Stat.of)  # Stat.of: numpy's sums, as the tables
+    best = stats.map(lambda s: s.mean).iloc[::-1].idxmax()  # the larger lambda on ties
+    return float(best), {float(lam): stat for lam, stat in stats.items()}
 
 
 def group_results(results: Sequence[RunResult]) -> list[GroupResult]:
-    """Group runs by setting (pandas), choose lambda per group, keep the runs at that lambda.
-
-    Groups come in the order of their first run in ``results``; runs inside a group are
-    sorted by seed.
-    """
+    """Group runs by setting, choose lambda per group and keep its runs at that lambda (by
+    seed); groups in the order of their first run."""
     if not results:
         return []
     frame = pd.DataFrame({"setting": [r.setting_key for r in results], "run": list(results)})
