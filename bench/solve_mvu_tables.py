@@ -2,7 +2,10 @@
 
 ``corbin_fl/mvu_tables/`` holds one JSON file per ``(eps, bits, inputs)`` with its
 inputs; :func:`corbin_fl.mvu_store.mvu_table` reads it (after checking it is stochastic,
-unbiased and exactly eps-LDP) instead of solving on every machine. Run from the repository
+unbiased and exactly eps-LDP) instead of solving on every machine. The budgets of one eps are
+solved in increasing order, each searched from the one before (``solve_mvu(..., lower=...)``),
+so a design is never worse than the one with fewer bits. Files of another solver version are
+left in place: delete them (``git rm``) when the new ones are written. Run from the repository
 root::
 
     python bench/solve_mvu_tables.py                     # eps 0.1 0.3 1 3, bits 1 2 4
@@ -19,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from corbin_fl.mvu_store import SHIPPED, write_table
-from mechanisms.baselines.imvu import IMVU_BITS, solve_mvu
+from mechanisms.baselines.imvu import IMVU_BITS, MVUTable, solve_mvu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,9 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=SHIPPED)
     args = parser.parse_args(argv)
     for eps in args.eps:
-        for bits in args.bits:
+        lower: MVUTable | None = None
+        for bits in sorted(args.bits):
             t0 = time.perf_counter()
-            table = solve_mvu(eps, bits)
+            below = [b for b in IMVU_BITS if b < bits]
+            if below and (lower is None or lower.bits != below[-1]):
+                lower = solve_mvu(eps, below[-1])
+            table = solve_mvu(eps, bits, lower=lower)
+            lower = table
             path = write_table(table, args.out)
             print(
                 f"eps {eps:g} bits {bits}: mean variance {table.mean_variance:.6g} "

@@ -1,7 +1,8 @@
 """Where the I-MVU designs live on disk: shipped with the app, else solved once and cached.
 
-The design for ``(eps, bits, inputs)`` (``mechanisms.baselines.imvu.solve_mvu``) takes from under
-a second (2 bits) to a minute (4 bits). :func:`mvu_table` looks it up, in order, in the tables
+The design for ``(eps, bits, inputs)`` (``mechanisms.baselines.imvu.solve_mvu``, searched from the
+design with the next smaller budget, which it is never worse than) takes from seconds (1 and 2
+bits) to minutes (4 bits). :func:`mvu_table` looks it up, in order, in the tables
 shipped with the app (:data:`SHIPPED`, solved ahead by ``bench/solve_mvu_tables.py`` for the
 experiments' eps grid), in the user's cache (``$CORBIN_FL_CACHE/imvu/``, default
 ``~/.cache/corbin-fl/imvu/``), else solves it and stores it in the cache. Every file holds its
@@ -22,7 +23,13 @@ from typing import Any
 import numpy as np
 
 from corbin_fl.fsio import CACHE_ENV, atomic_write_json, cache_root
-from mechanisms.baselines.imvu import INPUT_POINTS, SOLVER_VERSION, MVUTable, solve_mvu
+from mechanisms.baselines.imvu import (
+    IMVU_BITS,
+    INPUT_POINTS,
+    SOLVER_VERSION,
+    MVUTable,
+    solve_mvu,
+)
 from mechanisms.validate import integer, positive
 
 __all__ = ["CACHE_ENV", "SHIPPED", "mvu_table", "write_table"]
@@ -102,13 +109,16 @@ def write_table(table: MVUTable, folder: Path) -> Path:
 @lru_cache(maxsize=64)
 def mvu_table(eps: float, bits: int, inputs: int = INPUT_POINTS) -> MVUTable:
     """The MVU design for ``(eps, bits, inputs)``, solved at most once per machine (module
-    docstring)."""
+    docstring); a solve starts from this function's design with the next smaller budget."""
     e, b, n = positive(eps), integer(bits, "bits", 1), integer(inputs, "inputs", 2)
+    if b not in IMVU_BITS:
+        raise ValueError(f"bits must be one of {IMVU_BITS}, got {b}")
     for folder in (SHIPPED, cache_dir()):
         table = read_table(folder / _file_name(e, b, n), e, b, n)
         if table is not None:
             return table
-    table = solve_mvu(e, b, n)
+    below = [c for c in IMVU_BITS if c < b]
+    table = solve_mvu(e, b, n, lower=mvu_table(e, below[-1], n) if below else None)
     try:
         write_table(table, cache_dir())
     except OSError as exc:

@@ -12,29 +12,48 @@ that solves
     P_{ik} \le e^{\epsilon} P_{jk},\;\; P \ge 0
 
 (the mean variance over the input points, unbiasedness, pure ``eps``-LDP). For fixed ``v`` this
-is a linear programme in ``P`` (solved with HiGHS through ``scipy.optimize.linprog``); the
-output values, symmetric about 0 (``v_{K-1-k} = -v_k``), are optimised around it with
-Nelder-Mead on their log-gaps. The solution is computed once per ``(eps, b, n)`` and cached on
-disk with its inputs by the app (``corbin_fl/mvu_store.py``); this module is the math only.
+is a linear programme in ``P`` (solved with HiGHS through ``scipy.optimize.linprog``;
+:func:`mvu_at`, "the LP at the values"). Its optimum ``f(v)`` is searched over free output
+values, asymmetric ones included:
+
+1. starts: the caller's values, evenly spaced values on ``[-1.5 s, 1.5 s]``
+   (``s = 1 / tanh(eps / 2)``, randomized response's scale), ``+-s`` (randomized response), the
+   design with the next smaller budget, the ``K`` most used values of the LP over a refined grid
+   of candidate outputs (which may use any number of them), and two seeded random ones; starts
+   with fewer than ``K`` values are completed (:func:`complete_values`), which can only lower
+   ``f``;
+2. from each, L-BFGS-B with the envelope theorem's gradient
+   ``df/dv_k = sum_i P_ik (2 (v_k - x_i) / n - mu_i)`` (``mu_i``: the multiplier of row ``i``'s
+   unbiasedness), the unbiasedness rows priced by an exact penalty so that every ``v`` has a
+   value; then Nelder-Mead from the best result, since the optimum sits on kinks of ``f``;
+3. the answer is the best cleaned, exactly checked table among the LP at every start, at every
+   search result, and the lower-bit design itself (:func:`embed`): so it is never worse than the
+   design with fewer bits, nor than the LP at any start.
+
+The solution is computed once per ``(eps, b, n)`` and cached on disk with its inputs by the app
+(``corbin_fl/mvu_store.py``); this module is the math only.
 
 Interpolation: an ``x`` between ``x_i`` and ``x_{i+1}`` (``x = (1 - t) x_i + t x_{i+1}``) is
 released with the mixture ``P(k | x) = (1 - t) P_{ik} + t P_{i+1,k}``, which is the same law as
 rounding ``x`` without bias to ``x_i`` or ``x_{i+1}`` and then applying the row. Both properties
 then hold on the whole interval exactly: the mixture is unbiased, and every ``P(k | x)`` lies
 between ``min_i P_{ik}`` and ``max_i P_{ik}``, so the exact epsilon is
-``max_k log(max_i P_ik / min_i P_ik)`` (:meth:`IMVU.epsilon`). The authors' code interpolates the
-log-probabilities instead; the linear form is used here because it keeps unbiasedness and the
-LDP bound exact between the grid points.
+``max_k log(max_i P_ik / min_i P_ik)`` (:meth:`IMVU.epsilon`). The reference code
+(``IMVUMechanismPyTorch`` of Guo et al.'s dp_compression) interpolates the log-probabilities and
+normalises with a softmax instead: between design points that is biased, and at 2 and 4 bits
+not eps-LDP (README, mechanisms); the linear form keeps both exact.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from scipy import sparse
 from scipy.optimize import linprog, minimize
 
@@ -47,19 +66,35 @@ __all__ = [
     "IMVU",
     "IMVU_BITS",
     "MVUTable",
+    "complete_values",
+    "embed",
+    "evenly_spaced",
+    "mvu_at",
     "solve_mvu",
     "table_epsilon",
+    "two_level_scale",
 ]
 
 IMVU_BITS: tuple[int, ...] = (1, 2, 4)
 INPUT_POINTS = 8
 """``n``, the input points of the design (the authors' default of 3 input bits)."""
-SOLVER_VERSION = 1
-"""Part of the cache key: bump when the optimisation changes."""
+SOLVER_VERSION = 2
+"""Part of the cache key: bump when the optimisation changes (2: asymmetric multi-start search)."""
 _EPS_MARGIN = 1e-7
 """The LP is solved at ``eps (1 - margin)`` so that solver tolerance cannot exceed ``eps``."""
 _DEAD = 1e-7
 """An output whose largest probability is below this is dropped (set to 0 in every row)."""
+_GRID = 241
+"""Candidate output values of the grid LP (a start of the search): evenly on ``[-3 s, 3 s]``."""
+_REFINE = 6
+"""Refinement rounds of the grid LP (each: a quarter of the spacing around the used values)."""
+_SPAN = 5.0
+"""The search keeps every output value in ``[-5 s, 5 s]`` (``s``: the two-level scale)."""
+_RANDOM_STARTS = 2
+"""Seeded random asymmetric starts (seed :data:`_SEED`) besides the structured ones."""
+_SEED = 20230721
+_POLISH_EVALS = 1500
+"""Nelder-Mead evaluations of the final polish."""
 
 
 @dataclass(frozen=True)
@@ -97,73 +132,294 @@ def table_epsilon(p: np.ndarray) -> float:
     return max(log_ratio(float(col.max()), float(col.min())) for col in p.T)
 
 
-class _Design:
-    """The LP of one ``(eps, n, K)``: the LDP rows are built once, sparse."""
+def two_level_scale(eps: float) -> float:
+    """``s = 1 / tanh(eps / 2)``: the output values ``+-s`` of randomized response at ``eps``."""
+    return 1.0 / math.tanh(positive(eps) / 2.0)
 
-    def __init__(self, eps: float, x: np.ndarray, k: int) -> None:
+
+@dataclass(frozen=True)
+class _Solution:
+    """One LP solution: objective, its gradient in the output values, ``P``, the slack used."""
+
+    fun: float
+    grad: np.ndarray
+    p: np.ndarray
+    slack: float
+
+
+class _Design:
+    r"""The LP of one ``(eps, n, K)`` for fixed output values ``v`` (module docstring).
+
+    The LDP constraints ``P_ik <= e^eps P_jk`` (all pairs) are written with one auxiliary
+    ``m_k`` per output: ``m_k <= P_ik <= e^eps m_k`` for every ``i``, the same feasible set with
+    ``2 n K`` rows instead of ``n (n - 1) K``. With ``penalty > 0`` the unbiasedness rows get
+    slacks ``s_i^+, s_i^- >= 0`` priced at ``penalty`` (an exact penalty when it exceeds the
+    rows' multipliers), so that every ``v`` has a finite value and a gradient for the search;
+    the designs themselves are solved with ``penalty = 0`` (no slack).
+    """
+
+    def __init__(self, eps: float, x: np.ndarray, k: int, penalty: float = 0.0) -> None:
         n = x.size
-        self.x, self.n, self.k = x, n, k
-        pairs = np.array([(i, j) for i in range(n) for j in range(n) if i != j])
-        rows = np.arange(len(pairs) * k)
-        cols_i = (pairs[:, 0, None] * k + np.arange(k)).reshape(-1)
-        cols_j = (pairs[:, 1, None] * k + np.arange(k)).reshape(-1)
+        self.eps, self.x, self.n, self.k, self.penalty = eps, x, n, k, penalty
+        nk = n * k
+        self.size = nk + k + 2 * n  # P (row-major), m, s^+, s^-
+        r = np.arange(nk)
+        m_cols = nk + np.tile(np.arange(k), n)
         self.a_ub = sparse.csr_array(
             (
-                np.concatenate([np.ones(rows.size), np.full(rows.size, -math.exp(eps))]),
-                (np.concatenate([rows, rows]), np.concatenate([cols_i, cols_j])),
+                np.concatenate(
+                    [np.ones(nk), -np.ones(nk), np.ones(nk), np.full(nk, -math.exp(eps))]
+                ),
+                (np.concatenate([r, r, nk + r, nk + r]), np.concatenate([m_cols, r, r, m_cols])),
             ),
-            shape=(rows.size, n * k),
+            shape=(2 * nk, self.size),
         )
-        self.b_ub = np.zeros(rows.size)
+        self.b_ub = np.zeros(2 * nk)
         self.row_of = np.repeat(np.arange(n), k)
 
-    def solve(
-        self, values: np.ndarray, dead: np.ndarray | None = None
-    ) -> tuple[float, np.ndarray] | None:
-        """The optimal ``P`` for fixed output values (None when no unbiased eps-LDP ``P``).
+    def solve(self, values: np.ndarray, dead: np.ndarray | None = None) -> _Solution | None:
+        r"""The optimal ``P`` for fixed output values (None when the LP has no solution).
 
-        ``dead`` marks output columns forced to 0 (the clean-up of :func:`solve_mvu`).
+        ``dead`` marks output columns forced to 0 (the clean-up of :func:`mvu_at`). The
+        gradient of the optimum in ``v`` is the envelope theorem's:
+        ``df/dv_k = sum_i P_ik (2 (v_k - x_i) / n - mu_i)`` with ``mu_i`` the multiplier of the
+        unbiasedness row ``i`` (moving ``v_k`` at fixed ``P`` moves that row's right-hand side
+        by ``-P_ik``).
         """
         n, k, x = self.n, self.k, self.x
-        cost = ((values[None, :] - x[:, None]) ** 2).reshape(-1) / n
-        cols = np.arange(n * k)
+        nk = n * k
+        cost = np.concatenate(
+            [
+                ((values[None, :] - x[:, None]) ** 2).reshape(-1) / n,
+                np.zeros(k),
+                np.full(2 * n, self.penalty),
+            ]
+        )
+        cols, si = np.arange(nk), np.arange(n)
         a_eq = sparse.csr_array(
             (
-                np.concatenate([np.ones(n * k), np.tile(values, n)]),
-                (np.concatenate([self.row_of, n + self.row_of]), np.concatenate([cols, cols])),
+                np.concatenate([np.ones(nk), np.tile(values, n), np.ones(n), -np.ones(n)]),
+                (
+                    np.concatenate([self.row_of, n + self.row_of, n + si, n + si]),
+                    np.concatenate([cols, cols, nk + k + si, nk + k + n + si]),
+                ),
             ),
-            shape=(2 * n, n * k),
+            shape=(2 * n, self.size),
         )
-        upper = np.ones(n * k) if dead is None else np.where(np.tile(dead, n), 0.0, 1.0)
+        upper = np.ones(self.size)
+        if self.penalty <= 0.0:
+            upper[nk + k :] = 0.0
+        if dead is not None:
+            upper[:nk] = np.where(np.tile(dead, n), 0.0, 1.0)
         res = linprog(
             cost,
             A_ub=self.a_ub,
             b_ub=self.b_ub,
             A_eq=a_eq,
             b_eq=np.concatenate([np.ones(n), x]),
-            bounds=np.stack([np.zeros(n * k), upper], axis=1),
+            bounds=np.stack([np.zeros(self.size), upper], axis=1),
             method="highs",
             options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
         )
         if res.status != 0:
             return None
-        return float(res.fun), res.x.reshape(n, k)
+        p = res.x[:nk].reshape(n, k)
+        mu = np.asarray(res.eqlin.marginals)[n:]
+        grad = (p * (2.0 * (values[None, :] - x[:, None]) / n - mu[:, None])).sum(axis=0)
+        return _Solution(float(res.fun), grad, p, float(res.x[nk + k :].sum()))
 
 
-def _values(z: np.ndarray, k: int) -> np.ndarray:
-    """Symmetric sorted output values from log-gaps ``z`` (``K/2`` of them)."""
-    half = np.cumsum(np.exp(z))  # v_{K/2} < ... < v_{K-1}, all > 0
-    if k == 2:
-        return np.array([-half[0], half[0]])
-    return np.concatenate([-half[::-1], half])
+def evenly_spaced(eps: float, k: int) -> np.ndarray:
+    """``K`` output values evenly on ``[-1.5 s, 1.5 s]``, ``s`` the two-level scale at the LP's
+    ``eps (1 - 1e-7)``: a start of :func:`solve_mvu` (always feasible: it spans ``+-s``)."""
+    scale = two_level_scale(positive(eps) * (1.0 - _EPS_MARGIN))
+    return np.linspace(-1.5 * scale, 1.5 * scale, integer(k, "k", 2))
 
 
-def solve_mvu(eps: float, bits: int, inputs: int = INPUT_POINTS) -> MVUTable:
+def complete_values(values: ArrayLike, k: int) -> np.ndarray:
+    """``values`` (at most ``K``, distinct) completed to ``K`` sorted output values.
+
+    Each added value is the midpoint of the widest gap between the current values or, every
+    other time, a value beyond the wider end (one gap past it): the given values stay, so the LP
+    at the completed values is never worse than at the given ones (it may leave the new ones
+    unused).
+    """
+    v = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))
+    if v.size > k or v.size < 1 or not np.isfinite(v).all():
+        raise ValueError(f"need 1 to {k} finite output values, got {v.size}")
+    if np.unique(v).size != v.size:
+        raise ValueError("output values must be distinct")
+    outside = True
+    while v.size < k:
+        if v.size == 1:
+            new = v[0] + 1.0
+        elif outside:
+            gap = float(np.diff(v).max())
+            new = v[-1] + gap if abs(v[-1]) >= abs(v[0]) else v[0] - gap
+        else:
+            i = int(np.argmax(np.diff(v)))
+            new = 0.5 * (v[i] + v[i + 1])
+        v = np.sort(np.append(v, new))
+        outside = not outside
+    return v
+
+
+def mvu_at(eps: float, values: ArrayLike, inputs: int = INPUT_POINTS) -> MVUTable | None:
+    """The best unbiased, exactly ``eps``-LDP design with these output values ("the LP at the
+    values"), cleaned and checked; None when there is none.
+
+    ``values`` has ``K = 2^b`` entries for ``b`` in :data:`IMVU_BITS` (unsorted is fine; the
+    table stores them sorted). The LP is solved at ``eps (1 - margin)``; outputs the optimum
+    (almost) never uses are removed, the LP solved again without them, and the margin widened
+    (1e-7, 1e-5, 1e-3) until :meth:`MVUTable.check` passes: solver round-off on a near-zero
+    column would otherwise turn into an unbounded likelihood ratio.
+    """
+    e = positive(eps)
+    n = integer(inputs, "inputs", 2)
+    v = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))
+    k = v.size
+    if k < 2 or k & (k - 1) or (k.bit_length() - 1) not in IMVU_BITS:
+        raise ValueError(f"need 2^b output values with b in {IMVU_BITS}, got {k}")
+    if not np.isfinite(v).all():
+        raise ValueError("output values must be finite")
+    b = k.bit_length() - 1
+    x = np.linspace(-1.0, 1.0, n)
+    for margin in (_EPS_MARGIN, 1e-5, 1e-3):
+        final = _Design(e * (1.0 - margin), x, k)
+        sol = final.solve(v)
+        if sol is None:
+            return None  # no unbiased eps-LDP design with these values (a wider margin: neither)
+        dead = sol.p.max(axis=0) < _DEAD
+        sol = final.solve(v, dead)
+        if sol is None:
+            continue
+        p = np.clip(sol.p, 0.0, None)
+        p[:, dead] = 0.0
+        p /= p.sum(axis=1, keepdims=True)
+        table = MVUTable(e, b, n, p, v, sol.fun)
+        try:
+            table.check()
+        except ValueError as exc:
+            logger.debug("MVU clean-up at margin %g: %s", margin, exc)
+            continue
+        return table
+    return None
+
+
+def embed(table: MVUTable, bits: int) -> MVUTable:
+    """``table`` as a design with ``2^bits >= K`` outputs: the same law, the added outputs
+    (:func:`complete_values`) never drawn. Same mean variance, same exact epsilon."""
+    k = 1 << integer(bits, "bits", table.bits)
+    values = complete_values(table.values, k)
+    p = np.zeros((table.inputs, k))
+    p[:, np.searchsorted(values, table.values)] = table.transition
+    out = MVUTable(table.eps, bits, table.inputs, p, values, table.mean_variance)
+    out.check()
+    return out
+
+
+def _grid_start(design: _Design, scale: float) -> np.ndarray:
+    """The ``K`` most used values of the LP over candidate outputs (any number of them used):
+    :data:`_GRID` values on ``[-3 s, 3 s]``, then :data:`_REFINE` rounds that keep the used
+    values and add 4 on each side of each at a quarter of the last spacing (the LP then
+    approaches the design with free outputs; its support, when at most ``K``, is that design).
+    """
+    grid = np.linspace(-3.0 * scale, 3.0 * scale, _GRID)
+    step = float(grid[1] - grid[0])
+    mass = np.ones(grid.size)
+    for round_ in range(_REFINE + 1):
+        sol = _Design(design.eps, design.x, grid.size, design.penalty).solve(grid)
+        if sol is None:  # pragma: no cover - the slack keeps the LP feasible
+            break
+        mass = sol.p.sum(axis=0)
+        if round_ == _REFINE:
+            break
+        used = grid[mass > _DEAD]
+        step /= 4.0
+        grid = np.unique(np.concatenate([used + j * step for j in range(-4, 5)]))
+    top = np.sort(np.argsort(-mass, kind="stable")[: design.k])
+    return np.asarray(grid[top])
+
+
+def _value(design: _Design, values: np.ndarray) -> float:
+    """The (penalised) LP optimum at ``values``; ``inf`` when HiGHS finds none."""
+    sol = design.solve(values)
+    return math.inf if sol is None else sol.fun
+
+
+def _descend(design: _Design, start: np.ndarray, span: float) -> np.ndarray:
+    """L-BFGS-B on the output values from ``start`` (values kept in ``[-span, span]``); returns
+    the best values it evaluated (never worse than ``start``)."""
+    best: list[tuple[float, np.ndarray]] = []
+    worst = design.penalty * 4.0 * span * span
+
+    def fg(v: np.ndarray) -> tuple[float, np.ndarray]:
+        sol = design.solve(v)
+        if sol is None:
+            return worst, np.zeros_like(v)
+        if not best or sol.fun < best[0][0]:
+            best[:] = [(sol.fun, v.copy())]
+        return sol.fun, sol.grad
+
+    minimize(
+        fg,
+        np.clip(start, -span, span),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[(-span, span)] * start.size,
+        options={"maxiter": 200, "ftol": 1e-13, "gtol": 1e-11, "maxcor": 30},
+    )
+    return best[0][1] if best else start
+
+
+def _polish(design: _Design, start: np.ndarray, span: float) -> np.ndarray:
+    """Nelder-Mead (adaptive) on the output values from ``start``: the optimum sits on kinks of
+    the LP value (where its basis changes), which stall the gradient search but not the simplex.
+    Returns the best values it evaluated (never worse than ``start``)."""
+    worst = design.penalty * 4.0 * span * span
+
+    def f(v: np.ndarray) -> float:
+        sol = design.solve(np.clip(v, -span, span))
+        return worst if sol is None else sol.fun
+
+    res = minimize(
+        f,
+        start,
+        method="Nelder-Mead",
+        options={
+            "xatol": 1e-9,
+            "fatol": 1e-13 * max(1.0, f(start)),
+            "maxfev": _POLISH_EVALS,
+            "adaptive": True,
+        },
+    )
+    return np.clip(np.asarray(res.x), -span, span) if res.fun <= f(start) else start
+
+
+def solve_mvu(
+    eps: float,
+    bits: int,
+    inputs: int = INPUT_POINTS,
+    *,
+    starts: Sequence[ArrayLike] = (),
+    lower: MVUTable | None = None,
+) -> MVUTable:
     """Solve the MVU design (module docstring) for ``eps``, ``b`` bits, ``n`` input points.
 
-    Deterministic: Nelder-Mead from the two-level (randomized response) scale, HiGHS for the
-    inner LP. The returned table is cleaned (entries below 1e-15 of their column's scale set to
-    0 together, rows renormalised) and checked with :meth:`MVUTable.check`.
+    Parameters
+    ----------
+    eps, bits, inputs : float, int, int
+        The budget, the bits (one of :data:`IMVU_BITS`) and the input points.
+    starts : sequence of array-likes
+        Extra starting output values (each at most ``K``, completed by
+        :func:`complete_values`), searched besides the built-in starts.
+    lower : MVUTable, optional
+        The design with the next smaller budget in :data:`IMVU_BITS` for this ``eps`` and
+        ``n``; solved here when not given.
+
+    Returns the best of the cleaned, checked tables of :func:`mvu_at` at every start and at
+    the end of every search, and of ``lower`` embedded (:func:`embed`): never worse than the
+    lower-bit design nor than the LP at any start. Deterministic (seeded starts, HiGHS).
     """
     e = positive(eps)
     b = integer(bits, "bits", 1)
@@ -171,53 +427,40 @@ def solve_mvu(eps: float, bits: int, inputs: int = INPUT_POINTS) -> MVUTable:
         raise ValueError(f"bits must be one of {IMVU_BITS}, got {b}")
     n = integer(inputs, "inputs", 2)
     k = 1 << b
+    below = [c for c in IMVU_BITS if c < b]
+    if below and lower is None:
+        lower = solve_mvu(e, below[-1], n)
+    if lower is not None and ((lower.eps, lower.inputs) != (e, n) or lower.bits >= b):
+        raise ValueError("lower must be a design for the same eps and inputs with fewer bits")
     x = np.linspace(-1.0, 1.0, n)
     target = e * (1.0 - _EPS_MARGIN)
-    rr = 1.0 / math.tanh(target / 2.0)  # the two-level scale: feasible for any K
-    # Start: K/2 positive values evenly spaced up to 1.5 x the RR scale.
-    start_half = np.linspace(1.5 * rr / (k // 2), 1.5 * rr, k // 2)
-    z0 = np.log(np.diff(np.concatenate([[0.0], start_half])))
-
-    design = _Design(target, x, k)
-
-    def objective(z: np.ndarray) -> float:
-        sol = design.solve(_values(z, k))
-        return math.inf if sol is None else sol[0]
-
-    f0 = objective(z0)
-    if f0 == math.inf:
-        raise RuntimeError(f"MVU: no feasible start for eps = {e}, bits = {b}")
-    res = minimize(
-        objective,
-        z0,
-        method="Nelder-Mead",
-        options={"xatol": 1e-5, "fatol": 1e-9 * f0, "maxiter": 4000, "maxfev": 8000},
-    )
-    values = _values(np.asarray(res.x), k)
-    # Clean-up: outputs the optimum (almost) never uses are removed, the LP solved again without
-    # them, and the margin widened until the exact check passes: solver round-off on a
-    # near-zero column would otherwise turn into an unbounded likelihood ratio.
-    for margin in (_EPS_MARGIN, 1e-5, 1e-3):
-        final = _Design(e * (1.0 - margin), x, k)
-        sol = final.solve(values)
-        if sol is None:
+    scale = two_level_scale(target)  # randomized response: feasible for any K
+    span = _SPAN * scale
+    design = _Design(target, x, k, penalty=100.0 * scale * scale)
+    candidates: list[np.ndarray] = [complete_values(s, k) for s in starts]
+    candidates.append(evenly_spaced(e, k))
+    candidates.append(complete_values([-scale, scale], k))  # randomized response
+    if lower is not None:
+        candidates.append(complete_values(lower.values, k))
+    candidates.append(_grid_start(design, scale))
+    rng = np.random.default_rng(_SEED + 1000 * b)
+    for _ in range(_RANDOM_STARTS):
+        candidates.append(np.sort(rng.uniform(-2.0 * scale, 2.0 * scale, k)))
+    searched = [_descend(design, start, span) for start in candidates]
+    best_found = min(searched, key=lambda v: _value(design, v))
+    finals = [*candidates, *searched, _polish(design, best_found, span)]
+    tables: list[MVUTable] = [] if lower is None else [embed(lower, b)]
+    for values in finals:
+        if np.unique(values).size != k:
             continue
-        dead = sol[1].max(axis=0) < _DEAD
-        sol = final.solve(values, dead)
-        if sol is None:
-            continue
-        fun, p = sol
-        p = np.clip(p, 0.0, None)
-        p[:, dead] = 0.0
-        p /= p.sum(axis=1, keepdims=True)
-        table = MVUTable(e, b, n, p, values, fun)
-        try:
-            table.check()
-        except ValueError as exc:
-            logger.debug("MVU clean-up at margin %g: %s", margin, exc)
-            continue
-        return table
-    raise RuntimeError(f"MVU: no exactly {e}-LDP unbiased table found (b = {b}, n = {n})")
+        table = mvu_at(e, values, n)
+        if table is not None:
+            tables.append(table)
+    if not tables:
+        raise RuntimeError(f"MVU: no exactly {e}-LDP unbiased table found (b = {b}, n = {n})")
+    best = min(tables, key=lambda t: t.mean_variance)
+    logger.debug("MVU eps %g bits %d: mean variance %.9g", e, b, best.mean_variance)
+    return best
 
 
 class IMVU(FiniteMechanism):
