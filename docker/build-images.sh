@@ -87,17 +87,38 @@ if ((local_bases)); then
   )
 fi
 
-for target in "${targets[@]}"; do
+# One build; its output goes to a log of its own while the builds run side by side.
+build() {
+  local target="$1" dockerfile image start
   case "${target}" in
     superlink | serverapp) dockerfile=docker/Dockerfile.server image="corbin-fl/${target}:${tag}" ;;
     supernode) dockerfile=docker/Dockerfile.client image="corbin-fl/${target}:${tag}" ;;
     clientapp) dockerfile=docker/Dockerfile.client image="corbin-fl/${target}:${tag}-${variant}" ;;
   esac
-  echo "== ${image}"
   start=${SECONDS}
   docker build -f "${repo}/${dockerfile}" --target "${target}" \
     --build-arg "FLWR_VERSION=${flwr_version}" --build-arg "CLIENT_VARIANT=${variant}" \
-    "${common[@]}" -t "${image}" "${repo}"
+    "${common[@]}" -t "${image}" "${repo}" >"${logs}/${target}.log" 2>&1 || return 1
   echo "== ${image}: built in $((SECONDS - start)) s," \
     "$(docker image inspect --format '{{.Size}}' "${image}" | awk '{printf "%.0f MB", $1 / 1e6}')"
+}
+
+# The images are independent: build them at once (pip installs in serverapp and clientapp are
+# the long part, and each uses a core of its own); a failed build's log is printed.
+logs="$(mktemp -d)"
+trap 'rm -rf "${logs}"' EXIT
+pids=()
+for target in "${targets[@]}"; do
+  echo "== building ${target}"
+  build "${target}" &
+  pids+=($!)
 done
+failed=0
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[${i}]}"; then
+    echo "error: building ${targets[${i}]} failed:" >&2
+    tail -n 40 "${logs}/${targets[${i}]}.log" >&2
+    failed=1
+  fi
+done
+exit "${failed}"

@@ -1,0 +1,73 @@
+"""Helpers of the Docker layer's tests (tests/docker/): how they call Docker, and waits."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_TAG = "0.1.0"
+IMAGES = (
+    f"corbin-fl/superlink:{IMAGE_TAG}",
+    f"corbin-fl/serverapp:{IMAGE_TAG}",
+    f"corbin-fl/supernode:{IMAGE_TAG}",
+    f"corbin-fl/clientapp:{IMAGE_TAG}-cpu",
+)
+"""The images docker-compose.yml starts (CPU ClientApp variant), as build-images.sh tags them."""
+
+
+@dataclass(frozen=True)
+class Docker:
+    """How the tests call Docker: an environment whose PATH starts with the chosen CLI."""
+
+    env: Mapping[str, str]
+
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 600, cwd: Path = REPO
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command (``docker ...``, a script) in the repository root; fail on error."""
+        out = subprocess.run(
+            list(args),
+            cwd=cwd,
+            env=dict(self.env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(args)} exited {out.returncode}:\n{out.stdout[-3000:]}\n"
+                f"{out.stderr[-3000:]}"
+            )
+        return out
+
+    def compose(self, files: Sequence[str], *args: str, **kwargs: object) -> str:
+        """``docker compose -f F ... ARGS``; returns stdout."""
+        argv = ["docker", "compose"]
+        for name in files:
+            argv += ["-f", name]
+        return self.run(*argv, *args, **kwargs).stdout  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class BuiltImages:
+    """The images of the session and what the build was given."""
+
+    names: tuple[str, ...]
+    marker: str
+    """Base64 body of the marker certificate given only in the build secret."""
+    seconds: float
+
+
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 1.0
+) -> None:
+    """Poll ``predicate()`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(interval)
