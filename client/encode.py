@@ -120,7 +120,8 @@ def encode_update(
     -------
     EncodeResult
     """
-    dev = encode_device(cfg.mechanism)
+    app_device = context.run_config.get("device", "auto")
+    dev = encode_device(cfg.mechanism, app_device if isinstance(app_device, str) else "auto")
     g = torch.from_numpy(w_global).to(dev)
     w = torch.from_numpy(weights).to(dev)
     if cfg.quantizes_update:
@@ -151,18 +152,25 @@ def encode_update(
     return EncodeResult(array_key=key, array=array, metrics=metrics, z_digest=digest)
 
 
-def encode_device(mechanism: str) -> torch.device:
+def encode_device(mechanism: str, app_device: str = "auto") -> torch.device:
     """Where the update of ``mechanism`` is encoded (the registry's encoder contract).
 
-    ``encode_device = "update"``: the node's CUDA device when it has one, else the CPU
-    (:func:`corbin_fl.training.pick_device` ``("auto")``); ``"cpu"``: the CPU.
+    ``encode_device = "update"``: the device the app trains on, its run config's ``device``
+    where it has one (this project's app), else ``"auto"``: the node's CUDA device when it has
+    one, else the CPU (:func:`corbin_fl.training.pick_device`); so a node told to train on the
+    CPU never opens a CUDA context to encode. ``"cpu"``: the CPU.
+
+    Raises
+    ------
+    ValueError
+        ``app_device`` names a device this node does not have.
     """
     from corbin_fl import registry
     from corbin_fl.training import pick_device
 
     if registry.get(mechanism).encode_device == "cpu":
         return torch.device("cpu")
-    return pick_device("auto")
+    return pick_device(app_device)
 
 
 def clip_fraction(

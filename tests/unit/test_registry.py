@@ -156,6 +156,19 @@ def test_the_encode_device_is_checked() -> None:
         registry.Mechanism("x", "x", registry.float32, "a:b", "c:d", encode_device="cuda")
 
 
+def test_the_update_is_encoded_where_the_app_trains() -> None:
+    """``encode_device = "update"`` follows the app's run-config ``device`` (``"auto"`` where it
+    has none): a node told to train on the CPU never opens a CUDA context to encode."""
+    from client.encode import encode_device
+
+    assert encode_device("corbin", "cpu") == torch.device("cpu")
+    auto = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert encode_device("corbin") == auto and encode_device("corbin", "auto") == auto
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda"):
+            encode_device("corbin", "cuda")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     ("encoder", "encode_device"),
