@@ -15,8 +15,8 @@ The encoder contract (what :func:`client.encode.encode` guarantees an encoder an
 - It is called as ``fn(job)`` with one :class:`client.encode.EncodeInput`. Every tensor of ``job``
   (``w``, ``w_global``, the blocks' ``c`` and ``r`` when they are tensors) and its generator
   ``gen`` live on one device, ``job.w.device``: with ``encode_device = "update"`` (the default)
-  the device of the update, which is the node's CUDA device when it has one (the mod picks it as
-  ``corbin_fl.training.pick_device("auto")``) and the CPU otherwise; with
+  the device of the update: the app's run-config ``device`` where it has one, else the node's
+  CUDA device when it has one and the CPU otherwise (:func:`client.encode.encode_device`); with
   ``encode_device = "cpu"`` always the CPU (the mod moves the update there first), for an encoder
   written for the host only.
 - It returns ``(array key, array, z digest or None)`` where the array is a host
