@@ -13,7 +13,11 @@ points (``MVUTable.mean_variance``, the LP's objective, in units of ``r^2``) of
   asymmetric output values quoted in issue 30 (-20.02, 19.77, 20.65, 22.03);
 - ``lower bits``: the shipped design with the next smaller budget.
 
-``ok`` says the design is no worse than every bound. Run from the repository root::
+``ok`` says the design is no worse than every bound. A second table gives each design's
+exactness on 20001 evenly spaced inputs of ``[-1, 1]`` (the linear interpolation of
+``IMVU.probabilities``): the largest bias ``|E[v] - x|``, the largest log likelihood ratio on
+those inputs and the exact epsilon ``IMVU.epsilon()`` (both at most ``eps``), and the asymmetry
+``max_k |v_k + v_{K-1-k}|`` of the output values. Run from the repository root::
 
     python bench/imvu_designs.py            # the shipped designs (seconds)
     python bench/imvu_designs.py --solve    # solve them again (minutes)
@@ -28,11 +32,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from corbin_fl.mvu_store import SHIPPED, mvu_table
 from mechanisms.baselines.imvu import (
+    IMVU,
     IMVU_BITS,
     INPUT_POINTS,
     SOLVER_VERSION,
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     print("-" * len(head))
     failed = False
+    designs = []
     for eps in args.eps:
         lower = None
         for bits in IMVU_BITS:
@@ -118,6 +125,28 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {at[best]:12.6f} {'(' + best + ')':>14} | {low} | {'yes' if ok else 'NO'}"
             )
             lower = table
+            designs.append(table)
+    print()
+    head = (
+        f"{'bits':>4} {'eps':>5} | {'max |bias|':>10} | {'grid eps':>12} | "
+        f"{'exact eps':>12} | asymmetry"
+    )
+    print(head)
+    print("-" * len(head))
+    x = torch.linspace(-1.0, 1.0, 20001, dtype=torch.float64)
+    for table in designs:
+        mech = IMVU(table.eps, table.bits, table)
+        p = mech.probabilities(x)
+        bias = float((p @ torch.as_tensor(table.values) - x).abs().max())
+        hi, lo = p.max(dim=0).values, p.min(dim=0).values
+        used = hi > 0
+        grid_eps = float(torch.log(hi[used] / lo[used]).max())
+        v = np.sort(table.values)
+        failed |= not (grid_eps <= table.eps and mech.epsilon() <= table.eps)
+        print(
+            f"{table.bits:>4} {table.eps:>5g} | {bias:10.1e} | {grid_eps:12.9f} | "
+            f"{mech.epsilon():12.9f} | {np.abs(v + v[::-1]).max():.1e}"
+        )
     return 1 if failed else 0
 
 
