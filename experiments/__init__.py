@@ -1,11 +1,5 @@
-"""Experiment framework: TOML specs, sweeps with resume, runs.csv, figures and report.md.
-
-The entry point is :func:`experiments.cli.main` (wired as ``corbin-fl experiment``).
-A spec (``experiments/quick/*.toml``, ``experiments/paper/*.toml``) is parsed by
-:mod:`~experiments.spec` into frozen dataclasses, expanded into runs by
-:mod:`~experiments.sweep`, executed on Flower's simulation runtime (or a running
-SuperLink) by :mod:`~experiments.runner`, and summarised by
-:mod:`~experiments.results`, :mod:`~experiments.plots` and
-:mod:`~experiments.report`. The quantizer-MSE experiment (paper Fig. 4) needs no
-federation and lives in :mod:`~experiments.mse`.
-"""
+"""The experiments: TOML specs (:mod:`~experiments.spec`) expanded into runs with resume
+(:mod:`~experiments.sweep`, :mod:`~experiments.runner`, :mod:`~experiments.experiment`),
+summarised by :mod:`~experiments.results`, :mod:`~experiments.plots` and
+:mod:`~experiments.report`; the quantizer MSE in :mod:`~experiments.mse`. ``corbin-fl
+experiment`` is :func:`experiments.cli.main`."""

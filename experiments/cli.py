@@ -1,14 +1,7 @@
-"""``corbin-fl experiment``: run TOML-driven experiments, resume them, and rebuild their reports.
-
-Usage::
-
-    corbin-fl experiment run experiments/quick/epsilon.toml [--results results] [--fresh]
-    corbin-fl experiment plan experiments/quick/epsilon.toml      # runs and their state
-    corbin-fl experiment report experiments/quick/epsilon.toml    # CSV/figures/report only
-
-``run`` skips runs that are already done, so re-running the same command after an interruption
-resumes. Exit codes: 0 success (target checks are reported, never enforced), 1 some runs failed,
-2 invalid spec or arguments, 130 interrupted.
+"""``corbin-fl experiment run|plan|report SPEC...``: run TOML-described experiments (a run
+already done is skipped, so the same command resumes), list their runs, or rebuild their
+outputs. Exit codes: 0 (target checks are reported, never enforced), 1 some runs failed, 2
+invalid spec or arguments, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -36,33 +29,18 @@ def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", type=Path, nargs="+", help="experiment spec(s) (TOML)")
-        p.add_argument(
-            "--results",
-            type=Path,
-            default=Path("results"),
-            help="parent folder of the experiment folders (default: ./results)",
-        )
+        p.add_argument("--results", type=Path, default=Path("results"), help="(./results)")
         p.add_argument("--app", type=Path, default=None, help="Flower app folder (default: repo)")
 
     run = sub.add_parser("run", help="run what is not done yet, then write the outputs")
     common(run)
     run.add_argument("--fresh", action="store_true", help="delete previous results first")
-    run.add_argument(
-        "--max-runs", type=int, default=None, help="execute at most N runs in this invocation"
-    )
-    run.add_argument(
-        "--device",
-        default="cpu",
-        help="device of the mse experiment: cpu, cuda or auto (default: cpu)",
-    )
+    run.add_argument("--max-runs", type=int, default=None, help="execute at most N runs now")
+    run.add_argument("--device", default="cpu", help="mse experiment: cpu, cuda or auto")
     run.add_argument("--no-progress", action="store_true", help="no live progress display")
 
-    plan = sub.add_parser("plan", help="validate spec(s) and list the runs with their state")
-    common(plan)
-
-    report = sub.add_parser("report", help="rebuild CSV, figures and report from saved results")
-    common(report)
-
+    common(sub.add_parser("plan", help="validate spec(s) and list the runs with their state"))
+    common(sub.add_parser("report", help="rebuild CSV, figures and report from saved results"))
     return parser
 
 
@@ -80,13 +58,8 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``corbin-fl experiment`` (``argv`` without the ``experiment`` word).
-
-    Returns
-    -------
-    int
-        0 success, 1 failed runs, 2 invalid spec/arguments, 130 interrupted.
-    """
+    """``corbin-fl experiment`` (``argv`` without the ``experiment`` word); returns 0, 1 (failed
+    runs), 2 (invalid spec or arguments) or 130 (interrupted)."""
     parser = build_parser()
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
@@ -128,10 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "report":
         for spec in specs:
-            if spec.kind == "mse":
-                targets, report = ex.finalize_mse(spec, args.results)
-            else:
-                targets, report = ex.finalize_federated(spec, args.results)
+            finalize = ex.finalize_mse if spec.kind == "mse" else ex.finalize_federated
+            targets, report = finalize(spec, args.results)
             out.print(f"{spec.name}: report {report}")
             for t in targets:
                 out.print(f"  [{t.status}] {t.name}: {t.detail}")
@@ -145,23 +116,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.fresh:
             ex.remove_experiment(spec, args.results)
         try:
-            if spec.kind == "mse":
-                outcome = ex.run_mse(
-                    spec,
-                    args.results,
-                    device=args.device,
-                    progress=not args.no_progress,
-                    console=console,
-                )
-            else:
-                outcome = ex.run_federated(
+            view = {"progress": not args.no_progress, "console": console}
+            outcome = (
+                ex.run_mse(spec, args.results, device=args.device, **view)  # type: ignore[arg-type]
+                if spec.kind == "mse"
+                else ex.run_federated(
                     spec,
                     args.results,
                     app_dir=args.app,
                     max_runs=args.max_runs,
-                    progress=not args.no_progress,
-                    console=console,
+                    **view,  # type: ignore[arg-type]
                 )
+            )
         except (SpecError, ValueError, FileNotFoundError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 2

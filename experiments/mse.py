@@ -1,26 +1,14 @@
 """The quantizer-MSE experiment (paper Appendix F, Experiment 8 and Fig. 4): no federation.
 
-Two parts, both sampling the real quantizers of :mod:`mechanisms.quantizers` and comparing
-with the closed forms of :mod:`mechanisms.theory`:
-
-**Grid** -- for every ``eps`` and every point of a ``G x G`` grid of ``(w1, w2)`` in
-``[c - r, c + r]^2`` the pair MSE
-
-.. math:: m(w_1, w_2) = E[(Q_1(w_1) + Q_2(w_2) - w_1 - w_2)^2]
-
-is estimated from ``samples`` draws per seed, for CorBinQ (Alg. 2: the lead rule for ``w1``,
-the follow rule for ``w2``, the same uniform codeword ``Z`` in ``[0, 2^d)``, local tie-break
-coins) and for two independent LDPQ (Alg. 1). The closed forms are
-:func:`mechanisms.theory.corbin_pair_mse` (exact for finite ``d``) and
-:func:`mechanisms.theory.ldpq_pair_mse` (``2 r^2 alpha^2 - (w1 - c)^2 - (w2 - c)^2``). The standard
-error of a point is ``sqrt(s^2 / N)`` with ``s^2`` the sample variance of the squared error over
-its ``N`` draws; the grid average has ``SE = sqrt(sum_i SE_i^2) / G^2`` (independent points).
-
-**Real weights** -- two clients start from the same initial CNN and train ``local-epochs`` on
-their own IID partitions; their flattened weights ``w1, w2`` are quantized as a pair with
-per-layer ``c = (max + min)/2`` and ``r = (max - min)/2`` over both clients (the layer-wise
-range of Sec. V-2), ``repeats`` times. Per layer we report the per-parameter pair MSE (mean over
-parameters and repeats; SE over repeats) measured and in closed form.
+**Grid**: for every eps and every point of a ``G x G`` grid of ``(w1, w2)`` in
+``[c - r, c + r]^2``, the pair MSE ``E[(Q1(w1) + Q2(w2) - w1 - w2)^2]`` of CorBinQ (Alg. 2, one
+shared codeword) and of two independent LDPQ (Alg. 1), sampled with the real quantizers of
+:mod:`mechanisms.quantizers`, next to the closed forms of :mod:`mechanisms.theory`. A point's SE
+is ``sqrt(s^2 / N)`` over its ``N`` draws; the grid average's is ``sqrt(sum SE_i^2) / G^2``.
+**Real weights**: two clients train one initial CNN on their own IID partitions; their weights
+are quantized as a pair with the per-layer range ``c = (max + min) / 2``, ``r = (max - min) / 2``
+over both, ``repeats`` times; per layer the per-parameter pair MSE, measured (SE over repeats)
+and closed form.
 """
 
 from __future__ import annotations
@@ -64,12 +52,8 @@ def _device(device: str | torch.device | None) -> torch.device:
 
 @dataclass(frozen=True)
 class GridMSE:
-    """Measured and closed-form pair MSE over a ``(w1, w2)`` grid, per ``eps``.
-
-    Arrays indexed ``[e, i, j]`` hold the value at ``eps = epsilons[e]``, ``w1 = w[i]``,
-    ``w2 = w[j]``; ``*_measured`` / ``*_se`` pool the samples of all seeds, ``*_seed_means``
-    are the grid averages per seed, shape ``(S, E)``.
-    """
+    """Measured (samples of all seeds pooled) and closed-form pair MSE, ``[e, i, j]`` at
+    ``epsilons[e]``, ``w[i]``, ``w[j]``; ``*_seed_means``: grid averages per seed, ``(S, E)``."""
 
     w: np.ndarray
     epsilons: tuple[float, ...]
@@ -88,13 +72,7 @@ class GridMSE:
     ldpq_seed_means: np.ndarray
 
     def eps_index(self, eps: float) -> int:
-        """Index of ``eps`` in :attr:`epsilons`.
-
-        Raises
-        ------
-        KeyError
-            If ``eps`` was not measured.
-        """
+        """Index of ``eps`` in :attr:`epsilons`; ``KeyError`` if it was not measured."""
         for k, e in enumerate(self.epsilons):
             if math.isclose(e, eps, rel_tol=1e-12, abs_tol=0.0):
                 return k
@@ -112,13 +90,9 @@ class GridMSE:
         return Stat.of(arr[:, k])
 
     def z_scores(self, which: str) -> np.ndarray:
-        """``(measured - closed) / SE`` per point, shape ``(E, G, G)``.
-
-        Where every draw gave the same error (SE = 0, e.g. a CorBinQ pair with
-        ``w1 + w2 = 2c`` always lands on ``Q1 + Q2 = 2c``) the point scores 0 if measured and
-        closed form agree to ``1e-6`` of the largest closed-form value at that ``eps`` (the
-        quantizers compute ``q`` in float32), ``inf`` otherwise.
-        """
+        """``(measured - closed) / SE`` per point, ``(E, G, G)``; a point with SE = 0 (every
+        draw gave one error) scores 0 if the two agree to ``1e-6`` of the largest closed form
+        at that eps (the quantizers work in float32), ``inf`` otherwise."""
         meas, se, closed = _arrays(self, which)
         diff = meas - closed
         tol = 1e-6 * np.abs(closed).max(axis=(1, 2), keepdims=True)
@@ -164,11 +138,7 @@ def _pair_errors(
     n: int,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Squared pair errors of ``n`` independent draws: CorBinQ and LDPQ, shape ``(n, *w.shape)``.
-
-    ``w1``, ``w2`` (and tensor ``c``, ``r``) share a shape and a device; they are broadcast
-    against a leading sample axis.
-    """
+    """Squared pair errors of ``n`` draws of CorBinQ and of LDPQ, ``(n, *w1.shape)``."""
     from mechanisms.quantizers import corbinq, decode, ldpq
 
     shape = (n, *w1.shape)
@@ -194,24 +164,8 @@ def measure_grid(
     device: str | torch.device | None = "cpu",
     on_step: Callable[[int, int], None] | None = None,
 ) -> GridMSE:
-    """Measure the pair MSE of CorBinQ and LDPQ over the grid of ``spec`` (see module doc).
-
-    Parameters
-    ----------
-    spec
-        Grid size, ``c``, ``r``, ``d``, epsilons and samples per seed.
-    seeds
-        One seeded :class:`torch.Generator` per seed draws the codewords and coins.
-    device
-        ``"cpu"``, ``"cuda"`` or ``"auto"``; the same code runs on either.
-    on_step
-        Called with ``(done, total)`` after each ``(eps, seed)`` pair.
-
-    Raises
-    ------
-    ValueError
-        If ``seeds`` is empty.
-    """
+    """The pair MSE over the grid of ``spec``, one seeded generator per seed, on ``device``
+    (``cpu``, ``cuda``, ``auto``); ``on_step(done, total)`` after each (eps, seed)."""
     if not seeds:
         raise ValueError("seeds must not be empty")
     from mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
@@ -277,10 +231,8 @@ def measure_grid(
 
 @dataclass(frozen=True)
 class RealWeightsMSE:
-    """Per-layer per-parameter pair MSE on trained CNN weights, indexed ``[e, layer]``.
-
-    The last layer entry ``"all"`` is the average over every parameter of the model.
-    """
+    """Per-layer per-parameter pair MSE on trained weights, ``[e, layer]``; the last layer,
+    ``"all"``, averages every parameter."""
 
     layers: tuple[str, ...]
     sizes: tuple[int, ...]
@@ -299,11 +251,8 @@ class RealWeightsMSE:
 def trained_pair(
     spec: RealWeightsSpec, seed: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, list[str], list[int]]:
-    """Train two clients from one initial model; return ``(w1, w2, layer names, sizes)``.
-
-    Client ``k`` (``k = 0, 1``) trains on IID partition ``k`` of ``num_partitions`` with
-    shuffling seed ``seed + k``.
-    """
+    """``(w1, w2, layer names, sizes)``: client ``k`` of 2 trains one initial model on IID
+    partition ``k`` with shuffling seed ``seed + k``."""
     from corbin_fl.data import client_dataset, dataset_info
     from corbin_fl.models import build_model, flatten, layout_of
     from corbin_fl.training import train_local
@@ -336,15 +285,8 @@ def measure_real_weights(
     device: str | torch.device | None = "cpu",
     on_step: Callable[[int, int], None] | None = None,
 ) -> RealWeightsMSE:
-    """Measure the pair MSE of CorBinQ and LDPQ on two trained clients' weights.
-
-    ``on_step(done, total)`` is called after training and after each ``eps``.
-
-    Raises
-    ------
-    ValueError
-        If ``spec.real_weights`` is not set.
-    """
+    """The pair MSE on two trained clients' weights (``ValueError`` without
+    ``spec.real_weights``); ``on_step(done, total)`` after training and after each eps."""
     if spec.real_weights is None:
         raise ValueError("spec.real_weights is not set ([mse.real-weights] table)")
     from mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
@@ -439,11 +381,7 @@ def write_real_csv(path: Path, real: RealWeightsMSE) -> None:
 
 
 def save_measurement(path: Path, data: GridMSE | RealWeightsMSE) -> None:
-    """Save a measurement as ``.npz`` (arrays) with its scalar fields as JSON, atomically.
-
-    :func:`load_measurement` restores it, so ``corbin-fl experiment report`` can redraw the
-    figures and the report without sampling again.
-    """
+    """Save a measurement as ``.npz`` (arrays, the other fields as JSON), atomically."""
     arrays: dict[str, np.ndarray] = {}
     meta: dict[str, object] = {"type": type(data).__name__}
     for f in dataclasses.fields(data):
@@ -458,13 +396,7 @@ def save_measurement(path: Path, data: GridMSE | RealWeightsMSE) -> None:
 
 
 def load_measurement(path: Path) -> GridMSE | RealWeightsMSE:
-    """Load what :func:`save_measurement` wrote.
-
-    Raises
-    ------
-    ValueError
-        If the file does not hold a known measurement type.
-    """
+    """Load what :func:`save_measurement` wrote (``ValueError`` for an unknown type)."""
     with np.load(Path(path), allow_pickle=False) as npz:
         meta = json.loads(str(npz["__meta__"]))
         arrays = {k: npz[k] for k in npz.files if k != "__meta__"}

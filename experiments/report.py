@@ -1,23 +1,7 @@
-"""``report.md``: setup, model-selection rule, tables (mean ± std over seeds), figures, privacy,
-and the quick-scale TARGET checks (printed with PASS / MISS / not resolved / N/A and the numbers,
-never asserted).
-
-Targets (the quick-scale acceptance bar of this project):
-
-* federated (``epsilon`` experiment): CorBin-FL beats LDP-FL on mean test accuracy at every
-  ``eps_p <= 1``; by at least 5 points at ``eps_p = 0.5``; CorBin-FL at ``eps_p = 1`` is within
-  5 points of FedAvg;
-* MSE (``mse`` experiment): the measured pair MSE is within 3 standard errors of the closed form
-  (grid averages, per ``eps`` and quantizer); CorBinQ's MSE is at most half of LDPQ's at
-  ``eps_p = 0.5``.
-
-A target claims a difference (CorBin-FL above LDP-FL, FedAvg less than 5 points above CorBin-FL,
-a ratio below 1/2). It is checked on the two-sided :data:`CONFIDENCE` interval of that
-difference (:class:`Difference`; for accuracies Welch's t interval of the difference of the means
-over seeds, from each setting's sample std and number of seeds): **PASS** when the whole interval
-lies on the claimed side of the threshold, **MISS** when the whole interval lies on the other
-side, **not resolved** when the interval contains the threshold (a setting with one seed has no
-interval and is never resolved), **N/A** when the experiment has no runs to check.
+"""``report.md``: setup, model selection, tables (mean ± std over seeds), figures, privacy and
+the quick-scale target checks (PASS / MISS / not resolved / N/A with their numbers, reported,
+never asserted). Each target claims a difference and reads its two-sided :data:`CONFIDENCE`
+interval (:data:`TARGET_RULE`, :data:`MSE_TARGET_RULE`).
 """
 
 from __future__ import annotations
@@ -34,6 +18,7 @@ import numpy as np
 from scipy import stats
 
 from corbin_fl.fsio import atomic_write_text
+from experiments.plots import THREAT_MODELS
 from experiments.results import (
     SELECTION_RULE,
     GroupResult,
@@ -88,9 +73,8 @@ class Target:
 
 @dataclass(frozen=True)
 class Difference:
-    """A difference of two estimates with its standard error ``se``, degrees of freedom ``df``
-    (``inf`` for a normal interval) and two-sided :data:`CONFIDENCE` interval ``[low, high]``.
-    ``se``, ``low`` and ``high`` are NaN when the difference has no interval (one seed)."""
+    """A difference with its standard error, degrees of freedom (``inf``: normal) and
+    :data:`CONFIDENCE` interval ``[low, high]`` (NaN without an interval: one seed)."""
 
     value: float
     se: float
@@ -100,9 +84,7 @@ class Difference:
 
     @classmethod
     def welch(cls, a: Stat, b: Stat, *, scale: float = 100.0) -> Difference:
-        """``scale * (a.mean - b.mean)`` with Welch's t interval at :data:`CONFIDENCE` from the
-        sample stds and counts of ``a`` and ``b`` (NaN interval if either has fewer than two
-        values; a zero standard error gives the point interval)."""
+        """``scale * (a.mean - b.mean)`` with Welch's t interval (none below two values)."""
         value = scale * (a.mean - b.mean)
         if a.n < 2 or b.n < 2 or not (math.isfinite(a.std) and math.isfinite(b.std)):
             return cls(value, math.nan, math.nan, math.nan, math.nan)
@@ -116,16 +98,14 @@ class Difference:
 
     @classmethod
     def normal(cls, value: float, se: float) -> Difference:
-        """``value`` with the normal interval ``value ± z se`` at :data:`CONFIDENCE` (for
-        estimates over many samples); a non-finite ``se`` gives no interval."""
+        """``value`` with the normal interval ``value ± z se`` (none for a non-finite ``se``)."""
         if not math.isfinite(se) or se < 0.0:
             return cls(value, math.nan, math.nan, math.nan, math.nan)
         half = float(stats.norm.ppf(0.5 + CONFIDENCE / 2)) * se
         return cls(value, se, math.inf, value - half, value + half)
 
     def fmt(self, digits: int = 2) -> str:
-        """``"SE 0.76, 95% CI [-2.03, +3.03], df 2.8"`` (``digits`` decimals; an SE below
-        their last one with two significant digits), or that there is no interval."""
+        """``"SE 0.76, 95% CI [-2.03, +3.03], df 2.8"``, or that there is no interval."""
         if math.isnan(self.se):
             return "no interval (one seed)"
         se = f"{self.se:.{digits}f}" if self.se >= 10.0**-digits else f"{self.se:.2g}"
@@ -137,9 +117,8 @@ class Difference:
 
 
 def verdict(diff: Difference, threshold: float, claim: Literal["above", "below"]) -> Status:
-    """PASS if ``diff``'s whole interval is ``claim`` (strictly above / below) ``threshold``,
-    MISS if it is wholly on the other side, "not resolved" if it contains the threshold or
-    there is no interval (:data:`TARGET_RULE`)."""
+    """PASS if ``diff``'s whole interval is ``claim`` ``threshold``, MISS if wholly on the other
+    side, else "not resolved" (:data:`TARGET_RULE`)."""
     low, high = diff.low, diff.high
     if math.isnan(low) or math.isnan(high):
         return "not resolved"
@@ -180,9 +159,8 @@ def _without(setting: Mapping[str, Any], *keys: str) -> str:
 
 
 def _check(name: str, checks: Sequence[tuple[Status, str]], missing: str) -> Target:
-    """The target ``name`` from its ``(status, numbers)`` checks: MISS if one misses, else
-    "not resolved" if one is not resolved, else PASS; ``N/A`` (with the reason ``missing``)
-    without any."""
+    """The target from its ``(status, numbers)`` checks: MISS if one misses, else not resolved
+    if one is, else PASS; ``N/A`` (why: ``missing``) without any."""
     if not checks:
         return Target(name, "N/A", missing)
     found = {status for status, _ in checks}
@@ -200,8 +178,8 @@ def _gap(
     threshold: float,
     claim: Literal["above", "below"],
 ) -> tuple[Status, str]:
-    """The verdict on ``a``'s mean test accuracy minus ``b``'s being ``claim`` ``threshold``
-    points, and the numbers behind it in words."""
+    """The verdict on ``a``'s minus ``b``'s mean test accuracy being ``claim`` ``threshold``
+    points, and its numbers in words."""
     diff = Difference.welch(a.test, b.test)
     text = (
         f"{name_a} {a.test.fmt()} - {name_b} {b.test.fmt()} = {diff.value:+.2f} points "
@@ -211,12 +189,8 @@ def _gap(
 
 
 def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
-    """The three accuracy targets, evaluated on lambda-selected mean test accuracy.
-
-    CorBin-FL and LDP-FL settings are matched on every key but the mechanism; FedAvg is
-    matched on every key but the mechanism and epsilon (it does not use eps_p). A target whose
-    runs are not in this experiment is ``N/A``.
-    """
+    """The three accuracy targets on lambda-selected mean test accuracy: CorBin-FL and LDP-FL
+    matched on every key but the mechanism, FedAvg on every key but mechanism and epsilon."""
 
     def by_setting(mech: str, *drop: str) -> dict[str, GroupResult]:
         return {
@@ -344,8 +318,7 @@ def mse_targets(grid: GridMSE | None, real: RealWeightsMSE | None) -> list[Targe
 
 
 def _ratio(a: float, se_a: float, b: float, se_b: float) -> Difference:
-    """``a / b`` with its first-order (delta-method) standard error from the independent
-    standard errors of ``a`` and ``b``, and the normal interval (:meth:`Difference.normal`)."""
+    """``a / b`` with its delta-method standard error and normal interval."""
     ratio = a / b
     return Difference.normal(ratio, abs(ratio) * math.hypot(se_a / a, se_b / b))
 
@@ -361,14 +334,7 @@ def render_targets(targets: Sequence[Target]) -> str:
 # --------------------------------------------------------------------------- privacy
 
 
-_THREAT_MODEL_NAMES: dict[str, str] = {
-    "A": "eavesdropper on one uplink",
-    "B": "server that sees every bit",
-    "C": "malicious client",
-    "D": "malicious server",
-}
-"""Column names; the same as ``mechanisms.accounting.THREAT_MODELS`` (not imported: importing
-``mechanisms`` imports torch, and a report of recorded runs needs neither)."""
+_THREAT_MODEL_NAMES = THREAT_MODELS
 
 _PRIVACY_INTRO = (
     "From each run's `summary.json` (`mechanisms.accounting.privacy_report`, evaluated by "
@@ -386,8 +352,8 @@ _PRIVACY_INTRO = (
 
 
 def _threat_model_cell(key: str, entry: Any) -> str:
-    """One threat model's guarantee in a table cell: "**no DP**" said first, or the headline
-    with the composed (eps, delta) of threat model A."""
+    """A threat model's guarantee in a cell: "**no DP**" first, or the headline with threat
+    model A's composed (eps, delta)."""
     if not isinstance(entry, Mapping):
         return "—"
     headline = str(entry.get("headline", ""))
@@ -412,10 +378,8 @@ def _threat_model_cell(key: str, entry: Any) -> str:
 
 
 def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
-    """The privacy of every setting, one column per threat model, from the ``privacy`` report
-    the ServerApp wrote into ``summary.json`` (:func:`mechanisms.accounting.privacy_report`,
-    computed from the run's real configuration, number of parameters and rounds; reports of
-    the earlier layout are read through :func:`experiments.results.privacy_view`)."""
+    """The privacy of every setting, one column per threat model, from the report the ServerApp
+    wrote into ``summary.json`` (read by :func:`experiments.results.privacy_view`)."""
     rows: list[list[str]] = []
     notes: dict[str, None] = {}
     words: dict[str, list[str]] = {}
@@ -513,14 +477,8 @@ def write_federated_report(
     expected_runs: int,
     failures: Mapping[str, str] | None = None,
 ) -> list[Target]:
-    """Write ``report.md`` of a federated experiment; return the target checks.
-
-    ``results``: all finished runs; ``groups``: the lambda-selected settings; ``keys``: the
-    varying setting keys; ``figures``: name -> PNG path (linked relative to ``path``);
-    ``command``: the command that regenerates the experiment; ``expected_runs``: the spec's
-    number of runs (to flag an incomplete experiment); ``failures``: run id -> reason, for
-    runs that failed in the last invocation.
-    """
+    """Write a federated experiment's ``report.md`` and return its target checks; ``figures``
+    maps names to PNGs, ``failures`` run ids to why they failed in this invocation."""
     base = Path(path).parent
     done = len(results)
     status = "complete" if done == expected_runs else f"INCOMPLETE ({done}/{expected_runs} runs)"

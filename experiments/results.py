@@ -124,13 +124,9 @@ def _or_nan(value: Any) -> float:
 
 
 def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``summary["privacy"]`` in the current layout (one entry per threat model), or ``None``.
-
-    Reports of the current layout, and those holding an ``error``, are returned as they are;
-    older ones (a single ``dp`` flag, ``threat_model_a``/``threat_model_b``) go through
-    :func:`mechanisms.accounting.read_privacy_report`, imported only then (it imports torch).
-    A report that cannot be read is logged and gives ``None``.
-    """
+    """``summary["privacy"]`` in the current layout (one entry per threat model), or ``None``
+    (logged) if unreadable; a report of the first layout goes through
+    :func:`mechanisms.accounting.read_privacy_report` (imported only then: torch)."""
     raw = summary.get("privacy")
     if not isinstance(raw, Mapping):
         return None
@@ -146,15 +142,9 @@ def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """The privacy numbers of a run from its privacy report (read by :func:`privacy_view`).
-
-    ``eps_p`` (per parameter), ``eps_update``/``delta_update`` and ``eps_run``/``delta_run`` (one
-    client update of ``m`` parameters and all ``T`` rounds against threat model A, the
-    eavesdropper on one uplink), the pair-joint view of threat model B (``pair_eps_update``,
-    ``None`` when no finite eps exists, and its ``pair_delta_lower_bound``) and AugCorBin's
-    Theorem 3 (``ucdp_eps``/``ucdp_delta``, threat model C, where its condition holds). Missing
-    values (FedAvg and CQ have no guarantee) are ``None``.
-    """
+    """A run's privacy numbers (``None`` where its report has none): ``eps_p``, threat model
+    A's ``eps``/``delta`` of one update and of the run, B's pair-joint view of one update and
+    C's Theorem 3 (AugCorBin, where it applies)."""
     out: dict[str, float | None] = dict.fromkeys(
         (
             *("eps_p", "eps_update", "delta_update", "eps_run", "delta_run", "pair_eps_update"),
@@ -335,11 +325,8 @@ def group_results(results: Sequence[RunResult]) -> list[GroupResult]:
 
 
 def varying_keys(results: Sequence[RunResult]) -> tuple[str, ...]:
-    """Setting keys with more than one value across ``results`` (labels of the groups).
-
-    ``min-clients`` is left out when it always equals ``clients`` (the sweep sets it so in
-    simulation), so a clients sweep is labelled by ``clients`` alone.
-    """
+    """Setting keys with more than one value across ``results``, without ``min-clients`` when
+    it always equals ``clients`` (as the sweep sets it)."""
     seen: dict[str, set[str]] = {}
     for res in results:
         for key, value in res.setting.items():
@@ -370,11 +357,8 @@ def _inert(key: str, setting: Mapping[str, RunValue]) -> bool:
 
 
 def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
-    """Short label such as ``"corbin, epsilon=0.5"`` from the varying ``keys``.
-
-    A key of another mechanism at its default (:func:`_inert`) is left out: two settings that
-    differ in it still get different labels, since at most one of them has the default.
-    """
+    """A label such as ``"corbin, epsilon=0.5"`` from the varying ``keys``, without a key of
+    another mechanism at its default (:func:`_inert`)."""
     parts = []
     for key in keys:
         if _inert(key, setting):

@@ -163,13 +163,9 @@ def execute_run(
     timeout_s: float,
     on_round: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Execute ``run`` from scratch in ``run_dir`` and return its ``summary.json``.
-
-    The app gets the whole result config and the spec's keys, and ``out-dir = run_dir/app``.
-    On success ``run_dir`` holds ``app/``, ``metrics.jsonl`` and, written last, ``summary.json``
-    (the app's summary plus the runner's ``"run"`` record). ``RunFailedError`` if the backend
-    fails or the app left no complete outputs; ``failed.json`` then says why.
-    """
+    """Execute ``run`` from scratch in ``run_dir`` (the app gets the whole result config and
+    ``out-dir = run_dir/app``) and return its ``summary.json``, written last with the runner's
+    record; ``RunFailedError`` (and ``failed.json``) if it left no complete outputs."""
     run_dir = Path(run_dir).resolve()
     if run_dir.exists():
         shutil.rmtree(run_dir)
