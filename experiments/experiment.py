@@ -281,8 +281,9 @@ def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target]
     mse.write_grid_csv(root / "mse_grid.csv", grid)
     if real is not None:
         mse.write_real_csv(root / "mse_real_weights.csv", real)
+    heat = spec.mse.heatmap_epsilons
     draw = {
-        "mse-heatmap": lambda: plots.mse_heatmaps_figure(grid, spec.mse.heatmap_epsilons),  # type: ignore[union-attr]
+        "mse-heatmap": lambda: plots.mse_heatmaps_figure(grid, heat),
         "mse-vs-epsilon": lambda: plots.mse_vs_epsilon_figure(grid),
         "mse-real-weights": lambda: plots.mse_real_weights_figure(real),  # type: ignore[arg-type]
     }

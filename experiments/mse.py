@@ -47,9 +47,6 @@ def _device(device: str | torch.device | None) -> torch.device:
     return pick_device(device)
 
 
-# --------------------------------------------------------------------------- grid
-
-
 @dataclass(frozen=True)
 class GridMSE:
     """Measured (samples of all seeds pooled) and closed-form pair MSE, ``[e, i, j]`` at
@@ -226,9 +223,6 @@ def measure_grid(
     )
 
 
-# --------------------------------------------------------------------------- real weights
-
-
 @dataclass(frozen=True)
 class RealWeightsMSE:
     """Per-layer per-parameter pair MSE on trained weights, ``[e, layer]``; the last layer,
@@ -337,9 +331,10 @@ def measure_real_weights(
             "ldpq": ldpq_pair_mse(w1_np, w2_np, c_np, r_np, float(eps)),
         }
         for q, values in closed.items():
-            weights = np.asarray(values)
-            sums = np.bincount(layer_of.cpu().numpy(), weights=weights, minlength=len(sizes))
-            res[f"{q}_closed"][k] = layer_means(sums)
+            binned = np.bincount(
+                layer_of.cpu().numpy(), weights=np.asarray(values), minlength=len(sizes)
+            )
+            res[f"{q}_closed"][k] = layer_means(binned)
         if on_step is not None:
             on_step(k + 2, len(spec.epsilons) + 1)
     return RealWeightsMSE(
@@ -351,9 +346,6 @@ def measure_real_weights(
         radius=(*r_list, max(r_list)),
         **res,
     )
-
-
-# --------------------------------------------------------------------------- CSV
 
 
 def write_grid_csv(path: Path, grid: GridMSE) -> None:
@@ -377,9 +369,6 @@ def write_real_csv(path: Path, real: RealWeightsMSE) -> None:
     write_table(path, pd.DataFrame(columns))
 
 
-# --------------------------------------------------------------------------- persistence
-
-
 def save_measurement(path: Path, data: GridMSE | RealWeightsMSE) -> None:
     """Save a measurement as ``.npz`` (arrays, the other fields as JSON), atomically."""
     arrays: dict[str, np.ndarray] = {}
@@ -391,7 +380,7 @@ def save_measurement(path: Path, data: GridMSE | RealWeightsMSE) -> None:
         else:
             meta[f.name] = list(value) if isinstance(value, tuple) else value
     npz = io.BytesIO()
-    np.savez(npz, __meta__=np.array(json.dumps(meta)), **arrays)
+    np.savez(npz, __meta__=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
     atomic_write_bytes(path, npz.getvalue())
 
 
@@ -409,4 +398,4 @@ def load_measurement(path: Path) -> GridMSE | RealWeightsMSE:
         if f.name in meta:
             value = meta[f.name]
             kwargs[f.name] = tuple(value) if isinstance(value, list) else value
-    return cls(**kwargs)  # type: ignore[arg-type]
+    return cls(**kwargs)

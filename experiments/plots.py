@@ -294,9 +294,6 @@ def _percent(stats: Sequence[Stat]) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.array([100 * (s.std if s.n > 1 else 0.0) for s in stats])
 
 
-# --------------------------------------------------------------------------- canvas
-
-
 def _figure(
     n: int = 1, max_cols: int = 1, *, w: float = 5.0, h: float = 3.6, **kw: Any
 ) -> tuple[Figure, list[Axes]]:
@@ -375,9 +372,6 @@ def _legend_above(fig: Figure, ax: Axes, handles: Sequence[Any], labels: Sequenc
 def _check_groups(groups: Sequence[GroupResult]) -> None:
     if not groups:
         raise ValueError("no settings to plot (no finished run)")
-
-
-# --------------------------------------------------------------------------- federated figures
 
 
 def accuracy_vs_round_figure(
@@ -641,9 +635,6 @@ def accuracy_vs_bits_figure(
     fig.legend(list(handles.values()), labels, fontsize=7, loc="outside right center")
     fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)
     return fig
-
-
-# --------------------------------------------------------------------------- MSE figures
 
 
 QUANTIZER_NOTE = (

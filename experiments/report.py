@@ -127,9 +127,6 @@ def verdict(diff: Difference, threshold: float, claim: Literal["above", "below"]
     return "PASS" if high < threshold else "MISS" if low > threshold else "not resolved"
 
 
-# --------------------------------------------------------------------------- helpers
-
-
 def _pct(x: float) -> str:
     return "—" if not math.isfinite(x) else f"{100 * x:.2f}"
 
@@ -153,9 +150,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _without(setting: Mapping[str, Any], *keys: str) -> str:
     return json.dumps({k: v for k, v in setting.items() if k not in keys}, sort_keys=True)
-
-
-# --------------------------------------------------------------------------- targets
 
 
 def _check(name: str, checks: Sequence[tuple[Status, str]], missing: str) -> Target:
@@ -331,9 +325,6 @@ def render_targets(targets: Sequence[Target]) -> str:
     )
 
 
-# --------------------------------------------------------------------------- privacy
-
-
 _THREAT_MODEL_NAMES = THREAT_MODELS
 
 _PRIVACY_INTRO = (
@@ -416,9 +407,6 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     if notes:
         lines += ["", "Notes from the accountant:", "", *(f"- {n}" for n in notes)]
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- reports
 
 
 def _header(spec: ExperimentSpec, command: str) -> list[str]:

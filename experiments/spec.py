@@ -215,13 +215,13 @@ def _run_value(key: str, value: Any, where: str) -> RunValue:
     if key in RESERVED_KEYS:
         raise SpecError(f"{where}: `{key}` cannot be set here; {RESERVED_KEYS[key]}")
     if key == CLIENTS_KEY:
-        return _CLIENTS.coerce(value, where)  # type: ignore[no-any-return]
+        return _CLIENTS.coerce(value, where)
     try:
-        return RunConfig.from_flower({key: value}).to_flower()[key]  # type: ignore[no-any-return]
+        return RunConfig.from_flower({key: value}).to_flower()[key]
     except ConfigError as exc:
         if key in exc.errors:
             raise SpecError(f"{where}: {exc.errors[key]}") from exc
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def validate_run_config(run_config: Mapping[str, RunValue], where: str) -> RunConfig:
