@@ -600,8 +600,7 @@ def privacy_table(report: Mapping[str, Any]) -> Table:
     which sees every bit, C: a malicious client, D: a malicious server) and what the run's
     privacy report (``summary.json -> privacy -> threat_models``) guarantees against it:
     "no DP ..." when it gives none, else its headline and, for A, the exact ``(eps, delta)`` of
-    one update and of all rounds. Reports of the earlier layout (one ``dp`` flag) are read
-    through :func:`mechanisms.accounting.read_privacy_report`.
+    one update and of all rounds.
 
     Parameters
     ----------
@@ -635,10 +634,6 @@ def privacy_table(report: Mapping[str, Any]) -> Table:
     if report.get("error"):
         table.add_row("!", "privacy report", Text(f"failed: {report['error']}", style="red"))
         return table
-    if "threat_models" not in report:
-        from mechanisms.accounting import read_privacy_report
-
-        report = read_privacy_report(report)
     models = report.get("threat_models")
     if not isinstance(models, Mapping):
         raise ValueError("privacy report has no threat_models")

@@ -124,21 +124,15 @@ def _or_nan(value: Any) -> float:
 
 
 def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``summary["privacy"]`` in the current layout (one entry per threat model), or ``None``
-    (logged) if unreadable; a report of the first layout goes through
-    :func:`mechanisms.accounting.read_privacy_report` (imported only then: torch)."""
+    """``summary["privacy"]`` (one entry per threat model, or an ``error``), or ``None``
+    (logged) if it has neither."""
     raw = summary.get("privacy")
     if not isinstance(raw, Mapping):
         return None
     if "threat_models" in raw or "error" in raw:
         return dict(raw)
-    from mechanisms.accounting import read_privacy_report
-
-    try:
-        return read_privacy_report(raw)
-    except (TypeError, ValueError) as exc:
-        logger.warning("unreadable privacy report (%s): %s", exc, dict(raw))
-        return None
+    logger.warning("privacy report without threat_models (not read): %s", dict(raw))
+    return None
 
 
 def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:

@@ -88,7 +88,6 @@ __all__ = [
     "pair_joint_epsilon",
     "pair_joint_pld",
     "privacy_report",
-    "read_privacy_report",
     "rr_delta",
     "rr_epsilon",
 ]
@@ -1024,8 +1023,8 @@ THREAT_MODELS: dict[str, str] = {
     "D": "malicious server",
 }
 
-#: Version of the report's layout; reports without ``version`` are the first layout (a single
-#: ``dp`` flag, ``threat_model_a``/``threat_model_b``), which :func:`read_privacy_report` reads.
+#: Version of the report's layout (one entry per threat model under ``threat_models``). The first
+#: layout (a single ``dp`` flag) is no longer read: every committed run was rewritten once.
 REPORT_VERSION = 2
 
 _NO_DP_A = {
@@ -1218,8 +1217,8 @@ def _threat_models(
     carry no ``delta`` anywhere (the paired mechanisms' ``pair_joint`` block holds only the
     lower bounds on ``delta`` that show why).
 
-    The inputs are the first layout's blocks (``threat_model_a``, ``threat_model_b``,
-    ``ucdp_theorem3``), so that reports of both layouts go through this one function.
+    The inputs are the computed blocks of each view (threat model A's numbers, the pair-joint
+    view of B, Theorem 3's user-level view) before they are arranged per threat model.
     """
     tm: dict[str, dict[str, Any]] = {
         key: {"name": name, "dp": False} for key, name in THREAT_MODELS.items()
@@ -1623,61 +1622,3 @@ def privacy_report(
             "alpha": float(alpha64(ep)),
         }
     return report
-
-
-def read_privacy_report(report: Mapping[str, Any]) -> dict[str, Any]:
-    """A privacy report in the current layout, whichever layout it was stored in.
-
-    Reports written before :data:`REPORT_VERSION` 2 (the committed runs under
-    ``docs/results``) had one ``dp`` flag, ``update``/``run`` (threat model A), ``threat_model_a``,
-    ``threat_model_b`` and ``ucdp_theorem3``; their numbers are kept as they are and arranged
-    per threat model by the same code that writes new reports (the notes are rewritten; the
-    old ones spoke of every mechanism alike). A report holding an ``error`` is returned as it
-    is, and so is one of the current layout.
-
-    Parameters
-    ----------
-    report : Mapping
-        ``summary.json -> privacy``.
-
-    Returns
-    -------
-    dict
-        The report with ``threat_models`` (a new dict; the input is not changed).
-
-    Raises
-    ------
-    ValueError
-        If the report names no known mechanism or lacks threat model A's numbers.
-    """
-    if not isinstance(report, Mapping):
-        raise TypeError(f"a privacy report must be a mapping, got {type(report).__name__}")
-    out = dict(report)
-    if "threat_models" in out or "error" in out:
-        return out
-    mech = _canonical_mechanism(out.get("mechanism"))
-    m = integer(out.get("m"), "m", 1)
-    rounds = integer(out.get("rounds"), "rounds", 1)
-    view_a = out.pop("threat_model_a", None)
-    pair = out.pop("threat_model_b", None)
-    ucdp = out.pop("ucdp_theorem3", None)
-    for legacy in ("dp", "update", "run"):
-        out.pop(legacy, None)
-    eps_p = out.get("eps_p") if mech not in _NO_DP else None
-    if mech in _NO_DP:
-        out.pop("delta", None)
-        out["eps_p"] = None
-    out["threat_models"], out["notes"] = _threat_models(
-        mech,
-        eps_p,
-        m,
-        rounds,
-        view_a,
-        pair,
-        None if pair is not None else "not in this report",
-        ucdp,
-        None,
-    )
-    out["version"] = REPORT_VERSION
-    out["mechanism"] = mech
-    return out

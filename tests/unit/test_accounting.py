@@ -25,7 +25,6 @@ from mechanisms.accounting import (
     pair_joint_epsilon,
     pair_joint_pld,
     privacy_report,
-    read_privacy_report,
     rr_delta,
     rr_epsilon,
 )
@@ -471,84 +470,27 @@ def test_pair_joint_dp_is_reported_where_it_exists() -> None:
     assert rep["threat_models"]["C"]["dp"] is False
 
 
-def _first_layout(mech: str) -> dict:
-    """A report as the first layout wrote it (one ``dp`` flag), built from today's numbers."""
-    rep = privacy_report(mech, 0.5, 1e-5, 2_000, 3, d=5, gamma=0.2, n=10, r=0.05)
-    tm = rep["threat_models"]
-    old = {k: rep[k] for k in ("mechanism", "m", "rounds", "eps_p")}
-    old["delta"], old["dp"], old["notes"] = 1e-5, tm["A"]["dp"], ["CorBinQ's marginal"]
-    if not tm["A"]["dp"]:
-        old["update"] = old["run"] = {"epsilon": None, "delta": None, "threat_model": None}
-        return old
-    old["threat_model_a"] = {
-        "per_parameter": tm["A"].get("per_parameter"),
-        "per_update": tm["A"]["per_update"],
-        "all_rounds": tm["A"]["all_rounds"],
-    }
-    old["update"] = {"epsilon": tm["A"]["per_update"]["eps"], "delta": 1e-5, "threat_model": "A"}
-    if "pair_joint" in tm["B"]:
-        pld = pair_joint_pld(0.5, 5)
-        old["threat_model_b"] = {
-            "per_parameter": {
-                "pure_eps": None,
-                "inf_mass": pld.inf_mass,
-                "single_triple_inf_mass": pld.single_inf_mass,
-                "max_finite_loss": pld.max_finite_loss,
-            },
-            **{
-                part: {
-                    "k": tm["B"]["pair_joint"][part]["k"],
-                    "eps": None,
-                    "eps_is_infinite": True,
-                    "delta": 1e-5,
-                    "delta_lower_bound": tm["B"]["pair_joint"][part]["delta_lower_bound"],
-                }
-                for part in ("per_update", "all_rounds")
-            },
-        }
-    if "ucdp_theorem3" in tm["C"]:
-        old["ucdp_theorem3"] = tm["C"]["ucdp_theorem3"]
-    return old
-
-
-def test_read_privacy_report_rearranges_the_first_layout() -> None:
-    # central-gaussian came after the first layout: no report of it was ever written that way.
-    for mech in sorted(set(CONFIG_MECHANISMS) - {"central-gaussian"}):
-        new = privacy_report(mech, 0.5, 1e-5, 2_000, 3, d=5, gamma=0.2, n=10, r=0.05)
-        new.pop("mse_bounds", None)
-        got = read_privacy_report(_first_layout(mech))
-        assert got == new, mech
-        assert read_privacy_report(new) == new  # the current layout is left as it is
-    error = {"mechanism": "corbin", "eps_p": 1.0, "error": "boom"}
-    assert read_privacy_report(error) == error
-    with pytest.raises(ValueError, match="unknown mechanism"):
-        read_privacy_report({"mechanism": "magic", "m": 1, "rounds": 1})
-    with pytest.raises(ValueError, match="threat model A"):
-        read_privacy_report({"mechanism": "ldpfl", "m": 1, "rounds": 1, "eps_p": 1.0})
-
-
-def test_read_privacy_report_reads_every_committed_run() -> None:
-    """The committed runs were written by the first layout; every one must still be read."""
+def test_every_committed_run_is_in_the_current_layout() -> None:
+    """The committed runs were rewritten once from the first layout (one ``dp`` flag) into
+    today's; the first layout is no longer read anywhere."""
     root = Path(__file__).resolve().parents[2] / "docs" / "results"
-    paths = sorted(root.glob("**/runs/*/app/summary.json"))  # the pool and kept repetitions
+    paths = sorted(root.glob("**/runs/*/summary.json"))  # the pool and kept repetitions
     if not paths:
         pytest.skip("no committed runs in this checkout")
     seen: set[str] = set()
     for path in paths:
-        old = json.loads(path.read_text())["privacy"]
-        if "threat_models" in old or old["mechanism"] in seen:
-            continue
-        seen.add(old["mechanism"])
-        new = read_privacy_report(old)
-        json.dumps(new, allow_nan=False)
-        tm = new["threat_models"]
-        assert tm["A"]["dp"] is old["dp"], path
-        if old["dp"]:
-            assert tm["A"]["per_update"]["eps"] == old["update"]["epsilon"]
-            assert tm["A"]["all_rounds"]["eps"] == old["run"]["epsilon"]
-        else:
-            assert "delta" not in _keys(new)
-        assert tm["B"]["dp"] is (old["mechanism"] not in ("corbin", "augcorbin", "fedavg", "cq"))
+        report = json.loads(path.read_text())["privacy"]
+        assert report["version"] == REPORT_VERSION and "threat_models" in report, path
+        assert "dp" not in report and "threat_model_a" not in report, path
+        json.dumps(report, allow_nan=False)
+        mech = report["mechanism"]
+        tm = report["threat_models"]
+        assert set(tm) == set(THREAT_MODELS), path
+        no_dp_vs_server = ("corbin", "augcorbin", "fedavg", "cq", "signsgd", "central-gaussian")
+        assert tm["B"]["dp"] is (mech not in no_dp_vs_server), path
+        if mech in ("fedavg", "cq"):
+            assert "delta" not in _keys(report), path
+        seen.add(mech)
     assert {"corbin", "ldpfl", "fedavg"} <= seen
 
 

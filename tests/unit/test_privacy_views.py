@@ -84,18 +84,20 @@ def test_privacy_table_says_no_dp_against_the_server_for_corbin() -> None:
     assert fedavg.count("no DP") == 4 and "1e-05" not in fedavg
 
 
-def test_privacy_table_reads_the_first_layout_and_errors() -> None:
+def test_privacy_table_reads_the_committed_runs_and_errors() -> None:
     if not MECHANISMS_RUNS:
         pytest.skip("no committed mechanism runs in this checkout")
     corbin = next(p for p in MECHANISMS_RUNS if p.name.startswith("corbin-"))
-    old = json.loads((corbin / "app" / "summary.json").read_text())
-    assert "threat_models" not in old["privacy"]  # written by the first layout
-    text = _render(cli.privacy_table(old["privacy"]), width=80)
+    stored = json.loads((corbin / "app" / "summary.json").read_text())
+    text = _render(cli.privacy_table(stored["privacy"]), width=80)
     assert "no DP (paired bits are not private against it)" in text
     error = {"mechanism": "corbin", "eps_p": 1.0, "error": "boom"}
     assert "failed: boom" in _render(cli.privacy_table(error), width=80)
     with pytest.raises(TypeError):
         cli.privacy_table([])  # type: ignore[arg-type]
+    first_layout = {"mechanism": "corbin", "m": 10, "rounds": 2, "eps_p": 1.0, "dp": True}
+    with pytest.raises(ValueError, match="no threat_models"):
+        cli.privacy_table(first_layout)  # no longer read: the committed runs were rewritten
 
 
 def test_summary_leaves_the_privacy_report_to_its_table() -> None:
@@ -165,7 +167,7 @@ def _check_section(section: str) -> None:
     assert "The guarantees in words" in section and "- corbin: (B) the pair-joint" in section
 
 
-def test_report_renders_the_committed_first_layout_runs(recorded: list) -> None:
+def test_report_renders_the_committed_runs(recorded: list) -> None:
     section = privacy_section(group_results(recorded), varying_keys(recorded))
     _check_section(section)
 
@@ -191,23 +193,23 @@ def test_report_renders_the_current_layout(recorded: list) -> None:
     assert all("threat_models" in r.summary["privacy"] for r in runs)
     new = privacy_section(group_results(runs), varying_keys(runs))
     _check_section(new)
-    # Same numbers from both layouts (the notes of the first layout are rewritten).
+    # privacy_report today gives the numbers the committed runs store.
     old = privacy_section(group_results(recorded), varying_keys(recorded))
     assert _cells(new) == _cells(old)
 
 
-def test_privacy_fields_read_both_layouts(recorded: list) -> None:
+def test_privacy_fields_of_the_committed_runs(recorded: list) -> None:
     for run in recorded:
-        old = run.summary
-        mech = old["privacy"]["mechanism"]
-        fields = privacy_fields(old)
-        new_report = privacy_view(old)
-        assert new_report is not None and "threat_models" in new_report
-        assert privacy_fields({"privacy": new_report}) == fields, mech
+        summary = run.summary
+        mech = summary["privacy"]["mechanism"]
+        fields = privacy_fields(summary)
+        report = privacy_view(summary)
+        assert report is not None and "threat_models" in report
         if mech in ("fedavg", "cq"):
             assert fields["eps_update"] is None and fields["delta_run"] is None
         else:
-            assert fields["eps_run"] == old["privacy"]["run"]["epsilon"]
+            run_a = report["threat_models"]["A"]["all_rounds"]
+            assert fields["eps_run"] == run_a["eps"] and fields["delta_run"] == run_a["delta"]
         if mech in ("corbin", "augcorbin"):
             assert fields["pair_eps_update"] is None and fields["pair_delta_lower_bound"] == 1.0
     assert privacy_view({"privacy": None}) is None
