@@ -8,8 +8,10 @@ runs on a copy of the app in the test's folder and checks that ``flwr`` left the
 
 - :func:`test_quickstart_simulation_as_documented_learns_and_a_refused_run_fails`: the README's
   simulation commands as written, in ``bash`` (its ``export`` line, then ``flwr run . local
-  --stream ...`` and ``flwr ls local``): ``flwr`` starts its own simulation SuperLink, which
-  inherits the variable; the run learns, its log has CorBin-FL's lines, and ``flwr ls`` says
+  --stream ...`` and ``flwr ls local``) against the simulation SuperLink that ``flwr`` would
+  start, started first by the test with ``flwr``'s flags in the environment the README's
+  ``export`` leaves (Flower gives its own start 15 s, which a busy machine misses: see
+  :class:`Simulation`); the run learns, its log has CorBin-FL's lines, and ``flwr ls`` says
   ``finished:completed``. Then the same command with ``epsilon=4.0`` against the same SuperLink:
   every node's default policy refuses it, the run stops in round 1 and ``flwr ls`` says
   ``finished:failed``, the log naming both settings. Only the ports of the SuperLink (Flower's
@@ -290,10 +292,10 @@ def _explain(rows: list[dict[str, Any]], log: str) -> str:
     return f"metrics: {[{k: r.get(k) for k in keep} for r in rows]}\nlog tail:\n{log[-4000:]}"
 
 
-def _assert_untouched(app: Path) -> None:
+def _assert_untouched(app: Path, before: bytes) -> None:
     """``flwr`` did not rewrite the app's ``pyproject.toml`` (it has no federation table)."""
     ours = (app / "pyproject.toml").read_bytes()
-    assert ours == (EXAMPLE / "pyproject.toml").read_bytes(), ours.decode()[-800:]
+    assert ours == before, ours.decode()[-800:]
 
 
 # ====================================================================== deployment
@@ -312,6 +314,7 @@ def test_quickstart_deployment_as_documented_learns_and_survives_a_kill(
     assert nodes == 3 and shlex.split(run_line) == ["flwr", "run", ".", connection, "--stream"]
 
     app = _copy_app(tmp_path)
+    before = (app / "pyproject.toml").read_bytes()
     timing, sizes = _probe(app, "torch", nodes)
     ready = timing.startup_timeout(1 + nodes)
     run = _run_bound(timing, rounds=DEPLOYMENT_ROUNDS, concurrent=nodes, queue=1, ready=ready)
@@ -382,7 +385,7 @@ def test_quickstart_deployment_as_documented_learns_and_survives_a_kill(
         registry.stop_all(grace=3.0)
     assert flwr_run.popen.returncode == 0, _explain(rows, log)
     assert "finished:completed" in status.stdout, status.stdout[-2000:]
-    _assert_untouched(app)
+    _assert_untouched(app, before)
     accuracy = [r["accuracy"] for r in rows]
     print(f"test accuracy per round: {accuracy}")
     assert [r["round"] for r in rows] == list(range(1, DEPLOYMENT_ROUNDS + 1)), _explain(rows, log)
@@ -416,25 +419,67 @@ def test_quickstart_deployment_as_documented_learns_and_survives_a_kill(
 
 # ====================================================================== simulation
 class Simulation:
-    """The README's simulation commands, as written, in ``bash`` from a copy of the app; ``flwr``
-    starts its own simulation SuperLink on the test's ports (``FLWR_LOCAL_*_PORT``), which the
-    test stops by its PID at the end (:meth:`close`)."""
+    """The README's simulation commands, as written, in ``bash`` from a copy of the app.
+
+    ``flwr run . local`` uses the simulation SuperLink on ``FLWR_LOCAL_*_PORT`` (the test's own
+    ports) and starts one when none answers, with a fixed 15 s for it to come up (Flower 1.41),
+    which a busy machine misses. So :meth:`start_superlink` starts it first, exactly as ``flwr``
+    would (the same flags, in the environment the README's ``export`` leaves), and waits for it
+    as long as this machine needs; ``flwr run`` then finds it running. :meth:`close` stops it by
+    its PID, with everything below it.
+    """
 
     def __init__(self, tmp_path: Path, app: Path) -> None:
         self.app = app
-        http, control = free_ports(2)
+        self.http, control = free_ports(2)
         self.control = f"127.0.0.1:{control}"
-        home = tmp_path / "home"
-        home.mkdir()
+        self.home = tmp_path / "home"
+        self.home.mkdir()
         self.env = flower_env(
             {
-                "FLWR_HOME": str(home),
-                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
+                "FLWR_HOME": str(self.home),
+                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http),
                 "FLWR_LOCAL_CONTROL_API_PORT": str(control),
                 "COLUMNS": str(WIDE),
             }
         )
         self.env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)  # the README sets it
+        self.superlink: subprocess.Popen[bytes] | None = None
+
+    def start_superlink(self, export: str, timeout: float) -> None:
+        """Start the simulation SuperLink as ``flwr`` does (``flwr.cli.local_superlink``), after
+        the README's ``export`` line, and wait until its ``/health`` answers."""
+        state = self.home / "local-superlink"
+        state.mkdir(parents=True, exist_ok=True)
+        argv = [
+            "flower-superlink",
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--control-api-address",
+            self.control,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.http),
+            "--database",
+            str(state / "state.db"),
+        ]
+        with (state / "superlink.log").open("ab") as log:
+            self.superlink = subprocess.Popen(
+                ["bash", "-c", f"{export}\nexec {shlex.join(argv)}"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while not http_ok(f"http://127.0.0.1:{self.http}/health"):
+            assert self.superlink.poll() is None, (state / "superlink.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no simulation SuperLink within {timeout:.0f} s"
+            time.sleep(0.2)
 
     def bash(self, lines: list[str], timeout: float) -> str:
         """Run ``lines`` in one ``bash -e``; its output (the run's streamed log)."""
@@ -457,10 +502,12 @@ class Simulation:
         return alive_matching([f"--control-api-address {self.control}"])
 
     def close(self) -> None:
-        """Stop the simulation SuperLink ``flwr`` left running, with everything below it."""
+        """Stop the simulation SuperLink, with everything below it."""
         for ref in self.superlinks():
             for child in [*descendants(ref.pid), ref]:
                 signal_ref(child, signal.SIGKILL)
+        if self.superlink is not None:
+            self.superlink.wait(timeout=60)
 
 
 def _simulate(
@@ -484,8 +531,10 @@ def _simulate(
     )
     refused = ready + timing.stage_timeout(workers, first=True, poll_interval=POLL_INTERVAL) * queue
     rearm_timeout(ready + run + (refused if refused_too else 0) + 60)
+    before = (app / "pyproject.toml").read_bytes()
     sim = Simulation(tmp_path, app)
     try:
+        sim.start_superlink(export, timeout=ready)
         log = sim.bash([export, run_line], timeout=ready + run)
         if "The current node timed out during startup" in log:
             # Ray gives its raylet a hard-coded 30 s to register; an overloaded machine misses it.
@@ -506,7 +555,7 @@ def _simulate(
             assert "corbin-max-epsilon >= 4" in refusal and "round 1: test accuracy" not in refusal
     finally:
         sim.close()
-    _assert_untouched(app)
+    _assert_untouched(app, before)
     return log, status.strip()
 
 
