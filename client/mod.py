@@ -92,9 +92,7 @@ def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         plan = handlers.prepare_update(msg, context, cfg, max_params=policy.max_params)
     except PolicyError as exc:
         logger.warning("node %d: refused a train message: %s", nid, exc)
-        return error_reply(
-            msg, f"refused by the node's privacy policy: {exc}", code=wire.ERROR_CODE_POLICY
-        )
+        return error_reply(msg, f"{wire.POLICY_REFUSAL}{exc}", code=wire.ERROR_CODE_POLICY)
     except (wire.WireError, PairCryptoError, ValueError, TypeError) as exc:
         logger.warning("node %d: rejected stage %r: %s", nid, stage, exc)
         return error_reply(msg, f"{type(exc).__name__}: {exc}")

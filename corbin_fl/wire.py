@@ -198,6 +198,9 @@ ERROR_CODE_POLICY: Final[int] = 1001
 (:class:`client.policy.Policy`; the reason names the run's setting and the node's limit). When
 every sampled node answers with it, no round can run and the server stops the run."""
 
+POLICY_REFUSAL: Final[str] = "refused by the node's privacy policy: "
+"""How the reason of an :data:`ERROR_CODE_POLICY` reply begins; the node's own cause follows."""
+
 
 class WireError(ValueError):
     """A message does not follow the wire format; ``str(err)`` is the reason."""

@@ -797,7 +797,7 @@ def policy_refusal_message(rnd: int, refused: dict[int, str]) -> str:
     the nodes that gave it."""
     by_reason: dict[str, list[int]] = {}
     for nid, reason in sorted(refused.items()):
-        cause = reason.removeprefix("refused by the node's privacy policy: ")
+        cause = reason.removeprefix(wire.POLICY_REFUSAL)
         by_reason.setdefault(cause, []).append(nid)
     lines = [
         f"  - node(s) {', '.join(str(n) for n in nodes)}: {reason}"
