@@ -42,9 +42,9 @@ from typing import Any, Final
 from rich.console import Console
 from rich.table import Table
 
-from deploy.cli import repo_root, total_bytes
-from deploy.follow import RunResult
-from deploy.run import LocalRunOptions, run_local
+from corbin_fl.deploy.cli import repo_root, total_bytes
+from corbin_fl.deploy.follow import RunResult
+from corbin_fl.deploy.run import LocalRunOptions, run_local
 
 logger = logging.getLogger("bench_deployment")
 
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if bad or args.rounds < 2 or args.clients < 2 or args.max_steps < 0:
         parser.error(f"bad arguments: {bad or 'rounds >= 2, clients >= 2, max-steps >= 0'}")
-    from deploy.flower import parse_config_string
+    from corbin_fl.deploy.flower import parse_config_string
 
     extra = parse_config_string(args.run_config)
     console = Console()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mechanisms import (
+from corbin_fl.mechanisms import (
     BitCounter,
     context_label,
     corbinq,

@@ -159,11 +159,11 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
 
     from corbin_fl import wire
     from corbin_fl.config import RunConfig
+    from corbin_fl.mechanisms.packing import BitCounter, mean_from_counts, pack_bits
+    from corbin_fl.mechanisms.quantizers import corbinq
+    from corbin_fl.mechanisms.randomness import expand_seed
     from corbin_fl.models import layer_center_radius
-    from mechanisms.packing import BitCounter, mean_from_counts, pack_bits
-    from mechanisms.quantizers import corbinq
-    from mechanisms.randomness import expand_seed
-    from server.aggregation import apply_global_lr, make_aggregator
+    from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
 
     # imported so that their import cost is in the baseline, not in a phase
     _ = (BitCounter, mean_from_counts, pack_bits, corbinq, expand_seed)
@@ -219,8 +219,8 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
     else:
         from flwr.app import Context, RecordDict
 
-        from client.encode import encode
-        from client.shared import Shared
+        from corbin_fl.client.encode import encode
+        from corbin_fl.client.shared import Shared
 
         w_global = model_vector()
         c_layer, r_layer = layer_center_radius(w_global, layout, 0.0, 1e-3)
@@ -283,8 +283,8 @@ def _check_per_layer_equals_per_element(spec: dict[str, Any]) -> bool:
     """Same ``z`` and the same tie coins: per-layer scalars give the per-element bits exactly."""
     import torch
 
+    from corbin_fl.mechanisms.quantizers import corbinq
     from corbin_fl.models import expand_per_element, layer_center_radius
-    from mechanisms.quantizers import corbinq
 
     small = {"names": spec["names"][:6], "shapes": spec["shapes"][:6], "sizes": spec["sizes"][:6]}
     layout = _layout(small)

@@ -44,9 +44,9 @@ from typing import Any, Final
 from rich.console import Console
 from rich.table import Table
 
-from deploy.cli import repo_root
-from deploy.processes import TASK_POLL_ENV
-from deploy.run import LocalRunOptions, run_local
+from corbin_fl.deploy.cli import repo_root
+from corbin_fl.deploy.processes import TASK_POLL_ENV
+from corbin_fl.deploy.run import LocalRunOptions, run_local
 
 logger = logging.getLogger("bench_roundtrip")
 
@@ -55,7 +55,7 @@ SETTINGS: Final[dict[str, tuple[str, float]]] = {
     "tuned (after)": ("0.2", 0.2),
 }
 """Label -> (executor task poll, ServerApp ``poll-interval``)."""
-IMPORTS: Final[tuple[str, ...]] = ("flwr", "flwr.clientapp", "client.app", "torch")
+IMPORTS: Final[tuple[str, ...]] = ("flwr", "flwr.clientapp", "corbin_fl.client.app", "torch")
 
 
 def import_seconds(module: str, repeats: int = 5) -> float:

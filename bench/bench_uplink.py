@@ -66,7 +66,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/ lives in the checkout
 
-from deploy.cli import total_bytes
+from corbin_fl.deploy.cli import total_bytes
 from testbed.netns import (
     FlowerHosts,
     RunOutcome,

@@ -138,7 +138,7 @@ class GpuMemory:
 def run_local(clients: int, rounds: int, out: Path) -> tuple[int, float]:
     """``corbin-fl local`` with ``device = "auto"``; its exit status and wall seconds."""
     cli = shutil.which("corbin-fl")
-    head = [cli] if cli else [sys.executable, "-m", "deploy.cli"]
+    head = [cli] if cli else [sys.executable, "-m", "corbin_fl.deploy.cli"]
     cmd = [
         *head,
         "local",
@@ -205,7 +205,7 @@ def _best(fn: Callable[[], object], device: torch.device, repeats: int) -> float
 def client_path_rates(m: int, d: int, repeats: int) -> dict[str, dict[str, float]]:
     """G params/s of the client path on each device: ``corbinq`` (expand_seed + corbinq +
     pack_bits, the packed bits back on the host) and ``ldpq`` (+ pack_bits)."""
-    from mechanisms import context_label, corbinq, expand_seed, ldpq, pack_bits
+    from corbin_fl.mechanisms import context_label, corbinq, expand_seed, ldpq, pack_bits
 
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     seed, label = bytes(range(32)), context_label(1, 1, 17, 42)

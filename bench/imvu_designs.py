@@ -36,8 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from corbin_fl.mvu_store import SHIPPED, mvu_table
-from mechanisms.baselines.imvu import (
+from corbin_fl.mechanisms.baselines.imvu import (
     IMVU,
     IMVU_BITS,
     INPUT_POINTS,
@@ -47,6 +46,7 @@ from mechanisms.baselines.imvu import (
     mvu_at,
     solve_mvu,
 )
+from corbin_fl.mvu_store import SHIPPED, mvu_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ISSUE_START = {(2, 0.1): (-20.02, 19.77, 20.65, 22.03)}

@@ -24,11 +24,11 @@ import math
 import numpy as np
 import torch
 
+from corbin_fl.mechanisms.baselines.imvu import IMVU
+from corbin_fl.mechanisms.baselines.pbm import PBM
+from corbin_fl.mechanisms.baselines.rqm import RQM
+from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
 from corbin_fl.mvu_store import mvu_table
-from mechanisms.baselines.imvu import IMVU
-from mechanisms.baselines.pbm import PBM
-from mechanisms.baselines.rqm import RQM
-from mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
 
 D = 5
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from corbin_fl.mechanisms.baselines.imvu import IMVU_BITS, MVUTable, solve_mvu
 from corbin_fl.mvu_store import SHIPPED, write_table
-from mechanisms.baselines.imvu import IMVU_BITS, MVUTable, solve_mvu
 
 
 def main(argv: list[str] | None = None) -> int:

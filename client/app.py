@@ -14,8 +14,8 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from client.mod import corbin_mod
 from corbin_fl import wire
+from corbin_fl.client.mod import corbin_mod
 from corbin_fl.config import ConfigError, RunConfig, configure_app_logging
 
 
@@ -44,7 +44,7 @@ def dropout_mod(
 
 
 def _drops_out(cfg: RunConfig, context: Context, rnd: int) -> bool:
-    from client.train import partition
+    from corbin_fl.client.train import partition
 
     try:
         who = partition(context, required=False)
@@ -68,6 +68,6 @@ def lifespan(context: Context) -> Iterator[None]:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the global model locally (torch is imported here, not for keygen/pair)."""
-    from client.train import train as train_locally
+    from corbin_fl.client.train import train as train_locally
 
     return train_locally(msg, context)

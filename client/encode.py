@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 
-from client.pair_crypto import z_digest
-from client.shared import Fallback, Shared
 from corbin_fl import wire
+from corbin_fl.client.pair_crypto import z_digest
+from corbin_fl.client.shared import Fallback, Shared
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
@@ -323,9 +323,9 @@ def encode(
 def encode_one_bit(job: EncodeInput) -> Encoded:
     """corbin / augcorbin / ldpfl: CorBinQ with the pair's ``z`` (Alg. 2) when the pair's
     common randomness is resolved, LDPQ (Alg. 1) otherwise; one packed bit per parameter."""
-    from mechanisms.packing import pack_bits
-    from mechanisms.quantizers import corbinq, ldpq
-    from mechanisms.randomness import realized_px
+    from corbin_fl.mechanisms.packing import pack_bits
+    from corbin_fl.mechanisms.quantizers import corbinq, ldpq
+    from corbin_fl.mechanisms.randomness import realized_px
 
     cfg, w, gen, shared = job.cfg, job.w, job.gen, job.shared
     digest = None
@@ -343,7 +343,7 @@ def encode_one_bit(job: EncodeInput) -> Encoded:
         )
         job.flags[wire.M_PAIRED] = 1.0
         if cfg.test_z_digest:
-            from mechanisms.randomness import pack_z
+            from corbin_fl.mechanisms.randomness import pack_z
 
             digest = z_digest(pack_z(z, cfg.d))
         return wire.BITS, pack_bits(bits), digest
@@ -370,7 +370,7 @@ def shared_z(
     cfg: RunConfig, context: Context, rnd: int, shared: Shared, m: int, device: torch.device
 ) -> torch.Tensor:
     """The pair's codewords ``z`` (``m`` integers in ``[0, 2^d)``), identical on both sides."""
-    from mechanisms.randomness import context_label, expand_seed, unpack_z
+    from corbin_fl.mechanisms.randomness import context_label, expand_seed, unpack_z
 
     if shared.exact:
         return unpack_z(shared.secret, m, cfg.d, device=device)
@@ -384,7 +384,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 def encode_gaussian(job: EncodeInput) -> Encoded:
     """``clip(w) + N(0, sigma^2)``, analytic sigma for (eps, delta); float32 per parameter."""
-    from mechanisms.baselines.gaussian import gaussian
+    from corbin_fl.mechanisms.baselines.gaussian import gaussian
 
     cfg, w, gen = job.cfg, job.w, job.gen
     out = by_block(
@@ -398,7 +398,7 @@ def encode_gaussian(job: EncodeInput) -> Encoded:
 
 def encode_laplace(job: EncodeInput) -> Encoded:
     """``clip(w) + Lap(2r/eps)``; float32 per parameter."""
-    from mechanisms.baselines.laplace import laplace
+    from corbin_fl.mechanisms.baselines.laplace import laplace
 
     cfg, w, gen = job.cfg, job.w, job.gen
     out = by_block(
@@ -412,16 +412,16 @@ def encode_laplace(job: EncodeInput) -> Encoded:
 
 def encode_fedavg(job: EncodeInput) -> Encoded:
     """``w`` itself (no clip, no privacy); float32 per parameter."""
-    from mechanisms.baselines.vanilla import vanilla
+    from corbin_fl.mechanisms.baselines.vanilla import vanilla
 
     return wire.VALUES, _np(vanilla(job.w)), None
 
 
 def encode_cq(job: EncodeInput) -> Encoded:
     """Correlated quantization with the server's shared seed and this client's rank."""
-    from mechanisms.baselines.cq import cq as cq_quantize
-    from mechanisms.baselines.cq import cq_shared_randomness
-    from mechanisms.packing import pack_bits
+    from corbin_fl.mechanisms.baselines.cq import cq as cq_quantize
+    from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
+    from corbin_fl.mechanisms.packing import pack_bits
 
     if job.cq is None:
         raise ValueError("cq needs the shared seed, rank and client count")
@@ -441,7 +441,7 @@ def encode_cq(job: EncodeInput) -> Encoded:
 
 def encode_ternary(job: EncodeInput) -> Encoded:
     """Ternary stochastic compressor (fdp paper Def. 6): 2 bits or one int8 per parameter."""
-    from mechanisms.baselines.ternary import ternary
+    from corbin_fl.mechanisms.baselines.ternary import ternary
 
     cfg, w, gen = job.cfg, job.w, job.gen
     sparsity = cfg.ternary_sparsity
@@ -460,15 +460,15 @@ def encode_central(job: EncodeInput) -> Encoded:
 
     No noise here: the server adds it (the client trusts the server; its policy must list
     ``central-gaussian`` explicitly)."""
-    from mechanisms.baselines.central_gaussian import clip_l2
+    from corbin_fl.mechanisms.baselines.central_gaussian import clip_l2
 
     return wire.VALUES, _np(clip_l2(job.w, job.cfg.central_clip).to(torch.float32)), None
 
 
 def encode_signsgd(job: EncodeInput) -> Encoded:
     """SignSGD: ``sign(w_i - w_g)`` per parameter, one packed bit (zeros: a fair coin)."""
-    from mechanisms.baselines.signsgd import sign_bits
-    from mechanisms.packing import pack_bits
+    from corbin_fl.mechanisms.baselines.signsgd import sign_bits
+    from corbin_fl.mechanisms.packing import pack_bits
 
     w, gen = job.w, job.gen
     bits = by_block(
@@ -479,8 +479,8 @@ def encode_signsgd(job: EncodeInput) -> Encoded:
 
 def encode_levels(job: EncodeInput) -> Encoded:
     """A finite-output mechanism (pbm, rqm, imvu): one ``b``-bit symbol per parameter, packed."""
+    from corbin_fl.mechanisms.packing import pack_symbols
     from corbin_fl.registry import finite_mechanism
-    from mechanisms.packing import pack_symbols
 
     mech = finite_mechanism(job.cfg)
     w, gen = job.w, job.gen
@@ -503,7 +503,7 @@ _FEDCAD_SCALARS = ("version", "round", "v", "expected_diff")
 
 
 def _new_fedcad(cfg: RunConfig) -> Any:
-    from mechanisms.baselines.fedcad import FedCAD
+    from corbin_fl.mechanisms.baselines.fedcad import FedCAD
 
     return FedCAD(
         cfg.fedcad_clip,

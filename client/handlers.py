@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from client.pair_crypto import (
+from corbin_fl import wire
+from corbin_fl.client.pair_crypto import (
     KEY_BYTES,
     BlobAuthError,
     PairContext,
@@ -46,8 +47,7 @@ from client.pair_crypto import (
     open_blob,
     seal_blob,
 )
-from client.shared import Fallback, Shared, assignments_of
-from corbin_fl import wire
+from corbin_fl.client.shared import Fallback, Shared, assignments_of
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ def _exact_bits(cfg: RunConfig, ctx: PairContext, num_params: int) -> bytes:
     Drawn with the law of the codebook (i.i.d. Bernoulli(``p_x``) bits) by expanding a fresh
     CSPRNG seed; for ``p_x = 1/2`` these are ``d*m`` fair bits as in Alg. 3 line 15.
     """
-    from mechanisms.randomness import context_label, expand_seed, pack_z
+    from corbin_fl.mechanisms.randomness import context_label, expand_seed, pack_z
 
     label = context_label(ctx.run_id, ctx.round, ctx.self_id, ctx.partner_id)
     z = expand_seed(draw_seed(), label, num_params, cfg.d, p_x=cfg.p_x)
@@ -357,8 +357,8 @@ def finish_update(
     ``corbin.update{bits | values}``, ``corbin.metrics{...}`` and the app's MetricRecords and
     ConfigRecords unchanged; no ArrayRecord of the app ever leaves the node.
     """
-    from client import encode  # torch lives behind this import
     from corbin_fl.arrays import ArrayLayoutError, check_same_weights, flatten_arrays
+    from corbin_fl.client import encode  # torch lives behind this import
 
     arrays = app_reply.array_records
     if plan.arrays_key in arrays:
@@ -467,7 +467,7 @@ def _resolve_common_randomness(
             _partner_id(cfg_rec, context)  # unused, but the instruction must be well formed
         reason = _ASSIGNMENT_FALLBACK.get(assignment)
         return Fallback(reason) if reason else None
-    from mechanisms.pairing import is_lead
+    from corbin_fl.mechanisms.pairing import is_lead
 
     nid = context.node_id
     partner = _partner_id(cfg_rec, context)

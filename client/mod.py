@@ -40,10 +40,10 @@ from collections.abc import Callable
 
 from flwr.app import Context, Error, Message, RecordDict
 
-from client import handlers
-from client.pair_crypto import PairCryptoError
-from client.policy import Policy, PolicyError
 from corbin_fl import wire
+from corbin_fl.client import handlers
+from corbin_fl.client.pair_crypto import PairCryptoError
+from corbin_fl.client.policy import Policy, PolicyError
 from corbin_fl.config import ConfigError, RunConfig
 
 logger = logging.getLogger(__name__)

@@ -54,8 +54,8 @@ DEVICES: Final[tuple[str, ...]] = ("auto", "cpu", "cuda")
 TERNARY_ENCODINGS: Final[tuple[str, ...]] = ("bits", "int8")
 
 
-APP_LOGGERS: Final[tuple[str, ...]] = ("server", "client", "corbin_fl", "mechanisms")
-"""Loggers of this app (module loggers are children of these)."""
+APP_LOGGERS: Final[tuple[str, ...]] = ("corbin_fl",)
+"""Loggers of this app (every module logger is a child of ``corbin_fl``)."""
 
 
 def configure_app_logging(level: int = logging.INFO) -> None:

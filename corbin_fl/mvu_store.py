@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 
 from corbin_fl.fsio import CACHE_ENV, atomic_write_json, cache_root
-from mechanisms.baselines.imvu import (
+from corbin_fl.mechanisms.baselines.imvu import (
     IMVU_BITS,
     INPUT_POINTS,
     SOLVER_VERSION,
     MVUTable,
     solve_mvu,
 )
-from mechanisms.validate import integer, positive
+from corbin_fl.mechanisms.validate import integer, positive
 
 __all__ = ["CACHE_ENV", "SHIPPED", "mvu_table", "write_table"]
 

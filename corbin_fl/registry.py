@@ -38,8 +38,8 @@ from corbin_fl import wire
 
 if TYPE_CHECKING:
     from corbin_fl.config import RunConfig
-    from mechanisms.accounting import PrivacyEvent
-    from mechanisms.baselines.levels import FiniteMechanism
+    from corbin_fl.mechanisms.accounting import PrivacyEvent
+    from corbin_fl.mechanisms.baselines.levels import FiniteMechanism
 
 ENCODE_DEVICES: Final[tuple[str, ...]] = ("update", "cpu")
 """Where an encoder runs (:attr:`Mechanism.encode_device`): the update's device, or the CPU."""
@@ -71,7 +71,7 @@ def symbols_wire(num_params: int, cfg: RunConfig) -> WireSpec:
 
 def symbol_bits_of(cfg: RunConfig) -> int:
     """Bits per parameter of the finite-output mechanism of ``cfg`` (no solve needed)."""
-    from mechanisms.baselines.levels import symbol_bits
+    from corbin_fl.mechanisms.baselines.levels import symbol_bits
 
     if cfg.mechanism == "pbm":
         return symbol_bits(cfg.pbm_trials + 1)
@@ -88,19 +88,19 @@ def finite_mechanism(cfg: RunConfig) -> FiniteMechanism:
     RQM with 3 levels and ``rqm-q = 0`` takes the variance-optimal ``q`` (:func:`rqm_optimal_q`).
     """
     if cfg.mechanism == "pbm":
-        from mechanisms.baselines.pbm import PBM
+        from corbin_fl.mechanisms.baselines.pbm import PBM
 
         return PBM(cfg.epsilon, cfg.pbm_trials)
     if cfg.mechanism == "rqm":
-        from mechanisms.baselines.rqm import RQM, rqm_optimal_q
+        from corbin_fl.mechanisms.baselines.rqm import RQM, rqm_optimal_q
 
         q = cfg.rqm_q
         if cfg.rqm_levels == 3 and q == 0.0:
             q = rqm_optimal_q(cfg.epsilon)
         return RQM(cfg.epsilon, cfg.rqm_levels, q)
     if cfg.mechanism == "imvu":
+        from corbin_fl.mechanisms.baselines.imvu import IMVU
         from corbin_fl.mvu_store import mvu_table
-        from mechanisms.baselines.imvu import IMVU
 
         return IMVU(cfg.epsilon, cfg.imvu_bits, mvu_table(cfg.epsilon, cfg.imvu_bits))
     raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
@@ -182,7 +182,7 @@ class Mechanism:
         common randomness (CorBinQ, Alg. 2; accounted in the pair-joint view too), ``delta``
         for an (eps, delta) mechanism.
         """
-        from mechanisms.accounting import PrivacyEvent
+        from corbin_fl.mechanisms.accounting import PrivacyEvent
 
         if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 1:
             raise ValueError(f"round must be an int >= 1, got {rnd!r}")
@@ -232,8 +232,8 @@ def get(name: str) -> Mechanism:
         raise KeyError(f"unknown mechanism {name!r}; registered: {', '.join(REGISTRY)}") from None
 
 
-_ONE_BIT_ENCODER: Final[str] = "client.encode:encode_one_bit"
-_BITS_AGGREGATOR: Final[str] = "server.aggregation:BitsAggregator"
+_ONE_BIT_ENCODER: Final[str] = "corbin_fl.client.encode:encode_one_bit"
+_BITS_AGGREGATOR: Final[str] = "corbin_fl.server.aggregation:BitsAggregator"
 _PAIRED_ASSIGNMENTS: Final[tuple[str, ...]] = ("paired", "partner-gone", "unpaired")
 
 register(
@@ -272,8 +272,8 @@ register(
         "gaussian",
         "clip + analytic Gaussian noise for (eps, delta)",
         float32,
-        "client.encode:encode_gaussian",
-        "server.aggregation:FloatAggregator",
+        "corbin_fl.client.encode:encode_gaussian",
+        "corbin_fl.server.aggregation:FloatAggregator",
         has_delta=True,
     )
 )
@@ -282,8 +282,8 @@ register(
         "laplace",
         "clip + Laplace noise of scale 2r/eps",
         float32,
-        "client.encode:encode_laplace",
-        "server.aggregation:FloatAggregator",
+        "corbin_fl.client.encode:encode_laplace",
+        "corbin_fl.server.aggregation:FloatAggregator",
     )
 )
 register(
@@ -291,8 +291,8 @@ register(
         "fedavg",
         "the model in the clear (no privacy)",
         float32,
-        "client.encode:encode_fedavg",
-        "server.aggregation:FloatAggregator",
+        "corbin_fl.client.encode:encode_fedavg",
+        "corbin_fl.server.aggregation:FloatAggregator",
         local_dp=False,
     )
 )
@@ -301,8 +301,8 @@ register(
         "cq",
         "correlated quantization with a server-shared seed (no privacy)",
         one_bit,
-        "client.encode:encode_cq",
-        "server.aggregation:CQAggregator",
+        "corbin_fl.client.encode:encode_cq",
+        "corbin_fl.server.aggregation:CQAggregator",
         local_dp=False,
         instruction_keys=frozenset({"cq-seed", "cq-rank", "cq-clients"}),
     )
@@ -312,8 +312,8 @@ register(
         "ternary",
         "ternary stochastic compressor (fdp paper Def. 6)",
         ternary_wire,
-        "client.encode:encode_ternary",
-        "server.aggregation:TernaryAggregator",
+        "corbin_fl.client.encode:encode_ternary",
+        "corbin_fl.server.aggregation:TernaryAggregator",
     )
 )
 register(
@@ -321,14 +321,14 @@ register(
         "fedcad",
         "FedCAD noisy update w - w_g (Fed-CAD Alg. 1)",
         float32,
-        "client.encode:encode_fedcad",
-        "server.aggregation:FedCADAggregator",
+        "corbin_fl.client.encode:encode_fedcad",
+        "corbin_fl.server.aggregation:FedCADAggregator",
         has_delta=True,
         dp_unit="update",
     )
 )
-_LEVELS_ENCODER: Final[str] = "client.encode:encode_levels"
-_LEVELS_AGGREGATOR: Final[str] = "server.aggregation:LevelsAggregator"
+_LEVELS_ENCODER: Final[str] = "corbin_fl.client.encode:encode_levels"
+_LEVELS_AGGREGATOR: Final[str] = "corbin_fl.server.aggregation:LevelsAggregator"
 register(
     Mechanism(
         "pbm",
@@ -361,8 +361,8 @@ register(
         "signsgd",
         "sign of the update, majority vote at the server (Bernstein et al. 2019; no privacy)",
         one_bit,
-        "client.encode:encode_signsgd",
-        "server.aggregation:SignAggregator",
+        "corbin_fl.client.encode:encode_signsgd",
+        "corbin_fl.server.aggregation:SignAggregator",
         local_dp=False,
     )
 )
@@ -371,8 +371,8 @@ register(
         "central-gaussian",
         "update clipped to L2 norm C; the server adds Gaussian noise (central DP, trusts it)",
         float32,
-        "client.encode:encode_central",
-        "server.aggregation:CentralGaussianAggregator",
+        "corbin_fl.client.encode:encode_central",
+        "corbin_fl.server.aggregation:CentralGaussianAggregator",
         local_dp=False,
         has_delta=True,
     )

@@ -38,10 +38,10 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from deploy.flower import app_config, parse_config_string
-from deploy.follow import RunProgress, RunResult
-from deploy.processes import LauncherError
-from deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
+from corbin_fl.deploy.flower import app_config, parse_config_string
+from corbin_fl.deploy.follow import RunProgress, RunResult
+from corbin_fl.deploy.processes import LauncherError
+from corbin_fl.deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 
 logger = logging.getLogger(__name__)
 
@@ -952,7 +952,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["experiment"]:
-        from experiments.cli import main as experiment_main
+        from corbin_fl.experiments.cli import main as experiment_main
 
         return experiment_main(words[1:])
     parser = build_parser()

@@ -42,7 +42,7 @@ from typing import Any, Final
 
 import tomli_w
 
-from deploy.processes import LauncherError, ManagedProcess
+from corbin_fl.deploy.processes import LauncherError, ManagedProcess
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from deploy.local import KilledNode
-from deploy.processes import ProcessRef, is_alive
+from corbin_fl.deploy.local import KilledNode
+from corbin_fl.deploy.processes import ProcessRef, is_alive
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy.flower import (
+from corbin_fl.deploy.flower import (
     ADDR_IN_USE,
     CONNECTION_NAME,
     NODE_ID_RE,
@@ -22,7 +22,7 @@ from deploy.flower import (
     wait_online,
     write_connection,
 )
-from deploy.processes import (
+from corbin_fl.deploy.processes import (
     LOOPBACK,
     LauncherError,
     ManagedProcess,

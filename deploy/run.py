@@ -18,16 +18,16 @@ from typing import Any
 
 import tomli_w
 
-from deploy.flower import (
+from corbin_fl.deploy.flower import (
     COMPLETED_STATUS,
     RUN_ID_RE,
     MissingDependencyError,
     app_config,
     simulation_extra_missing,
 )
-from deploy.follow import RUN_FILES, JsonlTail, RunProgress, RunResult, as_int, read_json
-from deploy.local import LocalDeployment
-from deploy.processes import (
+from corbin_fl.deploy.follow import RUN_FILES, JsonlTail, RunProgress, RunResult, as_int, read_json
+from corbin_fl.deploy.local import LocalDeployment
+from corbin_fl.deploy.processes import (
     LauncherError,
     ManagedProcess,
     cmdline,
@@ -232,8 +232,8 @@ class LocalRunOptions:
         ValueError
             The node's reason, which names the run's setting and the node's limit.
         """
-        from client.policy import Policy, PolicyError
         from corbin_fl import wire
+        from corbin_fl.client.policy import Policy, PolicyError
         from corbin_fl.config import ConfigError, RunConfig
 
         if "mechanism" not in effective:  # another app: its nodes' policy is its own business

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.spec import SpecError, load_spec
+from corbin_fl.experiments.spec import SpecError, load_spec
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
 
-    from experiments import experiment as ex
-    from experiments.sweep import RunState
+    from corbin_fl.experiments import experiment as ex
+    from corbin_fl.experiments.sweep import RunState
 
     if args.command == "plan":
         for spec in specs:

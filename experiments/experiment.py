@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments import plots, runner
-from experiments.report import Target, write_federated_report, write_mse_report
-from experiments.results import (
+from corbin_fl.experiments import plots, runner
+from corbin_fl.experiments.report import Target, write_federated_report, write_mse_report
+from corbin_fl.experiments.results import (
     RunResult,
     group_results,
     groups_table,
@@ -27,8 +27,8 @@ from experiments.results import (
     varying_keys,
     write_table,
 )
-from experiments.spec import ExperimentSpec
-from experiments.sweep import POOL_DIR, Run, RunState, expand_runs, run_state
+from corbin_fl.experiments.spec import ExperimentSpec
+from corbin_fl.experiments.sweep import POOL_DIR, Run, RunState, expand_runs, run_state
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -237,7 +237,7 @@ def run_mse(
 ) -> Outcome:
     """Measure the quantizer MSE (saved as ``mse_grid.npz``, ``mse_real.npz``, so that
     :func:`finalize_mse` redraws without sampling again), then write every output."""
-    from experiments import mse
+    from corbin_fl.experiments import mse
 
     if spec.kind != "mse" or spec.mse is None:
         raise ValueError(f"run_mse needs kind = 'mse', got {spec.kind!r}")
@@ -266,7 +266,7 @@ def run_mse(
 
 def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target], Path | None]:
     """Write the MSE CSVs, figures and report from the saved measurements."""
-    from experiments import mse
+    from corbin_fl.experiments import mse
 
     root = Path(results_root) / spec.name
     if not (root / "mse_grid.npz").is_file():

@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from corbin_fl.experiments.results import Stat, write_table
+from corbin_fl.experiments.spec import MSESpec, RealWeightsSpec
 from corbin_fl.fsio import atomic_write_bytes
-from experiments.results import Stat, write_table
-from experiments.spec import MSESpec, RealWeightsSpec
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def _pair_errors(
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Squared pair errors of ``n`` draws of CorBinQ and of LDPQ, ``(n, *w1.shape)``."""
-    from mechanisms.quantizers import corbinq, decode, ldpq
+    from corbin_fl.mechanisms.quantizers import corbinq, decode, ldpq
 
     shape = (n, *w1.shape)
     a = w1.expand(shape)
@@ -165,7 +165,7 @@ def measure_grid(
     (``cpu``, ``cuda``, ``auto``); ``on_step(done, total)`` after each (eps, seed)."""
     if not seeds:
         raise ValueError("seeds must not be empty")
-    from mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
+    from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
 
     dev = _device(device)
     c, r, d = float(spec.center), float(spec.radius), int(spec.d)
@@ -283,7 +283,7 @@ def measure_real_weights(
     ``spec.real_weights``); ``on_step(done, total)`` after training and after each eps."""
     if spec.real_weights is None:
         raise ValueError("spec.real_weights is not set ([mse.real-weights] table)")
-    from mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
+    from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
 
     rw = spec.real_weights
     dev = _device(device)

@@ -26,16 +26,16 @@ import numpy as np
 
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS, RunConfig
+from corbin_fl.experiments.results import GroupResult, Stat, group_label
+from corbin_fl.experiments.spec import CLIENTS_KEY
 from corbin_fl.fsio import atomic_write_bytes
-from experiments.results import GroupResult, Stat, group_label
-from experiments.spec import CLIENTS_KEY
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from experiments.mse import GridMSE, RealWeightsMSE
-    from experiments.results import RunValue
+    from corbin_fl.experiments.mse import GridMSE, RealWeightsMSE
+    from corbin_fl.experiments.results import RunValue
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from scipy import stats
 
-from corbin_fl.fsio import atomic_write_text
-from experiments.plots import THREAT_MODELS
-from experiments.results import (
+from corbin_fl.experiments.plots import THREAT_MODELS
+from corbin_fl.experiments.results import (
     SELECTION_RULE,
     GroupResult,
     RunResult,
@@ -27,10 +26,11 @@ from experiments.results import (
     group_label,
     privacy_view,
 )
-from experiments.spec import ExperimentSpec
+from corbin_fl.experiments.spec import ExperimentSpec
+from corbin_fl.fsio import atomic_write_text
 
 if TYPE_CHECKING:  # typing only: a federated report must not import torch
-    from experiments.mse import GridMSE, RealWeightsMSE
+    from corbin_fl.experiments.mse import GridMSE, RealWeightsMSE
 
 Status = Literal["PASS", "MISS", "not resolved", "N/A"]
 

@@ -23,16 +23,16 @@ import numpy as np
 import pandas as pd
 
 from corbin_fl.config import ConfigError, RunConfig
-from corbin_fl.fsio import atomic_write_text
-from corbin_fl.registry import REGISTRY
-from experiments.spec import CLIENTS_KEY, RunValue
-from experiments.sweep import (
+from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
+from corbin_fl.experiments.sweep import (
     METRICS_FILE,
     RUN_RECORD_KEY,
     SUMMARY_FILE,
     canonical_json,
     read_metrics,
 )
+from corbin_fl.fsio import atomic_write_text
+from corbin_fl.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from corbin_fl.deploy import flower, processes
+from corbin_fl.deploy.run import LocalRunOptions, run_simulation
+from corbin_fl.experiments.sweep import (
+    METRICS_FILE,
+    RUN_RECORD_KEY,
+    SUMMARY_FILE,
+    Run,
+    read_metrics,
+)
 from corbin_fl.fsio import atomic_write_json
-from deploy import flower, processes
-from deploy.run import LocalRunOptions, run_simulation
-from experiments.sweep import METRICS_FILE, RUN_RECORD_KEY, SUMMARY_FILE, Run, read_metrics
 
 APP_OUT_DIR = "app"
 FAILED_FILE = "failed.json"

@@ -25,7 +25,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from experiments.spec import CLIENTS_KEY, ExperimentSpec, RunValue, SpecError, validate_run_config
+from corbin_fl.experiments.spec import (
+    CLIENTS_KEY,
+    ExperimentSpec,
+    RunValue,
+    SpecError,
+    validate_run_config,
+)
 
 logger = logging.getLogger(__name__)
 

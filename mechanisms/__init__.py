@@ -6,7 +6,7 @@ expansion (:mod:`mechanisms.randomness`), bit packing and streaming aggregation
 accounting and baseline modules are imported from their own submodules.
 """
 
-from mechanisms.packing import (
+from corbin_fl.mechanisms.packing import (
     BitCounter,
     SumAccumulator,
     mean_from_counts,
@@ -14,9 +14,9 @@ from mechanisms.packing import (
     packed_len,
     unpack_bits,
 )
-from mechanisms.pairing import augcorbin_split, is_lead, lead_node, random_pairing
-from mechanisms.quantizers import MAX_SHARED_BITS, alpha, corbinq, decode, ldpq, prob_plus
-from mechanisms.randomness import (
+from corbin_fl.mechanisms.pairing import augcorbin_split, is_lead, lead_node, random_pairing
+from corbin_fl.mechanisms.quantizers import MAX_SHARED_BITS, alpha, corbinq, decode, ldpq, prob_plus
+from corbin_fl.mechanisms.randomness import (
     PROTOCOL_VERSION,
     SEED_BYTES,
     context_label,

@@ -56,11 +56,11 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from mechanisms.baselines.gaussian import (
+from corbin_fl.mechanisms.baselines.gaussian import (
     analytic_gaussian_sigma,
     gaussian_epsilon,
 )
-from mechanisms.theory import (
+from corbin_fl.mechanisms.theory import (
     alpha64,
     corbin_pair_joint_from_q,
     ldpfl_mse,
@@ -69,7 +69,7 @@ from mechanisms.theory import (
     theorem3_epsilon_u,
     theorem3_mse_bound,
 )
-from mechanisms.validate import integer, positive, probability, real
+from corbin_fl.mechanisms.validate import integer, positive, probability, real
 
 logger = logging.getLogger(__name__)
 
@@ -1071,7 +1071,10 @@ def _central_threat_models(
     ``rounds`` (at most ``planned``) compose exactly to one Gaussian with ``mu = sqrt(T) / z``
     (``mechanisms/baselines/central_gaussian.py``).
     """
-    from mechanisms.baselines.central_gaussian import central_epsilon, central_noise_multiplier
+    from corbin_fl.mechanisms.baselines.central_gaussian import (
+        central_epsilon,
+        central_noise_multiplier,
+    )
 
     z = central_noise_multiplier(epsilon, delta, planned)
     tm: dict[str, dict[str, Any]] = {

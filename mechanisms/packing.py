@@ -24,8 +24,8 @@ from typing import Final
 import numpy as np
 import torch
 
-from mechanisms.quantizers import alpha as _alpha
-from mechanisms.validate import integer, positive
+from corbin_fl.mechanisms.quantizers import alpha as _alpha
+from corbin_fl.mechanisms.validate import integer, positive
 
 __all__ = [
     "BitCounter",

@@ -21,7 +21,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from mechanisms.validate import generator, integer
+from corbin_fl.mechanisms.validate import generator, integer
 
 __all__ = ["augcorbin_split", "is_lead", "lead_node", "random_pairing"]
 

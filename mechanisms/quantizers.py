@@ -47,7 +47,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from mechanisms.validate import (
+from corbin_fl.mechanisms.validate import (
     integer,
     interval,
     one_device,

@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from mechanisms.validate import integer
+from corbin_fl.mechanisms.validate import integer
 
 __all__ = [
     "PROTOCOL_VERSION",

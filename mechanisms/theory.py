@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.validate import integer, positive, positive_array, probability, real_array
+from corbin_fl.mechanisms.validate import integer, positive, positive_array, probability, real_array
 
 logger = logging.getLogger(__name__)
 

@@ -117,7 +117,7 @@ class BitsAggregator(Aggregator):
     """One bit per parameter (corbin, augcorbin, ldpfl, cq), counted by a ``BitCounter``."""
 
     def _start(self) -> None:
-        from mechanisms.packing import BitCounter
+        from corbin_fl.mechanisms.packing import BitCounter
 
         self.counter = BitCounter(self.m)
         pad = 8 * self.length - self.m
@@ -146,7 +146,7 @@ class BitsAggregator(Aggregator):
         self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
     ) -> torch.Tensor:
         """``c + r alpha(eps) (2 k / n - 1)``: the mean of the decoded bits (Alg. 1 line 4)."""
-        from mechanisms.packing import mean_from_counts
+        from corbin_fl.mechanisms.packing import mean_from_counts
 
         return mean_from_counts(k, self.n, c, r, self.cfg.epsilon)
 
@@ -168,7 +168,7 @@ class SignAggregator(BitsAggregator):
         self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
     ) -> torch.Tensor:
         """``c + r sign(2 k - n)``: the layer's step ``r = R`` in the voted direction."""
-        from mechanisms.baselines.signsgd import majority_vote
+        from corbin_fl.mechanisms.baselines.signsgd import majority_vote
 
         return c + r * majority_vote(k, self.n)
 
@@ -184,7 +184,7 @@ class TernaryAggregator(Aggregator):
         self.total += torch.from_numpy(t).to(self.total.device, torch.int32)
 
     def _estimate(self) -> torch.Tensor:
-        from mechanisms.baselines.ternary import ternary_params
+        from corbin_fl.mechanisms.baselines.ternary import ternary_params
 
         out = torch.empty(self.m, dtype=torch.float32)
         for lo, hi, c, r in _chunks(self.blocks):
@@ -209,7 +209,7 @@ class LevelsAggregator(Aggregator):
         self.total = torch.zeros(self.m, dtype=torch.float64)
 
     def _add(self, values: np.ndarray) -> None:
-        from mechanisms.packing import unpack_symbols
+        from corbin_fl.mechanisms.packing import unpack_symbols
 
         try:
             symbols = unpack_symbols(values, self.m, self.mechanism.bits)
@@ -267,12 +267,12 @@ def float_release_bounds(
     c64 = torch.as_tensor(c).to(torch.float64)
     r64 = torch.as_tensor(r).to(device=c64.device, dtype=torch.float64)
     if cfg.mechanism == "gaussian":
-        from mechanisms.baselines.gaussian import analytic_gaussian_sigma
+        from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma
 
         sigma = 2.0 * analytic_gaussian_sigma(cfg.epsilon, cfg.delta, 1.0) * r64
         limit = r64 + GAUSS_TAIL_Z * sigma
     elif cfg.mechanism == "laplace":
-        from mechanisms.baselines.laplace import laplace_scale
+        from corbin_fl.mechanisms.baselines.laplace import laplace_scale
 
         limit = r64 + LAPLACE_TAIL_K * laplace_scale(r64, cfg.epsilon)
     else:
@@ -323,7 +323,7 @@ class CentralGaussianAggregator(Aggregator):
     noise_generator: torch.Generator | None = None
 
     def _start(self) -> None:
-        from mechanisms.baselines.central_gaussian import central_noise_multiplier
+        from corbin_fl.mechanisms.baselines.central_gaussian import central_noise_multiplier
 
         self.total = torch.zeros(self.m, dtype=torch.float64)
         self.z = central_noise_multiplier(self.cfg.epsilon, self.cfg.delta, self.cfg.num_rounds)
@@ -340,7 +340,7 @@ class CentralGaussianAggregator(Aggregator):
         self.total += v
 
     def _estimate(self) -> torch.Tensor:
-        from mechanisms.baselines.central_gaussian import central_noise
+        from corbin_fl.mechanisms.baselines.central_gaussian import central_noise
 
         noise = central_noise(
             (self.m,), self.z, self.cfg.central_clip, generator=self.noise_generator

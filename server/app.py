@@ -94,8 +94,8 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     """
     from corbin_fl.data import dataset_info, server_datasets
     from corbin_fl.models import build_model
+    from corbin_fl.server.strategy import CorBin
     from corbin_fl.training import evaluate, pick_device
-    from server.strategy import CorBin
 
     device = pick_device(cfg.device)
     info = dataset_info(cfg.dataset, cfg.data_dir or None)

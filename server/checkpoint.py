@@ -51,8 +51,8 @@ import torch
 
 from corbin_fl.config import RunConfig
 from corbin_fl.fsio import atomic_write_bytes, atomic_write_text
-from mechanisms.accounting import PrivacyEvent, PrivacyLedger
-from server.metrics import jsonable
+from corbin_fl.mechanisms.accounting import PrivacyEvent, PrivacyLedger
+from corbin_fl.server.metrics import jsonable
 
 logger = logging.getLogger(__name__)
 

@@ -40,12 +40,12 @@ from flwr.serverapp import Grid
 
 from corbin_fl import wire
 from corbin_fl.config import RunConfig
-from server.aggregation import apply_global_lr, make_aggregator
-from server.metrics import RunFiles, client_device, client_devices
-from server.stages import RoundState, active_of, exchange
+from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
+from corbin_fl.server.metrics import RunFiles, client_device, client_devices
+from corbin_fl.server.stages import RoundState, active_of, exchange
 
 if TYPE_CHECKING:
-    from server.checkpoint import TrainingState
+    from corbin_fl.server.checkpoint import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def run_round(
         independent: list[int] = []
         to_pair = list(state.sampled)
         if cfg.mechanism == "augcorbin":
-            from mechanisms.pairing import augcorbin_split
+            from corbin_fl.mechanisms.pairing import augcorbin_split
 
             independent, to_pair = augcorbin_split(
                 state.sampled, cfg.gamma, rt.rng(rnd, _PURPOSE_SPLIT)
@@ -241,7 +241,7 @@ def run_round(
     # 4. Pairing (Alg. 3 line 2): uniform over pairings of the other nodes that have a key.
     fresh: list[tuple[int, int]] = []
     if cfg.paired:
-        from mechanisms.pairing import random_pairing
+        from corbin_fl.mechanisms.pairing import random_pairing
 
         pairs, odd = random_pairing(active_of(state, leftover), rt.rng(rnd, _PURPOSE_PAIRING))
         fresh = [(int(a), int(b)) for a, b in pairs]
@@ -384,7 +384,7 @@ def carry_pipeline(rt: ServerRuntime, state: RoundState, to_pair: list[int]) -> 
 def pair_next_round(rt: ServerRuntime, state: RoundState, participants: list[int]) -> None:
     """Fix round ``t+1``'s pairing (Alg. 3 line 2, one round early) over this round's update
     stage nodes that hold a key of round ``t`` (uniform, from the public generator)."""
-    from mechanisms.pairing import random_pairing
+    from corbin_fl.mechanisms.pairing import random_pairing
 
     keyed = [nid for nid in participants if round_key(rt, state, nid) is not None]
     pairs, _ = random_pairing(keyed, rt.rng(state.round + 1, _PURPOSE_PIPELINE))
@@ -456,7 +456,7 @@ def update_instruction(
         body[wire.NEXT_PARTNER] = nxt
         body[wire.NEXT_PARTNER_PUBKEY] = round_key(rt, state, nxt)
     if cfg.mechanism == "cq":
-        from mechanisms.baselines.cq import cq_shared_randomness
+        from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
 
         seed = int.from_bytes(cq_seed, "big")
         perm, _ = cq_shared_randomness(seed, len(participants), (0,))
@@ -702,7 +702,7 @@ def build_summary(
     else:
         summary["privacy"] = privacy_summary(cfg, len(history), num_params, clients, r_max)
     if train is not None:
-        from server.checkpoint import ledger_counts
+        from corbin_fl.server.checkpoint import ledger_counts
 
         summary["privacy_ledger"] = {
             **ledger_counts(train.ledger),
@@ -777,7 +777,7 @@ def privacy_summary(
     delta), and no ``delta`` anywhere for a mechanism without DP. On a failure the report is
     ``{"mechanism", "eps_p", "error"}`` and the failure is logged.
     """
-    from mechanisms.accounting import privacy_report
+    from corbin_fl.mechanisms.accounting import privacy_report
 
     try:
         return privacy_report(

@@ -26,8 +26,8 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 
+from corbin_fl.server.metrics import RunFiles
 from corbin_fl.wire import CFG, ERROR_CODE_POLICY, STAGE, WireError, payload_bytes
-from server.metrics import RunFiles
 
 logger = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from corbin_fl import wire
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
-    from server.checkpoint import TrainingState
+    from corbin_fl.server.checkpoint import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ class CorBin(Strategy):
             At the end, when no round of the run aggregated an update (``summary.json`` is
             written first): the model is the initial one, which is no success.
         """
-        if logging.getLogger("server").level == logging.NOTSET:  # the app left it to us
+        if logging.getLogger("corbin_fl").level == logging.NOTSET:  # the app left it to us
             from corbin_fl.config import configure_app_logging
 
             configure_app_logging()  # CorBin-FL's INFO lines in the ServerApp's log, as Flower's
@@ -358,8 +358,8 @@ class CorBin(Strategy):
         server.checkpoint.CheckpointError
             ``resume`` without a usable checkpoint, or an ``out_dir`` holding another run's.
         """
-        from server.checkpoint import Checkpointer, CheckpointError, TrainingState
-        from server.round import wait_for_nodes
+        from corbin_fl.server.checkpoint import Checkpointer, CheckpointError, TrainingState
+        from corbin_fl.server.round import wait_for_nodes
 
         cfg, rt = run.cfg, run.rt
         run.ckpt = Checkpointer(cfg.out_dir, cfg, rt.layout.m) if cfg.out_dir else None
@@ -413,7 +413,7 @@ class CorBin(Strategy):
         timeout: float,
     ) -> None:
         """Round ``rnd``: train, evaluate, the checkpoint rule, the ledger, then commit."""
-        from server.round import round_record
+        from corbin_fl.server.round import round_record
 
         run.files.round_start(rnd)
         t0 = time.monotonic()
@@ -464,7 +464,7 @@ class CorBin(Strategy):
     ) -> None:
         """Make round ``rnd`` durable: the ledger, the checkpoint, then its metrics row (a
         visible row is a durable round), the round's event and log line."""
-        from server.checkpoint import release_event
+        from corbin_fl.server.checkpoint import release_event
 
         cfg, files = run.cfg, run.files
         for nid, metrics in sorted(state.client_metrics.items()):
@@ -500,7 +500,7 @@ class CorBin(Strategy):
     def _finish(self, run: _Run, train: TrainingState) -> None:
         """The final model, ``summary.json``, and the verdict: a run in which no round
         aggregated an update fails (:class:`RunFailedError`)."""
-        from server.round import build_summary
+        from corbin_fl.server.round import build_summary
 
         run.result.arrays = run.arrays()
         summary = build_summary(run.cfg, train.history, train.best, run.rt.layout.m, train=train)
@@ -523,7 +523,7 @@ class CorBin(Strategy):
     ) -> Any:
         """One training round: sampling by the wrapped strategy, the protocol, its aggregation."""
         from corbin_fl.arrays import flatten_arrays
-        from server.round import run_round, skipped_round
+        from corbin_fl.server.round import run_round, skipped_round
 
         connected = len(list(rt.grid.get_node_ids()))
         if connected < rt.cfg.min_clients:
@@ -655,9 +655,9 @@ class _Run:
     ) -> _Run:
         """The run's state from the initial model; logs and records ``run_start``."""
         from corbin_fl.arrays import flatten_arrays, layout_of_arrays
+        from corbin_fl.server.metrics import RunFiles
+        from corbin_fl.server.round import ServerRuntime
         from corbin_fl.training import pick_device
-        from server.metrics import RunFiles
-        from server.round import ServerRuntime
 
         layout = layout_of_arrays(initial_arrays)
         device = pick_device(cfg.device)
@@ -709,7 +709,7 @@ class _Run:
 
     def journal(self, rnd: int, nid: int, metrics: dict[str, float]) -> None:
         """Journal an accepted update at once (a crash later in the round keeps it)."""
-        from server.checkpoint import release_event
+        from corbin_fl.server.checkpoint import release_event
 
         if self.ckpt is None:
             return

@@ -48,15 +48,15 @@ from typing import Any, ClassVar, Final
 
 import tomli_w
 
-from deploy.flower import (
+from corbin_fl.deploy.flower import (
     RUN_ID_RE,
     FlowerCli,
     superlink_argv,
     supernode_argv,
     wait_online,
 )
-from deploy.follow import JsonlTail
-from deploy.processes import (
+from corbin_fl.deploy.follow import JsonlTail
+from corbin_fl.deploy.processes import (
     LauncherError,
     ManagedProcess,
     ProcessRef,

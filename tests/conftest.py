@@ -18,7 +18,7 @@ from typing import Final
 
 import pytest
 
-from deploy.processes import (
+from corbin_fl.deploy.processes import (
     FLOWER_ENV,
     TASK_POLL_ENV,
     THREADS_ENV,

@@ -45,8 +45,8 @@ dead node is reported by Flower's heartbeat check, not by the stage timeout."""
 _CLIENTAPP_PROBE: Final[str] = """
 import json, sys, time
 import flwr.clientapp
-import client.app
-from client import train as client_train
+import corbin_fl.client.app
+from corbin_fl.client import train as client_train
 print("imported", flush=True)
 from corbin_fl.config import RunConfig
 from corbin_fl.data import client_rows, dataset_rows

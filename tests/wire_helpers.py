@@ -56,7 +56,7 @@ def app_records(weights: Any, layout: Any, rnd: int) -> RecordDict:
 def run_plain_round(rt: Any, rnd: int) -> Any:
     """:func:`server.round.run_round` over every connected node, as ``CorBin`` runs it when the
     wrapped ``FedAvg`` samples them all."""
-    from server.round import run_round
+    from corbin_fl.server.round import run_round
 
     nodes = sorted(int(n) for n in rt.grid.get_node_ids())
     return run_round(rt, rnd, nodes, app_records(rt.weights, rt.layout, rnd), "arrays")
@@ -77,7 +77,7 @@ def encode_solo(
     import torch
     from flwr.app import Context
 
-    from client.encode import encode
+    from corbin_fl.client.encode import encode
 
     ctx = Context(run_id=9, node_id=node, node_config={}, state=RecordDict(), run_config={})
     key, array, flags, _ = encode(

@@ -22,18 +22,23 @@ module                    mechanism
 ========================  ==================================================================
 """
 
-from mechanisms.baselines.cq import cq, cq_decode, cq_shared_randomness
-from mechanisms.baselines.fedcad import FedCAD
-from mechanisms.baselines.gaussian import (
+from corbin_fl.mechanisms.baselines.cq import cq, cq_decode, cq_shared_randomness
+from corbin_fl.mechanisms.baselines.fedcad import FedCAD
+from corbin_fl.mechanisms.baselines.gaussian import (
     analytic_gaussian_sigma,
     gaussian,
     gaussian_delta,
     gaussian_epsilon,
     log_ndtr,
 )
-from mechanisms.baselines.laplace import laplace, laplace_scale
-from mechanisms.baselines.ternary import ternary, ternary_decode, ternary_params, ternary_tradeoff
-from mechanisms.baselines.vanilla import vanilla
+from corbin_fl.mechanisms.baselines.laplace import laplace, laplace_scale
+from corbin_fl.mechanisms.baselines.ternary import (
+    ternary,
+    ternary_decode,
+    ternary_params,
+    ternary_tradeoff,
+)
+from corbin_fl.mechanisms.baselines.vanilla import vanilla
 
 __all__ = [
     "FedCAD",

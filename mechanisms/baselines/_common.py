@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mechanisms.validate import one_device, operand
+from corbin_fl.mechanisms.validate import one_device, operand
 
 __all__ = [
     "COMPUTE_DTYPE",

@@ -32,8 +32,8 @@ import math
 
 import torch
 
-from mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
-from mechanisms.validate import integer, positive, probability, torch_generator
+from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from corbin_fl.mechanisms.validate import integer, positive, probability, torch_generator
 
 __all__ = ["central_epsilon", "central_noise", "central_noise_multiplier", "clip_l2"]
 

@@ -39,12 +39,12 @@ import logging
 
 import torch
 
-from mechanisms.baselines._common import (
+from corbin_fl.mechanisms.baselines._common import (
     COMPUTE_DTYPE,
     clip_to_box,
     prepare,
 )
-from mechanisms.validate import integer, torch_generator
+from corbin_fl.mechanisms.validate import integer, torch_generator
 
 logger = logging.getLogger(__name__)
 

@@ -59,11 +59,11 @@ from typing import Any
 
 import torch
 
-from mechanisms.baselines._common import (
+from corbin_fl.mechanisms.baselines._common import (
     COMPUTE_DTYPE,
 )
-from mechanisms.baselines.gaussian import analytic_gaussian_sigma
-from mechanisms.validate import positive, probability, torch_generator
+from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma
+from corbin_fl.mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 

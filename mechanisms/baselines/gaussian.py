@@ -27,11 +27,11 @@ import math
 
 import torch
 
-from mechanisms.baselines._common import (
+from corbin_fl.mechanisms.baselines._common import (
     clip_to_box,
     prepare,
 )
-from mechanisms.validate import positive, probability, torch_generator
+from corbin_fl.mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 

@@ -57,8 +57,8 @@ from numpy.typing import ArrayLike
 from scipy import sparse
 from scipy.optimize import linprog, minimize
 
-from mechanisms.baselines.levels import FiniteMechanism, log_ratio
-from mechanisms.validate import integer, positive
+from corbin_fl.mechanisms.baselines.levels import FiniteMechanism, log_ratio
+from corbin_fl.mechanisms.validate import integer, positive
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from numbers import Real
 
 import torch
 
-from mechanisms.baselines._common import clip_to_box, prepare
-from mechanisms.validate import positive, torch_generator
+from corbin_fl.mechanisms.baselines._common import clip_to_box, prepare
+from corbin_fl.mechanisms.validate import positive, torch_generator
 
 logger = logging.getLogger(__name__)
 

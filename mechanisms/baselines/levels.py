@@ -25,8 +25,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-from mechanisms.baselines._common import clip_to_box, prepare
-from mechanisms.validate import torch_generator
+from corbin_fl.mechanisms.baselines._common import clip_to_box, prepare
+from corbin_fl.mechanisms.validate import torch_generator
 
 __all__ = ["FiniteMechanism", "log_ratio", "symbol_bits"]
 

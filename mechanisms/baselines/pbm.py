@@ -29,8 +29,8 @@ import math
 import numpy as np
 import torch
 
-from mechanisms.baselines.levels import FiniteMechanism
-from mechanisms.validate import integer, positive
+from corbin_fl.mechanisms.baselines.levels import FiniteMechanism
+from corbin_fl.mechanisms.validate import integer, positive
 
 __all__ = ["PBM", "pbm_theta"]
 

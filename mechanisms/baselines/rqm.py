@@ -42,8 +42,8 @@ import numpy as np
 import torch
 from scipy.optimize import brentq, minimize_scalar
 
-from mechanisms.baselines.levels import FiniteMechanism
-from mechanisms.validate import positive, probability
+from corbin_fl.mechanisms.baselines.levels import FiniteMechanism
+from corbin_fl.mechanisms.validate import positive, probability
 
 __all__ = ["RQM", "rqm_epsilon", "rqm_optimal_q", "rqm_xmax"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from mechanisms.baselines._common import prepare
-from mechanisms.validate import torch_generator
+from corbin_fl.mechanisms.baselines._common import prepare
+from corbin_fl.mechanisms.validate import torch_generator
 
 __all__ = ["majority_vote", "sign_bits"]
 

@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.baselines._common import (
+from corbin_fl.mechanisms.baselines._common import (
     COMPUTE_DTYPE,
     clip_to_box,
     prepare,
 )
-from mechanisms.quantizers import alpha
-from mechanisms.validate import positive, probability, torch_generator
+from corbin_fl.mechanisms.quantizers import alpha
+from corbin_fl.mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from mechanisms.baselines._common import COMPUTE_DTYPE, clip_to_box, prepare
+from corbin_fl.mechanisms.baselines._common import COMPUTE_DTYPE, clip_to_box, prepare
 
 logger = logging.getLogger(__name__)
 

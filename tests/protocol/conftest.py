@@ -35,14 +35,14 @@ def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     layer, local training adds seeded noise to it, the data is 64 random images and evaluation a
     fixed score (one test keeps the real CNN, data, training and evaluation)."""
     if request.node.originalname in REAL_TRAINING:
-        from client import train as client_train
+        from corbin_fl.client import train as client_train
 
         monkeypatch.setattr(client_train.LocalTask, "_cache", {})
         return
     import corbin_fl.data
     import corbin_fl.models
     import corbin_fl.training
-    from client import train as client_train
+    from corbin_fl.client import train as client_train
     from corbin_fl.training import EvalResult, TrainResult
 
     def fake_data(cfg: Any, context: Any, partition_id: int, num_partitions: int) -> Any:

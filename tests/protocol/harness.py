@@ -28,13 +28,13 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from wire_helpers import message_stage
 
-from client import app as client_app
 from corbin_fl import wire
+from corbin_fl.client import app as client_app
 from corbin_fl.config import RunConfig
-from deploy.run import node_policy
-from server import app as server_app
-from server import round as server_round
-from server.metrics import RunFiles
+from corbin_fl.deploy.run import node_policy
+from corbin_fl.server import app as server_app
+from corbin_fl.server import round as server_round
+from corbin_fl.server.metrics import RunFiles
 
 RUN_ID = 4242
 

@@ -33,13 +33,13 @@ from flwr.app import Message
 from harness import RUN_ID, InProcessGrid, make_cfg, runtime
 from wire_helpers import is_stage, run_plain_round
 
-import mechanisms.pairing
-from client import app as client_app
-from client import encode, handlers, pair_crypto
-from client import train as client_train
+import corbin_fl.mechanisms.pairing
 from corbin_fl import wire
+from corbin_fl.client import app as client_app
+from corbin_fl.client import encode, handlers, pair_crypto
+from corbin_fl.client import train as client_train
 from corbin_fl.config import APP_LOGGERS, RunConfig
-from server import app as server_app
+from corbin_fl.server import app as server_app
 
 
 @pytest.fixture(autouse=True)
@@ -191,7 +191,7 @@ class SecretSpy:
         real_derived = handlers.derive_randomness
         real_exact = handlers._exact_bits
         real_z = encode.shared_z
-        real_lead = mechanisms.pairing.is_lead
+        real_lead = corbin_fl.mechanisms.pairing.is_lead
 
         def keypair() -> tuple[bytes, bytes]:
             sk, pk = real_keypair()
@@ -212,7 +212,7 @@ class SecretSpy:
             return keep("exact z bits", real_exact(*args))
 
         def z(cfg: RunConfig, context: Any, rnd: int, shared: Any, *rest: Any) -> torch.Tensor:
-            from mechanisms.randomness import pack_z
+            from corbin_fl.mechanisms.randomness import pack_z
 
             out = real_z(cfg, context, rnd, shared, *rest)
             keep("pair z", pack_z(out, cfg.d))
@@ -229,7 +229,7 @@ class SecretSpy:
         monkeypatch.setattr(handlers, "derive_randomness", derived)
         monkeypatch.setattr(handlers, "_exact_bits", exact)
         monkeypatch.setattr(encode, "shared_z", z)
-        monkeypatch.setattr(mechanisms.pairing, "is_lead", lead)
+        monkeypatch.setattr(corbin_fl.mechanisms.pairing, "is_lead", lead)
 
 
 def encodings(secret: bytes) -> list[bytes]:
@@ -354,7 +354,9 @@ def test_server_logs_and_files_hold_no_secret_and_no_role(
         assert len(spy.secrets["pair key"]) == 2 * 2 * pairs
 
     # Logs: every record of the run, DEBUG included.
-    assert any(r.levelno == logging.DEBUG and r.name.startswith("server") for r in caplog.records)
+    assert any(
+        r.levelno == logging.DEBUG and r.name.startswith("corbin_fl.server") for r in caplog.records
+    )
     texts = _log_texts(caplog.records)
     leaks = [f"{hit} in log" for t in texts for hit in find_secrets(t.encode(), spy.secrets)]
     node_ids = set(grid.node_ids)

@@ -20,11 +20,11 @@ from flwr.app import ConfigRecord, Message, RecordDict
 # In-process harness: Flower task identity, tiny model and stub training (autouse fixtures).
 from harness import InProcessGrid, make_cfg, reply_hook, run
 
-from client import train as client_train
 from corbin_fl import wire
+from corbin_fl.client import train as client_train
+from corbin_fl.server import metrics as server_metrics
+from corbin_fl.server.metrics import INVALID_DEVICE, RunFiles, client_device, client_devices
 from corbin_fl.training import device_label
-from server import metrics as server_metrics
-from server.metrics import INVALID_DEVICE, RunFiles, client_device, client_devices
 
 N_NODES = 3
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -74,12 +74,6 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from client import app as client_app
-from client import handlers, pair_crypto
-from client import train as client_train
-from client.mod import corbin_mod
-from client.policy import Policy, PolicyError
-from client.shared import assignments_of
 from corbin_fl import wire
 from corbin_fl.arrays import (
     ArrayLayoutError,
@@ -88,11 +82,17 @@ from corbin_fl.arrays import (
     layout_of_arrays,
     unflatten_arrays,
 )
+from corbin_fl.client import app as client_app
+from corbin_fl.client import handlers, pair_crypto
+from corbin_fl.client import train as client_train
+from corbin_fl.client.mod import corbin_mod
+from corbin_fl.client.policy import Policy, PolicyError
+from corbin_fl.client.shared import assignments_of
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
-from deploy.run import node_policy
-from server import round as server_round
-from server.aggregation import float_release_bounds, make_aggregator
-from server.stages import RoundState, exchange
+from corbin_fl.deploy.run import node_policy
+from corbin_fl.server import round as server_round
+from corbin_fl.server.aggregation import float_release_bounds, make_aggregator
+from corbin_fl.server.stages import RoundState, exchange
 
 pytestmark = pytest.mark.fuzz
 
@@ -1828,7 +1828,7 @@ def test_client_exact_bits_with_padding_from_the_partner_fall_back(
     cannot make the node fail the round. A leading node uses its own bits; a following node
     falls back to ``ldpq`` with reason ``blob-invalid`` (the wire docstring: anything wrong with
     the pair's randomness is a fall-back, never an error)."""
-    from mechanisms.pairing import is_lead
+    from corbin_fl.mechanisms.pairing import is_lead
 
     m = model_layout().m
     d = RunConfig().d

@@ -52,14 +52,14 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 from harness import InProcessGrid, make_cfg, reply_hook, runtime
 from wire_helpers import is_stage, run_plain_round
 
-from client import encode
-from client import train as client_train
 from corbin_fl import wire
+from corbin_fl.client import encode
+from corbin_fl.client import train as client_train
 from corbin_fl.config import RunConfig
+from corbin_fl.mechanisms.quantizers import alpha
 from corbin_fl.models import expand_per_element
-from mechanisms.quantizers import alpha
-from server import round as server_round
-from server.aggregation import apply_global_lr, float_release_bounds, make_aggregator
+from corbin_fl.server import round as server_round
+from corbin_fl.server.aggregation import apply_global_lr, float_release_bounds, make_aggregator
 
 N_NODES = 4
 
@@ -298,8 +298,8 @@ def test_float_updates_nan_inf_huge_are_rejected_not_averaged(mechanism: str, ki
 def test_float_release_bounds_match_the_mechanisms() -> None:
     """The admissible range is ``r + 12 sigma`` (Gaussian) and ``r + 75 b`` (Laplace) around
     ``c``, and honest releases of many rounds' worth of parameters all fall inside it."""
-    from mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian
-    from mechanisms.baselines.laplace import laplace
+    from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian
+    from corbin_fl.mechanisms.baselines.laplace import laplace
 
     gen = torch.Generator().manual_seed(5)
     m = 200_000

@@ -23,12 +23,12 @@ from harness import (
 )
 from wire_helpers import app_records, is_stage
 
-from client import app as client_app
-from client import handlers, pair_crypto
 from corbin_fl import wire
+from corbin_fl.client import app as client_app
+from corbin_fl.client import handlers, pair_crypto
 from corbin_fl.config import RunConfig
-from server.round import ServerRuntime, run_round
-from server.stages import RoundState
+from corbin_fl.server.round import ServerRuntime, run_round
+from corbin_fl.server.stages import RoundState
 
 
 def _setup(num_nodes: int, rounds: int = 5) -> tuple[InProcessGrid, ServerRuntime]:

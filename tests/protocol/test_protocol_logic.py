@@ -35,14 +35,14 @@ from harness import (
 )
 from wire_helpers import is_stage, run_plain_round
 
-from client import app as client_app
-from client import handlers, pair_crypto
 from corbin_fl import wire
+from corbin_fl.client import app as client_app
+from corbin_fl.client import handlers, pair_crypto
 from corbin_fl.config import RunConfig
-from server import round as server_round
-from server.aggregation import apply_global_lr, make_aggregator
-from server.metrics import RunFiles
-from server.stages import RoundState, exchange
+from corbin_fl.server import round as server_round
+from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
+from corbin_fl.server.metrics import RunFiles
+from corbin_fl.server.stages import RoundState, exchange
 
 
 # ============================================================================ full rounds
@@ -483,8 +483,8 @@ def test_client_rejects_bad_settings_and_a_stage_the_mechanism_lacks() -> None:
 
 # ============================================================================ aggregation
 def test_bits_aggregation_matches_the_mean_of_decoded_updates() -> None:
-    from mechanisms.packing import pack_bits
-    from mechanisms.quantizers import decode, ldpq
+    from corbin_fl.mechanisms.packing import pack_bits
+    from corbin_fl.mechanisms.quantizers import decode, ldpq
 
     cfg = RunConfig(mechanism="ldpfl", epsilon=2.0)
     gen = torch.Generator().manual_seed(0)
@@ -513,7 +513,7 @@ def test_range_mode_update_quantizes_the_local_update_around_the_global_model(
     ``w_i - w_g``, and the server adds the decoded mean back: with lambda = 1 no weight moves by
     more than ``R alpha`` (the extreme one-bit level), whatever the layer ranges. FedAvg gives
     the same model in both modes (it does not clip)."""
-    from mechanisms.quantizers import alpha
+    from corbin_fl.mechanisms.quantizers import alpha
 
     radius = 0.004
     models = {}
@@ -591,9 +591,9 @@ def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, l
 
 
 def test_client_by_block_equals_one_call_on_expanded_ranges() -> None:
-    from client.encode import by_block, clip_fraction
+    from corbin_fl.client.encode import by_block, clip_fraction
+    from corbin_fl.mechanisms.quantizers import ldpq
     from corbin_fl.models import ParamLayout, expand_per_element, range_blocks
-    from mechanisms.quantizers import ldpq
 
     layout = ParamLayout(names=("a", "b"), shapes=((7,), (9,)), offsets=(0, 7), sizes=(7, 9), m=16)
     w = torch.linspace(-1.5, 1.5, layout.m)

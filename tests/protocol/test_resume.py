@@ -38,14 +38,14 @@ from flwr.app import RecordDict
 from harness import InProcessGrid, make_cfg
 from wire_helpers import is_stage
 
-from client import handlers
 from corbin_fl import wire
 from corbin_fl.arrays import flatten_arrays, layout_of_arrays
+from corbin_fl.client import handlers
 from corbin_fl.config import ConfigError, RunConfig
-from mechanisms.accounting import PrivacyLedger
-from server import app as server_app
-from server import round as server_round
-from server.checkpoint import (
+from corbin_fl.mechanisms.accounting import PrivacyLedger
+from corbin_fl.server import app as server_app
+from corbin_fl.server import round as server_round
+from corbin_fl.server.checkpoint import (
     CHECKPOINT_DIR,
     JOURNAL_FILE,
     MAY_DIFFER_ON_RESUME,
@@ -57,7 +57,7 @@ from server.checkpoint import (
     config_mismatches,
     release_event,
 )
-from server.metrics import RunFiles
+from corbin_fl.server.metrics import RunFiles
 
 pytestmark = [pytest.mark.resume]
 

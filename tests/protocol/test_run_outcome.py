@@ -22,7 +22,7 @@ import pytest
 from harness import InProcessGrid, make_cfg, reply_hook, run
 
 from corbin_fl import wire
-from server.strategy import PolicyRefusedError, RunFailedError
+from corbin_fl.server.strategy import PolicyRefusedError, RunFailedError
 
 
 def _limit_epsilon(grid: InProcessGrid, nodes: list[int], max_epsilon: float) -> None:

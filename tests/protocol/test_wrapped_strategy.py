@@ -22,7 +22,7 @@ from harness import InProcessGrid, make_cfg
 
 from corbin_fl import wire
 from corbin_fl.config import ConfigError, RunConfig
-from server.strategy import CorBin
+from corbin_fl.server.strategy import CorBin
 
 
 def _initial_arrays(cfg: RunConfig) -> ArrayRecord:

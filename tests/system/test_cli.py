@@ -27,11 +27,11 @@ import pytest
 from rich.console import Console
 from waits import LOAD_HEADROOM, ClientAppTiming, StartupTiming
 
-from deploy import cli
-from deploy.flower import format_config_args, parse_config_string, write_connection
-from deploy.follow import read_jsonl
-from deploy.local import LocalDeployment
-from deploy.processes import (
+from corbin_fl.deploy import cli
+from corbin_fl.deploy.flower import format_config_args, parse_config_string, write_connection
+from corbin_fl.deploy.follow import read_jsonl
+from corbin_fl.deploy.local import LocalDeployment
+from corbin_fl.deploy.processes import (
     DEFAULT_TASK_POLL_INTERVAL,
     TASK_POLL_ENV,
     THREADS_ENV,
@@ -45,7 +45,7 @@ from deploy.processes import (
     process_ref,
     thread_share,
 )
-from deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
+from corbin_fl.deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 
 # ====================================================================== tiny Flower app
 _TINY_PYPROJECT = """\
@@ -448,8 +448,8 @@ def _drop_run_state() -> tuple[Any, list[list[tuple[str, Any]]]]:
     """A run in round 3 of 3: partition 1 (a 19-digit node id) killed and dropped in round 2
     with a long reason. Each step is what one poll of the launcher reads (a round's row, its
     ``round_end`` and the next ``round_start`` can come in one), or a kill."""
-    from deploy.follow import RunProgress
-    from deploy.local import KilledNode
+    from corbin_fl.deploy.follow import RunProgress
+    from corbin_fl.deploy.local import KilledNode
 
     node = 1234567890123456789
     reason = "update: no reply within 30 s " + "(the SuperNode was gone) " * 8
@@ -561,7 +561,7 @@ def test_progress_view_at_80_columns(terminal: bool) -> None:
 
 def test_node_count_follows_the_server() -> None:
     """``nodes``: deployed before any report, less each drop, not counting a dead node twice."""
-    from deploy.follow import RunProgress
+    from corbin_fl.deploy.follow import RunProgress
 
     state = RunProgress(num_clients=4)
     assert (state.active_nodes(), state.drop_count()) == (4, 0)
@@ -648,7 +648,7 @@ def test_write_connection(tmp_path: Path) -> None:
 
 
 def test_jsonl_tail_waits_for_complete_lines(tmp_path: Path) -> None:
-    from deploy.follow import JsonlTail
+    from corbin_fl.deploy.follow import JsonlTail
 
     path = tmp_path / "e.jsonl"
     tail = JsonlTail(path)
@@ -717,7 +717,7 @@ def test_registry_cleans_up_at_interpreter_exit(tmp_path: Path) -> None:
         f"""
         import sys, time
         from pathlib import Path
-        from deploy.processes import ProcessRegistry, descendants
+        from corbin_fl.deploy.processes import ProcessRegistry, descendants
         reg = ProcessRegistry()
         p = reg.start("tree", [sys.executable, "-c", {_TREE_SCRIPT!r}, "polite"],
                       Path({str(tmp_path / "x.log")!r}))
@@ -907,7 +907,7 @@ def _log_lines(path: Path) -> int:
 
 def test_interrupts_wait_for_process_bookkeeping() -> None:
     """A signal inside ``_deferred_interrupts`` acts only when the block is done."""
-    from deploy.processes import _deferred_interrupts
+    from corbin_fl.deploy.processes import _deferred_interrupts
 
     steps: list[str] = []
     # A test run started in the background inherits SIGINT ignored: start from Python's default.

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from corbin_fl.config import ConfigError, RunConfig
-from deploy import cli, flower, processes, run
-from deploy.flower import MissingDependencyError
-from deploy.run import LocalRunOptions
+from corbin_fl.deploy import cli, flower, processes, run
+from corbin_fl.deploy.flower import MissingDependencyError
+from corbin_fl.deploy.run import LocalRunOptions
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy import cli
+from corbin_fl.deploy import cli
 
 
 def test_experiment_subcommand_reaches_experiment_cli(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,7 +34,7 @@ from waits import (
     StartupTiming,
 )
 
-from deploy.processes import ProcessRegistry
+from corbin_fl.deploy.processes import ProcessRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = "docker-compose.yml"
@@ -443,7 +443,7 @@ def test_client_compose_takes_its_settings_from_env(certs: Path) -> None:
 
 
 def test_every_demo_executor_polls_for_tasks_at_the_tuned_interval() -> None:
-    from deploy.processes import DEFAULT_TASK_POLL_INTERVAL, TASK_POLL_ENV
+    from corbin_fl.deploy.processes import DEFAULT_TASK_POLL_INTERVAL, TASK_POLL_ENV
 
     services = render([DEMO])["services"]
     executors = [name for name in services if name.startswith("clientapp")]

@@ -40,9 +40,9 @@ import pytest
 from waits import ClientAppTiming
 
 from corbin_fl.config import RunConfig
-from deploy.cli import repo_root
-from deploy.flower import CONNECTION_NAME
-from deploy.local import LocalDeployment
+from corbin_fl.deploy.cli import repo_root
+from corbin_fl.deploy.flower import CONNECTION_NAME
+from corbin_fl.deploy.local import LocalDeployment
 
 REPO = repo_root()
 EPSILON = 0.5

@@ -29,10 +29,10 @@ from typing import Any, Final
 import pytest
 from waits import ClientAppTiming
 
-from deploy.cli import repo_root, total_bytes
-from deploy.follow import RunResult
-from deploy.processes import alive_matching
-from deploy.run import KillSpec, LocalRunOptions, run_local
+from corbin_fl.deploy.cli import repo_root, total_bytes
+from corbin_fl.deploy.follow import RunResult
+from corbin_fl.deploy.processes import alive_matching
+from corbin_fl.deploy.run import KillSpec, LocalRunOptions, run_local
 
 pytestmark = [pytest.mark.e2e]
 

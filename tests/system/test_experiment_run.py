@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import experiment as ex
-from experiments.results import (
+from corbin_fl.experiments import experiment as ex
+from corbin_fl.experiments.results import (
     SELECTION_RULE,
 )
-from experiments.spec import parse_spec
+from corbin_fl.experiments.spec import parse_spec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

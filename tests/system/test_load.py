@@ -199,11 +199,11 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(5400)
 def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
-    from deploy.cli import repo_root
-    from deploy.flower import CONNECTION_NAME, flower_executable
-    from deploy.follow import JsonlTail
-    from deploy.local import LocalDeployment
-    from deploy.processes import LauncherError
+    from corbin_fl.deploy.cli import repo_root
+    from corbin_fl.deploy.flower import CONNECTION_NAME, flower_executable
+    from corbin_fl.deploy.follow import JsonlTail
+    from corbin_fl.deploy.local import LocalDeployment
+    from corbin_fl.deploy.processes import LauncherError
 
     out = tmp_path / "out"
     logs = tmp_path / "logs"

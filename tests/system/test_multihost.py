@@ -32,8 +32,8 @@ import pytest
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 from waits import ClientAppTiming
 
-from deploy.processes import ManagedProcess, ProcessRef, ProcessRegistry
-from deploy.run import node_policy
+from corbin_fl.deploy.processes import ManagedProcess, ProcessRef, ProcessRegistry
+from corbin_fl.deploy.run import node_policy
 from testbed.netns import (
     FlowerHosts,
     NetnsError,

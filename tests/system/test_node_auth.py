@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from deploy.flower import flower_executable, superlink_argv
-from deploy.processes import ProcessRegistry
+from corbin_fl.deploy.flower import flower_executable, superlink_argv
+from corbin_fl.deploy.processes import ProcessRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 

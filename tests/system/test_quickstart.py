@@ -53,7 +53,7 @@ from typing import Any, Final
 import pytest
 from waits import REPO_ROOT, ClientAppTiming
 
-from deploy.flower import (
+from corbin_fl.deploy.flower import (
     FlowerCli,
     app_config,
     flower_executable,
@@ -61,8 +61,8 @@ from deploy.flower import (
     http_ok,
     wait_online,
 )
-from deploy.follow import JsonlTail
-from deploy.processes import (
+from corbin_fl.deploy.follow import JsonlTail
+from corbin_fl.deploy.processes import (
     ProcessRegistry,
     alive_matching,
     descendants,

@@ -16,9 +16,9 @@ import pytest
 import tomli_w
 from waits import ClientAppTiming
 
-from deploy.follow import read_jsonl
-from mechanisms.accounting import PrivacyLedger
-from server.checkpoint import (
+from corbin_fl.deploy.follow import read_jsonl
+from corbin_fl.mechanisms.accounting import PrivacyLedger
+from corbin_fl.server.checkpoint import (
     CHECKPOINT_DIR,
     STATE_FILE,
 )
@@ -67,10 +67,10 @@ def test_server_side_sigkill_and_resume_on_real_processes(
     clientapp_timing: Callable[[Mapping[str, Any], int], ClientAppTiming],
     rearm_timeout: Callable[[float], None],
 ) -> None:
-    from deploy.cli import repo_root
-    from deploy.flower import CONNECTION_NAME, flower_executable
-    from deploy.local import LocalDeployment
-    from deploy.processes import descendants, is_alive
+    from corbin_fl.deploy.cli import repo_root
+    from corbin_fl.deploy.flower import CONNECTION_NAME, flower_executable
+    from corbin_fl.deploy.local import LocalDeployment
+    from corbin_fl.deploy.processes import descendants, is_alive
 
     t_start = time.monotonic()
     out = tmp_path / "out"

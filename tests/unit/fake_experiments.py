@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from corbin_fl.config import RunConfig
-from experiments.runner import (
+from corbin_fl.experiments.runner import (
     Submission,
 )
-from experiments.spec import (
+from corbin_fl.experiments.spec import (
     ExperimentSpec,
     parse_spec,
 )
-from experiments.sweep import (
+from corbin_fl.experiments.sweep import (
     Run,
 )
-from mechanisms.accounting import privacy_report
+from corbin_fl.mechanisms.accounting import privacy_report
 
 FAKE_M = 1000
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from corbin_fl.config import MECHANISMS as CONFIG_MECHANISMS
-from mechanisms.accounting import (
+from corbin_fl.mechanisms.accounting import (
     MECHANISMS,
     REPORT_VERSION,
     THREAT_MODELS,
@@ -28,8 +28,8 @@ from mechanisms.accounting import (
     rr_delta,
     rr_epsilon,
 )
-from mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
-from mechanisms.theory import alpha64, corbin_pair_joint_from_q
+from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from corbin_fl.mechanisms.theory import alpha64, corbin_pair_joint_from_q
 
 
 def _hockey(p: np.ndarray, q: np.ndarray, eps: float) -> np.ndarray:

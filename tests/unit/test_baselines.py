@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mechanisms.baselines import (
+from corbin_fl.mechanisms.baselines import (
     FedCAD,
     analytic_gaussian_sigma,
     cq,
@@ -25,7 +25,7 @@ from mechanisms.baselines import (
     ternary_tradeoff,
     vanilla,
 )
-from mechanisms.quantizers import alpha
+from corbin_fl.mechanisms.quantizers import alpha
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -31,9 +31,11 @@ def test_the_app_bundle_holds_the_app_code_and_nothing_else() -> None:
         "mechanisms",
         "corbin_fl",
     }
-    components = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["components"]
-    for ref in components.values():
-        assert ref.split(":")[0].replace(".", "/") + ".py" in names
+    tool = tomllib.loads(PYPROJECT.read_text())["tool"]
+    folders = tool["setuptools"]["package-dir"]  # installed name -> the tree's folder
+    for ref in tool["flwr"]["app"]["components"].values():
+        package, _, module = ref.split(":")[0].rpartition(".")
+        assert f"{folders[package]}/{module}.py" in names
     assert len(fab) < 2 * 1024 * 1024
 
 
@@ -58,9 +60,12 @@ def test_the_app_bundle_imports_only_the_app_and_its_dependencies() -> None:
             else:
                 continue
             for module in found:
-                roots.setdefault(module.split(".")[0], set()).add(name)
+                parts = module.split(".")  # corbin_fl.<subpackage> is this project's room
+                root = ".".join(parts[:2]) if parts[0] == "corbin_fl" else parts[0]
+                roots.setdefault(root, set()).add(name)
     third_party = {r: sorted(f) for r, f in roots.items() if r not in sys.stdlib_module_names}
-    app = {"client", "server", "mechanisms", "corbin_fl"}
+    app = {"corbin_fl", "corbin_fl.client", "corbin_fl.server", "corbin_fl.mechanisms"}
+    app |= {f"corbin_fl.{path.stem}" for path in (PYPROJECT.parent / "corbin_fl").iterdir()}
     runtime = {"flwr", "numpy", "torch", "cryptography", "scipy", "mlxtend", "flwr_datasets"}
     runtime |= {"datasets"}  # flwr-datasets' own dependency (the LEAF and hub loaders)
     optional = {"dp_accounting": ["mechanisms/accounting.py"]}  # method="dp_accounting" only
@@ -234,7 +239,7 @@ def test_execution_and_resumable_keys_are_declared_once_on_the_fields() -> None:
     """The sweeps (a run's id hashes its result config) and resume read the same declaration:
     every key that cannot change a result may differ on resume, and the keys that change the
     result are never among them."""
-    from server.checkpoint import MAY_DIFFER_ON_RESUME
+    from corbin_fl.server.checkpoint import MAY_DIFFER_ON_RESUME
 
     execution = RunConfig.execution_keys()
     assert execution.isdisjoint(RunConfig().result_config())

@@ -209,7 +209,7 @@ def test_readme_main_job_installs_what_it_runs() -> None:
     assert "pip install -q torch==2.13.0" in ci
     with (REPO / "pyproject.toml").open("rb") as fh:
         project = tomllib.load(fh)["project"]
-    assert project["scripts"]["corbin-fl"].startswith("deploy.cli:")
+    assert project["scripts"]["corbin-fl"].startswith("corbin_fl.deploy.cli:")
     assert "tools" in project["optional-dependencies"]
 
 

@@ -28,24 +28,24 @@ from fake_experiments import (
 
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, RunConfig
-from experiments import cli as exp_cli
-from experiments import experiment as ex
-from experiments import plots
-from experiments.mse import (
+from corbin_fl.experiments import cli as exp_cli
+from corbin_fl.experiments import experiment as ex
+from corbin_fl.experiments import plots
+from corbin_fl.experiments.mse import (
     GridMSE,
     load_measurement,
     measure_grid,
     measure_real_weights,
     save_measurement,
 )
-from experiments.report import (
+from corbin_fl.experiments.report import (
     TARGET_RULE,
     Difference,
     federated_targets,
     mse_targets,
     verdict,
 )
-from experiments.results import (
+from corbin_fl.experiments.results import (
     SELECTION_RULE,
     RunResult,
     Selection,
@@ -57,19 +57,19 @@ from experiments.results import (
     select_round,
     varying_keys,
 )
-from experiments.runner import (
+from corbin_fl.experiments.runner import (
     Submission,
     app_run_config,
     check_app_accepts,
     execute_run,
 )
-from experiments.spec import (
+from corbin_fl.experiments.spec import (
     MSESpec,
     RealWeightsSpec,
     SpecError,
     load_spec,
 )
-from experiments.sweep import (
+from corbin_fl.experiments.sweep import (
     Run,
     RunState,
     expand_runs,
@@ -77,7 +77,7 @@ from experiments.sweep import (
     read_metrics,
     run_state,
 )
-from mechanisms.accounting import THREAT_MODELS, privacy_report
+from corbin_fl.mechanisms.accounting import THREAT_MODELS, privacy_report
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -17,15 +17,15 @@ from wire_helpers import encode_solo
 
 from corbin_fl import mvu_store
 from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.mechanisms.baselines import imvu as imvu_module
+from corbin_fl.mechanisms.baselines.imvu import IMVU, MVUTable, table_epsilon
+from corbin_fl.mechanisms.baselines.levels import FiniteMechanism, symbol_bits
+from corbin_fl.mechanisms.baselines.pbm import PBM, pbm_theta
+from corbin_fl.mechanisms.baselines.rqm import RQM, rqm_epsilon, rqm_optimal_q, rqm_xmax
+from corbin_fl.mechanisms.packing import pack_bits, pack_symbols, symbols_len, unpack_symbols
+from corbin_fl.mechanisms.quantizers import alpha, prob_plus
 from corbin_fl.mvu_store import mvu_table
 from corbin_fl.registry import finite_mechanism, symbol_bits_of
-from mechanisms.baselines import imvu as imvu_module
-from mechanisms.baselines.imvu import IMVU, MVUTable, table_epsilon
-from mechanisms.baselines.levels import FiniteMechanism, symbol_bits
-from mechanisms.baselines.pbm import PBM, pbm_theta
-from mechanisms.baselines.rqm import RQM, rqm_epsilon, rqm_optimal_q, rqm_xmax
-from mechanisms.packing import pack_bits, pack_symbols, symbols_len, unpack_symbols
-from mechanisms.quantizers import alpha, prob_plus
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0)
 """The experiments' grid: its I-MVU tables ship with the package (no solve in the tests)."""
@@ -282,7 +282,7 @@ def test_unpack_symbols_rejects_bad_packing() -> None:
 )
 def test_the_uplink_is_the_stated_bits_per_coordinate(params: dict[str, object], bits: int) -> None:
     """The client encoder's update is ceil(m b / 8) bytes and the server decodes it unbiasedly."""
-    from server.aggregation import make_aggregator
+    from corbin_fl.server.aggregation import make_aggregator
 
     cfg = RunConfig(epsilon=1.0, range_mode="layer", **params)  # type: ignore[arg-type]
     assert symbol_bits_of(cfg) == bits == finite_mechanism(cfg).bits
@@ -309,7 +309,7 @@ def test_the_uplink_is_the_stated_bits_per_coordinate(params: dict[str, object],
 
 # ---------------------------------------------------------------- signsgd (no privacy)
 def test_signsgd_bits_and_fair_coin_for_zeros() -> None:
-    from mechanisms.baselines.signsgd import majority_vote, sign_bits
+    from corbin_fl.mechanisms.baselines.signsgd import majority_vote, sign_bits
 
     d = torch.tensor([-2.0, -1e-30, 3.0, 1e-30])
     assert sign_bits(d).tolist() == [False, False, True, True]
@@ -326,7 +326,7 @@ def test_signsgd_through_encoder_and_aggregator_moves_by_r_in_the_voted_directio
     from flwr.app import ArrayRecord
 
     from corbin_fl import wire
-    from server.aggregation import make_aggregator
+    from corbin_fl.server.aggregation import make_aggregator
 
     cfg = RunConfig(mechanism="signsgd", range_mode="update")
     m = 6
@@ -358,7 +358,10 @@ def test_central_noise_multiplier_is_exact_against_dp_accounting() -> None:
     import dp_accounting
     from dp_accounting.pld import PLDAccountant
 
-    from mechanisms.baselines.central_gaussian import central_epsilon, central_noise_multiplier
+    from corbin_fl.mechanisms.baselines.central_gaussian import (
+        central_epsilon,
+        central_noise_multiplier,
+    )
 
     for eps, rounds in ((1.0, 10), (3.0, 50), (0.5, 1)):
         z = central_noise_multiplier(eps, 1e-5, rounds)
@@ -374,8 +377,8 @@ def test_central_gaussian_clips_rejects_and_adds_noise_of_the_calibrated_scale()
     from flwr.app import ArrayRecord
 
     from corbin_fl import wire
-    from mechanisms.baselines.central_gaussian import central_noise_multiplier, clip_l2
-    from server.aggregation import make_aggregator
+    from corbin_fl.mechanisms.baselines.central_gaussian import central_noise_multiplier, clip_l2
+    from corbin_fl.server.aggregation import make_aggregator
 
     d = torch.tensor([3.0, 4.0])
     torch.testing.assert_close(clip_l2(d, 1.0), torch.tensor([0.6, 0.8]))
@@ -399,7 +402,7 @@ def test_central_gaussian_clips_rejects_and_adds_noise_of_the_calibrated_scale()
 
 
 def test_central_gaussian_report_trusts_the_server() -> None:
-    from mechanisms.accounting import privacy_report
+    from corbin_fl.mechanisms.accounting import privacy_report
 
     rep = privacy_report("central-gaussian", 2.0, 1e-5, 1000, 3, planned_rounds=4)
     tm = rep["threat_models"]
@@ -415,7 +418,7 @@ def test_levels_aggregator_rejects_symbols_outside_the_levels_and_set_padding() 
     from flwr.app import ArrayRecord
 
     from corbin_fl import wire
-    from server.aggregation import make_aggregator
+    from corbin_fl.server.aggregation import make_aggregator
 
     m = 5  # 3-level RQM: 2 bits per symbol, 10 bits, 2 bytes with 6 padding bits
     cfg = RunConfig(mechanism="rqm", rqm_levels=3, epsilon=1.0)

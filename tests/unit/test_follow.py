@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from deploy import cli
-from deploy.follow import RunProgress
-from deploy.run import _KillSchedule, _RunFiles
+from corbin_fl.deploy import cli
+from corbin_fl.deploy.follow import RunProgress
+from corbin_fl.deploy.run import _KillSchedule, _RunFiles
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -193,7 +193,7 @@ def test_elapsed_time_runs_during_start_up_without_calls(monkeypatch: pytest.Mon
     its own thread), so the elapsed time runs on while start-up blocks, and it says what the
     launcher waits for."""
     clock = [1000.0]
-    monkeypatch.setattr("deploy.follow.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("corbin_fl.deploy.follow.time.monotonic", lambda: clock[0])
     state = RunProgress(num_rounds=3, num_clients=4, started=clock[0])
     view = cli.ProgressView(Console(width=100, file=io.StringIO()), num_clients=4)
     view(state)  # the launcher's first call, before start-up
@@ -208,7 +208,7 @@ def test_elapsed_time_runs_during_start_up_without_calls(monkeypatch: pytest.Mon
 
 def test_start_up_steps_reach_the_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``LocalDeployment.start`` says each step of start-up (none of it run here)."""
-    from deploy.local import LocalDeployment
+    from corbin_fl.deploy.local import LocalDeployment
 
     steps: list[str] = []
     dep = LocalDeployment(2, tmp_path / "logs", tmp_path / "home")

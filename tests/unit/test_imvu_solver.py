@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from corbin_fl import mvu_store
-from corbin_fl.mvu_store import mvu_table
-from mechanisms.baselines import imvu as imvu_module
-from mechanisms.baselines.imvu import (
+from corbin_fl.mechanisms.baselines import imvu as imvu_module
+from corbin_fl.mechanisms.baselines.imvu import (
     IMVU,
     complete_values,
     embed,
@@ -25,6 +24,7 @@ from mechanisms.baselines.imvu import (
     table_epsilon,
     two_level_scale,
 )
+from corbin_fl.mvu_store import mvu_table
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0)
 ISSUE_START = (-20.02, 19.77, 20.65, 22.03)

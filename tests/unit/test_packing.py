@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mechanisms import (
+from corbin_fl.mechanisms import (
     BitCounter,
     SumAccumulator,
     alpha,
@@ -20,7 +20,7 @@ from mechanisms import (
     packed_len,
     unpack_bits,
 )
-from mechanisms import packing as pk
+from corbin_fl.mechanisms import packing as pk
 
 torch.set_num_threads(1)
 

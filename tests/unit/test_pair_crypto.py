@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from client import pair_crypto as pc
 from corbin_fl import wire
+from corbin_fl.client import pair_crypto as pc
 
 # RFC 7748, Section 6.1 (Curve25519 Diffie-Hellman test vector).
 ALICE_SK = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
@@ -64,7 +64,7 @@ def test_info_is_canonical_and_versioned() -> None:
 
 
 def test_derived_mode_same_seed_opposite_roles() -> None:
-    from mechanisms.pairing import is_lead
+    from corbin_fl.mechanisms.pairing import is_lead
 
     seen_bits = set()
     for rnd in range(1, 41):

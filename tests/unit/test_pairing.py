@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from mechanisms import augcorbin_split, is_lead, lead_node, random_pairing
+from corbin_fl.mechanisms import augcorbin_split, is_lead, lead_node, random_pairing
 
 
 def _canon(pairs: list[tuple[int, int]]) -> frozenset[frozenset[int]]:

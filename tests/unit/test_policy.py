@@ -22,11 +22,11 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.mod import corbin_mod
-from client.policy import Policy, PolicyError, private_mechanisms
 from corbin_fl import wire
+from corbin_fl.client.mod import corbin_mod
+from corbin_fl.client.policy import Policy, PolicyError, private_mechanisms
 from corbin_fl.config import MECHANISMS, RunConfig
-from deploy.run import node_policy, policy_env
+from corbin_fl.deploy.run import node_policy, policy_env
 
 
 @pytest.fixture(autouse=True)

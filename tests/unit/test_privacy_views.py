@@ -13,19 +13,19 @@ import pytest
 from rich.console import Console
 
 from corbin_fl.config import MECHANISMS
-from deploy import cli
-from deploy.follow import RunResult
-from experiments.report import privacy_section
-from experiments.results import (
+from corbin_fl.deploy import cli
+from corbin_fl.deploy.follow import RunResult
+from corbin_fl.experiments.report import privacy_section
+from corbin_fl.experiments.results import (
     group_results,
     load_run,
     privacy_fields,
     privacy_view,
     varying_keys,
 )
-from experiments.spec import load_spec
-from experiments.sweep import expand_runs
-from mechanisms.accounting import THREAT_MODELS, privacy_report
+from corbin_fl.experiments.spec import load_spec
+from corbin_fl.experiments.sweep import expand_runs
+from corbin_fl.mechanisms.accounting import THREAT_MODELS, privacy_report
 
 REPO = Path(__file__).resolve().parents[2]
 MECHANISMS_RUNS = [
@@ -222,7 +222,7 @@ def test_privacy_fields_of_the_committed_runs(recorded: list) -> None:
 @pytest.mark.parametrize("mech", MECHANISMS)
 def test_server_writes_the_per_threat_model_report(mech: str) -> None:
     from corbin_fl.config import RunConfig
-    from server.round import privacy_summary
+    from corbin_fl.server.round import privacy_summary
 
     cfg = RunConfig(mechanism=mech, epsilon=0.5, num_rounds=3)
     report = privacy_summary(cfg, 3, 2_000, 4, 0.05)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from mechanisms import alpha, corbinq, decode, ldpq, prob_plus, validate
-from mechanisms import quantizers as qz
+from corbin_fl.mechanisms import alpha, corbinq, decode, ldpq, prob_plus, validate
+from corbin_fl.mechanisms import quantizers as qz
 
 torch.set_num_threads(1)
 

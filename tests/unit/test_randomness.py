@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from mechanisms import (
+from corbin_fl.mechanisms import (
     context_label,
     expand_seed,
     pack_z,

@@ -17,13 +17,13 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.encode import Encoded, EncodeInput
-from client.mod import corbin_mod
-from client.policy import Policy
 from corbin_fl import registry, wire
+from corbin_fl.client.encode import Encoded, EncodeInput
+from corbin_fl.client.mod import corbin_mod
+from corbin_fl.client.policy import Policy
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
-from mechanisms import accounting
-from server.aggregation import Aggregator, FloatAggregator, make_aggregator
+from corbin_fl.mechanisms import accounting
+from corbin_fl.server.aggregation import Aggregator, FloatAggregator, make_aggregator
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +78,7 @@ def test_every_encoder_speaks_its_registered_wire_format(name: str) -> None:
     """Encode 37 parameters with each registered encoder; the server's aggregator accepts it."""
     from wire_helpers import encode_solo
 
-    from client.shared import Fallback
+    from corbin_fl.client.shared import Fallback
 
     m = 37
     cfg = RunConfig(mechanism=name, range_mode="update" if name == "signsgd" else "layer")
@@ -159,7 +159,7 @@ def test_the_encode_device_is_checked() -> None:
 def test_the_update_is_encoded_where_the_app_trains() -> None:
     """``encode_device = "update"`` follows the app's run-config ``device`` (``"auto"`` where it
     has none): a node told to train on the CPU never opens a CUDA context to encode."""
-    from client.encode import encode_device
+    from corbin_fl.client.encode import encode_device
 
     assert encode_device("corbin", "cpu") == torch.device("cpu")
     auto = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -186,7 +186,7 @@ def test_a_new_mechanism_is_one_registration(
         "clip and round to multiples of r/2 (no privacy)",
         registry.float32,
         f"{__name__}:{encoder}",
-        "server.aggregation:FloatAggregator",
+        "corbin_fl.server.aggregation:FloatAggregator",
         local_dp=False,
         encode_device=encode_device,
     )
@@ -229,7 +229,7 @@ def test_an_encoder_that_breaks_the_contract_is_refused(
         "returns a list",
         registry.float32,
         f"{__name__}:encode_halves_list",
-        "server.aggregation:FloatAggregator",
+        "corbin_fl.server.aggregation:FloatAggregator",
         local_dp=False,
     )
     monkeypatch.setitem(registry.REGISTRY, "halves", toy)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mechanisms.quantizers import alpha, corbinq, decode
-from mechanisms.theory import (
+from corbin_fl.mechanisms.quantizers import alpha, corbinq, decode
+from corbin_fl.mechanisms.theory import (
     Theorem3ConditionError,
     alpha64,
     corbin_pair_joint,

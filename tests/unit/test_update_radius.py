@@ -18,10 +18,10 @@ from flwr.serverapp.strategy import FedAvg
 from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.data import client_dataset, dataset_info, train_size
 from corbin_fl.models import build_model, flatten
+from corbin_fl.server.app import update_radius
+from corbin_fl.server.round import clip_summary
+from corbin_fl.server.strategy import CorBin
 from corbin_fl.training import step_bound, train_local
-from server.app import update_radius
-from server.round import clip_summary
-from server.strategy import CorBin
 
 
 def test_step_bound_is_one_clients_share_of_the_public_split() -> None:

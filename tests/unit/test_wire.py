@@ -230,6 +230,6 @@ def test_finite_metric() -> None:
 
 def test_protocol_version_matches_common_randomness() -> None:
     """One protocol version for the pair keys, the AADs and the z expansion."""
-    from mechanisms import randomness
+    from corbin_fl.mechanisms import randomness
 
     assert randomness.PROTOCOL_VERSION.decode() == wire.PROTOCOL_VERSION
