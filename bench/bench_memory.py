@@ -128,7 +128,7 @@ class _Meter:
 
 # ============================================================================ children
 def _layout(spec: dict[str, Any]) -> Any:
-    from corbin_fl.models import ParamLayout
+    from corbin_fl.layout import ParamLayout
 
     sizes = tuple(int(s) for s in spec["sizes"])
     offsets, total = [], 0
@@ -159,10 +159,10 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
 
     from corbin_fl import wire
     from corbin_fl.config import RunConfig
+    from corbin_fl.layout import layer_center_radius
     from corbin_fl.mechanisms.packing import BitCounter, mean_from_counts, pack_bits
     from corbin_fl.mechanisms.quantizers import corbinq
     from corbin_fl.mechanisms.randomness import expand_seed
-    from corbin_fl.models import layer_center_radius
     from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
 
     # imported so that their import cost is in the baseline, not in a phase
@@ -273,7 +273,8 @@ def _run_child(scenario: str, spec_path: Path) -> dict[str, Any]:
 
 # ============================================================================ parent
 def _resnet18_spec() -> dict[str, Any]:
-    from corbin_fl.models import build_model, layout_of
+    from corbin_fl.app.models import build_model
+    from corbin_fl.layout import layout_of
 
     layout = layout_of(build_model("resnet18", 3, 10, seed=0))
     return {"names": layout.names, "shapes": layout.shapes, "sizes": layout.sizes}
@@ -283,8 +284,8 @@ def _check_per_layer_equals_per_element(spec: dict[str, Any]) -> bool:
     """Same ``z`` and the same tie coins: per-layer scalars give the per-element bits exactly."""
     import torch
 
+    from corbin_fl.layout import expand_per_element, layer_center_radius
     from corbin_fl.mechanisms.quantizers import corbinq
-    from corbin_fl.models import expand_per_element, layer_center_radius
 
     small = {"names": spec["names"][:6], "shapes": spec["shapes"][:6], "sizes": spec["sizes"][:6]}
     layout = _layout(small)

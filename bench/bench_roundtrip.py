@@ -55,7 +55,7 @@ SETTINGS: Final[dict[str, tuple[str, float]]] = {
     "tuned (after)": ("0.2", 0.2),
 }
 """Label -> (executor task poll, ServerApp ``poll-interval``)."""
-IMPORTS: Final[tuple[str, ...]] = ("flwr", "flwr.clientapp", "corbin_fl.client.app", "torch")
+IMPORTS: Final[tuple[str, ...]] = ("flwr", "flwr.clientapp", "corbin_fl.app.client_app", "torch")
 
 
 def import_seconds(module: str, repeats: int = 5) -> float:

@@ -103,7 +103,8 @@ def write_synthetic_cifar(folder: Path, per_batch: int, seed: int = 0) -> Path:
 
     Layout of the real dataset: ``data_batch_1`` .. ``data_batch_5`` and ``test_batch``, each a
     pickled dict with ``b"data"`` (``N x 3072`` uint8, red, green, blue planes of 32 x 32) and
-    ``b"labels"`` (``N`` ints in ``[0, 10)``), read by :func:`corbin_fl.data.read_cifar10_batch`.
+    ``b"labels"`` (``N`` ints in ``[0, 10)``), read by
+    :func:`corbin_fl.app.data.read_cifar10_batch`.
 
     Parameters
     ----------

@@ -48,7 +48,7 @@ from corbin_fl.client.shared import Fallback, Shared
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
-    from corbin_fl.models import ParamLayout, RangeBlock
+    from corbin_fl.layout import ParamLayout, RangeBlock
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def encode_device(mechanism: str, app_device: str = "auto") -> torch.device:
 
     ``encode_device = "update"``: the device the app trains on, its run config's ``device``
     where it has one (this project's app), else ``"auto"``: the node's CUDA device when it has
-    one, else the CPU (:func:`corbin_fl.training.pick_device`); so a node told to train on the
+    one, else the CPU (:func:`corbin_fl.devices.pick_device`); so a node told to train on the
     CPU never opens a CUDA context to encode. ``"cpu"``: the CPU.
 
     Raises
@@ -166,7 +166,7 @@ def encode_device(mechanism: str, app_device: str = "auto") -> torch.device:
         ``app_device`` names a device this node does not have.
     """
     from corbin_fl import registry
-    from corbin_fl.training import pick_device
+    from corbin_fl.devices import pick_device
 
     if registry.get(mechanism).encode_device == "cpu":
         return torch.device("cpu")
@@ -177,7 +177,7 @@ def clip_fraction(
     w: torch.Tensor, c: torch.Tensor, r: torch.Tensor, layout: ParamLayout | None = None
 ) -> float:
     """Fraction of the entries of ``w`` outside ``[c - r, c + r]`` (clipped by the mechanism)."""
-    from corbin_fl.models import range_blocks
+    from corbin_fl.layout import range_blocks
 
     outside = 0
     for b in range_blocks(c, r, w.numel(), layout):
@@ -291,7 +291,7 @@ def encode(
         If the encoder returns something other than a numpy array or a tensor.
     """
     from corbin_fl import registry
-    from corbin_fl.models import range_blocks
+    from corbin_fl.layout import range_blocks
 
     mech = registry.get(cfg.mechanism)
     dev = torch.device("cpu") if mech.encode_device == "cpu" else w.device

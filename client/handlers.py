@@ -51,7 +51,7 @@ from corbin_fl.client.shared import Fallback, Shared, assignments_of
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
-    from corbin_fl.models import ParamLayout
+    from corbin_fl.layout import ParamLayout
 
 logger = logging.getLogger(__name__)
 

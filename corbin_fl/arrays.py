@@ -4,7 +4,7 @@ The quantizers work on one vector ``w`` of ``m`` parameters with one range per l
 Sec. V-2). An app's model travels as an ``ArrayRecord``: any number of arrays, any shapes, any
 dtypes (numpy arrays, PyTorch state dicts, ...). Here a *layer* is one floating-point array of the
 record, in record order; :func:`layout_of_arrays` gives their place in the flat vector
-(:class:`corbin_fl.models.ParamLayout`). Arrays of another kind (integer counters such as
+(:class:`corbin_fl.layout.ParamLayout`). Arrays of another kind (integer counters such as
 BatchNorm's ``num_batches_tracked``, boolean masks) are not model weights to average: they are
 never sent back by a client, and the server keeps the global model's values.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from corbin_fl.models import ParamLayout
+from corbin_fl.layout import ParamLayout
 
 
 class ArrayLayoutError(ValueError):

@@ -37,7 +37,7 @@ RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
 a seed derived from the X25519 secret, or the lead's ``d*m`` raw bits (Alg. 3 line 17)."""
 
 DATASETS: Final[tuple[str, ...]] = ("mnist", "mnist-idx", "cifar10", "femnist", "shakespeare")
-"""Dataset names of ``corbin_fl.data`` (``hf:<hub-id>`` is accepted too)."""
+"""Dataset names of ``corbin_fl.app.data`` (``hf:<hub-id>`` is accepted too)."""
 DATASETS_NEEDING_DIR: Final[Mapping[str, str]] = {
     "mnist-idx": "the MNIST IDX files (train-images-idx3-ubyte[.gz], ...)",
     "cifar10": "the CIFAR-10 python batches (cifar-10-batches-py/)",
@@ -48,7 +48,7 @@ PARTITIONERS: Final[tuple[str, ...]] = ("iid", "dirichlet", "natural")
 MODELS: Final[tuple[str, ...]] = ("cnn", "resnet18", "char-lstm")
 LEAF_DATASETS: Final[tuple[str, ...]] = ("femnist", "shakespeare")
 """Datasets whose rows carry a writer / role (the ``natural`` partition); ``data-dir`` is a local
-copy of the hub files, or empty for the hub (``corbin_fl/leaf.py``)."""
+copy of the hub files, or empty for the hub (``app/leaf.py``)."""
 OPTIMIZERS: Final[tuple[str, ...]] = ("adam", "sgd")
 DEVICES: Final[tuple[str, ...]] = ("auto", "cpu", "cuda")
 TERNARY_ENCODINGS: Final[tuple[str, ...]] = ("bits", "int8")
@@ -174,7 +174,7 @@ class RunConfig:
         Lower bound on every layer radius (a constant layer still gets a usable range).
     range_quantile : float
         ``q`` in (0.5, 1]: each layer's range is ``[Q_{1-q}, Q_q]`` of the global model's values
-        (``corbin_fl.models.layer_center_radius``). ``1`` is the paper's min/max (the default).
+        (``corbin_fl.layout.layer_center_radius``). ``1`` is the paper's min/max (the default).
         With few clients the decoded one-bit average reaches ``c +- r alpha``, so the next min/max
         range grows by up to ``1 + lambda (alpha - 1)`` per round from the noise alone; an inner
         quantile keeps the range on the bulk of the weights.
@@ -189,14 +189,14 @@ class RunConfig:
         Every mechanism but ``fedcad`` (which always perturbs the update, with ``fedcad-clip``).
     update_radius : float
         ``R`` of ``range-mode = "update"`` (same units as the weights). ``0`` (the default) means
-        ``R = S * lr`` from public settings only (:func:`corbin_fl.training.step_bound`): Adam
+        ``R = S * lr`` from public settings only (:func:`corbin_fl.app.training.step_bound`): Adam
         moves a weight by about ``lr`` per step, and ``S`` is ``max-steps`` or one client's share
         of the public training split, ``local-epochs * ceil(N_train / (N * batch-size))`` with
         ``N`` the nodes connected at the start of the run. Needs ``optimizer = "adam"`` (an SGD
         step has no such bound: give ``R > 0``). The resolved ``R`` is in ``summary.json``.
     dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
-        Data (``corbin_fl.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10``, the LEAF
-        tasks ``femnist`` and ``shakespeare`` (``corbin_fl.leaf``) or ``hf:<hub-id>``; folder
+        Data (``corbin_fl.app.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10``, the LEAF
+        tasks ``femnist`` and ``shakespeare`` (``corbin_fl.app.leaf``) or ``hf:<hub-id>``; folder
         with the files; keep the source's own test split; seed of the split; partition scheme
         (``iid``, ``dirichlet``, or ``natural``: one LEAF writer / role per client) and its
         Dirichlet concentration.

@@ -42,7 +42,7 @@ _ARRAYS = tuple(f"{q}_{part}" for q in _QUANTIZERS for part in ("measured", "se"
 
 
 def _device(device: str | torch.device | None) -> torch.device:
-    from corbin_fl.training import pick_device
+    from corbin_fl.devices import pick_device
 
     return pick_device(device)
 
@@ -247,9 +247,10 @@ def trained_pair(
 ) -> tuple[torch.Tensor, torch.Tensor, list[str], list[int]]:
     """``(w1, w2, layer names, sizes)``: client ``k`` of 2 trains one initial model on IID
     partition ``k`` with shuffling seed ``seed + k``."""
-    from corbin_fl.data import client_dataset, dataset_info
-    from corbin_fl.models import build_model, flatten, layout_of
-    from corbin_fl.training import train_local
+    from corbin_fl.app.data import client_dataset, dataset_info
+    from corbin_fl.app.models import build_model
+    from corbin_fl.app.training import train_local
+    from corbin_fl.layout import flatten, layout_of
 
     info = dataset_info(spec.dataset)
     init = build_model(spec.model, info.in_channels, info.num_classes, seed=int(seed))

@@ -35,7 +35,7 @@ from corbin_fl import wire
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
-    from corbin_fl.models import ParamLayout, RangeBlock
+    from corbin_fl.layout import ParamLayout, RangeBlock
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Aggregator(ABC):
         denominator); default: the number of accepted updates.
 
     Memory: the accumulator is the only model-sized state (int32 counts, float64 sums); ``c`` and
-    ``r`` are walked layer by layer (:func:`corbin_fl.models.range_blocks`), never expanded.
+    ``r`` are walked layer by layer (:func:`corbin_fl.layout.range_blocks`), never expanded.
     """
 
     def __init__(
@@ -71,7 +71,7 @@ class Aggregator(ABC):
         layout: ParamLayout | None = None,
         cohort: int | None = None,
     ) -> None:
-        from corbin_fl.models import range_blocks
+        from corbin_fl.layout import range_blocks
 
         self.cfg = cfg
         self.cohort = cohort

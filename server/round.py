@@ -84,7 +84,7 @@ class ServerRuntime:
     weights : torch.Tensor
         Current global model, float32 ``[m]``.
     layout : Any
-        ``corbin_fl.models.ParamLayout`` of the model.
+        ``corbin_fl.layout.ParamLayout`` of the model.
     device : torch.device
         Where the server aggregates and evaluates.
     files : RunFiles
@@ -183,7 +183,7 @@ def run_round(
         ``aggregate``, the new global model as an ArrayRecord (None if no update was valid).
     """
     from corbin_fl.arrays import unflatten_arrays
-    from corbin_fl.models import layer_center_radius
+    from corbin_fl.layout import layer_center_radius
 
     cfg, grid = rt.cfg, rt.grid
     state = RoundState(

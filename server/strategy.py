@@ -655,9 +655,9 @@ class _Run:
     ) -> _Run:
         """The run's state from the initial model; logs and records ``run_start``."""
         from corbin_fl.arrays import flatten_arrays, layout_of_arrays
+        from corbin_fl.devices import pick_device
         from corbin_fl.server.metrics import RunFiles
         from corbin_fl.server.round import ServerRuntime
-        from corbin_fl.training import pick_device
 
         layout = layout_of_arrays(initial_arrays)
         device = pick_device(cfg.device)

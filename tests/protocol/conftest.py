@@ -35,15 +35,15 @@ def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     layer, local training adds seeded noise to it, the data is 64 random images and evaluation a
     fixed score (one test keeps the real CNN, data, training and evaluation)."""
     if request.node.originalname in REAL_TRAINING:
-        from corbin_fl.client import train as client_train
+        from corbin_fl.app import train as client_train
 
         monkeypatch.setattr(client_train.LocalTask, "_cache", {})
         return
-    import corbin_fl.data
-    import corbin_fl.models
-    import corbin_fl.training
-    from corbin_fl.client import train as client_train
-    from corbin_fl.training import EvalResult, TrainResult
+    import corbin_fl.app.data
+    import corbin_fl.app.models
+    import corbin_fl.app.training
+    from corbin_fl.app import train as client_train
+    from corbin_fl.app.training import EvalResult, TrainResult
 
     def fake_data(cfg: Any, context: Any, partition_id: int, num_partitions: int) -> Any:
         gen = torch.Generator().manual_seed(partition_id)
@@ -68,10 +68,10 @@ def _stub_training(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
                 p.copy_(0.05 * torch.randn(p.shape, generator=gen))
         return model
 
-    monkeypatch.setattr(corbin_fl.models, "build_model", tiny_model)
-    monkeypatch.setattr(corbin_fl.models, "empty_model", tiny_model)  # the client's skeleton
+    monkeypatch.setattr(corbin_fl.app.models, "build_model", tiny_model)
+    monkeypatch.setattr(corbin_fl.app.models, "empty_model", tiny_model)  # the client's skeleton
     monkeypatch.setattr(client_train.LocalTask, "_cache", {})
     monkeypatch.setattr(client_train, "local_dataset", fake_data)
-    monkeypatch.setattr(corbin_fl.data, "server_datasets", lambda *a, **k: (None, None))
-    monkeypatch.setattr(corbin_fl.training, "train_local", fake_train)
-    monkeypatch.setattr(corbin_fl.training, "evaluate", fake_eval)
+    monkeypatch.setattr(corbin_fl.app.data, "server_datasets", lambda *a, **k: (None, None))
+    monkeypatch.setattr(corbin_fl.app.training, "train_local", fake_train)
+    monkeypatch.setattr(corbin_fl.app.training, "evaluate", fake_eval)

@@ -29,10 +29,9 @@ from flwr.supercore.run import Run
 from wire_helpers import message_stage
 
 from corbin_fl import wire
-from corbin_fl.client import app as client_app
+from corbin_fl.app import client_app, server_app
 from corbin_fl.config import RunConfig
 from corbin_fl.deploy.run import node_policy
-from corbin_fl.server import app as server_app
 from corbin_fl.server import round as server_round
 from corbin_fl.server.metrics import RunFiles
 
@@ -222,8 +221,9 @@ def keygen_instruction(rnd: int = 1, group: str | None = None, **keys: Any) -> M
 # ============================================================================ helpers
 def runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
     """The server's state before round 1 (as ``run_training`` builds it)."""
-    from corbin_fl.data import dataset_info
-    from corbin_fl.models import build_model, flatten, layout_of
+    from corbin_fl.app.data import dataset_info
+    from corbin_fl.app.models import build_model
+    from corbin_fl.layout import flatten, layout_of
 
     info = dataset_info(cfg.dataset)
     model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)

@@ -35,11 +35,10 @@ from wire_helpers import is_stage, run_plain_round
 
 import corbin_fl.mechanisms.pairing
 from corbin_fl import wire
-from corbin_fl.client import app as client_app
+from corbin_fl.app import client_app, server_app
+from corbin_fl.app import train as client_train
 from corbin_fl.client import encode, handlers, pair_crypto
-from corbin_fl.client import train as client_train
 from corbin_fl.config import APP_LOGGERS, RunConfig
-from corbin_fl.server import app as server_app
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """The training device of each client in the run's records (``metrics.jsonl``, ``summary.json``).
 
 This project's train handler names the device it trained on in its reply
-(``train-info{device}``, :func:`corbin_fl.training.device_label`); the server checks the name as
+(``train-info{device}``, :func:`corbin_fl.devices.device_label`); the server checks the name as
 untrusted input (:func:`server.metrics.client_device`: a bounded string of a known shape), records
 it per client, and never drops a node or fails a round over it. The CUDA cases run where a CUDA
 device exists (``-m device``; ``bench/gpu_check.py`` runs them).
@@ -21,10 +21,10 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from harness import InProcessGrid, make_cfg, reply_hook, run
 
 from corbin_fl import wire
-from corbin_fl.client import train as client_train
+from corbin_fl.app import train as client_train
+from corbin_fl.devices import device_label
 from corbin_fl.server import metrics as server_metrics
 from corbin_fl.server.metrics import INVALID_DEVICE, RunFiles, client_device, client_devices
-from corbin_fl.training import device_label
 
 N_NODES = 3
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -41,8 +41,8 @@ def _run(grid: InProcessGrid) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.device, CUDA])])
 def test_each_client_s_device_is_recorded(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import corbin_fl.training
-    from corbin_fl.training import TrainResult
+    import corbin_fl.app.training
+    from corbin_fl.app.training import TrainResult
 
     def fake_train(model: torch.nn.Module, dataset: Any, *, seed: int, **_: Any) -> TrainResult:
         """The protocol stub's seeded noise, drawn on the CPU and added on the model's device."""
@@ -52,7 +52,7 @@ def test_each_client_s_device_is_recorded(device: str, monkeypatch: pytest.Monke
                 p.add_((1e-3 * torch.randn(p.shape, generator=gen)).to(p.device))
         return TrainResult(loss=1.0, num_examples=64, steps=1, seconds=0.0, examples_seen=64)
 
-    monkeypatch.setattr(corbin_fl.training, "train_local", fake_train)
+    monkeypatch.setattr(corbin_fl.app.training, "train_local", fake_train)
     grid = InProcessGrid(make_cfg(num_rounds=2, device=device), N_NODES)
     rows, summary = _run(grid)
     expected = device_label(torch.device(device))

@@ -75,6 +75,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from corbin_fl import wire
+from corbin_fl.app import client_app
+from corbin_fl.app import train as client_train
 from corbin_fl.arrays import (
     ArrayLayoutError,
     check_same_weights,
@@ -82,9 +84,7 @@ from corbin_fl.arrays import (
     layout_of_arrays,
     unflatten_arrays,
 )
-from corbin_fl.client import app as client_app
 from corbin_fl.client import handlers, pair_crypto
-from corbin_fl.client import train as client_train
 from corbin_fl.client.mod import corbin_mod
 from corbin_fl.client.policy import Policy, PolicyError
 from corbin_fl.client.shared import assignments_of
@@ -1501,7 +1501,7 @@ def spec_update_instruction(plan: ClientPlan, cfg: RunConfig) -> bool | None:
 
 def check_update_reply(reply: Message, instruction_content: RecordDict, cfg: RunConfig) -> None:
     """What the client answers is what the server's own validator accepts."""
-    from corbin_fl.models import expand_per_element
+    from corbin_fl.layout import expand_per_element
 
     rec = instruction_content[wire.CFG]
     layout = layout_of_arrays(instruction_content[rec[wire.ARRAYS_KEY]])

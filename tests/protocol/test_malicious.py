@@ -53,11 +53,11 @@ from harness import InProcessGrid, make_cfg, reply_hook, runtime
 from wire_helpers import is_stage, run_plain_round
 
 from corbin_fl import wire
+from corbin_fl.app import train as client_train
 from corbin_fl.client import encode
-from corbin_fl.client import train as client_train
 from corbin_fl.config import RunConfig
+from corbin_fl.layout import expand_per_element
 from corbin_fl.mechanisms.quantizers import alpha
-from corbin_fl.models import expand_per_element
 from corbin_fl.server import round as server_round
 from corbin_fl.server.aggregation import apply_global_lr, float_release_bounds, make_aggregator
 
@@ -249,7 +249,7 @@ def test_float_updates_nan_inf_huge_are_rejected_not_averaged(mechanism: str, ki
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     w0 = rt.weights.clone()
-    from corbin_fl.models import layer_center_radius
+    from corbin_fl.layout import layer_center_radius
 
     c_l, r_l = layer_center_radius(w0, rt.layout, cfg.radius_margin, cfg.min_radius)
     c, r = expand_per_element(c_l, rt.layout), expand_per_element(r_l, rt.layout)

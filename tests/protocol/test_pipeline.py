@@ -24,7 +24,7 @@ from harness import (
 from wire_helpers import app_records, is_stage
 
 from corbin_fl import wire
-from corbin_fl.client import app as client_app
+from corbin_fl.app import client_app
 from corbin_fl.client import handlers, pair_crypto
 from corbin_fl.config import RunConfig
 from corbin_fl.server.round import ServerRuntime, run_round

@@ -36,7 +36,7 @@ from harness import (
 from wire_helpers import is_stage, run_plain_round
 
 from corbin_fl import wire
-from corbin_fl.client import app as client_app
+from corbin_fl.app import client_app
 from corbin_fl.client import handlers, pair_crypto
 from corbin_fl.config import RunConfig
 from corbin_fl.server import round as server_round
@@ -547,7 +547,7 @@ def test_range_mode_update_quantizes_the_local_update_around_the_global_model(
 @pytest.mark.parametrize("lam", [1.0, 0.4])
 def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, lam: float) -> None:
     """The server keeps c, r per layer (no model-sized expansion); same estimate and model."""
-    from corbin_fl.models import ParamLayout, expand_per_element
+    from corbin_fl.layout import ParamLayout, expand_per_element
 
     layout = ParamLayout(
         names=("a", "b", "c"),
@@ -592,8 +592,8 @@ def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, l
 
 def test_client_by_block_equals_one_call_on_expanded_ranges() -> None:
     from corbin_fl.client.encode import by_block, clip_fraction
+    from corbin_fl.layout import ParamLayout, expand_per_element, range_blocks
     from corbin_fl.mechanisms.quantizers import ldpq
-    from corbin_fl.models import ParamLayout, expand_per_element, range_blocks
 
     layout = ParamLayout(names=("a", "b"), shapes=((7,), (9,)), offsets=(0, 7), sizes=(7, 9), m=16)
     w = torch.linspace(-1.5, 1.5, layout.m)

@@ -39,11 +39,11 @@ from harness import InProcessGrid, make_cfg
 from wire_helpers import is_stage
 
 from corbin_fl import wire
+from corbin_fl.app import server_app
 from corbin_fl.arrays import flatten_arrays, layout_of_arrays
 from corbin_fl.client import handlers
 from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.mechanisms.accounting import PrivacyLedger
-from corbin_fl.server import app as server_app
 from corbin_fl.server import round as server_round
 from corbin_fl.server.checkpoint import (
     CHECKPOINT_DIR,

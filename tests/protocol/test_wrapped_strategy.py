@@ -26,8 +26,8 @@ from corbin_fl.server.strategy import CorBin
 
 
 def _initial_arrays(cfg: RunConfig) -> ArrayRecord:
-    from corbin_fl.data import dataset_info
-    from corbin_fl.models import build_model
+    from corbin_fl.app.data import dataset_info
+    from corbin_fl.app.models import build_model
 
     info = dataset_info(cfg.dataset)
     model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)

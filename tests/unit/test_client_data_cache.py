@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from corbin_fl import data
-from corbin_fl.client import train as client_train
+from corbin_fl.app import data
+from corbin_fl.app import train as client_train
 from corbin_fl.config import RunConfig
 
 

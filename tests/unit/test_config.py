@@ -29,6 +29,7 @@ def test_the_app_bundle_holds_the_app_code_and_nothing_else() -> None:
         "client",
         "server",
         "mechanisms",
+        "app",
         "corbin_fl",
     }
     tool = tomllib.loads(PYPROJECT.read_text())["tool"]
@@ -65,6 +66,7 @@ def test_the_app_bundle_imports_only_the_app_and_its_dependencies() -> None:
                 roots.setdefault(root, set()).add(name)
     third_party = {r: sorted(f) for r, f in roots.items() if r not in sys.stdlib_module_names}
     app = {"corbin_fl", "corbin_fl.client", "corbin_fl.server", "corbin_fl.mechanisms"}
+    app |= {"corbin_fl.app"}
     app |= {f"corbin_fl.{path.stem}" for path in (PYPROJECT.parent / "corbin_fl").iterdir()}
     runtime = {"flwr", "numpy", "torch", "cryptography", "scipy", "mlxtend", "flwr_datasets"}
     runtime |= {"datasets"}  # flwr-datasets' own dependency (the LEAF and hub loaders)

@@ -1,4 +1,4 @@
-"""Tests of corbin_fl.data: IDX / CIFAR / HF loaders, the paper's split, client partitions."""
+"""Tests of corbin_fl.app.data: IDX / CIFAR / HF loaders, the paper's split, client partitions."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from corbin_fl import data, readers
+from corbin_fl.app import data, readers
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)

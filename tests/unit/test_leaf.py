@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from corbin_fl import data, leaf
+from corbin_fl.app import data, leaf
+from corbin_fl.app.models import build_model
+from corbin_fl.app.training import evaluate, train_local
 from corbin_fl.config import ConfigError, RunConfig
-from corbin_fl.models import build_model, layout_of
-from corbin_fl.training import evaluate, train_local
+from corbin_fl.layout import layout_of
 
 FEMNIST_NAMES = [*string.digits, *string.ascii_uppercase, *string.ascii_lowercase]
 WRITERS = ("f0000_14", "f0001_41", "f0002_27", "f0003_09")

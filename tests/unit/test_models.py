@@ -1,4 +1,4 @@
-"""Tests of corbin_fl.models: architectures, seeded init, the flat view and layer statistics."""
+"""Tests of corbin_fl.app.models: architectures, seeded init, the flat view and layer statistics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from corbin_fl import models
+from corbin_fl import layout as flat
+from corbin_fl.app import models
 
 
 # --------------------------------------------------------------------------- formulas
@@ -58,7 +59,7 @@ def test_resnet18_parameter_count_and_layout(resnet: nn.Module) -> None:
     params, bn_channels = resnet18_params(3, 10)
     assert params == 11_173_962
     assert sum(p.numel() for p in resnet.parameters()) == params
-    layout = models.layout_of(resnet)
+    layout = flat.layout_of(resnet)
     # float buffers (running mean and variance) are part of the flat vector, the counters not
     assert layout.m == params + 2 * bn_channels
     assert not any(name.endswith("num_batches_tracked") for name in layout.names)
@@ -92,20 +93,20 @@ def test_identical_init_from_same_seed(resnet: nn.Module) -> None:
     before = torch.random.get_rng_state()
     again = models.build_model("resnet18", 3, 10, seed=123)
     assert torch.equal(torch.random.get_rng_state(), before)  # the global RNG is untouched
-    assert torch.equal(models.flatten(again), models.flatten(resnet))
+    assert torch.equal(flat.flatten(again), flat.flatten(resnet))
     a = models.build_model("cnn", 1, 10, seed=5)
     g = torch.Generator().manual_seed(5)
     b = models.build_model("cnn", 1, 10, generator=g)
     c = models.build_model("cnn", 1, 10, seed=6)
-    assert torch.equal(models.flatten(a), models.flatten(b))
-    diff = models.flatten(a) != models.flatten(c)
+    assert torch.equal(flat.flatten(a), flat.flatten(b))
+    diff = flat.flatten(a) != flat.flatten(c)
     # every randomly drawn weight differs (biases of the convolutions are zero in both)
     assert int(diff.sum()) > 0.99 * (421_642 - 32 - 64)
 
 
 def test_unseeded_builds_differ() -> None:
-    a = models.flatten(models.build_model("cnn", 1, 10))
-    b = models.flatten(models.build_model("cnn", 1, 10))
+    a = flat.flatten(models.build_model("cnn", 1, 10))
+    b = flat.flatten(models.build_model("cnn", 1, 10))
     assert not torch.equal(a, b)
 
 
@@ -147,56 +148,56 @@ def test_build_model_validation() -> None:
 def test_flatten_load_flat_round_trip() -> None:
     a = models.build_model("cnn", 1, 10, seed=1)
     b = models.build_model("cnn", 1, 10, seed=2)
-    va = models.flatten(a)
-    assert va.dtype == torch.float32 and va.shape == (models.layout_of(a).m,)
-    models.load_flat(b, va)
-    assert torch.equal(models.flatten(b), va)
+    va = flat.flatten(a)
+    assert va.dtype == torch.float32 and va.shape == (flat.layout_of(a).m,)
+    flat.load_flat(b, va)
+    assert torch.equal(flat.flatten(b), va)
     for (ka, ta), (kb, tb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert ka == kb and torch.equal(ta, tb)
     # the flat vector is a copy, not a view
     va.add_(1.0)
-    assert not torch.equal(models.flatten(a), va)
+    assert not torch.equal(flat.flatten(a), va)
 
 
 def test_flat_view_includes_batchnorm_statistics(resnet: nn.Module) -> None:
     model = copy.deepcopy(resnet)
-    layout = models.layout_of(model)
-    before = models.flatten(model)
+    layout = flat.layout_of(model)
+    before = flat.flatten(model)
     counter = model.bn1.num_batches_tracked.clone()
     model(torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0)))  # train mode
-    after = models.flatten(model)
+    after = flat.flatten(model)
     i = layout.names.index("bn1.running_mean")
     sl = slice(layout.offsets[i], layout.offsets[i] + layout.sizes[i])
     assert not torch.equal(before[sl], after[sl])
-    models.load_flat(model, before)
-    assert torch.equal(models.flatten(model), before)
+    flat.load_flat(model, before)
+    assert torch.equal(flat.flatten(model), before)
     assert int(model.bn1.num_batches_tracked) == int(counter) + 1  # integer buffers untouched
 
 
 def test_load_flat_validation() -> None:
     model = models.build_model("cnn", 1, 10, seed=3)
-    vec = models.flatten(model)
+    vec = flat.flatten(model)
     with pytest.raises(ValueError, match="shape"):
-        models.load_flat(model, vec[:-1])
+        flat.load_flat(model, vec[:-1])
     with pytest.raises(ValueError, match="shape"):
-        models.load_flat(model, vec.view(1, -1))
+        flat.load_flat(model, vec.view(1, -1))
     with pytest.raises(TypeError, match="floating-point"):
-        models.load_flat(model, vec.to(torch.int32))
+        flat.load_flat(model, vec.to(torch.int32))
     with pytest.raises(TypeError, match=r"torch\.Tensor"):
-        models.load_flat(model, vec.numpy())  # type: ignore[arg-type]
+        flat.load_flat(model, vec.numpy())  # type: ignore[arg-type]
     bad = vec.clone()
     bad[7] = float("nan")
     bad[9] = float("inf")
     with pytest.raises(ValueError, match="2 non-finite"):
-        models.load_flat(model, bad)
-    assert torch.equal(models.flatten(model), vec)  # unchanged after a rejected load
-    models.load_flat(model, vec.double())  # other float dtypes are converted
-    assert torch.equal(models.flatten(model), vec)
+        flat.load_flat(model, bad)
+    assert torch.equal(flat.flatten(model), vec)  # unchanged after a rejected load
+    flat.load_flat(model, vec.double())  # other float dtypes are converted
+    assert torch.equal(flat.flatten(model), vec)
 
 
 # --------------------------------------------------------------------------- layer statistics
-def hand_layout() -> models.ParamLayout:
-    return models.ParamLayout(
+def hand_layout() -> flat.ParamLayout:
+    return flat.ParamLayout(
         names=("a", "b", "c"),
         shapes=((3,), (2,), (1,)),
         offsets=(0, 3, 5),
@@ -207,107 +208,107 @@ def hand_layout() -> models.ParamLayout:
 
 def test_param_layout_validation() -> None:
     good = {"names": ("a", "b"), "shapes": ((2, 2), (3,)), "offsets": (0, 4), "sizes": (4, 3)}
-    assert models.ParamLayout(**good, m=7).num_layers == 2
+    assert flat.ParamLayout(**good, m=7).num_layers == 2
     with pytest.raises(ValueError, match="m = 8"):
-        models.ParamLayout(**good, m=8)
+        flat.ParamLayout(**good, m=8)
     with pytest.raises(ValueError, match="offset 5"):
-        models.ParamLayout(**(good | {"offsets": (0, 5)}), m=7)
+        flat.ParamLayout(**(good | {"offsets": (0, 5)}), m=7)
     with pytest.raises(ValueError, match="does not match shape"):
-        models.ParamLayout(**(good | {"sizes": (3, 3)}), m=6)
+        flat.ParamLayout(**(good | {"sizes": (3, 3)}), m=6)
     with pytest.raises(ValueError, match="unique"):
-        models.ParamLayout(**(good | {"names": ("a", "a")}), m=7)
+        flat.ParamLayout(**(good | {"names": ("a", "a")}), m=7)
     with pytest.raises(ValueError, match="same length"):
-        models.ParamLayout(**(good | {"sizes": (4,)}), m=4)
+        flat.ParamLayout(**(good | {"sizes": (4,)}), m=4)
 
 
 def test_layer_ids_and_expand() -> None:
     layout = hand_layout()
-    ids = models.layer_ids(layout)
+    ids = flat.layer_ids(layout)
     assert ids.dtype == torch.int64 and ids.tolist() == [0, 0, 0, 1, 1, 2]
     vals = torch.tensor([10.0, 20.0, 30.0])
-    out = models.expand_per_element(vals, layout)
+    out = flat.expand_per_element(vals, layout)
     assert out.tolist() == [10.0, 10.0, 10.0, 20.0, 20.0, 30.0]
     assert torch.equal(out, vals[ids])
-    assert models.expand_per_element([1.0, 2.0, 3.0], layout).tolist() == [1, 1, 1, 2, 2, 3]
+    assert flat.expand_per_element([1.0, 2.0, 3.0], layout).tolist() == [1, 1, 1, 2, 2, 3]
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
-        models.expand_per_element(torch.ones(2), layout)
+        flat.expand_per_element(torch.ones(2), layout)
 
 
 def test_layer_center_radius_hand_made() -> None:
     layout = hand_layout()
     vec = torch.tensor([1.0, -3.0, 2.0, 5.0, 5.0, 0.5])
-    c, r = models.layer_center_radius(vec, layout)
+    c, r = flat.layer_center_radius(vec, layout)
     assert c.tolist() == [-0.5, 5.0, 0.5]
     assert r.tolist() == pytest.approx([2.5, 1e-3, 1e-3])
-    c2, r2 = models.layer_center_radius(vec, layout, margin=0.2, min_radius=0.25)
+    c2, r2 = flat.layer_center_radius(vec, layout, margin=0.2, min_radius=0.25)
     assert c2.tolist() == [-0.5, 5.0, 0.5]
     assert r2.tolist() == pytest.approx([3.0, 0.25, 0.25])
     # every element lies in its layer's interval
-    lo = models.expand_per_element(c - r, layout)
-    hi = models.expand_per_element(c + r, layout)
+    lo = flat.expand_per_element(c - r, layout)
+    hi = flat.expand_per_element(c + r, layout)
     assert torch.all(lo <= vec) and torch.all(vec <= hi)
     with pytest.raises(ValueError, match="margin"):
-        models.layer_center_radius(vec, layout, margin=-0.1)
+        flat.layer_center_radius(vec, layout, margin=-0.1)
     with pytest.raises(ValueError, match="min_radius"):
-        models.layer_center_radius(vec, layout, min_radius=0.0)
+        flat.layer_center_radius(vec, layout, min_radius=0.0)
     with pytest.raises(ValueError, match="non-finite"):
-        models.layer_center_radius(torch.tensor([1.0, float("nan"), 0, 0, 0, 0]), layout)
+        flat.layer_center_radius(torch.tensor([1.0, float("nan"), 0, 0, 0, 0]), layout)
     with pytest.raises(ValueError, match="shape"):
-        models.layer_center_radius(vec[:5], layout)
+        flat.layer_center_radius(vec[:5], layout)
 
 
 def test_layer_center_radius_inner_quantile_ignores_outliers() -> None:
     """``quantile = q`` uses the order statistics ``floor((1-q) n) + 1`` and ``ceil(q n)``."""
-    layout = models.ParamLayout(names=("a",), shapes=((100,),), offsets=(0,), sizes=(100,), m=100)
+    layout = flat.ParamLayout(names=("a",), shapes=((100,),), offsets=(0,), sizes=(100,), m=100)
     vec = torch.linspace(-1.0, 1.0, 100)
     vec[0], vec[99] = -40.0, 25.0  # two noise outliers
-    c, r = models.layer_center_radius(vec, layout)
+    c, r = flat.layer_center_radius(vec, layout)
     assert float(c[0]) == pytest.approx(-7.5) and float(r[0]) == pytest.approx(32.5)
-    cq, rq = models.layer_center_radius(vec, layout, quantile=0.98)
+    cq, rq = flat.layer_center_radius(vec, layout, quantile=0.98)
     ordered = torch.sort(vec).values
     lo, hi = float(ordered[2]), float(ordered[97])  # 3rd smallest and 98th smallest
     assert float(cq[0]) == pytest.approx((lo + hi) / 2)
     assert float(rq[0]) == pytest.approx((hi - lo) / 2)
     assert float(rq[0]) < 1.0
-    same = models.layer_center_radius(vec, layout, quantile=1.0)
+    same = flat.layer_center_radius(vec, layout, quantile=1.0)
     assert torch.equal(same[0], c) and torch.equal(same[1], r)
     for bad in (0.5, 1.01):
         with pytest.raises(ValueError, match="quantile"):
-            models.layer_center_radius(vec, layout, quantile=bad)
+            flat.layer_center_radius(vec, layout, quantile=bad)
 
 
 def test_layer_center_radius_matches_model_layers() -> None:
     model = models.build_model("cnn", 1, 10, seed=4)
-    layout = models.layout_of(model)
-    c, r = models.layer_center_radius(models.flatten(model), layout)
+    layout = flat.layout_of(model)
+    c, r = flat.layer_center_radius(flat.flatten(model), layout)
     state = model.state_dict()
     for i, name in enumerate(layout.names):
         t = state[name]
         assert float(c[i]) == pytest.approx(float((t.max() + t.min()) / 2))
         assert float(r[i]) == pytest.approx(max(float((t.max() - t.min()) / 2), 1e-3))
-    assert layout.fingerprint == models.layout_of(models.build_model("cnn", 1, 10)).fingerprint
-    assert layout.fingerprint != models.layout_of(models.build_model("cnn", 1, 7)).fingerprint
+    assert layout.fingerprint == flat.layout_of(models.build_model("cnn", 1, 10)).fingerprint
+    assert layout.fingerprint != flat.layout_of(models.build_model("cnn", 1, 7)).fingerprint
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_flat_view_on_cuda() -> None:
     cpu = models.build_model("cnn", 1, 10, seed=8)
     gpu = models.build_model("cnn", 1, 10, seed=8, device="cuda")
-    vec = models.flatten(gpu)
+    vec = flat.flatten(gpu)
     assert vec.device.type == "cuda"
-    assert torch.equal(vec.cpu(), models.flatten(cpu))
-    layout = models.layout_of(gpu)
-    c, r = models.layer_center_radius(vec, layout, margin=0.1)
-    c_cpu, r_cpu = models.layer_center_radius(vec.cpu(), layout, margin=0.1)
+    assert torch.equal(vec.cpu(), flat.flatten(cpu))
+    layout = flat.layout_of(gpu)
+    c, r = flat.layer_center_radius(vec, layout, margin=0.1)
+    c_cpu, r_cpu = flat.layer_center_radius(vec.cpu(), layout, margin=0.1)
     assert (
         c.device.type == "cuda"
         and torch.allclose(c.cpu(), c_cpu)
         and torch.allclose(r.cpu(), r_cpu)
     )
-    assert models.expand_per_element(c, layout).device.type == "cuda"
-    assert models.layer_ids(layout, device="cuda").device.type == "cuda"
-    models.load_flat(cpu, vec * 0.5)  # a CUDA vector into a CPU model
-    assert torch.equal(models.flatten(cpu), (vec * 0.5).cpu())
+    assert flat.expand_per_element(c, layout).device.type == "cuda"
+    assert flat.layer_ids(layout, device="cuda").device.type == "cuda"
+    flat.load_flat(cpu, vec * 0.5)  # a CUDA vector into a CPU model
+    assert torch.equal(flat.flatten(cpu), (vec * 0.5).cpu())
 
 
 @pytest.mark.parametrize("name", ["cnn", "resnet18"])
@@ -316,7 +317,7 @@ def test_empty_model_has_the_built_models_layout_and_loads_it_exactly(name: str)
     channels = 1 if name == "cnn" else 3
     built = models.build_model(name, channels, 10, seed=3)
     empty = models.empty_model(name, channels, 10)
-    assert models.layout_of(empty) == models.layout_of(built)
+    assert flat.layout_of(empty) == flat.layout_of(built)
     empty.load_state_dict(built.state_dict(), strict=True)
     for (k, a), (k2, b) in zip(built.state_dict().items(), empty.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(a, b)

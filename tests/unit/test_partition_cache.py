@@ -1,4 +1,4 @@
-"""Partitions kept on disk (corbin_fl.partition_cache): the computed rows, never trusted blindly."""
+"""Partitions kept on disk (corbin_fl.app.partition_cache): computed rows, never trusted blindly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from corbin_fl import data, fsio, partition_cache
+from corbin_fl import fsio
+from corbin_fl.app import data, partition_cache
 
 ARGS = ("mnist", None, 0, False, 4, "iid", 0.5, 1)
 """``_partitions_cached`` arguments: mnist, seed 0, 4 IID partitions, min size 1."""

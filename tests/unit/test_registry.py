@@ -179,7 +179,7 @@ def test_a_new_mechanism_is_one_registration(
 ) -> None:
     """Registered once, the config accepts it, the mod encodes with it on the device the
     encoder contract names (the update's, or the CPU), and the server decodes it."""
-    import corbin_fl.training
+    import corbin_fl.app.training
 
     toy = registry.Mechanism(
         "halves",
@@ -194,7 +194,7 @@ def test_a_new_mechanism_is_one_registration(
         RunConfig.from_flower({"mechanism": "halves"})
     monkeypatch.setitem(registry.REGISTRY, "halves", toy)
     # The mod puts the update on the node's device: force the one of this case.
-    monkeypatch.setattr(corbin_fl.training, "pick_device", lambda *_: torch.device(device))
+    monkeypatch.setattr(corbin_fl.app.training, "pick_device", lambda *_: torch.device(device))
     cfg = RunConfig.from_flower({"mechanism": "halves", "range-mode": "layer"})
     assert "halves" not in Policy.from_node({}, {}).mechanisms  # no local DP: not by default
 
@@ -222,7 +222,7 @@ def test_a_new_mechanism_is_one_registration(
 def test_an_encoder_that_breaks_the_contract_is_refused(
     monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
-    import corbin_fl.training
+    import corbin_fl.app.training
 
     toy = registry.Mechanism(
         "halves",
@@ -233,7 +233,7 @@ def test_an_encoder_that_breaks_the_contract_is_refused(
         local_dp=False,
     )
     monkeypatch.setitem(registry.REGISTRY, "halves", toy)
-    monkeypatch.setattr(corbin_fl.training, "pick_device", lambda *_: torch.device(device))
+    monkeypatch.setattr(corbin_fl.app.training, "pick_device", lambda *_: torch.device(device))
     cfg = RunConfig.from_flower({"mechanism": "halves", "range-mode": "layer"})
     reply = _encode_with_mod(cfg, np.linspace(-1.0, 1.0, 8, dtype=np.float32))
     assert reply.has_error()

@@ -1,4 +1,4 @@
-"""Tests of corbin_fl.training: device choice, the local training loop, evaluation."""
+"""Tests of corbin_fl.app.training: device choice, the local training loop, evaluation."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from corbin_fl import data, models, training
+from corbin_fl import devices
+from corbin_fl import layout as flat
+from corbin_fl.app import data, models, training
 
 
 @pytest.fixture
 def one_thread() -> Iterator[None]:
     """Run single-threaded: faster than 2 threads on a shared 2-core machine."""
     before = torch.get_num_threads()
-    training.set_threads(1)
+    devices.set_threads(1)
     try:
         yield
     finally:
@@ -34,26 +36,26 @@ def tiny_dataset(n: int = 40, seed: int = 0) -> TensorDataset:
 # --------------------------------------------------------------------------- devices
 def test_pick_device() -> None:
     auto = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    assert training.pick_device() == auto
-    assert training.pick_device("auto") == auto
-    assert training.pick_device("") == auto
-    assert training.pick_device("CPU") == torch.device("cpu")
-    assert training.pick_device(torch.device("cpu")) == torch.device("cpu")
+    assert devices.pick_device() == auto
+    assert devices.pick_device("auto") == auto
+    assert devices.pick_device("") == auto
+    assert devices.pick_device("CPU") == torch.device("cpu")
+    assert devices.pick_device(torch.device("cpu")) == torch.device("cpu")
     with pytest.raises(ValueError, match=r"invalid device|unsupported device"):
-        training.pick_device("tpu")
+        devices.pick_device("tpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            training.pick_device("cuda:0")
+            devices.pick_device("cuda:0")
     else:
         with pytest.raises(ValueError, match="device"):
-            training.pick_device(f"cuda:{torch.cuda.device_count()}")
+            devices.pick_device(f"cuda:{torch.cuda.device_count()}")
 
 
 def test_set_threads_validation() -> None:
     with pytest.raises(ValueError, match=">= 1"):
-        training.set_threads(0)
+        devices.set_threads(0)
     with pytest.raises(TypeError, match="int"):
-        training.set_threads(1.5)  # type: ignore[arg-type]
+        devices.set_threads(1.5)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- train_local
@@ -63,7 +65,7 @@ def test_train_local_seeded_and_counts(one_thread: None) -> None:
     for seed in (7, 7, 8):
         model = models.build_model("cnn", 1, 10, seed=0)
         res = training.train_local(model, ds, epochs=2, batch_size=8, seed=seed, device="cpu")
-        runs.append(models.flatten(model))
+        runs.append(flat.flatten(model))
         # 17 = 2 * 8 + 1: the trailing single-example batch is skipped in each epoch
         assert (res.steps, res.examples_seen, res.num_examples) == (4, 32, 17)
         assert math.isfinite(res.loss) and res.loss > 0 and res.seconds > 0
@@ -81,11 +83,11 @@ def test_train_local_max_steps_and_sgd(one_thread: None) -> None:
     )
     assert (res.steps, res.examples_seen) == (3, 48)
     assert not model.training  # mode restored
-    before = models.flatten(model)
+    before = flat.flatten(model)
     res = training.train_local(
         model, ds, epochs=1, batch_size=16, seed=0, device="cpu", optimizer="sgd", lr=0.05
     )
-    assert res.steps == 4 and not torch.equal(before, models.flatten(model))
+    assert res.steps == 4 and not torch.equal(before, flat.flatten(model))
 
 
 def test_train_local_memorises_small_batch(one_thread: None) -> None:
@@ -182,7 +184,7 @@ def test_train_and_evaluate_on_cuda() -> None:
     res = training.train_local(model, ds, epochs=2, batch_size=8, seed=0, device="cuda")
     assert res.steps == 10 and math.isfinite(res.loss)
     assert next(model.parameters()).device.type == "cuda"
-    ev = training.evaluate(model, ds, device=training.pick_device("cuda"))
+    ev = training.evaluate(model, ds, device=devices.pick_device("cuda"))
     assert ev.num_examples == 40 and 0.0 <= ev.accuracy <= 1.0
     on_gpu = TensorDataset(*(t.cuda() for t in ds.tensors))  # data already on the device
     res2 = training.train_local(model, on_gpu, epochs=1, batch_size=8, seed=0, device="cuda")

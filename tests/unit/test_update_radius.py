@@ -1,6 +1,6 @@
 """The update radius ``R`` of ``range-mode = "update"`` (the app's default) from public settings.
 
-``R = S * lr`` (:func:`corbin_fl.training.step_bound`): Adam moves a weight by about ``lr`` per
+``R = S * lr`` (:func:`corbin_fl.app.training.step_bound`): Adam moves a weight by about ``lr`` per
 step, and ``S`` is the steps of one round from public settings only. These tests check the
 formula, that the server resolves ``R`` once per run from the configuration and the number of
 nodes (never from a client's data), that a resumed run keeps its ``R``, and that ``R`` does bound
@@ -15,13 +15,14 @@ import pytest
 import torch
 from flwr.serverapp.strategy import FedAvg
 
+from corbin_fl.app.data import client_dataset, dataset_info, train_size
+from corbin_fl.app.models import build_model
+from corbin_fl.app.server_app import update_radius
+from corbin_fl.app.training import step_bound, train_local
 from corbin_fl.config import ConfigError, RunConfig
-from corbin_fl.data import client_dataset, dataset_info, train_size
-from corbin_fl.models import build_model, flatten
-from corbin_fl.server.app import update_radius
+from corbin_fl.layout import flatten
 from corbin_fl.server.round import clip_summary
 from corbin_fl.server.strategy import CorBin
-from corbin_fl.training import step_bound, train_local
 
 
 def test_step_bound_is_one_clients_share_of_the_public_split() -> None:
