@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -71,18 +73,35 @@ CHECK = textwrap.dedent(
 def test_the_wheel_installs_one_top_level_name_beside_a_users_client_and_server(
     tmp_path: Path,
 ) -> None:
+    # Built from a copy of the checkout's files: a build in the checkout leaves build/lib, whose
+    # stale modules setuptools would ship again.
+    src = tmp_path / "src"
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True, timeout=600,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for rel in filter(None, listed):
+        if (REPO / rel).is_file() and not rel.startswith("docs/"):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / rel, src / rel)
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(wheels), str(REPO)],
+         "-w", str(wheels), str(src)],
         check=True, timeout=600,
     )  # fmt: skip
     (wheel,) = wheels.glob("corbin_fl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if ".dist-info/" not in n}
     assert top == {"corbin_fl"}, top
-    for folder in ("server", "client", "mechanisms", "mechanisms/baselines", "deploy"):
-        assert f"corbin_fl/{folder}/__init__.py" in names
+    # Every package of the tree is in the wheel (a subpackage missing from pyproject's list would
+    # import from a checkout and fail once installed).
+    folders = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package, folder in folders["package-dir"].items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            sub = init.parent.relative_to(REPO / folder).as_posix()
+            inside = package.replace(".", "/") + ("" if sub == "." else f"/{sub}")
+            assert f"{inside}/__init__.py" in names, f"{init} is not in the wheel"
     assert "corbin_fl/mvu_tables/" in "\n".join(names)  # package data travels too
 
     site = tmp_path / "site"
