@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -947,14 +948,21 @@ def _configure_logging(verbose: bool, console: Console) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``corbin-fl``; returns the exit code (see module docstring).
 
-    ``corbin-fl experiment ...`` is handed whole to :func:`experiments.cli.main`
-    (TOML-driven sweeps; it has its own sub-commands and ``--help``).
+    ``corbin-fl experiment ...`` is handed whole to the command registered under that name in
+    the ``corbin_fl.commands`` entry-point group (pyproject: ``corbin_fl.experiments.cli:main``,
+    TOML-driven sweeps with their own sub-commands and ``--help``). The experiments use this
+    package to run; finding their command by entry point keeps this package from importing them.
     """
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["experiment"]:
-        from corbin_fl.experiments.cli import main as experiment_main
-
-        return experiment_main(words[1:])
+        found = entry_points(group="corbin_fl.commands", name="experiment")
+        if not found:
+            sys.stderr.write(
+                "corbin-fl experiment: no 'experiment' command is installed (entry point group "
+                "corbin_fl.commands); install this project with pip install -e '.[tools]'\n"
+            )
+            return EXIT_USAGE
+        return int(next(iter(found)).load()(words[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
