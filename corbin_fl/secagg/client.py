@@ -1,0 +1,409 @@
+"""The client role of SecAgg+ as a pure state machine (no Flower).
+
+One :class:`SecAggClient` per node and run; its :class:`ClientState` is plain data (ints, bytes,
+lists) so the Flower mod keeps it in ``context.state`` between messages. Each stage method
+validates the instruction first and commits the new state only at its end: a refused or
+malformed instruction raises and leaves the state as it was (nothing half-applied).
+
+Masked input (Bonawitz et al. 2017, eq. in "MaskedInputCollection"; Bell et al. 2020 over the
+neighbour set ``A(u)``, the neighbours whose share ciphertexts ``u`` accepted):
+
+    y_u = x_u + PRG(b_u) + sum_{v in A(u)} sign(u, v) PRG(s_uv)   (mod 2^b),
+    sign(u, v) = +1 if u < v else -1,
+
+with ``s_uv = X25519(s_u, s_v^pk)`` and every PRG bound to (run, round, purpose, parties) by
+:func:`prg.mask`. The pairwise terms cancel in the sum over survivors; the server removes the
+self masks of survivors and the pairwise masks towards dropped neighbours from Shamir shares.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from . import crypto, prg
+from .messages import (
+    KeyAdvert,
+    MalformedMessageError,
+    MaskReply,
+    MaskRequest,
+    RefusalError,
+    ShareKeysReply,
+    ShareKeysRequest,
+    UnmaskReply,
+    UnmaskRequest,
+)
+from .shamir import SHARE_BYTES, ShamirError, decode_share, split_secret
+
+logger = logging.getLogger(__name__)
+
+SEED_BYTES = 32
+PLAINTEXT_BYTES = 16 + 2 * SHARE_BYTES
+"""A share plaintext: sender (8 bytes), receiver (8 bytes), ``b``-share, ``s``-share."""
+CIPHERTEXT_BYTES = crypto.NONCE_BYTES + PLAINTEXT_BYTES + crypto.TAG_BYTES
+
+IDLE, KEYED, SHARED, MASKED, DONE = "idle", "keyed", "shared", "masked", "done"
+
+
+def pair_sign(u: int, v: int) -> int:
+    """``+1`` if ``u < v`` else ``-1``: ``u`` adds ``PRG(s_uv)``, ``v`` subtracts it."""
+    return 1 if u < v else -1
+
+
+def pair_mask(
+    s_private: bytes,
+    peer_s_public: bytes,
+    length: int,
+    bits: int,
+    *,
+    run_id: int,
+    server_round: int,
+    u: int,
+    v: int,
+) -> np.ndarray:
+    """``PRG(s_uv)`` for the pair ``{u, v}`` (same value from either side)."""
+    seed = crypto.agree(s_private, peer_s_public)
+    return prg.mask(
+        seed,
+        length,
+        bits,
+        run_id=run_id,
+        server_round=server_round,
+        purpose=prg.PAIR_MASK,
+        parties=(min(u, v), max(u, v)),
+    )
+
+
+def self_mask(
+    seed: bytes, length: int, bits: int, *, run_id: int, server_round: int, owner: int
+) -> np.ndarray:
+    """``PRG(b_u)``."""
+    return prg.mask(
+        seed,
+        length,
+        bits,
+        run_id=run_id,
+        server_round=server_round,
+        purpose=prg.SELF_MASK,
+        parties=(owner,),
+    )
+
+
+@dataclass
+class ClientState:
+    """Everything a client keeps between the stages of a round (private keys included)."""
+
+    run_id: int
+    node_id: int
+    server_round: int = 0
+    stage: str = IDLE
+    c_private: bytes = b""
+    s_private: bytes = b""
+    bits: int = 0
+    levels: int = 0
+    threshold: int = 0
+    seed: bytes = b""
+    neighbours: dict[int, KeyAdvert] = field(default_factory=dict)
+    held: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    """Owner -> (its ``b``-share, its ``s``-share) held by this client."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat dict of ints, strs, bytes and lists of one type (fits a Flower ConfigRecord)."""
+        nbrs = sorted(self.neighbours)
+        held = sorted(self.held)
+        return {
+            "run-id": self.run_id,
+            "node-id": self.node_id,
+            "round": self.server_round,
+            "stage": self.stage,
+            "c-private": self.c_private,
+            "s-private": self.s_private,
+            "bits": self.bits,
+            "levels": self.levels,
+            "threshold": self.threshold,
+            "seed": self.seed,
+            "nbr-ids": nbrs,
+            "nbr-c": [self.neighbours[v].c_public for v in nbrs],
+            "nbr-s": [self.neighbours[v].s_public for v in nbrs],
+            "held-ids": held,
+            "held-b": [self.held[v][0] for v in held],
+            "held-s": [self.held[v][1] for v in held],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClientState:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            run_id=int(d["run-id"]),
+            node_id=int(d["node-id"]),
+            server_round=int(d["round"]),
+            stage=str(d["stage"]),
+            c_private=bytes(d["c-private"]),
+            s_private=bytes(d["s-private"]),
+            bits=int(d["bits"]),
+            levels=int(d["levels"]),
+            threshold=int(d["threshold"]),
+            seed=bytes(d["seed"]),
+            neighbours={
+                int(v): KeyAdvert(bytes(c), bytes(s))
+                for v, c, s in zip(d["nbr-ids"], d["nbr-c"], d["nbr-s"], strict=True)
+            },
+            held={
+                int(v): (bytes(b), bytes(s))
+                for v, b, s in zip(d["held-ids"], d["held-b"], d["held-s"], strict=True)
+            },
+        )
+
+
+def _ids(values: Iterable[object], what: str) -> list[int]:
+    out = []
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 2**63:
+            raise MalformedMessageError(f"{what}: node id {v!r} is not a positive 63-bit integer")
+        out.append(v)
+    return out
+
+
+class SecAggClient:
+    """One node's side of SecAgg+ (advertise, share, mask, unmask) over :class:`ClientState`."""
+
+    def __init__(self, node_id: int, run_id: int, state: ClientState | None = None) -> None:
+        if state is not None and (state.node_id != node_id or state.run_id != run_id):
+            state = None  # another run's (or node's) state: start afresh
+        self.state = state or ClientState(run_id=run_id, node_id=node_id)
+
+    @property
+    def node_id(self) -> int:
+        return self.state.node_id
+
+    # ------------------------------------------------------------------ stage 0
+    def advertise(self, server_round: int) -> KeyAdvert:
+        """Fresh ``c`` and ``s`` key pairs for ``server_round``; their public halves.
+
+        Allowed for a round after the current one, or to re-key the current round before its
+        share stage; refused for a past round or one already under way (replay).
+        """
+        st = self.state
+        if not isinstance(server_round, int) or server_round < 0:
+            raise MalformedMessageError(f"bad round {server_round!r}")
+        if server_round < st.server_round or (
+            server_round == st.server_round and st.stage not in (IDLE, KEYED)
+        ):
+            raise RefusalError(
+                f"advertise for round {server_round} refused: round {st.server_round} is at "
+                f"stage {st.stage} (replay?)"
+            )
+        c, s = crypto.KeyPair.generate(), crypto.KeyPair.generate()
+        self.state = ClientState(
+            run_id=st.run_id,
+            node_id=st.node_id,
+            server_round=server_round,
+            stage=KEYED,
+            c_private=c.private,
+            s_private=s.private,
+        )
+        return KeyAdvert(c.public, s.public)
+
+    def own_keys(self) -> KeyAdvert:
+        return KeyAdvert(
+            crypto.public_of(self.state.c_private), crypto.public_of(self.state.s_private)
+        )
+
+    def _expect(self, server_round: int, stage: str, what: str) -> None:
+        st = self.state
+        if server_round != st.server_round or st.stage != stage:
+            raise RefusalError(
+                f"{what} for round {server_round} refused: this node is at round "
+                f"{st.server_round}, stage {st.stage} (replayed or out-of-order instruction)"
+            )
+
+    # ------------------------------------------------------------------ stage 1
+    def share_keys(self, req: ShareKeysRequest) -> ShareKeysReply:
+        """Shamir-share ``b_u`` (fresh) and ``s_u``'s private key among the neighbours.
+
+        ``t``-out-of-``|N(u)|`` shares, holder ``v`` at ``x = v``; each pair of shares goes to
+        its holder under AES-GCM (:func:`crypto.encrypt_shares`).
+        """
+        cfg = req.config
+        self._expect(cfg.server_round, KEYED, "share")
+        if cfg.run_id != self.state.run_id:
+            raise RefusalError(
+                f"share for run {cfg.run_id} refused: this is run {self.state.run_id}"
+            )
+        try:
+            prg.check_bits(cfg.bits)
+        except ValueError as exc:
+            raise MalformedMessageError(str(exc)) from exc
+        if not isinstance(cfg.levels, int) or not 1 <= cfg.levels < 2**cfg.bits:
+            raise MalformedMessageError(f"levels {cfg.levels!r} does not fit {cfg.bits} bits")
+        nbrs = _ids(req.neighbours, "share")
+        if self.node_id in nbrs:
+            raise MalformedMessageError("share: this node is listed as its own neighbour")
+        t = cfg.threshold
+        # t > |N|/2 holds for every honest server (|N| <= k < 2t); a lower t would let the
+        # server collect both shares of a client from disjoint sets of holders.
+        if not isinstance(t, int) or not 1 <= t <= len(nbrs) or 2 * t <= len(nbrs):
+            raise RefusalError(
+                f"share: threshold {t!r} with {len(nbrs)} neighbour(s) is not |N|/2 < t <= |N|"
+            )
+        own = self.own_keys()
+        seen = {own.c_public, own.s_public}
+        for v in nbrs:
+            adv = req.neighbours[v]
+            for pk in (adv.c_public, adv.s_public):
+                try:
+                    crypto.check_public_key(pk)
+                except ValueError as exc:
+                    raise MalformedMessageError(f"share: neighbour {v}'s key: {exc}") from exc
+                if pk in seen:
+                    raise RefusalError(f"share: neighbour {v} reuses a public key")
+                seen.add(pk)
+        seed = secrets.token_bytes(SEED_BYTES)
+        b_shares = split_secret(seed, t, sorted(nbrs))
+        s_shares = split_secret(self.state.s_private, t, sorted(nbrs))
+        cts = {}
+        for v in sorted(nbrs):
+            plain = (
+                self.node_id.to_bytes(8, "big") + v.to_bytes(8, "big") + b_shares[v] + s_shares[v]
+            )
+            cts[v] = crypto.encrypt_shares(
+                plain,
+                c_private=self.state.c_private,
+                peer_c_public=req.neighbours[v].c_public,
+                run_id=cfg.run_id,
+                server_round=cfg.server_round,
+                src=self.node_id,
+                dst=v,
+            )
+        commit = crypto.commitment(seed, cfg.run_id, cfg.server_round, self.node_id)
+        self.state = replace(
+            self.state,
+            stage=SHARED,
+            bits=cfg.bits,
+            levels=cfg.levels,
+            threshold=t,
+            seed=seed,
+            neighbours=dict(req.neighbours),
+        )
+        return ShareKeysReply(cts, commit)
+
+    # ------------------------------------------------------------------ stage 2
+    def check_input(self, x: np.ndarray) -> np.ndarray:
+        """``x`` as a 1-D uint64 vector if it is integer-valued in ``[0, levels]``, else raise."""
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "biu":
+            raise ValueError(f"secure aggregation sums integers; got dtype {arr.dtype}")
+        arr = arr.reshape(-1)
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > self.state.levels):
+            raise ValueError(
+                f"inputs must lie in [0, {self.state.levels}]; got [{int(arr.min())}, "
+                f"{int(arr.max())}]"
+            )
+        return arr.astype(np.uint64)
+
+    def mask(self, req: MaskRequest, x: np.ndarray) -> MaskReply:
+        """``y_u`` over the neighbours whose ciphertexts decrypt; the others are reported."""
+        self._expect(req.server_round, SHARED, "mask")
+        st = self.state
+        srcs = _ids(req.ciphertexts, "mask")
+        unknown = sorted(set(srcs) - set(st.neighbours))
+        if unknown:
+            raise MalformedMessageError(f"mask: ciphertexts from non-neighbours {unknown}")
+        values = self.check_input(x)
+        held: dict[int, tuple[bytes, bytes]] = {}
+        rejected: list[int] = []
+        for v in sorted(srcs):
+            try:
+                plain = crypto.decrypt_shares(
+                    req.ciphertexts[v],
+                    c_private=st.c_private,
+                    peer_c_public=st.neighbours[v].c_public,
+                    run_id=st.run_id,
+                    server_round=st.server_round,
+                    src=v,
+                    dst=self.node_id,
+                )
+                if len(plain) != PLAINTEXT_BYTES:
+                    raise ValueError("wrong plaintext length")
+                if (int.from_bytes(plain[:8], "big"), int.from_bytes(plain[8:16], "big")) != (
+                    v,
+                    self.node_id,
+                ):
+                    raise ValueError("plaintext names another sender or receiver")
+                b_share = plain[16 : 16 + SHARE_BYTES]
+                s_share = plain[16 + SHARE_BYTES :]
+                for share in (b_share, s_share):
+                    if decode_share(share)[0] != self.node_id:
+                        raise ValueError("share is not at this node's x")
+            except (crypto.DecryptionError, ValueError, ShamirError) as exc:
+                logger.info("node %d: share ciphertext from %d rejected: %s", self.node_id, v, exc)
+                rejected.append(v)
+                continue
+            held[v] = (b_share, s_share)
+        if len(held) < st.threshold:
+            raise RefusalError(
+                f"mask: only {len(held)} neighbour(s) to mask with, fewer than t = {st.threshold}"
+            )
+        n, bits = values.size, st.bits
+        y = values + self_mask(
+            st.seed, n, bits, run_id=st.run_id, server_round=st.server_round, owner=self.node_id
+        )
+        for v in sorted(held):
+            m = pair_mask(
+                st.s_private,
+                st.neighbours[v].s_public,
+                n,
+                bits,
+                run_id=st.run_id,
+                server_round=st.server_round,
+                u=self.node_id,
+                v=v,
+            )
+            y = y + m if pair_sign(self.node_id, v) > 0 else y - m
+        y &= np.uint64((1 << bits) - 1)
+        # The seed and private keys are no longer needed here: the neighbours hold their shares.
+        self.state = replace(
+            st, stage=MASKED, held=held, seed=b"", c_private=b"", s_private=b"", neighbours={}
+        )
+        return MaskReply(y, tuple(rejected))
+
+    # ------------------------------------------------------------------ stage 3
+    def unmask(self, req: UnmaskRequest) -> UnmaskReply:
+        """Self-mask shares of survivors, mask-key shares of the dropped; never both for one."""
+        self._expect(req.server_round, MASKED, "unmask")
+        st = self.state
+        surv = _ids(req.survivors, "unmask")
+        drop = _ids(req.dropped, "unmask")
+        both = sorted(set(surv) & set(drop))
+        if both:
+            raise RefusalError(
+                f"unmask refused: node(s) {both} named both survivor and dropped; both shares "
+                "would let the server remove every mask of their input"
+            )
+        if len(set(surv)) != len(surv) or len(set(drop)) != len(drop):
+            raise MalformedMessageError("unmask: a node is named twice")
+        unknown = sorted((set(surv) | set(drop)) - set(st.held))
+        if unknown:
+            raise RefusalError(f"unmask: this node holds no shares of {unknown}")
+        if len(surv) + 1 < st.threshold:
+            raise RefusalError(
+                f"unmask: only {len(surv) + 1} survivor(s) named with this node, fewer than "
+                f"t = {st.threshold}"
+            )
+        reply_b = {v: st.held[v][0] for v in surv}
+        reply_s = {v: st.held[v][1] for v in drop}
+        next_keys = None
+        if req.advertise_next:
+            self.state = replace(st, stage=DONE, held={})
+            next_keys = self.advertise(st.server_round + 1)
+        else:
+            self.state = replace(st, stage=DONE, held={})
+        return UnmaskReply(reply_b, reply_s, next_keys)
+
+
+__all__ = ["CIPHERTEXT_BYTES", "ClientState", "SecAggClient", "pair_mask", "pair_sign", "self_mask"]

@@ -1,0 +1,368 @@
+"""The SecAgg+ wire format on Flower records: the ONE definition of record names and keys.
+
+Every protocol message is a Flower ``train`` message (the mod answers all stages, as Flower's
+legacy ``secaggplus_mod`` does) whose ``secagg`` ConfigRecord names the stage and round; the
+``mask`` instruction also carries the wrapped strategy's own records (model, train config) for
+the app's train handler. Decoders check the exact key set and every type, and raise
+:class:`~.messages.MalformedMessageError`.
+
+| stage     | server -> client                              | client -> server                    |
+|-----------|-----------------------------------------------|-------------------------------------|
+| advertise | -                                             | c-pk, s-pk                          |
+| share     | bits, levels, threshold, nbr-ids/-c-pk/-s-pk  | dst-ids, ciphertexts, commitment    |
+| mask      | src-ids, ciphertexts (+ the app's records)    | rejected, length, layout-*; packed  |
+|           |                                               | y in ArrayRecord ``secagg-masked``  |
+| unmask    | survivors, dropped, advertise-next            | b-ids, b-shares, s-ids, s-shares,   |
+|           |                                               | next-c-pk, next-s-pk (may be empty) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from .messages import (
+    ADVERTISE,
+    MASK,
+    SHARE,
+    STAGES,
+    UNMASK,
+    KeyAdvert,
+    MalformedMessageError,
+    MaskReply,
+    MaskRequest,
+    RoundConfig,
+    ShareKeysReply,
+    ShareKeysRequest,
+    UnmaskReply,
+    UnmaskRequest,
+)
+from .packing import pack, unpack
+
+RECORD: Final[str] = "secagg"
+"""ConfigRecord of every SecAgg+ message (instruction and reply)."""
+MASKED_RECORD: Final[str] = "secagg-masked"
+"""ArrayRecord of the mask reply: one uint8 array ``y``, the ``b``-bit packed masked vector."""
+MASKED_ARRAY: Final[str] = "y"
+STATE_RECORD: Final[str] = "secagg-state"
+"""ConfigRecord in the node's ``context.state`` holding :class:`~.client.ClientState`."""
+TRAIN: Final[str] = "train"
+ERROR_CODE_REFUSED: Final[int] = 1100
+"""Error code of a reply by which the mod refuses an instruction (reason in the error)."""
+
+K_STAGE, K_ROUND = "stage", "round"
+_HEAD = {K_STAGE: str, K_ROUND: int}
+
+
+def _check(rec: ConfigRecord, spec: dict[str, type | tuple[type, type]], what: str) -> None:
+    """Exact key set and types (``(list, T)``: a list of ``T``; bool is not an int here)."""
+    full = {**_HEAD, **spec}
+    if set(rec) != set(full):
+        raise MalformedMessageError(f"{what}: keys {sorted(rec)}, expected {sorted(full)}")
+    for key, typ in full.items():
+        value = rec[key]
+        if isinstance(typ, tuple):
+            if not isinstance(value, list) or any(
+                not isinstance(v, typ[1]) or isinstance(v, bool) != (typ[1] is bool) for v in value
+            ):
+                raise MalformedMessageError(f"{what}: {key} must be a list of {typ[1].__name__}")
+        elif not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
+            raise MalformedMessageError(f"{what}: {key} must be {typ.__name__}")
+
+
+def _record(stage: str, server_round: int, **values: Any) -> ConfigRecord:
+    return ConfigRecord({K_STAGE: stage, K_ROUND: server_round, **values})
+
+
+def _zip(ids: Sequence[int], values: Sequence[Any], what: str) -> dict[int, Any]:
+    if len(ids) != len(values) or len(set(ids)) != len(ids):
+        raise MalformedMessageError(f"{what}: ids and values do not pair up one to one")
+    return dict(zip(ids, values, strict=True))
+
+
+def stage_of(content: RecordDict) -> tuple[str, int]:
+    """The ``(stage, round)`` a SecAgg+ message names."""
+    rec = content.config_records.get(RECORD)
+    if rec is None:
+        raise MalformedMessageError(f"no '{RECORD}' ConfigRecord")
+    stage, rnd = rec.get(K_STAGE), rec.get(K_ROUND)
+    if stage not in STAGES or not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+        raise MalformedMessageError(f"bad stage {stage!r} or round {rnd!r}")
+    return str(stage), rnd
+
+
+# ---------------------------------------------------------------------- advertise
+def advertise_request(server_round: int) -> RecordDict:
+    return RecordDict({RECORD: _record(ADVERTISE, server_round)})
+
+
+def advertise_reply(server_round: int, adv: KeyAdvert) -> RecordDict:
+    return RecordDict(
+        {RECORD: _record(ADVERTISE, server_round, **{"c-pk": adv.c_public, "s-pk": adv.s_public})}
+    )
+
+
+def decode_advertise_reply(content: RecordDict) -> KeyAdvert:
+    rec = content.config_records[RECORD]
+    _check(rec, {"c-pk": bytes, "s-pk": bytes}, "advertise reply")
+    return KeyAdvert(rec["c-pk"], rec["s-pk"])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- share
+def share_request(req: ShareKeysRequest) -> RecordDict:
+    cfg, ids = req.config, sorted(req.neighbours)
+    return RecordDict(
+        {
+            RECORD: _record(
+                SHARE,
+                cfg.server_round,
+                bits=cfg.bits,
+                levels=cfg.levels,
+                threshold=cfg.threshold,
+                **{
+                    "nbr-ids": ids,
+                    "nbr-c-pk": [req.neighbours[v].c_public for v in ids],
+                    "nbr-s-pk": [req.neighbours[v].s_public for v in ids],
+                },
+            )
+        }
+    )
+
+
+def decode_share_request(content: RecordDict, run_id: int) -> ShareKeysRequest:
+    rec = content.config_records[RECORD]
+    _check(
+        rec,
+        {
+            "bits": int,
+            "levels": int,
+            "threshold": int,
+            "nbr-ids": (list, int),
+            "nbr-c-pk": (list, bytes),
+            "nbr-s-pk": (list, bytes),
+        },
+        "share instruction",
+    )
+    ids = list(rec["nbr-ids"])  # type: ignore[arg-type]
+    cs = _zip(ids, list(rec["nbr-c-pk"]), "share instruction")  # type: ignore[arg-type]
+    ss = _zip(ids, list(rec["nbr-s-pk"]), "share instruction")  # type: ignore[arg-type]
+    cfg = RoundConfig(
+        run_id,
+        int(rec[K_ROUND]),
+        int(rec["bits"]),  # type: ignore[arg-type]
+        int(rec["levels"]),
+        int(rec["threshold"]),
+    )  # type: ignore[arg-type]
+    return ShareKeysRequest(cfg, {v: KeyAdvert(cs[v], ss[v]) for v in ids})
+
+
+def share_reply(server_round: int, rep: ShareKeysReply) -> RecordDict:
+    ids = sorted(rep.ciphertexts)
+    return RecordDict(
+        {
+            RECORD: _record(
+                SHARE,
+                server_round,
+                **{
+                    "dst-ids": ids,
+                    "ciphertexts": [rep.ciphertexts[v] for v in ids],
+                    "commitment": rep.commitment,
+                },
+            )
+        }
+    )
+
+
+def decode_share_reply(content: RecordDict) -> ShareKeysReply:
+    rec = content.config_records[RECORD]
+    _check(
+        rec,
+        {"dst-ids": (list, int), "ciphertexts": (list, bytes), "commitment": bytes},
+        "share reply",
+    )
+    cts = _zip(list(rec["dst-ids"]), list(rec["ciphertexts"]), "share reply")  # type: ignore[arg-type]
+    return ShareKeysReply(cts, rec["commitment"])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- mask
+def mask_request(req: MaskRequest, app_content: RecordDict) -> RecordDict:
+    """The app's records (model, config) plus the ``secagg`` record with the relayed shares."""
+    if RECORD in app_content:
+        raise ValueError(f"the wrapped strategy's train message already has a '{RECORD}' record")
+    ids = sorted(req.ciphertexts)
+    content = RecordDict(dict(app_content.items()))
+    content[RECORD] = _record(
+        MASK, req.server_round, **{"src-ids": ids, "ciphertexts": [req.ciphertexts[v] for v in ids]}
+    )
+    return content
+
+
+def decode_mask_request(content: RecordDict) -> MaskRequest:
+    rec = content.config_records[RECORD]
+    _check(rec, {"src-ids": (list, int), "ciphertexts": (list, bytes)}, "mask instruction")
+    cts = _zip(list(rec["src-ids"]), list(rec["ciphertexts"]), "mask instruction")  # type: ignore[arg-type]
+    return MaskRequest(int(rec[K_ROUND]), cts)  # type: ignore[arg-type]
+
+
+Layout = tuple[tuple[str, tuple[int, ...]], ...]
+"""The app's arrays: (key, shape) in record order; public (the model's architecture)."""
+
+
+def flatten_arrays(record: ArrayRecord) -> tuple[np.ndarray, Layout]:
+    """One integer vector from every array of ``record`` (record order) and their layout."""
+    parts, layout = [], []
+    for key, arr in record.items():
+        values = arr.numpy()
+        if values.dtype.kind not in "biu":
+            raise ValueError(
+                f"array '{key}' has dtype {values.dtype}; secure aggregation sums "
+                "integer arrays (quantize first)"
+            )
+        parts.append(values.reshape(-1))
+        layout.append((key, tuple(int(s) for s in values.shape)))
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return flat, tuple(layout)
+
+
+def unflatten(total: np.ndarray, layout: Layout) -> ArrayRecord:
+    """The sum as an ArrayRecord of int64 arrays with the app's keys and shapes."""
+    out, pos = {}, 0
+    for key, shape in layout:
+        size = int(np.prod(shape, dtype=np.int64))
+        out[key] = Array(np.ascontiguousarray(total[pos : pos + size].reshape(shape)))
+        pos += size
+    if pos != total.size:
+        raise ValueError("layout does not cover the vector")
+    return ArrayRecord(out)
+
+
+def mask_reply(server_round: int, rep: MaskReply, bits: int, layout: Layout) -> RecordDict:
+    packed = np.frombuffer(pack(rep.masked, bits), dtype=np.uint8)
+    return RecordDict(
+        {
+            RECORD: _record(
+                MASK,
+                server_round,
+                **{
+                    "rejected": sorted(rep.rejected),
+                    "length": int(rep.masked.size),
+                    "layout-keys": [k for k, _ in layout],
+                    "layout-shapes": [",".join(map(str, s)) for _, s in layout],
+                },
+            ),
+            MASKED_RECORD: ArrayRecord({MASKED_ARRAY: Array(packed)}),
+        }
+    )
+
+
+def decode_mask_reply(content: RecordDict, bits: int) -> tuple[MaskReply, Layout]:
+    rec = content.config_records[RECORD]
+    _check(
+        rec,
+        {
+            "rejected": (list, int),
+            "length": int,
+            "layout-keys": (list, str),
+            "layout-shapes": (list, str),
+        },
+        "mask reply",
+    )
+    if set(content) != {RECORD, MASKED_RECORD}:
+        raise MalformedMessageError(f"mask reply holds records {sorted(content)}")
+    arrays = content.array_records[MASKED_RECORD]
+    if list(arrays) != [MASKED_ARRAY]:
+        raise MalformedMessageError("mask reply: the masked record must hold exactly 'y'")
+    arr = arrays[MASKED_ARRAY]
+    length = int(rec["length"])  # type: ignore[arg-type]
+    if arr.dtype != "uint8" or tuple(arr.shape) != ((length * bits + 7) // 8,):
+        raise MalformedMessageError("mask reply: packed vector of the wrong type or size")
+    try:
+        y = unpack(arr.numpy().tobytes(), length, bits)
+        shapes = [tuple(int(s) for s in sh.split(",") if s) for sh in rec["layout-shapes"]]  # type: ignore[union-attr]
+    except ValueError as exc:
+        raise MalformedMessageError(f"mask reply: {exc}") from exc
+    keys = list(rec["layout-keys"])  # type: ignore[arg-type]
+    if (
+        len(keys) != len(shapes)
+        or len(set(keys)) != len(keys)
+        or sum(int(np.prod(s, dtype=np.int64)) for s in shapes) != length
+    ):
+        raise MalformedMessageError("mask reply: layout does not match the vector")
+    return MaskReply(y, tuple(rec["rejected"])), tuple(zip(keys, shapes, strict=True))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- unmask
+def unmask_request(req: UnmaskRequest) -> RecordDict:
+    return RecordDict(
+        {
+            RECORD: _record(
+                UNMASK,
+                req.server_round,
+                **{
+                    "survivors": list(req.survivors),
+                    "dropped": list(req.dropped),
+                    "advertise-next": bool(req.advertise_next),
+                },
+            )
+        }
+    )
+
+
+def decode_unmask_request(content: RecordDict) -> UnmaskRequest:
+    rec = content.config_records[RECORD]
+    _check(
+        rec,
+        {"survivors": (list, int), "dropped": (list, int), "advertise-next": bool},
+        "unmask instruction",
+    )
+    return UnmaskRequest(
+        int(rec[K_ROUND]),
+        tuple(rec["survivors"]),  # type: ignore[arg-type]
+        tuple(rec["dropped"]),
+        bool(rec["advertise-next"]),
+    )  # type: ignore[arg-type]
+
+
+def unmask_reply(server_round: int, rep: UnmaskReply) -> RecordDict:
+    b_ids, s_ids = sorted(rep.self_mask_shares), sorted(rep.key_shares)
+    nxt = rep.next_keys
+    return RecordDict(
+        {
+            RECORD: _record(
+                UNMASK,
+                server_round,
+                **{
+                    "b-ids": b_ids,
+                    "b-shares": [rep.self_mask_shares[v] for v in b_ids],
+                    "s-ids": s_ids,
+                    "s-shares": [rep.key_shares[v] for v in s_ids],
+                    "next-c-pk": nxt.c_public if nxt else b"",
+                    "next-s-pk": nxt.s_public if nxt else b"",
+                },
+            )
+        }
+    )
+
+
+def decode_unmask_reply(content: RecordDict) -> UnmaskReply:
+    rec = content.config_records[RECORD]
+    _check(
+        rec,
+        {
+            "b-ids": (list, int),
+            "b-shares": (list, bytes),
+            "s-ids": (list, int),
+            "s-shares": (list, bytes),
+            "next-c-pk": bytes,
+            "next-s-pk": bytes,
+        },
+        "unmask reply",
+    )
+    b = _zip(list(rec["b-ids"]), list(rec["b-shares"]), "unmask reply")  # type: ignore[arg-type]
+    s = _zip(list(rec["s-ids"]), list(rec["s-shares"]), "unmask reply")  # type: ignore[arg-type]
+    c_pk, s_pk = rec["next-c-pk"], rec["next-s-pk"]
+    nxt = KeyAdvert(c_pk, s_pk) if c_pk or s_pk else None  # type: ignore[arg-type]
+    return UnmaskReply(b, s, nxt)
