@@ -214,7 +214,8 @@ class SecAggClient:
             crypto.public_of(self.state.c_private), crypto.public_of(self.state.s_private)
         )
 
-    def _expect(self, server_round: int, stage: str, what: str) -> None:
+    def expect(self, server_round: int, stage: str, what: str) -> None:
+        """Refuse unless this node is at ``stage`` of ``server_round``."""
         st = self.state
         if server_round != st.server_round or st.stage != stage:
             raise RefusalError(
@@ -230,7 +231,7 @@ class SecAggClient:
         its holder under AES-GCM (:func:`crypto.encrypt_shares`).
         """
         cfg = req.config
-        self._expect(cfg.server_round, KEYED, "share")
+        self.expect(cfg.server_round, KEYED, "share")
         if cfg.run_id != self.state.run_id:
             raise RefusalError(
                 f"share for run {cfg.run_id} refused: this is run {self.state.run_id}"
@@ -308,7 +309,7 @@ class SecAggClient:
 
     def mask(self, req: MaskRequest, x: np.ndarray) -> MaskReply:
         """``y_u`` over the neighbours whose ciphertexts decrypt; the others are reported."""
-        self._expect(req.server_round, SHARED, "mask")
+        self.expect(req.server_round, SHARED, "mask")
         st = self.state
         srcs = _ids(req.ciphertexts, "mask")
         unknown = sorted(set(srcs) - set(st.neighbours))
@@ -375,7 +376,7 @@ class SecAggClient:
     # ------------------------------------------------------------------ stage 3
     def unmask(self, req: UnmaskRequest) -> UnmaskReply:
         """Self-mask shares of survivors, mask-key shares of the dropped; never both for one."""
-        self._expect(req.server_round, MASKED, "unmask")
+        self.expect(req.server_round, MASKED, "unmask")
         st = self.state
         surv = _ids(req.survivors, "unmask")
         drop = _ids(req.dropped, "unmask")

@@ -62,14 +62,14 @@ class ShamirField:
         if threshold > available:
             raise ShamirError(f"threshold {threshold} exceeds the {available} share(s) available")
 
-    def _check_xs(self, xs: Sequence[int]) -> None:
+    def _check_xs(self, xs: Sequence[int], allow_zero: bool = False) -> None:
         seen: set[int] = set()
         for x in xs:
             if not isinstance(x, int) or isinstance(x, bool):
                 raise ShamirError(f"x-coordinate must be an integer, got {x!r}")
-            if x % self.prime == 0:
+            if x % self.prime == 0 and not (allow_zero and x == 0):
                 raise ShamirError(f"x-coordinate {x} is zero in GF(p): it would reveal the secret")
-            if not 0 < x < self.prime:
+            if not 0 <= x < self.prime:
                 raise ShamirError(f"x-coordinate {x} is outside 1..p-1")
             if x in seen:
                 raise ShamirError(f"duplicate x-coordinate {x}")
@@ -106,9 +106,12 @@ class ShamirField:
         return acc
 
     def interpolate(self, shares: Sequence[tuple[int, int]], at: int = 0) -> int:
-        """``f(at)`` of the unique polynomial of degree ``len(shares) - 1`` through ``shares``."""
+        """``f(at)`` of the unique polynomial of degree ``len(shares) - 1`` through ``shares``.
+
+        Points may include ``x = 0`` here (e.g. a candidate secret ``(0, s)``).
+        """
         xs = [x for x, _ in shares]
-        self._check_xs(xs)
+        self._check_xs(xs, allow_zero=True)
         p = self.prime
         total = 0
         for i, (xi, yi) in enumerate(shares):
