@@ -8,8 +8,9 @@ The files are the contract with the ``corbin-fl local`` launcher, which shows pr
   "dropped": [...]}``, ``{"event": "checkpoint", "round": t, "time": unix}`` (the round is
   durable in ``checkpoint/``), ``{"event": "round_end", "round": t, ...}``,
   ``{"event": "resume", "from_round": t, ...}``, ``{"event": "run_end"}``.
-- ``metrics.jsonl``: one JSON object per round (see :func:`server.round.round_record`); after
-  a resume it holds exactly one row per completed round (:meth:`RunFiles.rewrite_metrics`).
+- ``metrics.jsonl``: one JSON object per round (see
+  :func:`corbin_fl.server.records.round_record`); after a resume it holds exactly one row per
+  completed round (:meth:`RunFiles.rewrite_metrics`).
   Its ``devices`` maps each accepted client's node id to the device it trained on, as the client
   names it (:func:`client_device`); ``summary.json``'s ``client_devices`` collects them.
 - ``summary.json``: written once at the end (atomically: temp file + rename).

@@ -413,7 +413,7 @@ class CorBin(Strategy):
         timeout: float,
     ) -> None:
         """Round ``rnd``: train, evaluate, the checkpoint rule, the ledger, then commit."""
-        from corbin_fl.server.round import round_record
+        from corbin_fl.server.records import round_record
 
         run.files.round_start(rnd)
         t0 = time.monotonic()
@@ -500,7 +500,7 @@ class CorBin(Strategy):
     def _finish(self, run: _Run, train: TrainingState) -> None:
         """The final model, ``summary.json``, and the verdict: a run in which no round
         aggregated an update fails (:class:`RunFailedError`)."""
-        from corbin_fl.server.round import build_summary
+        from corbin_fl.server.records import build_summary
 
         run.result.arrays = run.arrays()
         summary = build_summary(run.cfg, train.history, train.best, run.rt.layout.m, train=train)

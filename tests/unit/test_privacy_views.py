@@ -222,7 +222,7 @@ def test_privacy_fields_of_the_committed_runs(recorded: list) -> None:
 @pytest.mark.parametrize("mech", MECHANISMS)
 def test_server_writes_the_per_threat_model_report(mech: str) -> None:
     from corbin_fl.config import RunConfig
-    from corbin_fl.server.round import privacy_summary
+    from corbin_fl.server.records import privacy_summary
 
     cfg = RunConfig(mechanism=mech, epsilon=0.5, num_rounds=3)
     report = privacy_summary(cfg, 3, 2_000, 4, 0.05)

@@ -21,7 +21,7 @@ from corbin_fl.app.server_app import update_radius
 from corbin_fl.app.training import step_bound, train_local
 from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.layout import flatten
-from corbin_fl.server.round import clip_summary
+from corbin_fl.server.records import clip_summary
 from corbin_fl.server.strategy import CorBin
 
 
