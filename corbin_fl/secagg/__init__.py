@@ -6,3 +6,29 @@ of the surviving clients' inputs in ``[0, levels]``. Pure protocol (no Flower): 
 :mod:`.prg`, :mod:`.crypto`, :mod:`.graph`, :mod:`.client`, :mod:`.server`,
 :mod:`.simulate`. Flower glue: :mod:`.wire`, :mod:`.mod`, :mod:`.strategy`.
 """
+
+from .client import ClientState, SecAggClient
+from .graph import bit_width, choose_parameters, harary_graph
+from .messages import KeyAdvert, MalformedMessageError, RefusalError, RoundOutcome, SecAggError
+from .mod import secagg_mod
+from .server import SecAggServer
+from .simulate import simulate_round
+from .strategy import SecAggPlus, SecAggRound
+
+__all__ = [
+    "ClientState",
+    "KeyAdvert",
+    "MalformedMessageError",
+    "RefusalError",
+    "RoundOutcome",
+    "SecAggClient",
+    "SecAggError",
+    "SecAggPlus",
+    "SecAggRound",
+    "SecAggServer",
+    "bit_width",
+    "choose_parameters",
+    "harary_graph",
+    "secagg_mod",
+    "simulate_round",
+]

@@ -293,8 +293,8 @@ class SecAggPlus(Strategy):
         self.min_survivors = min_survivors
         self.rng = rng
         self.arrays_key = arrays_key
-        self.weighted_by_key = weighted_by_key or getattr(
-            strategy, "weighted_by_key", "num-examples"
+        self.weighted_by_key: str = str(
+            weighted_by_key or getattr(strategy, "weighted_by_key", None) or "num-examples"
         )
         self.outcomes: dict[int, RoundOutcome] = {}
         self.round_trips: dict[int, int] = {}

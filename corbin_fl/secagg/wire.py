@@ -73,6 +73,11 @@ def _check(rec: ConfigRecord, spec: dict[str, type | tuple[type, type]], what: s
             raise MalformedMessageError(f"{what}: {key} must be {typ.__name__}")
 
 
+def _get(rec: ConfigRecord, key: str) -> Any:
+    """A value already checked by :func:`_check` (typed as ``Any`` for the decoders)."""
+    return rec[key]
+
+
 def _record(stage: str, server_round: int, **values: Any) -> ConfigRecord:
     return ConfigRecord({K_STAGE: stage, K_ROUND: server_round, **values})
 
@@ -108,7 +113,7 @@ def advertise_reply(server_round: int, adv: KeyAdvert) -> RecordDict:
 def decode_advertise_reply(content: RecordDict) -> KeyAdvert:
     rec = content.config_records[RECORD]
     _check(rec, {"c-pk": bytes, "s-pk": bytes}, "advertise reply")
-    return KeyAdvert(rec["c-pk"], rec["s-pk"])  # type: ignore[arg-type]
+    return KeyAdvert(_get(rec, "c-pk"), _get(rec, "s-pk"))
 
 
 # ---------------------------------------------------------------------- share
@@ -146,16 +151,16 @@ def decode_share_request(content: RecordDict, run_id: int) -> ShareKeysRequest:
         },
         "share instruction",
     )
-    ids = list(rec["nbr-ids"])  # type: ignore[arg-type]
-    cs = _zip(ids, list(rec["nbr-c-pk"]), "share instruction")  # type: ignore[arg-type]
-    ss = _zip(ids, list(rec["nbr-s-pk"]), "share instruction")  # type: ignore[arg-type]
+    ids = list(_get(rec, "nbr-ids"))
+    cs = _zip(ids, list(_get(rec, "nbr-c-pk")), "share instruction")
+    ss = _zip(ids, list(_get(rec, "nbr-s-pk")), "share instruction")
     cfg = RoundConfig(
         run_id,
-        int(rec[K_ROUND]),
-        int(rec["bits"]),  # type: ignore[arg-type]
-        int(rec["levels"]),
-        int(rec["threshold"]),
-    )  # type: ignore[arg-type]
+        int(_get(rec, K_ROUND)),
+        int(_get(rec, "bits")),
+        int(_get(rec, "levels")),
+        int(_get(rec, "threshold")),
+    )
     return ShareKeysRequest(cfg, {v: KeyAdvert(cs[v], ss[v]) for v in ids})
 
 
@@ -183,8 +188,8 @@ def decode_share_reply(content: RecordDict) -> ShareKeysReply:
         {"dst-ids": (list, int), "ciphertexts": (list, bytes), "commitment": bytes},
         "share reply",
     )
-    cts = _zip(list(rec["dst-ids"]), list(rec["ciphertexts"]), "share reply")  # type: ignore[arg-type]
-    return ShareKeysReply(cts, rec["commitment"])  # type: ignore[arg-type]
+    cts = _zip(list(_get(rec, "dst-ids")), list(_get(rec, "ciphertexts")), "share reply")
+    return ShareKeysReply(cts, _get(rec, "commitment"))
 
 
 # ---------------------------------------------------------------------- mask
@@ -203,8 +208,8 @@ def mask_request(req: MaskRequest, app_content: RecordDict) -> RecordDict:
 def decode_mask_request(content: RecordDict) -> MaskRequest:
     rec = content.config_records[RECORD]
     _check(rec, {"src-ids": (list, int), "ciphertexts": (list, bytes)}, "mask instruction")
-    cts = _zip(list(rec["src-ids"]), list(rec["ciphertexts"]), "mask instruction")  # type: ignore[arg-type]
-    return MaskRequest(int(rec[K_ROUND]), cts)  # type: ignore[arg-type]
+    cts = _zip(list(_get(rec, "src-ids")), list(_get(rec, "ciphertexts")), "mask instruction")
+    return MaskRequest(int(_get(rec, K_ROUND)), cts)
 
 
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
@@ -276,22 +281,23 @@ def decode_mask_reply(content: RecordDict, bits: int) -> tuple[MaskReply, Layout
     if list(arrays) != [MASKED_ARRAY]:
         raise MalformedMessageError("mask reply: the masked record must hold exactly 'y'")
     arr = arrays[MASKED_ARRAY]
-    length = int(rec["length"])  # type: ignore[arg-type]
+    length = int(_get(rec, "length"))
     if arr.dtype != "uint8" or tuple(arr.shape) != ((length * bits + 7) // 8,):
         raise MalformedMessageError("mask reply: packed vector of the wrong type or size")
     try:
         y = unpack(arr.numpy().tobytes(), length, bits)
-        shapes = [tuple(int(s) for s in sh.split(",") if s) for sh in rec["layout-shapes"]]  # type: ignore[union-attr]
+        shapes = [tuple(int(s) for s in sh.split(",") if s) for sh in _get(rec, "layout-shapes")]
     except ValueError as exc:
         raise MalformedMessageError(f"mask reply: {exc}") from exc
-    keys = list(rec["layout-keys"])  # type: ignore[arg-type]
+    keys = list(_get(rec, "layout-keys"))
     if (
-        len(keys) != len(shapes)
+        any(dim < 0 for shape in shapes for dim in shape)
+        or len(keys) != len(shapes)
         or len(set(keys)) != len(keys)
         or sum(int(np.prod(s, dtype=np.int64)) for s in shapes) != length
     ):
         raise MalformedMessageError("mask reply: layout does not match the vector")
-    return MaskReply(y, tuple(rec["rejected"])), tuple(zip(keys, shapes, strict=True))  # type: ignore[arg-type]
+    return MaskReply(y, tuple(_get(rec, "rejected"))), tuple(zip(keys, shapes, strict=True))
 
 
 # ---------------------------------------------------------------------- unmask
@@ -319,11 +325,11 @@ def decode_unmask_request(content: RecordDict) -> UnmaskRequest:
         "unmask instruction",
     )
     return UnmaskRequest(
-        int(rec[K_ROUND]),
-        tuple(rec["survivors"]),  # type: ignore[arg-type]
-        tuple(rec["dropped"]),
-        bool(rec["advertise-next"]),
-    )  # type: ignore[arg-type]
+        int(_get(rec, K_ROUND)),
+        tuple(_get(rec, "survivors")),
+        tuple(_get(rec, "dropped")),
+        bool(_get(rec, "advertise-next")),
+    )
 
 
 def unmask_reply(server_round: int, rep: UnmaskReply) -> RecordDict:
@@ -361,8 +367,8 @@ def decode_unmask_reply(content: RecordDict) -> UnmaskReply:
         },
         "unmask reply",
     )
-    b = _zip(list(rec["b-ids"]), list(rec["b-shares"]), "unmask reply")  # type: ignore[arg-type]
-    s = _zip(list(rec["s-ids"]), list(rec["s-shares"]), "unmask reply")  # type: ignore[arg-type]
-    c_pk, s_pk = rec["next-c-pk"], rec["next-s-pk"]
-    nxt = KeyAdvert(c_pk, s_pk) if c_pk or s_pk else None  # type: ignore[arg-type]
+    b = _zip(list(_get(rec, "b-ids")), list(_get(rec, "b-shares")), "unmask reply")
+    s = _zip(list(_get(rec, "s-ids")), list(_get(rec, "s-shares")), "unmask reply")
+    c_pk, s_pk = _get(rec, "next-c-pk"), _get(rec, "next-s-pk")
+    nxt = KeyAdvert(c_pk, s_pk) if c_pk or s_pk else None
     return UnmaskReply(b, s, nxt)
