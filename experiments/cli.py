@@ -2,19 +2,320 @@
 already done is skipped, so the same command resumes), list their runs, or rebuild their
 outputs. Exit codes: 0 (target checks are reported, never enforced), 1 some runs failed, 2
 invalid spec or arguments, 130 interrupted.
+
+``<results>/runs/<run-id>/`` is the run pool shared by every experiment (:mod:`experiments.sweep`);
+``<results>/<name>/`` holds ``runs.csv``, ``groups.csv``, ``figures/*.png`` and ``report.md``
+(and the ``mse_*`` measurements of an mse experiment).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from corbin_fl.experiments.spec import SpecError, load_spec
+from corbin_fl.experiments import plots
+from corbin_fl.experiments.report import Target, write_federated_report, write_mse_report
+from corbin_fl.experiments.results import (
+    RunResult,
+    group_results,
+    groups_table,
+    load_run,
+    runs_table,
+    varying_keys,
+    write_table,
+)
+from corbin_fl.experiments.spec import ExperimentSpec, SpecError, load_spec
+from corbin_fl.experiments.sweep import (
+    POOL_DIR,
+    Backend,
+    Run,
+    RunFailedError,
+    RunState,
+    check_app_accepts,
+    execute_run,
+    expand_runs,
+    find_app_dir,
+    run_state,
+    simulation_backend,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What one invocation did."""
+
+    total: int = 0
+    skipped: int = 0
+    executed: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+    report: Path | None = None
+    interrupted: bool = False
+
+
+def _progress(enabled: bool, console: object | None) -> Progress:
+    """A :mod:`rich` display of runs done, the current round and the ETA."""
+    from rich import progress as rp
+
+    return rp.Progress(
+        rp.TextColumn("[bold]{task.description}"),
+        rp.BarColumn(),
+        rp.MofNCompleteColumn(),
+        rp.TimeElapsedColumn(),
+        rp.TextColumn("ETA"),
+        rp.TimeRemainingColumn(),
+        console=console,  # type: ignore[arg-type]
+        disable=not enabled,
+    )
+
+
+def _command(spec: ExperimentSpec, results_root: Path) -> str:
+    src = spec.source if spec.source is not None else "<spec.toml>"
+    extra = f" --results {results_root}" if Path(results_root) != Path("results") else ""
+    return f"corbin-fl experiment run {src}{extra}"
+
+
+def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]:
+    """Every run of ``spec`` with its state in the pool."""
+    pool = Path(results_root) / POOL_DIR
+    return [(r, run_state(pool / r.run_id, r)) for r in expand_runs(spec)]
+
+
+def load_finished(spec: ExperimentSpec, results_root: Path) -> list[RunResult]:
+    """The finished runs of ``spec``, in sweep order."""
+    pool = Path(results_root) / POOL_DIR
+    return [load_run(pool / r.run_id) for r, st in plan(spec, results_root) if st is RunState.DONE]
+
+
+_GROUP_FIGURES = {
+    "accuracy-vs-round": plots.accuracy_vs_round_figure,
+    "accuracy-bar": plots.accuracy_bar_figure,
+    "accuracy-vs-bits": plots.accuracy_vs_bits_figure,
+}
+
+
+def finalize_federated(
+    spec: ExperimentSpec, results_root: Path, *, failures: dict[str, str] | None = None
+) -> tuple[list[Target], Path | None]:
+    """Write ``runs.csv``, ``groups.csv``, the figures and ``report.md`` from the finished runs;
+    return the target checks and the report (``None`` before any run has finished)."""
+    root = Path(results_root) / spec.name
+    results = load_finished(spec, results_root)
+    if not results:
+        logger.warning("%s: no finished run yet; nothing to report", spec.name)
+        return [], None
+    groups, keys = group_results(results), varying_keys(results)
+    write_table(root / "runs.csv", runs_table(results, groups))
+    write_table(root / "groups.csv", groups_table(groups, keys))
+    figures: dict[str, Path] = {}
+    title = spec.description or spec.name
+    for name in spec.figures:
+        if name in _GROUP_FIGURES:
+            fig = _GROUP_FIGURES[name](groups, keys, title=title)
+        elif (x_key := plots.X_KEY_OF_FIGURE[name]) in keys:
+            fig = plots.accuracy_vs_figure(groups, x_key, keys, title=title)
+        else:
+            logger.warning("figure %s skipped: %s does not vary in this experiment", name, x_key)
+            continue
+        figures[name] = plots.save(fig, root / "figures" / f"{name}.png")
+    targets = write_federated_report(
+        root / "report.md",
+        spec,
+        results,
+        groups,
+        keys,
+        figures,
+        command=_command(spec, results_root),
+        expected_runs=len(expand_runs(spec)),
+        failures=failures,
+    )
+    return targets, root / "report.md"
+
+
+def _execute(
+    spec: ExperimentSpec, run: Run, backend: Backend, pool: Path, on_round: Callable[[int], None]
+) -> str | None:
+    """Execute ``run`` in ``pool`` up to ``1 + retries`` times until it completes; the last
+    error, or ``None``."""
+    for attempt in range(1, 2 + spec.retries):
+        try:
+            execute_run(
+                run,
+                backend,
+                pool / run.run_id,
+                experiment=spec.name,
+                timeout_s=spec.run_timeout_s,
+                on_round=on_round,
+            )
+            return None
+        except RunFailedError as exc:
+            error = str(exc)
+        if attempt <= spec.retries:
+            logger.warning(
+                "run %s failed (%s); attempt %d of %d in %.0f s",
+                *(run.run_id, error.splitlines()[0], attempt + 1, 1 + spec.retries),
+                spec.retry_delay_s,
+            )
+            time.sleep(spec.retry_delay_s)
+    return error
+
+
+def run_federated(
+    spec: ExperimentSpec,
+    results_root: Path,
+    *,
+    app_dir: Path | None = None,
+    backend: Backend | None = None,
+    max_runs: int | None = None,
+    progress: bool = True,
+    console: object | None = None,
+) -> Outcome:
+    """Execute the runs of ``spec`` that are not done (at most ``max_runs`` now), then write
+    every output. ``app_dir`` defaults to this checkout; ``backend`` replaces the simulation
+    (tests). ``ValueError`` if the app does not declare every run-config key the runs use."""
+    if spec.kind != "federated":
+        raise ValueError(f"run_federated needs kind = 'federated', got {spec.kind!r}")
+    if max_runs is not None and max_runs < 0:
+        raise ValueError(f"max_runs must be >= 0, got {max_runs}")
+    app = Path(app_dir) if app_dir is not None else find_app_dir()
+    planned = plan(spec, results_root)
+    check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
+    pool = Path(results_root) / POOL_DIR
+    pool.mkdir(parents=True, exist_ok=True)
+    outcome = Outcome(total=len(planned))
+    be = backend or simulation_backend(app, spec)
+    todo = sum(1 for _, state in planned if state is not RunState.DONE)
+    view = _progress(progress, console)  # counts only the runs executed now (an honest ETA)
+    runs_bar = view.add_task(
+        "runs to do", total=min(todo, max_runs if max_runs is not None else todo)
+    )
+    round_bar = view.add_task("round", total=1, visible=False)
+    try:
+        with view:
+            for run, state in planned:
+                if state is RunState.DONE:
+                    outcome.skipped += 1
+                    continue
+                if max_runs is not None and outcome.executed + len(outcome.failed) >= max_runs:
+                    break
+                if state is not RunState.MISSING:
+                    logger.info("run %s is %s: redoing it", run.run_id, state.value)
+                rounds = int(run.run_config["num-rounds"])
+                view.update(
+                    round_bar, description=run.run_id, total=rounds, completed=0, visible=True
+                )
+                t0 = time.monotonic()
+                on_round = lambda done: view.update(round_bar, completed=done)  # noqa: E731
+                error = _execute(spec, run, be, pool, on_round)
+                if error is not None:
+                    outcome.failed[run.run_id] = error
+                    logger.error("%s", error)
+                else:
+                    outcome.executed += 1
+                    logger.info("run %s done in %.1f s", run.run_id, time.monotonic() - t0)
+                view.advance(runs_bar)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        logger.warning("interrupted; run the same command again to resume")
+    outcome.targets, outcome.report = finalize_federated(
+        spec, results_root, failures=outcome.failed
+    )
+    return outcome
+
+
+def run_mse(
+    spec: ExperimentSpec,
+    results_root: Path,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    console: object | None = None,
+) -> Outcome:
+    """Measure the quantizer MSE (saved as ``mse_grid.npz``, ``mse_real.npz``, so that
+    :func:`finalize_mse` redraws without sampling again), then write every output."""
+    from corbin_fl.experiments import mse
+
+    if spec.kind != "mse" or spec.mse is None:
+        raise ValueError(f"run_mse needs kind = 'mse', got {spec.kind!r}")
+    root = Path(results_root) / spec.name
+    root.mkdir(parents=True, exist_ok=True)
+    view = _progress(progress, console)
+    bar = view.add_task("runs to do", total=1)
+
+    def step(description: str) -> Callable[[int, int], None]:
+        return lambda d, t: view.update(bar, description=description, completed=d, total=t)
+
+    with view:
+        grid = mse.measure_grid(
+            spec.mse, spec.seeds, device=device, on_step=step("grid (eps x seed)")
+        )
+        mse.save_measurement(root / "mse_grid.npz", grid)
+        if spec.mse.real_weights is not None:
+            real = mse.measure_real_weights(
+                spec.mse, spec.seeds[0], device=device, on_step=step("real weights (train, eps)")
+            )
+            mse.save_measurement(root / "mse_real.npz", real)
+    outcome = Outcome(total=1, executed=1)
+    outcome.targets, outcome.report = finalize_mse(spec, results_root)
+    return outcome
+
+
+def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target], Path | None]:
+    """Write the MSE CSVs, figures and report from the saved measurements."""
+    from corbin_fl.experiments import mse
+
+    root = Path(results_root) / spec.name
+    if not (root / "mse_grid.npz").is_file():
+        logger.warning("%s: no measurement yet; nothing to report", spec.name)
+        return [], None
+    assert spec.mse is not None
+    grid = mse.load_measurement(root / "mse_grid.npz")
+    real = (
+        mse.load_measurement(root / "mse_real.npz") if (root / "mse_real.npz").is_file() else None
+    )
+    assert isinstance(grid, mse.GridMSE) and not isinstance(real, mse.GridMSE)
+    mse.write_grid_csv(root / "mse_grid.csv", grid)
+    if real is not None:
+        mse.write_real_csv(root / "mse_real_weights.csv", real)
+    heat = spec.mse.heatmap_epsilons
+    draw = {
+        "mse-heatmap": lambda: plots.mse_heatmaps_figure(grid, heat),
+        "mse-vs-epsilon": lambda: plots.mse_vs_epsilon_figure(grid),
+        "mse-real-weights": lambda: plots.mse_real_weights_figure(real),  # type: ignore[arg-type]
+    }
+    figures = {
+        name: plots.save(draw[name](), root / "figures" / f"{name}.png")
+        for name in spec.figures
+        if name != "mse-real-weights" or real is not None
+    }
+    targets = write_mse_report(
+        root / "report.md", spec, grid, real, figures, command=_command(spec, results_root)
+    )
+    return targets, root / "report.md"
+
+
+def remove_experiment(spec: ExperimentSpec, results_root: Path) -> None:
+    """Delete ``<results>/<name>/`` and the pool folders of its runs (``--fresh``)."""
+    doomed = [Path(results_root) / spec.name]
+    if spec.kind == "federated":
+        doomed += [Path(results_root) / POOL_DIR / run.run_id for run in expand_runs(spec)]
+    for folder in doomed:
+        if folder.exists():
+            logger.warning("removing %s (--fresh)", folder)
+            shutil.rmtree(folder)
 
 
 def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
@@ -60,88 +361,74 @@ def _configure_logging(verbose: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``corbin-fl experiment`` (``argv`` without the ``experiment`` word); returns 0, 1 (failed
     runs), 2 (invalid spec or arguments) or 130 (interrupted)."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = build_parser().parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:  # argparse exits on --help (0) and on errors (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
     _configure_logging(args.verbose)
     from rich.console import Console
 
-    console = Console(stderr=True)
-    out = Console()
+    console, out = Console(stderr=True), Console()
     try:
+        if getattr(args, "max_runs", None) is not None and args.max_runs < 0:
+            raise SpecError("--max-runs must be >= 0")
         specs = [load_spec(p) for p in args.spec]
-    except (SpecError, OSError) as exc:
+        code = 0
+        for spec in specs:
+            if args.command == "plan" and spec.kind == "mse":
+                out.print(f"{spec.name}: mse experiment (no federated runs)")
+            elif args.command == "plan":
+                planned = plan(spec, args.results)
+                n = {s: sum(1 for _, st in planned if st is s) for s in RunState}
+                out.print(
+                    f"[bold]{spec.name}[/bold]: {len(planned)} runs ({n[RunState.DONE]} done, "
+                    f"{n[RunState.PARTIAL]} partial, {n[RunState.MISSING]} to do)"
+                )
+                for run, state in planned:
+                    out.print(f"  {state.value:8s} {run.run_id}", soft_wrap=True)
+            elif args.command == "report":
+                finalize = finalize_mse if spec.kind == "mse" else finalize_federated
+                outcome = Outcome()
+                outcome.targets, outcome.report = finalize(spec, args.results)
+                _print(out, spec, outcome, runs=False)
+            else:
+                if args.fresh:
+                    remove_experiment(spec, args.results)
+                view = {"progress": not args.no_progress, "console": console}
+                outcome = (
+                    run_mse(spec, args.results, device=args.device, **view)  # type: ignore[arg-type]
+                    if spec.kind == "mse"
+                    else run_federated(
+                        spec, args.results, app_dir=args.app, max_runs=args.max_runs, **view
+                    )  # type: ignore[arg-type]
+                )
+                _print(out, spec, outcome, runs=True)
+                if outcome.interrupted:
+                    return 130
+                code = 1 if outcome.failed else code
+        return code
+    except (SpecError, ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    except KeyboardInterrupt:
+        console.print("interrupted; run the same command again to resume")
+        return 130
 
-    from corbin_fl.experiments import experiment as ex
-    from corbin_fl.experiments.sweep import RunState
 
-    if args.command == "plan":
-        for spec in specs:
-            if spec.kind == "mse":
-                out.print(f"{spec.name}: mse experiment (no federated runs)")
-                continue
-            try:
-                planned = ex.plan(spec, args.results)
-            except SpecError as exc:
-                console.print(f"[red]error:[/red] {exc}")
-                return 2
-            counts = {s: sum(1 for _, st in planned if st is s) for s in RunState}
-            out.print(
-                f"[bold]{spec.name}[/bold]: {len(planned)} runs "
-                f"({counts[RunState.DONE]} done, {counts[RunState.PARTIAL]} partial, "
-                f"{counts[RunState.MISSING]} to do)"
-            )
-            for run, state in planned:
-                out.print(f"  {state.value:8s} {run.run_id}", soft_wrap=True)
-        return 0
-
-    if args.command == "report":
-        for spec in specs:
-            finalize = ex.finalize_mse if spec.kind == "mse" else ex.finalize_federated
-            targets, report = finalize(spec, args.results)
-            out.print(f"{spec.name}: report {report}")
-            for t in targets:
-                out.print(f"  [{t.status}] {t.name}: {t.detail}")
-        return 0
-
-    if args.max_runs is not None and args.max_runs < 0:
-        console.print("[red]error:[/red] --max-runs must be >= 0")
-        return 2
-    code = 0
-    for spec in specs:
-        if args.fresh:
-            ex.remove_experiment(spec, args.results)
-        try:
-            view = {"progress": not args.no_progress, "console": console}
-            outcome = (
-                ex.run_mse(spec, args.results, device=args.device, **view)  # type: ignore[arg-type]
-                if spec.kind == "mse"
-                else ex.run_federated(
-                    spec,
-                    args.results,
-                    app_dir=args.app,
-                    max_runs=args.max_runs,
-                    **view,  # type: ignore[arg-type]
-                )
-            )
-        except (SpecError, ValueError, FileNotFoundError) as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            return 2
-        except KeyboardInterrupt:
-            console.print("interrupted; run the same command again to resume")
-            return 130
-        out.print(f"[bold]{spec.name}[/bold]")
-        for line in ex.summary_lines(outcome):
-            out.print(f"  {line}", markup=False)
-        if outcome.interrupted:
-            return 130
-        if outcome.failed:
-            code = 1
-    return code
+def _print(out: Console, spec: ExperimentSpec, outcome: Outcome, *, runs: bool) -> None:
+    """What an invocation did to ``spec``: its runs (``runs``), its report and target checks."""
+    out.print(f"[bold]{spec.name}[/bold]")
+    if runs:
+        out.print(
+            f"  runs: {outcome.total} planned, {outcome.skipped} already done, "
+            f"{outcome.executed} executed, {len(outcome.failed)} failed"
+            + (" (interrupted)" if outcome.interrupted else ""),
+            markup=False,
+        )
+    if outcome.report is not None:
+        out.print(f"  report: {outcome.report}", markup=False)
+    for t in outcome.targets:
+        out.print(f"  [{t.status}] {t.name}: {t.detail}", markup=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

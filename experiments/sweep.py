@@ -1,4 +1,5 @@
-"""A spec expanded into runs, run ids from what a run computes, and a run folder's state.
+"""A spec expanded into runs, run ids from what a run computes, a run folder's state, and the
+execution of one run.
 
 A federated spec expands to ``settings x lambda-grid x seeds`` runs; the settings are the
 cartesian products of ``[grid]`` and then of each ``[[extra-grid]]`` over ``[base]``, a repeated
@@ -8,10 +9,16 @@ setting expanded once. A run is addressed by its result config
 of SHA-256 over their canonical JSON) and it lives in the pool ``<results>/runs/<run-id>/``.
 A run is done when ``summary.json`` carries the runner's complete ``"run"`` record with this id
 and hash (written last, atomically) and ``metrics.jsonl`` has one finite row per round.
+
+A run executes on Flower's simulation runtime and writes into ``runs/<run-id>/``: ``app/`` (the
+ServerApp's ``out-dir``), then a copy of ``metrics.jsonl`` and, last and atomically,
+``summary.json`` with the runner's ``"run"`` record.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
 import enum
 import hashlib
 import itertools
@@ -19,12 +26,17 @@ import json
 import logging
 import math
 import re
-from collections.abc import Mapping
+import shutil
+import time
+import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from corbin_fl.deploy import flower, processes
+from corbin_fl.deploy.run import LocalRunOptions, run_simulation
 from corbin_fl.experiments.spec import (
     CLIENTS_KEY,
     ExperimentSpec,
@@ -32,6 +44,7 @@ from corbin_fl.experiments.spec import (
     SpecError,
     validate_run_config,
 )
+from corbin_fl.fsio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +66,7 @@ class Run:
 
     run_id: str
     run_config: Mapping[str, RunValue]
-    clients: int | None
+    clients: int
     config_hash: str
     config: Mapping[str, RunValue]
 
@@ -71,7 +84,7 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def config_hash(config: Mapping[str, RunValue], clients: int | None) -> str:
+def config_hash(config: Mapping[str, RunValue], clients: int) -> str:
     """SHA-256 hex digest of a result config on ``clients`` clients."""
     payload = canonical_json({"config": dict(config), "clients": clients})
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
@@ -82,11 +95,9 @@ def _fmt(value: RunValue) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", text)
 
 
-def make_run_id(config: Mapping[str, RunValue], clients: int | None) -> str:
+def make_run_id(config: Mapping[str, RunValue], clients: int) -> str:
     """The run id of a result config on ``clients`` clients (see the module docstring)."""
-    merged: dict[str, RunValue] = dict(config)
-    if clients is not None:
-        merged[CLIENTS_KEY] = clients
+    merged = {**config, CLIENTS_KEY: clients}
     parts = [f"{prefix}{_fmt(merged[key])}" for key, prefix in _ID_PARTS if key in merged]
     return "-".join([*parts, config_hash(config, clients)[:10]])
 
@@ -165,11 +176,8 @@ def run_state(run_dir: Path, run: Run) -> RunState:
         return RunState.MISSING
     try:
         record = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))[RUN_RECORD_KEY]
-        ok = (record["run_id"], record["config_hash"], record["complete"]) == (
-            run.run_id,
-            run.config_hash,
-            True,
-        )
+        ok = (record["run_id"], record["config_hash"]) == (run.run_id, run.config_hash)
+        ok = ok and record["complete"] is True
         rows = read_metrics(run_dir / METRICS_FILE)
     except (OSError, ValueError, KeyError, TypeError):
         return RunState.PARTIAL
@@ -180,3 +188,185 @@ def run_state(run_dir: Path, run: Run) -> RunState:
     )
     done = ok and finite and len(rows) == int(run.config["num-rounds"])
     return RunState.DONE if done else RunState.PARTIAL
+
+
+APP_OUT_DIR = "app"
+FAILED_FILE = "failed.json"
+READY_TIMEOUT_S = 120.0
+"""Seconds a simulation SuperLink has to start."""
+PATH_KEYS: tuple[str, ...] = ("data-dir",)
+"""Run-config keys holding a path; a relative one is resolved where the command runs."""
+
+
+class RunFailedError(RuntimeError):
+    """A run ended without complete outputs; the message says why (with a log tail)."""
+
+
+def find_app_dir() -> Path:
+    """This checkout's Flower app (``pyproject.toml`` with ``[tool.flwr.app]``);
+    ``FileNotFoundError`` outside a source checkout (pass ``--app`` then)."""
+    import corbin_fl
+
+    root = Path(corbin_fl.__file__).resolve().parents[1]
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file() and "app" in tomllib.loads(pyproject.read_text()).get("tool", {}).get(
+        "flwr", {}
+    ):
+        return root
+    raise FileNotFoundError(
+        f"no Flower app found at {root} (expected pyproject.toml with [tool.flwr.app]); "
+        "run from a source checkout or pass --app <folder>"
+    )
+
+
+def check_app_accepts(app_dir: Path, keys: set[str]) -> None:
+    """``ValueError`` unless the app's ``[tool.flwr.app.config]`` declares every key of
+    ``keys`` (``flwr run --run-config`` overrides only declared keys)."""
+    if missing := sorted(keys - set(flower.app_config(app_dir))):
+        raise ValueError(
+            f"{Path(app_dir) / 'pyproject.toml'}: [tool.flwr.app.config] does not declare "
+            f"{', '.join(missing)}; flwr run --run-config can only override declared keys"
+        )
+
+
+@dataclass(frozen=True)
+class Submission:
+    """How one ``flwr run`` ended: ``ok`` (exit 0 and ``finished:completed``), ``reason``
+    ("completed" or why not), Flower's run id and final status when known."""
+
+    ok: bool
+    reason: str
+    flwr_run_id: int | None
+    status: str | None
+
+
+Backend = Callable[..., Submission]
+"""Executes one run of the app: ``backend(run, run_config, out_dir, timeout_s=...,
+on_round=...)`` runs ``run_config`` (plus ``out-dir = out_dir``), blocks until the run ends and
+calls ``on_round(rounds_done)`` as it goes."""
+
+
+def simulation_backend(app_dir: Path, spec: ExperimentSpec) -> Backend:
+    """Flower's simulation runtime through :func:`deploy.run.run_simulation`: a private
+    SuperLink per run, ``run.clients`` virtual SuperNodes, each with the spec's CPUs and GPUs
+    of Ray."""
+    federation: dict[str, Any] = {"client-resources-num-cpus": spec.num_cpus_per_client}
+    if spec.num_gpus_per_client > 0:
+        federation["client-resources-num-gpus"] = float(spec.num_gpus_per_client)
+
+    def execute(
+        run: Run,
+        run_config: Mapping[str, Any],
+        out_dir: Path,
+        *,
+        timeout_s: float,
+        on_round: Callable[[int], None],
+    ) -> Submission:
+        options = LocalRunOptions(
+            app_dir=Path(app_dir).resolve(),
+            out_dir=Path(out_dir),
+            num_clients=int(run.clients),
+            run_config=dict(run_config),
+            timeout=timeout_s,
+            ready_timeout=READY_TIMEOUT_S,
+            federation_config=federation,
+        )
+        result = run_simulation(options, lambda state: on_round(len(state.metrics)))
+        return Submission(result.ok, result.reason, result.run_id, result.status)
+
+    return execute
+
+
+def app_run_config(run_config: Mapping[str, Any], cwd: Path | None = None) -> dict[str, Any]:
+    """The run config handed to the app, :data:`PATH_KEYS` resolved against ``cwd`` (the app's
+    processes run elsewhere); the run's id keeps the value as the spec wrote it."""
+    out = dict(run_config)
+    for key in PATH_KEYS:
+        if isinstance(value := out.get(key), str) and value:
+            path = Path(value).expanduser()
+            out[key] = str(
+                path if path.is_absolute() else (Path(cwd or Path.cwd()) / value).resolve()
+            )
+    return out
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    """The last non-empty ``lines`` of a log, ANSI colours stripped (``""`` without a log)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(
+        [ln for ln in processes.ANSI_RE.sub("", text).splitlines() if ln.strip()][-lines:]
+    )
+
+
+def execute_run(
+    run: Run,
+    backend: Backend,
+    run_dir: Path,
+    *,
+    experiment: str,
+    timeout_s: float,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Execute ``run`` from scratch in ``run_dir`` (the app gets the whole result config and
+    ``out-dir = run_dir/app``) and return its ``summary.json``, written last with the runner's
+    record; ``RunFailedError`` (and ``failed.json``) if it left no complete outputs."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    out_dir = run_dir / APP_OUT_DIR
+    out_dir.mkdir(parents=True)
+    num_rounds = int(run.run_config["num-rounds"])
+    started, t0 = _dt.datetime.now(_dt.UTC), time.monotonic()
+    sub = backend(
+        run,
+        app_run_config({**run.config, **run.run_config}),
+        out_dir,
+        timeout_s=timeout_s,
+        on_round=on_round or (lambda _rounds: None),
+    )
+    seconds = time.monotonic() - t0
+
+    def fail(reason: str) -> RunFailedError:
+        log = out_dir / "logs" / "flwr-run.log"
+        tail = _log_tail(log)
+        atomic_write_json(
+            run_dir / FAILED_FILE,
+            {"run_id": run.run_id, "reason": reason, "flwr_run_id": sub.flwr_run_id}
+            | {"status": sub.status, "seconds": seconds, "log_tail": tail},
+        )
+        more = f"\n--- last lines of {log} ---\n{tail}" if tail else ""
+        return RunFailedError(f"run {run.run_id}: {reason}{more}")
+
+    if not sub.ok:
+        raise fail(sub.reason)
+    try:
+        rows = read_metrics(out_dir / METRICS_FILE)
+        app_summary = json.loads((out_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise fail(f"no readable {APP_OUT_DIR}/ outputs: {exc}") from None
+    if len(rows) != num_rounds:
+        raise fail(f"{APP_OUT_DIR}/{METRICS_FILE} has {len(rows)} rows, expected {num_rounds}")
+    if not isinstance(app_summary, dict):
+        raise fail(f"{APP_OUT_DIR}/{SUMMARY_FILE} is not a JSON object")
+    shutil.copyfile(out_dir / METRICS_FILE, run_dir / METRICS_FILE)
+    record = {
+        "run_id": run.run_id,
+        "config_hash": run.config_hash,
+        "experiment": experiment,
+        "run_config": dict(run.run_config),
+        "config": dict(run.config),
+        "clients": run.clients,
+        "flwr_run_id": sub.flwr_run_id,
+        "status": sub.status,
+        "started_at": started.isoformat(),
+        "seconds": seconds,
+        "complete": True,
+    }
+    summary = {**app_summary, RUN_RECORD_KEY: record}
+    atomic_write_json(run_dir / SUMMARY_FILE, summary)
+    with contextlib.suppress(FileNotFoundError):
+        (run_dir / FAILED_FILE).unlink()
+    return summary

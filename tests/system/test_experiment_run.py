@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from corbin_fl.experiments import experiment as ex
-from corbin_fl.experiments.results import (
-    SELECTION_RULE,
-)
+from corbin_fl.experiments import cli as ex
+from corbin_fl.experiments.results import SELECTION_RULE
 from corbin_fl.experiments.spec import parse_spec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -12,16 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from corbin_fl.config import RunConfig
-from corbin_fl.experiments.runner import (
-    Submission,
-)
 from corbin_fl.experiments.spec import (
     ExperimentSpec,
     parse_spec,
 )
-from corbin_fl.experiments.sweep import (
-    Run,
-)
+from corbin_fl.experiments.sweep import Run, Submission
 from corbin_fl.mechanisms.accounting import privacy_report
 
 FAKE_M = 1000
@@ -94,8 +89,6 @@ class FakeBackend:
     gets seed noise; ``fail`` lists run ids to fail, ``truncate`` ids to stop after 1 round.
     """
 
-    name = "fake"
-
     def __init__(
         self,
         fail: set[str] | None = None,
@@ -107,7 +100,7 @@ class FakeBackend:
         self.truncate = truncate or set()
         self.flaky = set(flaky or ())  # fail once, then work (a transient start-up failure)
 
-    def execute(
+    def __call__(
         self,
         run: Run,
         run_config: Mapping[str, Any],

@@ -28,8 +28,7 @@ from fake_experiments import (
 
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, RunConfig
-from corbin_fl.experiments import cli as exp_cli
-from corbin_fl.experiments import experiment as ex
+from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments import plots
 from corbin_fl.experiments.mse import (
     GridMSE,
@@ -57,12 +56,6 @@ from corbin_fl.experiments.results import (
     select_round,
     varying_keys,
 )
-from corbin_fl.experiments.runner import (
-    Submission,
-    app_run_config,
-    check_app_accepts,
-    execute_run,
-)
 from corbin_fl.experiments.spec import (
     MSESpec,
     RealWeightsSpec,
@@ -72,6 +65,10 @@ from corbin_fl.experiments.spec import (
 from corbin_fl.experiments.sweep import (
     Run,
     RunState,
+    Submission,
+    app_run_config,
+    check_app_accepts,
+    execute_run,
     expand_runs,
     make_run_id,
     read_metrics,
@@ -376,9 +373,9 @@ def test_the_app_gets_the_whole_result_config(tmp_path: Path) -> None:
     seen: list[dict[str, Any]] = []
 
     class Recording(FakeBackend):
-        def execute(self, run: Run, run_config: Any, out_dir: Path, **kw: Any) -> Submission:
+        def __call__(self, run: Run, run_config: Any, out_dir: Path, **kw: Any) -> Submission:
             seen.append(dict(run_config))
-            return super().execute(run, run_config, out_dir, **kw)
+            return super().__call__(run, run_config, out_dir, **kw)
 
     run = expand_runs(spec_from(TINY.replace("d = 5\n", "d = 5\npoll-interval = 0.5\n")))[0]
     execute_run(run, Recording(), tmp_path / "r", experiment="tiny", timeout_s=10)
@@ -452,7 +449,7 @@ class InterruptingBackend(FakeBackend):
         super().__init__()
         self.n = n
 
-    def execute(
+    def __call__(
         self,
         run: Run,
         run_config: Mapping[str, Any],
@@ -466,7 +463,7 @@ class InterruptingBackend(FakeBackend):
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "metrics.jsonl").write_text('{"round": 1}\n')  # a torn, partial run
             raise KeyboardInterrupt
-        return super().execute(run, run_config, out_dir, timeout_s=timeout_s, on_round=on_round)
+        return super().__call__(run, run_config, out_dir, timeout_s=timeout_s, on_round=on_round)
 
 
 def test_interrupt_then_resume(tmp_path: Path) -> None:
@@ -1110,20 +1107,20 @@ def test_measure_real_weights_requires_the_table() -> None:
 def test_cli_plan_report_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec_path = tmp_path / "tiny.toml"
     spec_path.write_text(TINY)
-    assert exp_cli.main(["plan", str(spec_path), "--results", str(tmp_path / "r")]) == 0
+    assert ex.main(["plan", str(spec_path), "--results", str(tmp_path / "r")]) == 0
     assert "tiny: 20 runs (0 done, 0 partial, 20 to do)" in capsys.readouterr().out
     bad = tmp_path / "bad.toml"
     bad.write_text("[experiment]\nname='x'\nbogus=1\n")
-    assert exp_cli.main(["run", str(bad)]) == 2
-    assert exp_cli.main(["run", str(tmp_path / "missing.toml")]) == 2
-    assert exp_cli.main(["frobnicate"]) == 2
-    assert exp_cli.main(["report", str(spec_path), "--results", str(tmp_path / "r")]) == 0
+    assert ex.main(["run", str(bad)]) == 2
+    assert ex.main(["run", str(tmp_path / "missing.toml")]) == 2
+    assert ex.main(["frobnicate"]) == 2
+    assert ex.main(["report", str(spec_path), "--results", str(tmp_path / "r")]) == 0
     ex.run_federated(
         spec_from(TINY), tmp_path / "r", app_dir=fake_app_dir(tmp_path), backend=FakeBackend(),
         progress=False,
     )  # fmt: skip
     (tmp_path / "r" / "tiny" / "report.md").unlink()
-    assert exp_cli.main(["report", str(spec_path), "--results", str(tmp_path / "r")]) == 0
+    assert ex.main(["report", str(spec_path), "--results", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "tiny" / "report.md").exists()
     assert "[PASS]" in capsys.readouterr().out
     # the runs another experiment has done are done for this one too
@@ -1133,7 +1130,7 @@ def test_cli_plan_report_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
         .replace("epsilon = [0.5, 1.0]", "epsilon = [0.5, 1.0, 3.0]")
         .replace("d = 5", "d = 5\ndelta = 1e-5")
     )
-    assert exp_cli.main(["plan", str(wider), "--results", str(tmp_path / "r")]) == 0
+    assert ex.main(["plan", str(wider), "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "wider: 28 runs (20 done, 0 partial, 8 to do)" in out
     missing = [line for line in out.splitlines() if line.startswith("  missing ")]
