@@ -296,6 +296,10 @@ def test_restart_policy_and_healthchecks(files: list[str]) -> None:
         assert service["restart"] == "unless-stopped", name
         test = service["healthcheck"]["test"]
         assert test[0] == "CMD" and test[-2:] == ["/opt/corbin-fl/healthcheck.py", HEALTH_ADDRESS]
+        # A probe may take 30 s (Python's start on a loaded machine took more than 5 s), every
+        # 10 s; healthcheck.py's own gRPC deadline (3 s) still fails a server that does not answer.
+        check = service["healthcheck"]
+        assert (check["interval"], check["timeout"], check["retries"]) == ("10s", "30s", 3), name
         assert "--health-server-address" not in service["command"], (
             f"{name}: the image's ENTRYPOINT already starts the health server"
         )

@@ -68,6 +68,7 @@ class Stage:
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
     healthcheck: list[str] = field(default_factory=list)
+    health_options: dict[str, str] = field(default_factory=dict)
     copies: list[tuple[str, str]] = field(default_factory=list)
     args: dict[str, str] = field(default_factory=dict)
 
@@ -131,8 +132,9 @@ def parse_dockerfile(relpath: str) -> Dockerfile:
         elif keyword == "CMD":
             stage.cmd = json.loads(rest)
         elif keyword == "HEALTHCHECK":
-            _, _, command = rest.partition(" CMD ")
+            options, _, command = rest.partition(" CMD ")
             stage.healthcheck = json.loads(command)
+            stage.health_options = dict(re.findall(r"--([\w-]+)=(\S+)", options))
         elif keyword == "RUN":  # a build-time bind mount of the context counts as copied
             for source in re.findall(
                 r"--mount=type=bind,(?:[\w-]+=[^,\s]+,)*?source=([^,\s]+)", rest
@@ -514,6 +516,14 @@ def test_targets_non_root_with_healthcheck(target: str) -> None:
     assert entry[1:] == ["--health-server-address", address]
     assert address.startswith("127.0.0.1:"), "the health server must stay inside the container"
     assert ("docker/healthcheck.py", HEALTHCHECK_PY) in stage.copies
+    # As the compose files: a probe may take 30 s (starting Python on a loaded machine took more
+    # than 5 s), checked every 10 s; healthcheck.py's own 3 s gRPC deadline catches a mute server.
+    assert stage.health_options == {
+        "interval": "10s",
+        "timeout": "30s",
+        "start-period": "30s",
+        "retries": "3",
+    }, target
 
 
 def test_dockerignore_is_an_allow_list_of_the_copied_files() -> None:
