@@ -97,30 +97,29 @@ class Selection:
     selected_by: str = SELECTED_BY
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    v = float(value)
-    return v if math.isfinite(v) else None
+def _finite(value: Any, default: float | None = None) -> float | None:
+    """``value`` as a float if it is a finite number (not a bool), else ``default``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return default
+    return float(value)
+
+
+def _or_nan(value: Any) -> float:
+    return _finite(value, math.nan)  # type: ignore[return-value]
 
 
 def select_round(rows: Sequence[Mapping[str, Any]]) -> Selection:
     """The checkpoint of a run from its ``metrics.jsonl`` rows: ``argmax_t val_accuracy[t]``
     (the earliest on ties) and ``test_accuracy[t]``; ``ValueError`` if no row has a finite
     ``val_accuracy`` or the chosen row no integer ``round``."""
-    vals = [_finite(row.get("val_accuracy")) for row in rows]
-    if not rows or all(v is None for v in vals):
+    vals = pd.Series([_or_nan(row.get("val_accuracy")) for row in rows], dtype=float)
+    if vals.isna().all():
         raise ValueError("no row has a finite val_accuracy")
-    i = max(range(len(rows)), key=lambda k: (vals[k] is not None, vals[k] or 0.0, -k))
-    rnd = rows[i].get("round")
+    best = rows[int(vals.idxmax())]  # the first maximum, NaN skipped
+    rnd = best.get("round")
     if not isinstance(rnd, int) or isinstance(rnd, bool):
-        raise ValueError(f"metrics row has no integer 'round': {dict(rows[i])!r}")
-    return Selection(rnd, float(vals[i]), _or_nan(rows[i].get("test_accuracy")))  # type: ignore[arg-type]
-
-
-def _or_nan(value: Any) -> float:
-    v = _finite(value)
-    return math.nan if v is None else v
+        raise ValueError(f"metrics row has no integer 'round': {dict(best)!r}")
+    return Selection(rnd, float(vals.max()), _or_nan(best.get("test_accuracy")))
 
 
 def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -135,41 +134,35 @@ def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+_PRIVACY_FIELDS = {  # field: (its path in the report, the path that must be true to read it)
+    "eps_p": ("eps_p", ""),
+    "eps_update": ("threat_models.A.per_update.eps", "threat_models.A.dp"),
+    "delta_update": ("threat_models.A.per_update.delta", "threat_models.A.dp"),
+    "eps_run": ("threat_models.A.all_rounds.eps", "threat_models.A.dp"),
+    "delta_run": ("threat_models.A.all_rounds.delta", "threat_models.A.dp"),
+    "pair_eps_update": ("threat_models.B.pair_joint.per_update.eps", ""),
+    "pair_delta_lower_bound": ("threat_models.B.pair_joint.per_update.delta_lower_bound", ""),
+    "ucdp_eps": ("threat_models.C.ucdp_theorem3.eps_u", "threat_models.C.ucdp_theorem3.applies"),
+    "ucdp_delta": ("threat_models.C.ucdp_theorem3.delta", "threat_models.C.ucdp_theorem3.applies"),
+}
+
+
 def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """A run's privacy numbers (``None`` where its report has none): ``eps_p``, threat model
     A's ``eps``/``delta`` of one update and of the run, B's pair-joint view of one update and
     C's Theorem 3 (AugCorBin, where it applies)."""
-    out: dict[str, float | None] = dict.fromkeys(
-        (
-            *("eps_p", "eps_update", "delta_update", "eps_run", "delta_run", "pair_eps_update"),
-            *("pair_delta_lower_bound", "ucdp_eps", "ucdp_delta"),
-        )
-    )
     report = privacy_view(summary)
-    if report is None:
-        return out
 
-    def sub(obj: Any, *path: str) -> Any:
-        for key in path:
-            if not isinstance(obj, Mapping):
-                return None
-            obj = obj.get(key)
+    def at(path: str) -> Any:
+        obj: Any = report
+        for key in path.split(".") if path else ():
+            obj = obj.get(key) if isinstance(obj, Mapping) else None
         return obj
 
-    out["eps_p"] = _finite(report.get("eps_p"))
-    tm = report.get("threat_models")
-    if sub(tm, "A", "dp") is True:
-        for part, long in (("update", "per_update"), ("run", "all_rounds")):
-            out[f"eps_{part}"] = _finite(sub(tm, "A", long, "eps"))
-            out[f"delta_{part}"] = _finite(sub(tm, "A", long, "delta"))
-    out["pair_eps_update"] = _finite(sub(tm, "B", "pair_joint", "per_update", "eps"))
-    out["pair_delta_lower_bound"] = _finite(
-        sub(tm, "B", "pair_joint", "per_update", "delta_lower_bound")
-    )
-    if sub(tm, "C", "ucdp_theorem3", "applies") is True:
-        out["ucdp_eps"] = _finite(sub(tm, "C", "ucdp_theorem3", "eps_u"))
-        out["ucdp_delta"] = _finite(sub(tm, "C", "ucdp_theorem3", "delta"))
-    return out
+    return {
+        name: _finite(at(path)) if report is not None and (not when or at(when) is True) else None
+        for name, (path, when) in _PRIVACY_FIELDS.items()
+    }
 
 
 def _bytes(value: Any) -> float:
