@@ -186,44 +186,37 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
     """The three accuracy targets on lambda-selected mean test accuracy: CorBin-FL and LDP-FL
     matched on every key but the mechanism, FedAvg on every key but mechanism and epsilon."""
 
-    def by_setting(mech: str, *drop: str) -> dict[str, GroupResult]:
-        return {
-            _without(g.setting, "mechanism", *drop): g
-            for g in groups
-            if g.setting.get("mechanism") == mech
-        }
-
     def eps(g: GroupResult) -> float:
         return float(g.setting["epsilon"])
 
-    ldpfl, fedavg = by_setting("ldpfl"), by_setting("fedavg", "epsilon")
-    corbin = [
-        g
-        for g in groups
-        if g.setting.get("mechanism") == "corbin"
-        and isinstance(g.setting.get("epsilon"), int | float)
-    ]
+    def of(mech: str, *drop: str) -> dict[str, GroupResult]:
+        """The groups of ``mech`` by their setting without the mechanism and ``drop``."""
+        mine = (g for g in groups if g.setting.get("mechanism") == mech)
+        return {_without(g.setting, "mechanism", *drop): g for g in mine}
+
+    ldpfl, fedavg = of("ldpfl"), of("fedavg", "epsilon")
+    corbin = [g for g in of("corbin").values() if isinstance(g.setting.get("epsilon"), int | float)]
     pairs = sorted(
         ((c, ldpfl[k]) for c in corbin if (k := _without(c.setting, "mechanism")) in ldpfl),
         key=lambda p: eps(p[0]),
     )
     # The other keys that tell CorBin settings apart (dropout-prob, range-mode, ...) name
     # each comparison, so that two at one eps_p can be told apart.
-    values: dict[str, set[str]] = {}
-    for c in corbin:
-        for key, value in c.setting.items():
-            values.setdefault(key, set()).add(repr(value))
-    other = sorted(k for k, v in values.items() if len(v) > 1 and k != "epsilon")
-
-    def where(c: GroupResult, *, with_eps: bool = True) -> str:
-        parts = [f"eps={eps(c):g}"] if with_eps else []
-        parts += [f"{k}={c.setting[k]}" for k in other if k in c.setting]
-        return ", ".join(parts)
+    keys = {k for c in corbin for k in c.setting} - {"epsilon"}
+    other = sorted(
+        k for k in keys if len({repr(c.setting[k]) for c in corbin if k in c.setting}) > 1
+    )
 
     def named(c: GroupResult, check: tuple[Status, str], with_eps: bool) -> tuple[Status, str]:
-        label = where(c, with_eps=with_eps)
+        parts = [f"eps={eps(c):g}"] if with_eps else []
+        label = ", ".join(parts + [f"{k}={c.setting[k]}" for k in other if k in c.setting])
         return (check[0], f"{label}: {check[1]}" if label else check[1])
 
+    low = [
+        named(c, _gap("CorBin", c, "LDP-FL", lo, 0.0, "above"), True)
+        for c, lo in pairs
+        if eps(c) <= 1.0
+    ]
     half = [
         named(c, _gap("CorBin", c, "LDP-FL", lo, 5.0, "above"), False)
         for c, lo in pairs
@@ -234,11 +227,6 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
         for c in corbin
         if math.isclose(eps(c), 1.0)
         and (k := _without(c.setting, "mechanism", "epsilon")) in fedavg
-    ]
-    low = [
-        named(c, _gap("CorBin", c, "LDP-FL", lo, 0.0, "above"), True)
-        for c, lo in pairs
-        if eps(c) <= 1.0
     ]
     return [
         _check(
@@ -325,8 +313,6 @@ def render_targets(targets: Sequence[Target]) -> str:
     )
 
 
-_THREAT_MODEL_NAMES = THREAT_MODELS
-
 _PRIVACY_INTRO = (
     "From each run's `summary.json` (`mechanisms.accounting.privacy_report`, evaluated by "
     "the ServerApp on the run's actual m parameters, T rounds and clients; see SECURITY.md). "
@@ -391,15 +377,15 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         if mech not in words:
             words[mech] = [f"- **{mech}**" + (f" ({label}):" if label != mech else ":")] + [
                 f"  - {key}, {name}: {tm[key].get('guarantee', '')}"
-                for key, name in _THREAT_MODEL_NAMES.items()
+                for key, name in THREAT_MODELS.items()
                 if isinstance(tm.get(key), Mapping)
             ]
         eps_p = report.get("eps_p")
         rows.append(
             [label, _num(eps_p) if eps_p is not None else "— (no DP)"]
-            + [_threat_model_cell(key, tm.get(key)) for key in _THREAT_MODEL_NAMES]
+            + [_threat_model_cell(key, tm.get(key)) for key in THREAT_MODELS]
         )
-    header = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in _THREAT_MODEL_NAMES.items()]
+    header = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in THREAT_MODELS.items()]
     lines = [_PRIVACY_INTRO, "", _table(header, rows)]
     if words:
         lines += ["", "The guarantees in words (first setting of each mechanism):", ""]
@@ -497,14 +483,15 @@ def write_federated_report(
     if len(spec.lambda_grid) > 1:
         lines += ["", "### Lambda selection (mean validation accuracy at the checkpoints)", ""]
 
-        lam_rows = []
-        for g in groups:
-            cells = []
-            for lam in spec.lambda_grid:
-                s = g.lambda_scores.get(float(lam))
-                mark = " ✓" if math.isclose(lam, g.global_lr) else ""
-                cells.append(f"{_pct(s.mean)}{mark}" if s is not None else "—")
-            lam_rows.append([group_label(g.setting, keys), *cells])
+        def cell(g: GroupResult, lam: float) -> str:
+            s = g.lambda_scores.get(float(lam))
+            mark = " ✓" if math.isclose(lam, g.global_lr) else ""
+            return f"{_pct(s.mean)}{mark}" if s is not None else "—"
+
+        lam_rows = [
+            [group_label(g.setting, keys), *(cell(g, lam) for lam in spec.lambda_grid)]
+            for g in groups
+        ]
         lines.append(_table(["setting", *(f"λ={lam:g}" for lam in spec.lambda_grid)], lam_rows))
     lines += _figures(figures, base)
     lines += ["", "## Privacy", "", privacy_section(groups, keys), ""]
