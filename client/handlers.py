@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.client.pair_crypto import (
     KEY_BYTES,
     BlobAuthError,
@@ -293,7 +293,7 @@ def prepare_update(
     radius = wire.read_array(range_rec, wire.RADIUS, np.float32, layout.num_layers, finite=True)
     if not (radius > 0).all():
         raise wire.WireError("radius must be > 0 in every layer")
-    cq = _cq_instruction(cfg_rec) if cfg.mechanism == "cq" else None
+    cq = _cq_instruction(cfg_rec) if registry.get(cfg.mechanism).shared_seed else None
     next_pair = _next_pair(cfg_rec, context) if pipelined else None
     # Common randomness first: cheap, and a failure is a fall-back, not an error.
     shared = _resolve_common_randomness(cfg_rec, context, cfg, rnd, assignment)

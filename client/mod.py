@@ -132,11 +132,12 @@ def instruction_config(msg: Message) -> RunConfig:
         A missing setting, or one :meth:`RunConfig.from_flower` refuses.
     """
     rec = msg.content.config_records[wire.CFG]
-    missing = [key for key in wire.PARAM_KEYS if key not in rec]
+    keys = wire.param_keys()
+    missing = [key for key in keys if key not in rec]
     if missing:
         raise wire.WireError(f"instruction lacks the mechanism settings {missing}")
     try:
-        return RunConfig.from_flower({key: rec[key] for key in wire.PARAM_KEYS})
+        return RunConfig.from_flower({key: rec[key] for key in keys})
     except (ConfigError, TypeError) as exc:
         raise wire.WireError(f"bad mechanism settings: {exc}") from exc
 

@@ -38,8 +38,9 @@ from corbin_fl.config import RunConfig
 
 def private_mechanisms() -> frozenset[str]:
     """Registered mechanisms whose every release is (eps, delta)-LDP against an eavesdropper on
-    the uplink (threat model A): the default of ``corbin-mechanisms``. Not ``fedavg``, ``cq``."""
-    return frozenset(name for name, mech in registry.REGISTRY.items() if mech.local_dp)
+    the uplink (threat model A): the default of ``corbin-mechanisms`` (each entry's
+    ``policy_default``: its ``node_default``, else local DP). Not ``fedavg``, ``cq``."""
+    return frozenset(name for name, mech in registry.REGISTRY.items() if mech.policy_default)
 
 
 DEFAULT_MAX_EPSILON: Final[float] = 1.0

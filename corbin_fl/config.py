@@ -1,8 +1,14 @@
 """The run configuration: parsed once from Flower's ``run_config``, validated, frozen.
 
-Every Flower ``run_config`` key of this app is one field of :class:`RunConfig`; the Flower key is
-the field name in kebab-case (``num-rounds`` <-> ``num_rounds``). The defaults here are the ones
-in ``pyproject.toml`` ``[tool.flwr.app.config]`` (a test keeps both in step).
+Every Flower ``run_config`` key of this app is one field of :class:`RunConfig` (the Flower key is
+the field name in kebab-case, ``num-rounds`` <-> ``num_rounds``) or one parameter of a registered
+mechanism (:class:`corbin_fl.registry.Param`). A mechanism's parameters are parsed, defaulted and
+checked from their registered specs: those of the mechanisms shipped with the v1 wire format
+also have a typed field here (``pbm_trials``, ...; ``tests/protocol/test_registration.py``
+checks that each matches its spec), any other lives in :attr:`RunConfig.params`, so a new
+mechanism's parameters reach the config without an edit here. The defaults are the ones in
+``pyproject.toml`` ``[tool.flwr.app.config]`` (a test keeps both in step; a parameter missing
+there takes its registered default).
 
 :meth:`RunConfig.from_flower` is the only boundary: it rejects unknown keys (with a did-you-mean),
 wrong types and out-of-range values, and reports ALL bad keys in one :class:`ConfigError`, so a bad
@@ -52,6 +58,7 @@ copy of the hub files, or empty for the hub (``app/leaf.py``)."""
 OPTIMIZERS: Final[tuple[str, ...]] = ("adam", "sgd")
 DEVICES: Final[tuple[str, ...]] = ("auto", "cpu", "cuda")
 TERNARY_ENCODINGS: Final[tuple[str, ...]] = ("bits", "int8")
+"""``ternary-encoding`` values (the registry's check of that parameter says the same)."""
 
 
 APP_LOGGERS: Final[tuple[str, ...]] = ("corbin_fl",)
@@ -266,6 +273,11 @@ class RunConfig:
         FedCAD noise on the measured difference norm (Sec. V-B), ``>= 0``.
     fedcad_diff_init, fedcad_diff_floor : float
         Initial and smallest ``E[Diff]`` as fractions of ``C``, ``0 < floor <= init < 1``.
+    params : Mapping[str, Any]
+        The values of the registered mechanisms' parameters that have no typed field here
+        (kebab-case key -> value, every such parameter present: the registered default where the
+        run config does not set it). Set through the run config (``{"toy-level": 3}``) or as
+        ``RunConfig(params={...})``; :meth:`param` reads any parameter, typed or not.
     dropout_prob : float
         Probability that a client fails a message on purpose (simulated dropout), in [0, 1).
     device : str
@@ -328,30 +340,53 @@ class RunConfig:
     dropout_prob: float = 0.0
     device: str = field(default="auto", metadata=EXECUTION)
     eval_batch_size: int = field(default=512, metadata=EXECUTION)
+    params: Mapping[str, Any] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False, metadata={"role": "params"}
+    )
+
+    def __post_init__(self) -> None:
+        given = dict(self.params)
+        filled = {key: given.pop(key, spec.default) for key, spec in _untyped_specs().items()}
+        object.__setattr__(self, "params", MappingProxyType({**filled, **given}))
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def _fields(cls) -> tuple[dataclasses.Field[Any], ...]:
+        """The typed fields (every field but :attr:`params`)."""
+        return tuple(f for f in dataclasses.fields(cls) if f.name != "params")
+
+    @classmethod
+    def typed_keys(cls) -> tuple[str, ...]:
+        """The keys of the typed fields (kebab-case), in field order."""
+        return tuple(_kebab(f.name) for f in cls._fields())
+
+    def param(self, key: str) -> Any:
+        """The value of the registered parameter ``key`` (kebab-case), typed field or not."""
+        if key in self.params:
+            return self.params[key]
+        return getattr(self, key.replace("-", "_"))
+
     @classmethod
     def execution_keys(cls) -> frozenset[str]:
         """Keys that cannot change a run's result: where files and data live, timeouts and
         polling, the server's device and batch size, test instrumentation (fields marked
         :data:`EXECUTION`). Two runs that differ only in them are the same run."""
         return frozenset(
-            _kebab(f.name) for f in dataclasses.fields(cls) if f.metadata.get("role") == "execution"
+            _kebab(f.name) for f in cls._fields() if f.metadata.get("role") == "execution"
         )
 
     @classmethod
     def resumable_keys(cls) -> frozenset[str]:
         """Keys a resumed run may change: :meth:`execution_keys` plus the run length and the
         smallest cohort (fields marked :data:`RESUMABLE`)."""
-        marked = {
-            _kebab(f.name) for f in dataclasses.fields(cls) if f.metadata.get("role") == "resumable"
-        }
+        marked = {_kebab(f.name) for f in cls._fields() if f.metadata.get("role") == "resumable"}
         return cls.execution_keys() | marked
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
-        """Every valid Flower key (kebab-case), in field order."""
-        return tuple(_kebab(f.name) for f in dataclasses.fields(cls))
+        """Every valid Flower key (kebab-case): the typed fields in field order, then the
+        registered parameters without a field (in registration order)."""
+        return (*cls.typed_keys(), *_untyped_specs())
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -383,24 +418,31 @@ class RunConfig:
         """
         if not isinstance(run_config, Mapping):
             raise TypeError(f"run_config must be a mapping, got {type(run_config).__name__}")
-        fields = {_kebab(f.name): f for f in dataclasses.fields(cls)}
+        fields = {_kebab(f.name): f for f in cls._fields()}
+        untyped = _untyped_specs()
         errors: dict[str, str] = {}
         values: dict[str, Any] = {}
+        params: dict[str, Any] = {}
         for key, raw in run_config.items():
             if not isinstance(key, str):
                 raise TypeError(f"run_config keys must be strings, got {key!r:.80}")
             spec = fields.get(key)
-            if spec is None:
-                close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+            param = untyped.get(key)
+            if spec is None and param is None:
+                known = [*fields, *untyped]
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
                 hint = f"; did you mean '{close[0]}'?" if close else ""
                 errors[key] = f"unknown key{hint}"
                 continue
-            kind = type(getattr(cls, spec.name))
             try:
-                values[spec.name] = _coerce(key, raw, kind)
+                if spec is not None:
+                    values[spec.name] = _coerce(key, raw, type(getattr(cls, spec.name)))
+                elif param is not None:
+                    params[key] = _coerce(key, raw, param.type)
             except (TypeError, ValueError) as exc:
                 errors[key] = str(exc)
-        cfg = cls(**values)  # keys that failed to parse keep their (valid) defaults here
+        # keys that failed to parse keep their (valid) defaults here
+        cfg = cls(**values, params=MappingProxyType(params))
         for key, why in cfg._check().items():
             errors.setdefault(key, why)
         if errors:
@@ -408,8 +450,12 @@ class RunConfig:
         return cfg
 
     def to_flower(self) -> dict[str, Any]:
-        """Kebab-case dict of every key (what ``summary.json`` records)."""
-        return {_kebab(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Kebab-case dict of every key (what ``summary.json`` records): the typed fields, then
+        :attr:`params`."""
+        return {
+            **{_kebab(f.name): getattr(self, f.name) for f in self._fields()},
+            **self.params,
+        }
 
     def replace(self, **changes: Any) -> RunConfig:
         """Copy with ``changes`` (snake_case field names), validated like :meth:`from_flower`."""
@@ -438,8 +484,10 @@ class RunConfig:
     @property
     def quantizes_update(self) -> bool:
         """Whether clients encode ``w_i - w_g`` in ``[-R, R]`` (``range-mode = "update"``; not
-        ``fedcad``, which perturbs the update with its own clip in either mode)."""
-        return self.range_mode == "update" and self.mechanism != "fedcad"
+        ``fedcad``, which perturbs the update with its own clip in either mode: the registry's
+        ``own_clip``)."""
+        mech = registry.REGISTRY.get(self.mechanism)
+        return self.range_mode == "update" and not (mech is not None and mech.own_clip)
 
     # ------------------------------------------------------------------ validation
     def _check(self) -> dict[str, str]:
@@ -501,7 +549,6 @@ class RunConfig:
         choice("model", self.model, MODELS)
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("device", self.device, DEVICES)
-        choice("ternary-encoding", self.ternary_encoding, TERNARY_ENCODINGS)
         at_least("num-rounds", self.num_rounds, 1)
         positive("epsilon", self.epsilon)
         interval("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
@@ -545,30 +592,27 @@ class RunConfig:
         if self.resume and not self.out_dir:
             errors["resume"] = "needs out-dir (the folder that holds the checkpoint)"
         at_least("checkpoint-patience", self.checkpoint_patience, 0)
-        interval("ternary-sparsity", self.ternary_sparsity, 0.0, 1.0, lo_open=False, hi_open=True)
-        if not 1 <= self.pbm_trials <= 255:
-            errors["pbm-trials"] = f"must be in [1, 255], got {self.pbm_trials}"
-        if self.rqm_levels not in (2, 3):
-            errors["rqm-levels"] = f"must be 2 or 3, got {self.rqm_levels}"
-        interval("rqm-q", self.rqm_q, 0.0, 1.0, lo_open=False, hi_open=True)
-        if self.mechanism in ("signsgd", "central-gaussian") and self.range_mode != "update":
+        mech = registry.REGISTRY.get(self.mechanism)
+        if mech is not None and mech.update_only and self.range_mode != "update":
             errors["range-mode"] = (
                 f'{self.mechanism} works on the updates w_i - w_g: set range-mode = "update"'
             )
-        positive("central-clip", self.central_clip)
-        if self.imvu_bits not in (1, 2, 4):
-            errors["imvu-bits"] = f"must be 1, 2 or 4, got {self.imvu_bits}"
-        positive("fedcad-clip", self.fedcad_clip)
-        interval("fedcad-gamma", self.fedcad_gamma, 0.0, 1.0, lo_open=False, hi_open=False)
-        at_least("fedcad-sigma-diff", self.fedcad_sigma_diff, 0.0)
-        interval("fedcad-diff-init", self.fedcad_diff_init, 0.0, 1.0, lo_open=True, hi_open=True)
-        interval("fedcad-diff-floor", self.fedcad_diff_floor, 0.0, 1.0, lo_open=True, hi_open=True)
-        if self.fedcad_diff_floor > self.fedcad_diff_init:
-            errors.setdefault(
-                "fedcad-diff-floor",
-                f"must be <= fedcad-diff-init ({self.fedcad_diff_init}), "
-                f"got {self.fedcad_diff_floor}",
-            )
+        # Every registered mechanism's parameters, checked by their specs (whatever the
+        # mechanism of this run: an instruction carries them all).
+        for key, spec in registry.param_specs().items():
+            why = spec.problem(self.param(key), self)
+            if why is not None:
+                errors[key] = why
+        for key in self.params:
+            if key not in registry.param_specs():
+                errors[key] = "not a parameter of any registered mechanism"
         interval("dropout-prob", self.dropout_prob, 0.0, 1.0, lo_open=False, hi_open=True)
         at_least("eval-batch-size", self.eval_batch_size, 1)
         return errors
+
+
+def _untyped_specs() -> dict[str, registry.Param]:
+    """The registered parameters without a typed field of :class:`RunConfig` (kebab-case key ->
+    spec, in registration order): their values live in :attr:`RunConfig.params`."""
+    typed = {_kebab(f.name) for f in dataclasses.fields(RunConfig) if f.name != "params"}
+    return {k: p for k, p in registry.param_specs().items() if k not in typed}

@@ -1,11 +1,37 @@
-"""The mechanism registry: one object per mechanism, read by every part that depends on it.
+"""The mechanism registry: one entry per mechanism, read by every part that depends on it.
 
-Config validation (:data:`corbin_fl.config.MECHANISMS`), the wire checks (update dtype and length,
-the instruction's keys), the client's policy defaults, the client encoder, the server aggregator
-and the privacy ledger's event all come from the :class:`Mechanism` registered under a name. A
-new mechanism is one module (its math in ``mechanisms/``, its encoder and aggregator) plus one
-:func:`register` call here; ``tests/protocol/test_protocol_logic.py`` walks every registered
-mechanism through the mod and the strategy.
+A :class:`Mechanism` entry holds every fact about one mechanism: its name, its parameters
+(:class:`Param`: run-config key, type, default, check, doc), its wire format and symbol bits, its
+privacy category (:class:`corbin_fl.mechanisms.categories.Privacy`: what the ledger and the
+privacy report need), its encoder and aggregator, what the round asks of the server (pairing, a
+server-shared seed, an independent share, the range mode it needs) and the node policy's default.
+Everything else is derived from the registered entries, or checked against them by a test:
+
+- the config (:class:`corbin_fl.config.RunConfig`): ``mechanism`` is one of the registered
+  names; every registered parameter is a run-config key, parsed, defaulted and checked from its
+  :class:`Param` (a parameter without a typed ``RunConfig`` field lives in ``RunConfig.params``;
+  ``tests/protocol/test_registration.py`` checks that the typed fields match their specs);
+- the wire: :func:`param_keys` (``wire.PARAM_KEYS``) is the common keys plus every registered
+  parameter key, so each instruction carries the parameters and the client parses them;
+- the strategy's keywords (``server.strategy`` protocol fields), the node policy's default
+  (:attr:`Mechanism.policy_default`), the accounting's categories (:func:`register` declares the
+  entry's ``privacy`` to :mod:`corbin_fl.mechanisms.categories`, which ``privacy_report`` reads),
+  and the tests' mechanism lists (``REGISTRY``);
+- the defaults in ``pyproject.toml``: the keys there must equal their registered defaults; a
+  mechanism registered later takes its defaults from its entry, and pyproject need not change.
+
+**The 4-file rule.** A new parameterised one-bit mechanism touches exactly these files:
+
+1. its math: ``mechanisms/baselines/<name>.py`` (pure torch, no Flower);
+2. its encoder: a function in ``client/encode.py`` (one-bit updates decode with the existing
+   :class:`server.aggregation.BitsAggregator`; a new wire format adds its aggregator to
+   ``server/aggregation.py``);
+3. its registration: one :func:`register` call in this module, with its :class:`Param` specs and
+   its :class:`~corbin_fl.mechanisms.categories.Privacy` category;
+4. its tests.
+
+``tests/protocol/test_registration.py`` registers such a mechanism, with a parameter, and follows it
+through the config, the wire, the node policy, the accounting and a protocol round.
 
 Encoders and aggregators are named by ``"module:attribute"`` and imported on first use, so this
 module (imported by ``corbin_fl.config``) stays free of torch.
@@ -27,14 +53,17 @@ The encoder contract (what :func:`client.encode.encode` guarantees an encoder an
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
 from corbin_fl import wire
+from corbin_fl.mechanisms import categories
+from corbin_fl.mechanisms.categories import NoDPText, Privacy
 
 if TYPE_CHECKING:
     from corbin_fl.config import RunConfig
@@ -47,7 +76,103 @@ ENCODE_DEVICES: Final[tuple[str, ...]] = ("update", "cpu")
 WireSpec = tuple[str, np.dtype[Any], int]
 """``(array key, dtype, length)`` of an update on the wire."""
 
+Check = Callable[[Any, "RunConfig"], "str | None"]
+"""``check(value, cfg) -> reason or None``: why ``value`` of a parameter is bad in ``cfg``."""
 
+PARAM_TYPES: Final[tuple[type, ...]] = (bool, int, float, str)
+"""The types a parameter may have (TOML scalars; ``RunConfig`` coerces to them)."""
+
+
+# ============================================================================ parameters
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a mechanism: a run-config key that every instruction also carries.
+
+    Attributes
+    ----------
+    key : str
+        The run-config and wire key, kebab-case (``"pbm-trials"``).
+    type : type
+        One of :data:`PARAM_TYPES`; the run config coerces the TOML value to it.
+    default : Any
+        The value of a run config that does not set the key (of type ``type``).
+    doc : str
+        What the value means (one or two sentences).
+    check : Check or None
+        ``check(value, cfg)``: the reason a value is refused (the config reports it under
+        ``key``), or None when it is valid; None accepts any value of the type.
+    """
+
+    key: str
+    type: type
+    default: Any
+    doc: str
+    check: Check | None = None
+
+    def __post_init__(self) -> None:
+        if not self.key or self.key != self.key.lower() or "_" in self.key:
+            raise ValueError(f"a parameter key is kebab-case, got {self.key!r}")
+        if self.type not in PARAM_TYPES:
+            raise ValueError(f"{self.key}: type must be one of {PARAM_TYPES}, got {self.type!r}")
+        if type(self.default) is not self.type:
+            raise ValueError(f"{self.key}: default {self.default!r} is not a {self.type.__name__}")
+
+    @property
+    def field(self) -> str:
+        """The snake-case name (a ``RunConfig`` field or a ``CorBin`` keyword)."""
+        return self.key.replace("-", "_")
+
+    def problem(self, value: Any, cfg: RunConfig) -> str | None:
+        """Why ``value`` is refused in ``cfg`` (None when it is valid)."""
+        return None if self.check is None else self.check(value, cfg)
+
+
+def one_of(*allowed: Any) -> Check:
+    """A check: ``value`` is one of ``allowed`` (strings get a did-you-mean)."""
+
+    def check(value: Any, cfg: RunConfig) -> str | None:
+        if value in allowed:
+            return None
+        if all(isinstance(a, str) for a in allowed):
+            close = difflib.get_close_matches(str(value), list(allowed), n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return f"must be one of {', '.join(allowed)}, got {value!r:.80}{hint}"
+        names = [str(a) for a in allowed]
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        return f"must be {listed}, got {value}"
+
+    return check
+
+
+def interval(low: float, high: float, *, lo_open: bool, hi_open: bool) -> Check:
+    """A check: ``value`` is in the interval, ``[`` / ``(`` as ``lo_open`` / ``hi_open`` say."""
+
+    def check(value: Any, cfg: RunConfig) -> str | None:
+        ok_low = value > low if lo_open else value >= low
+        ok_high = value < high if hi_open else value <= high
+        if ok_low and ok_high:
+            return None
+        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
+        return f"must be in {lb}{low}, {high}{rb}, got {value}"
+
+    return check
+
+
+def positive(value: Any, cfg: RunConfig) -> str | None:
+    """A check: ``value > 0``."""
+    return None if value > 0 else f"must be > 0, got {value}"
+
+
+def at_least(low: float) -> Check:
+    """A check: ``value >= low``."""
+
+    def check(value: Any, cfg: RunConfig) -> str | None:
+        return None if value >= low else f"must be >= {low}, got {value}"
+
+    return check
+
+
+# ============================================================================ wire formats
 def one_bit(num_params: int, cfg: RunConfig) -> WireSpec:
     """One packed bit per parameter: ``uint8[ceil(m / 8)]``."""
     return wire.BITS, np.dtype(np.uint8), wire.packed_len(num_params)
@@ -71,41 +196,22 @@ def symbols_wire(num_params: int, cfg: RunConfig) -> WireSpec:
 
 def symbol_bits_of(cfg: RunConfig) -> int:
     """Bits per parameter of the finite-output mechanism of ``cfg`` (no solve needed)."""
-    from corbin_fl.mechanisms.baselines.levels import symbol_bits
-
-    if cfg.mechanism == "pbm":
-        return symbol_bits(cfg.pbm_trials + 1)
-    if cfg.mechanism == "rqm":
-        return symbol_bits(cfg.rqm_levels)
-    if cfg.mechanism == "imvu":
-        return int(cfg.imvu_bits)
-    raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
+    mech = get(cfg.mechanism)
+    if mech.symbol_bits is None:
+        raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
+    return mech.symbol_bits(cfg)
 
 
 def finite_mechanism(cfg: RunConfig) -> FiniteMechanism:
-    """The PBM / RQM / I-MVU object of ``cfg`` (``mechanisms/baselines``), the same on both sides.
-
-    RQM with 3 levels and ``rqm-q = 0`` takes the variance-optimal ``q`` (:func:`rqm_optimal_q`).
-    """
-    if cfg.mechanism == "pbm":
-        from corbin_fl.mechanisms.baselines.pbm import PBM
-
-        return PBM(cfg.epsilon, cfg.pbm_trials)
-    if cfg.mechanism == "rqm":
-        from corbin_fl.mechanisms.baselines.rqm import RQM, rqm_optimal_q
-
-        q = cfg.rqm_q
-        if cfg.rqm_levels == 3 and q == 0.0:
-            q = rqm_optimal_q(cfg.epsilon)
-        return RQM(cfg.epsilon, cfg.rqm_levels, q)
-    if cfg.mechanism == "imvu":
-        from corbin_fl.mechanisms.baselines.imvu import IMVU
-        from corbin_fl.mvu_store import mvu_table
-
-        return IMVU(cfg.epsilon, cfg.imvu_bits, mvu_table(cfg.epsilon, cfg.imvu_bits))
-    raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
+    """The finite-output mechanism object of ``cfg`` (``mechanisms/baselines``), the same on both
+    sides: the entry's :attr:`Mechanism.finite`."""
+    mech = get(cfg.mechanism)
+    if mech.finite is None:
+        raise ValueError(f"{cfg.mechanism!r} is not a finite-output mechanism")
+    return mech.finite(cfg)
 
 
+# ============================================================================ the entry
 @dataclass(frozen=True)
 class Mechanism:
     """Everything the protocol needs to know about one mechanism.
@@ -130,13 +236,13 @@ class Mechanism:
         Pairs clients and shares common randomness (keygen, pairing, blobs; Alg. 3 lines 1-17).
     local_dp : bool
         Every release is eps_p-DP (or (eps, delta)-DP) at the client, against an eavesdropper on
-        its uplink: the node policy's default admits it.
+        its uplink (it must agree with ``privacy``).
     has_delta : bool
         An (eps, delta) mechanism: ``delta`` is checked against the node's ``corbin-max-delta``
         and recorded in the ledger.
     dp_unit : str
         What one epsilon bounds: ``"parameter"`` (each coordinate's release) or ``"update"``
-        (a client's whole update, all parameters together).
+        (a client's whole update, all parameters together; it must agree with ``privacy``).
     assignments : tuple[str, ...]
         The update-stage assignments the server may send it.
     instruction_keys : frozenset[str]
@@ -144,6 +250,28 @@ class Mechanism:
     encode_device : str
         Where the encoder's tensors live (:data:`ENCODE_DEVICES`): ``"update"`` (default), the
         device of the update (CUDA when the node has one), or ``"cpu"``.
+    params : tuple[Param, ...]
+        Its parameters: run-config keys every instruction carries (:func:`param_keys`).
+    privacy : Privacy or None
+        Its privacy category (what the ledger and ``privacy_report`` use). None derives the plain
+        one from ``local_dp``, ``has_delta`` and ``dp_unit``: pure eps_p-DP, a Gaussian release,
+        or no DP (with sentences built from ``summary``).
+    symbol_bits : Callable[[RunConfig], int] or None
+        A finite-output mechanism: bits per parameter under ``cfg`` (no solve needed).
+    finite : Callable[[RunConfig], FiniteMechanism] or None
+        A finite-output mechanism: its object under ``cfg``, the same on both sides.
+    shared_seed : bool
+        The server draws one seed per round and sends each node the seed, its rank in the
+        seed's permutation and the number of participants (CQ: ``cq-seed``, ``cq-rank``,
+        ``cq-clients``, which must be among ``instruction_keys``).
+    update_only : bool
+        It works on the updates ``w_i - w_g``: the config requires ``range-mode = "update"``.
+    own_clip : bool
+        It perturbs the update with its own clip in either range mode, so ``range-mode`` and
+        ``update-radius`` do not apply (Fed-CAD).
+    node_default : bool or None
+        Whether a node whose policy names no mechanisms (``corbin-mechanisms`` unset) admits it;
+        None: exactly when it has local DP (:attr:`policy_default`).
     """
 
     name: str
@@ -158,12 +286,71 @@ class Mechanism:
     assignments: tuple[str, ...] = ("solo",)
     instruction_keys: frozenset[str] = field(default_factory=frozenset)
     encode_device: str = "update"
+    params: tuple[Param, ...] = ()
+    privacy: Privacy | None = None
+    symbol_bits: Callable[[RunConfig], int] | None = None
+    finite: Callable[[RunConfig], FiniteMechanism] | None = None
+    shared_seed: bool = False
+    update_only: bool = False
+    own_clip: bool = False
+    node_default: bool | None = None
 
     def __post_init__(self) -> None:
         if self.encode_device not in ENCODE_DEVICES:
             raise ValueError(
                 f"encode_device must be one of {ENCODE_DEVICES}, got {self.encode_device!r}"
             )
+        if self.privacy is None:
+            object.__setattr__(self, "privacy", self._plain_privacy())
+        priv = self.category
+        if priv.local_dp != self.local_dp or priv.unit != self.dp_unit:
+            raise ValueError(f"{self.name}: privacy disagrees with local_dp / dp_unit")
+        if priv.paired != self.pairs:
+            raise ValueError(f"{self.name}: privacy.paired must equal pairs")
+        if priv.family == "gaussian" and not self.has_delta:
+            raise ValueError(f"{self.name}: a Gaussian release needs has_delta")
+        if self.shared_seed and not self.instruction_keys >= wire.SHARED_SEED_KEYS:
+            raise ValueError(f"{self.name}: a shared seed rides in {sorted(wire.SHARED_SEED_KEYS)}")
+        keys = [p.key for p in self.params]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"{self.name}: a parameter key is given twice")
+        clash = set(keys) & set(wire.COMMON_PARAM_KEYS)
+        if clash:
+            raise ValueError(f"{self.name}: {sorted(clash)} are common keys, not parameters")
+
+    def _plain_privacy(self) -> Privacy:
+        if self.local_dp:
+            family = "gaussian" if self.has_delta else "pure"
+            return Privacy(family, unit=self.dp_unit, paired=self.pairs)  # type: ignore[arg-type]
+        return Privacy(
+            "none",
+            unit=self.dp_unit,
+            no_dp=NoDPText(
+                "no DP (no privacy budget)",
+                f"No DP: {self.name} ({self.summary}) has no privacy budget; only TLS hides its "
+                "uploads on the link.",
+                "no DP (it sees every upload)",
+                f"No DP: the server receives every client's {self.name} upload.",
+                f"No DP: the global model every client receives is decoded from {self.name} "
+                "uploads with no privacy budget.",
+            ),
+        )
+
+    @property
+    def category(self) -> Privacy:
+        """The privacy category (never None after construction)."""
+        assert self.privacy is not None
+        return self.privacy
+
+    @property
+    def independent_share(self) -> bool:
+        """A ``gamma`` fraction of the sampled clients quantizes independently (AugCorBin-FL)."""
+        return self.category.independent_share
+
+    @property
+    def policy_default(self) -> bool:
+        """Whether the node policy admits it by default (:attr:`node_default`, else local DP)."""
+        return self.local_dp if self.node_default is None else self.node_default
 
     def encode_fn(self) -> Callable[..., Any]:
         """The client encoder (imported now)."""
@@ -211,11 +398,31 @@ REGISTRY: dict[str, Mechanism] = {}
 
 
 def register(mechanism: Mechanism) -> Mechanism:
-    """Add ``mechanism`` to :data:`REGISTRY` (a name is registered once)."""
+    """Add ``mechanism`` to :data:`REGISTRY` (a name is registered once) and declare its privacy
+    category to the accounting (:func:`corbin_fl.mechanisms.categories.declare`).
+
+    Raises
+    ------
+    ValueError
+        If the name is registered already, or one of its parameter keys belongs to another
+        mechanism with a different spec.
+    """
     if mechanism.name in REGISTRY:
         raise ValueError(f"mechanism {mechanism.name!r} is already registered")
+    specs = param_specs()
+    for p in mechanism.params:
+        if p.key in specs and specs[p.key] != p:
+            raise ValueError(f"parameter {p.key!r} is already registered with another spec")
     REGISTRY[mechanism.name] = mechanism
+    categories.declare(mechanism.name, mechanism.category)
     return mechanism
+
+
+def unregister(name: str) -> Mechanism:
+    """Remove the mechanism ``name`` (and its privacy category) again; returns its entry."""
+    mech = REGISTRY.pop(name)
+    categories.withdraw(name)
+    return mech
 
 
 def get(name: str) -> Mechanism:
@@ -232,9 +439,89 @@ def get(name: str) -> Mechanism:
         raise KeyError(f"unknown mechanism {name!r}; registered: {', '.join(REGISTRY)}") from None
 
 
+def param_specs() -> Mapping[str, Param]:
+    """Every registered parameter by key (a key shared by two mechanisms has one spec)."""
+    return {p.key: p for mech in REGISTRY.values() for p in mech.params}
+
+
+_param_keys_cache: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
+
+
+def param_keys() -> tuple[str, ...]:
+    """The mechanism settings every instruction carries (``wire.PARAM_KEYS``), in wire order.
+
+    The common keys (:data:`corbin_fl.wire.COMMON_PARAM_KEYS`: mechanism, epsilon, delta, d, p-x,
+    cr-mode, range-mode, ..., test-z-digest last) with every registered parameter key before
+    the last one: the parameters with a typed ``RunConfig`` field in that field order (the order
+    of the v1 wire format), then the others in registration order.
+    """
+    global _param_keys_cache
+    ident = tuple(map(id, REGISTRY.values()))
+    if _param_keys_cache[0] == ident:
+        return _param_keys_cache[1]
+    from corbin_fl.config import RunConfig
+
+    specs = param_specs()
+    typed = [k for k in RunConfig.typed_keys() if k in specs]
+    others = [k for k in specs if k not in typed]
+    *head, last = wire.COMMON_PARAM_KEYS
+    keys = (*head, *typed, *others, last)
+    _param_keys_cache = (ident, keys)
+    return keys
+
+
+# ============================================================================ the mechanisms
+def _pbm_bits(cfg: RunConfig) -> int:
+    from corbin_fl.mechanisms.baselines.levels import symbol_bits
+
+    return symbol_bits(cfg.pbm_trials + 1)
+
+
+def _pbm(cfg: RunConfig) -> FiniteMechanism:
+    from corbin_fl.mechanisms.baselines.pbm import PBM
+
+    return PBM(cfg.epsilon, cfg.pbm_trials)
+
+
+def _rqm_bits(cfg: RunConfig) -> int:
+    from corbin_fl.mechanisms.baselines.levels import symbol_bits
+
+    return symbol_bits(cfg.rqm_levels)
+
+
+def _rqm(cfg: RunConfig) -> FiniteMechanism:
+    """RQM of ``cfg``; with 3 levels and ``rqm-q = 0`` the variance-optimal ``q``."""
+    from corbin_fl.mechanisms.baselines.rqm import RQM, rqm_optimal_q
+
+    q = cfg.rqm_q
+    if cfg.rqm_levels == 3 and q == 0.0:
+        q = rqm_optimal_q(cfg.epsilon)
+    return RQM(cfg.epsilon, cfg.rqm_levels, q)
+
+
+def _imvu_bits(cfg: RunConfig) -> int:
+    return int(cfg.imvu_bits)
+
+
+def _imvu(cfg: RunConfig) -> FiniteMechanism:
+    from corbin_fl.mechanisms.baselines.imvu import IMVU
+    from corbin_fl.mvu_store import mvu_table
+
+    return IMVU(cfg.epsilon, cfg.imvu_bits, mvu_table(cfg.epsilon, cfg.imvu_bits))
+
+
+def _fedcad_floor(value: Any, cfg: RunConfig) -> str | None:
+    """``fedcad-diff-floor`` in (0, 1) and at most ``fedcad-diff-init``."""
+    why = interval(0.0, 1.0, lo_open=True, hi_open=True)(value, cfg)
+    if why is None and value > cfg.fedcad_diff_init:
+        why = f"must be <= fedcad-diff-init ({cfg.fedcad_diff_init}), got {value}"
+    return why
+
+
 _ONE_BIT_ENCODER: Final[str] = "corbin_fl.client.encode:encode_one_bit"
 _BITS_AGGREGATOR: Final[str] = "corbin_fl.server.aggregation:BitsAggregator"
 _PAIRED_ASSIGNMENTS: Final[tuple[str, ...]] = ("paired", "partner-gone", "unpaired")
+_RR_PAIRED: Final[Privacy] = Privacy("pure", randomized_response=True, paired=True)
 
 register(
     Mechanism(
@@ -245,6 +532,7 @@ register(
         _BITS_AGGREGATOR,
         pairs=True,
         assignments=_PAIRED_ASSIGNMENTS,
+        privacy=_RR_PAIRED,
     )
 )
 register(
@@ -256,6 +544,7 @@ register(
         _BITS_AGGREGATOR,
         pairs=True,
         assignments=(*_PAIRED_ASSIGNMENTS, "independent"),
+        privacy=Privacy("pure", randomized_response=True, paired=True, independent_share=True),
     )
 )
 register(
@@ -265,6 +554,7 @@ register(
         one_bit,
         _ONE_BIT_ENCODER,
         _BITS_AGGREGATOR,
+        privacy=Privacy("pure", randomized_response=True),
     )
 )
 register(
@@ -275,6 +565,7 @@ register(
         "corbin_fl.client.encode:encode_gaussian",
         "corbin_fl.server.aggregation:FloatAggregator",
         has_delta=True,
+        privacy=Privacy("gaussian", release="(analytic Gaussian noise on the clipped value)"),
     )
 )
 register(
@@ -284,6 +575,7 @@ register(
         float32,
         "corbin_fl.client.encode:encode_laplace",
         "corbin_fl.server.aggregation:FloatAggregator",
+        privacy=Privacy("pure", release="released parameter carries Laplace noise"),
     )
 )
 register(
@@ -294,6 +586,18 @@ register(
         "corbin_fl.client.encode:encode_fedavg",
         "corbin_fl.server.aggregation:FloatAggregator",
         local_dp=False,
+        privacy=Privacy(
+            "none",
+            no_dp=NoDPText(
+                "no DP (the update is sent as it is)",
+                "No DP: fedavg uploads the update as it is, with no noise; only TLS hides it on "
+                "the link.",
+                "no DP (it sees every update)",
+                "No DP: the server receives every update as it is.",
+                "No DP: the global model every client receives is the plain average of the "
+                "updates.",
+            ),
+        ),
     )
 )
 register(
@@ -304,7 +608,20 @@ register(
         "corbin_fl.client.encode:encode_cq",
         "corbin_fl.server.aggregation:CQAggregator",
         local_dp=False,
-        instruction_keys=frozenset({"cq-seed", "cq-rank", "cq-clients"}),
+        instruction_keys=wire.SHARED_SEED_KEYS,
+        shared_seed=True,
+        privacy=Privacy(
+            "none",
+            no_dp=NoDPText(
+                "no DP (bits with no privacy budget)",
+                "No DP: cq sends one stochastically rounded bit per parameter with no privacy "
+                "budget (its bits aim at accuracy, not privacy); only TLS hides them on the link.",
+                "no DP (it sees every bit)",
+                "No DP: the server receives every client's bits, which carry no privacy budget.",
+                "No DP: the global model every client receives is decoded from bits with no "
+                "privacy budget.",
+            ),
+        ),
     )
 )
 register(
@@ -314,6 +631,24 @@ register(
         ternary_wire,
         "corbin_fl.client.encode:encode_ternary",
         "corbin_fl.server.aggregation:TernaryAggregator",
+        params=(
+            Param(
+                "ternary-sparsity",
+                float,
+                0.5,
+                "Probability p0 = 1 - A/B of a zero output of the ternary stochastic compressor "
+                "(fdp paper Def. 6, A = r alpha(eps)), in [0, 1).",
+                interval(0.0, 1.0, lo_open=False, hi_open=True),
+            ),
+            Param(
+                "ternary-encoding",
+                str,
+                "bits",
+                "bits (2 bits per parameter) or int8.",
+                one_of("bits", "int8"),
+            ),
+        ),
+        privacy=Privacy("pure", release="released parameter is ternary stochastic rounding"),
     )
 )
 register(
@@ -325,6 +660,54 @@ register(
         "corbin_fl.server.aggregation:FedCADAggregator",
         has_delta=True,
         dp_unit="update",
+        own_clip=True,
+        params=(
+            Param(
+                "fedcad-clip",
+                float,
+                1.0,
+                "FedCAD L2 clip threshold C of the update (Fed-CAD Alg. 1 line 9).",
+                positive,
+            ),
+            Param(
+                "fedcad-gamma",
+                float,
+                0.5,
+                "FedCAD obsolete factor gamma of the E[Diff] momentum (Alg. 1 line 25), in [0, 1].",
+                interval(0.0, 1.0, lo_open=False, hi_open=False),
+            ),
+            Param(
+                "fedcad-sigma-diff",
+                float,
+                0.01,
+                "FedCAD noise on the measured difference norm (Sec. V-B), >= 0.",
+                at_least(0.0),
+            ),
+            Param(
+                "fedcad-diff-init",
+                float,
+                0.5,
+                "Initial E[Diff] as a fraction of C, in (0, 1).",
+                interval(0.0, 1.0, lo_open=True, hi_open=True),
+            ),
+            Param(
+                "fedcad-diff-floor",
+                float,
+                1e-3,
+                "Smallest E[Diff] as a fraction of C, 0 < floor <= fedcad-diff-init.",
+                _fedcad_floor,
+            ),
+        ),
+        privacy=Privacy(
+            "gaussian",
+            unit="update",
+            release="(update level, L2 sensitivity 2C, not per parameter)",
+            caveat_a=" The E[Diff] estimate that sets later rounds' noise is not accounted.",
+            caveat_b=" The E[Diff] estimate is not accounted.",
+            method_note="(A) fedcad: update-level (eps_p, delta) per round with L2 sensitivity "
+            "2C (Fed-CAD Theorem VI.1); rounds compose as Gaussian releases; the E[Diff] "
+            "estimate is not accounted",
+        ),
     )
 )
 _LEVELS_ENCODER: Final[str] = "corbin_fl.client.encode:encode_levels"
@@ -336,6 +719,18 @@ register(
         symbols_wire,
         _LEVELS_ENCODER,
         _LEVELS_AGGREGATOR,
+        params=(
+            Param(
+                "pbm-trials",
+                int,
+                1,
+                "PBM's m in [1, 255] (ceil(log2(m + 1)) bits per parameter, rounded up to 1, 2, "
+                "4 or 8; mechanisms/baselines/pbm.py).",
+                lambda v, cfg: None if 1 <= v <= 255 else f"must be in [1, 255], got {v}",
+            ),
+        ),
+        symbol_bits=_pbm_bits,
+        finite=_pbm,
     )
 )
 register(
@@ -345,6 +740,25 @@ register(
         symbols_wire,
         _LEVELS_ENCODER,
         _LEVELS_AGGREGATOR,
+        params=(
+            Param(
+                "rqm-levels",
+                int,
+                2,
+                "RQM's levels: 2 (1 bit) or 3 (2 bits) (mechanisms/baselines/rqm.py).",
+                one_of(2, 3),
+            ),
+            Param(
+                "rqm-q",
+                float,
+                0.0,
+                "Probability in [0, 1) that RQM keeps its middle level (3 levels); 0 = derived: "
+                "the q that minimises the worst-case variance at epsilon.",
+                interval(0.0, 1.0, lo_open=False, hi_open=True),
+            ),
+        ),
+        symbol_bits=_rqm_bits,
+        finite=_rqm,
     )
 )
 register(
@@ -354,6 +768,17 @@ register(
         symbols_wire,
         _LEVELS_ENCODER,
         _LEVELS_AGGREGATOR,
+        params=(
+            Param(
+                "imvu-bits",
+                int,
+                1,
+                "I-MVU's budget: 1, 2 or 4 bits per parameter (mechanisms/baselines/imvu.py).",
+                one_of(1, 2, 4),
+            ),
+        ),
+        symbol_bits=_imvu_bits,
+        finite=_imvu,
     )
 )
 register(
@@ -364,6 +789,18 @@ register(
         "corbin_fl.client.encode:encode_signsgd",
         "corbin_fl.server.aggregation:SignAggregator",
         local_dp=False,
+        update_only=True,
+        privacy=Privacy(
+            "none",
+            no_dp=NoDPText(
+                "no DP (the signs of the update)",
+                "No DP: signsgd sends the sign of every parameter's update, a deterministic "
+                "function of it; only TLS hides the bits on the link.",
+                "no DP (it sees every sign)",
+                "No DP: the server receives the signs of every client's update.",
+                "No DP: the global model moves by the majority vote of the clients' signs.",
+            ),
+        ),
     )
 )
 register(
@@ -375,5 +812,18 @@ register(
         "corbin_fl.server.aggregation:CentralGaussianAggregator",
         local_dp=False,
         has_delta=True,
+        update_only=True,
+        params=(
+            Param(
+                "central-clip",
+                float,
+                1.0,
+                "central-gaussian: the L2 clip C of each client's update w_i - w_g (the "
+                "sensitivity of the server's noisy sum; mechanisms/baselines/central_gaussian.py)."
+                " With this mechanism epsilon and delta are the central guarantee of the run.",
+                positive,
+            ),
+        ),
+        privacy=Privacy("central"),
     )
 )

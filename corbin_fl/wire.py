@@ -153,7 +153,7 @@ M_TRAIN_LOSS: Final[str] = "train-loss"
 M_NUM_EXAMPLES: Final[str] = "num-examples"
 """App metric keys the server summarises when an app reports them (this project's app does)."""
 
-PARAM_KEYS: Final[tuple[str, ...]] = (
+COMMON_PARAM_KEYS: Final[tuple[str, ...]] = (
     "mechanism",
     "epsilon",
     "delta",
@@ -161,22 +161,27 @@ PARAM_KEYS: Final[tuple[str, ...]] = (
     "p-x",
     "cr-mode",
     "range-mode",
-    "ternary-sparsity",
-    "ternary-encoding",
-    "pbm-trials",
-    "rqm-levels",
-    "rqm-q",
-    "imvu-bits",
-    "central-clip",
-    "fedcad-clip",
-    "fedcad-gamma",
-    "fedcad-sigma-diff",
-    "fedcad-diff-init",
-    "fedcad-diff-floor",
     "test-z-digest",
 )
-"""The mechanism's settings every instruction carries (``corbin_fl.config.RunConfig`` keys).
-The client parses them with ``RunConfig.from_flower`` and checks them against its policy."""
+"""The settings every instruction carries whatever the mechanism (``RunConfig`` keys); the
+parameters of the registered mechanisms go before the last one (:data:`PARAM_KEYS`)."""
+
+SHARED_SEED_KEYS: Final[frozenset[str]] = frozenset({CQ_SEED, CQ_RANK, CQ_CLIENTS})
+"""The update-instruction keys of a mechanism with a server-shared seed
+(``corbin_fl.registry.Mechanism.shared_seed``: CQ)."""
+
+
+def __getattr__(name: str) -> Any:
+    """``PARAM_KEYS``: the mechanism's settings every instruction carries, derived now from the
+    registered mechanisms (``corbin_fl.registry.param_keys``): :data:`COMMON_PARAM_KEYS` plus every
+    registered parameter key. The client parses them with ``RunConfig.from_flower`` and checks
+    them against its policy."""
+    if name == "PARAM_KEYS":
+        from corbin_fl import registry
+
+        return registry.param_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 FALLBACK_REASONS: Final[tuple[str, ...]] = (
     "none",
@@ -284,9 +289,16 @@ def update_spec(cfg: RunConfig, num_params: int) -> tuple[str, np.dtype[Any], in
     return spec(num_params, cfg)
 
 
+def param_keys() -> tuple[str, ...]:
+    """:data:`PARAM_KEYS` now (``corbin_fl.registry.param_keys``)."""
+    from corbin_fl import registry
+
+    return registry.param_keys()
+
+
 def keygen_cfg_keys() -> frozenset[str]:
     """The exact key set of the ``corbin`` record of a keygen instruction."""
-    return frozenset({STAGE, ROUND, *PARAM_KEYS})
+    return frozenset({STAGE, ROUND, *param_keys()})
 
 
 def pipelined(paired: bool, cr_mode: str) -> bool:
@@ -305,7 +317,7 @@ NEXT_PAIR_KEYS: Final[frozenset[str]] = frozenset({NEXT_PARTNER, NEXT_PARTNER_PU
 def update_cfg_keys(mechanism: str, assignment: str, cr_mode: str) -> frozenset[str]:
     """The required key set of the ``corbin`` record of an update instruction (a pipelined
     instruction may add :data:`NEXT_PAIR_KEYS`)."""
-    keys = {STAGE, ROUND, ASSIGNMENT, ARRAYS_KEY, *PARAM_KEYS}
+    keys = {STAGE, ROUND, ASSIGNMENT, ARRAYS_KEY, *param_keys()}
     if assignment == PAIRED:
         keys |= {PARTNER, PARTNER_PUBKEY if cr_mode == "derived" else PARTNER_BLOB}
     elif assignment == PARTNER_GONE:
@@ -318,7 +330,7 @@ def update_cfg_keys(mechanism: str, assignment: str, cr_mode: str) -> frozenset[
 
 def pair_cfg_keys(cr_mode: str) -> frozenset[str]:
     """The exact key set of the ``corbin`` record of a pair instruction."""
-    keys = {STAGE, ROUND, PARTNER, PARTNER_PUBKEY, *PARAM_KEYS}
+    keys = {STAGE, ROUND, PARTNER, PARTNER_PUBKEY, *param_keys()}
     if cr_mode == "exact":
         keys.add(NUM_PARAMS)
     return frozenset(keys)

@@ -60,6 +60,7 @@ from corbin_fl.mechanisms.baselines.gaussian import (
     analytic_gaussian_sigma,
     gaussian_epsilon,
 )
+from corbin_fl.mechanisms.categories import Privacy, category, declared
 from corbin_fl.mechanisms.theory import (
     alpha64,
     corbin_pair_joint_from_q,
@@ -75,7 +76,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_PAIR_D",
-    "MECHANISMS",
     "REPORT_VERSION",
     "THREAT_MODELS",
     "Accountant",
@@ -92,30 +92,15 @@ __all__ = [
     "rr_epsilon",
 ]
 
-#: Canonical mechanism names understood by the ledger and :func:`privacy_report`.
-MECHANISMS: tuple[str, ...] = (
-    "corbin",
-    "augcorbin",
-    "ldpfl",
-    "gaussian",
-    "laplace",
-    "ternary",
-    "pbm",
-    "rqm",
-    "imvu",
-    "signsgd",
-    "central-gaussian",
-    "fedcad",
-    "cq",
-    "fedavg",
-)
 _ALIASES = {"ldp": "ldpfl", "ldp-fl": "ldpfl", "vanilla": "fedavg", "corbin-fl": "corbin"}
-_FINITE = {"pbm", "rqm", "imvu"}
-_PURE_EPS = {"corbin", "augcorbin", "ldpfl", "laplace", "ternary", *_FINITE}
-_PAIRED = {"corbin", "augcorbin"}
-_NO_DP = {"cq", "fedavg", "signsgd"}
-_CENTRAL = {"central-gaussian"}
-"""Central DP: no guarantee on the uplink or against the server; the released models are DP."""
+"""Other spellings of registered names that the ledger and :func:`privacy_report` accept."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MECHANISMS":  # the names with a declared category, now (a test may add one)
+        return declared()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Largest ``d`` for which the pair-joint view is computed (cost grows like ``2^d``); matches
 #: ``mechanisms.quantizers.MAX_SHARED_BITS``.
@@ -132,8 +117,8 @@ def _canonical_mechanism(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"mechanism must be a str, got {type(name).__name__}")
     key = _ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in MECHANISMS:
-        raise ValueError(f"unknown mechanism {name!r}; expected one of {', '.join(MECHANISMS)}")
+    if key not in declared():
+        raise ValueError(f"unknown mechanism {name!r}; expected one of {', '.join(declared())}")
     return key
 
 
@@ -795,21 +780,22 @@ class PrivacyEvent:
             raise ValueError(f"round must be an int >= 0, got {self.round!r}")
         object.__setattr__(self, "node", str(self.node))
         integer(self.m, "m", 1)
-        if self.mechanism in _NO_DP | _CENTRAL:  # no local DP on what a client releases
+        cat = category(self.mechanism)
+        if not cat.local_dp:  # no local DP on what a client releases
             if self.eps_p is not None:
                 raise ValueError(f"{self.mechanism} has no local DP guarantee; eps_p must be None")
         else:
             if self.eps_p is None:
                 raise ValueError(f"{self.mechanism} needs eps_p")
             object.__setattr__(self, "eps_p", positive(self.eps_p, "eps_p"))
-        if self.mechanism in ("gaussian", "fedcad"):
+        if cat.family == "gaussian":
             if self.delta is None:
                 raise ValueError(f"{self.mechanism} needs the mechanism's delta")
             object.__setattr__(self, "delta", probability(self.delta, "delta"))
         if not isinstance(self.paired, bool):
             raise TypeError("paired must be a bool")
         if self.paired:
-            if self.mechanism not in _PAIRED:
+            if not cat.paired:
                 raise ValueError(
                     f"only corbin/augcorbin releases can be paired, not {self.mechanism}"
                 )
@@ -960,14 +946,15 @@ class Accountant:
         k = sum(e.m for e in events)
         rounds = len({e.round for e in events})
         notes: list[str] = []
-        if any(e.mechanism in _NO_DP | _CENTRAL for e in events):
+        cats = {e.mechanism: category(e.mechanism) for e in events}
+        if any(not cats[e.mechanism].local_dp for e in events):
             notes.append(
                 "a release without local DP (cq/fedavg/signsgd, or central-gaussian, whose "
                 "noise the server adds): no guarantee on the uplink"
             )
             return ClientPrivacy(key, rounds, k, math.inf, delta, None, None, tuple(notes))
-        pure = [e for e in events if e.mechanism in _PURE_EPS]
-        gauss = [e for e in events if e.mechanism in ("gaussian", "fedcad")]
+        pure = [e for e in events if cats[e.mechanism].family == "pure"]
+        gauss = [e for e in events if cats[e.mechanism].family == "gaussian"]
         families = int(bool(pure)) + int(bool(gauss))
         d_each = delta / families
         eps_a = 0.0
@@ -980,7 +967,7 @@ class Accountant:
             mu2 = 0.0
             for e in gauss:
                 mu_i = 1.0 / analytic_gaussian_sigma(float(e.eps_p), float(e.delta), 1.0)  # type: ignore[arg-type]
-                mu2 += mu_i * mu_i * (e.m if e.mechanism == "gaussian" else 1)
+                mu2 += mu_i * mu_i * (e.m if cats[e.mechanism].unit == "parameter" else 1)
             eps_a += gaussian_epsilon(d_each, math.sqrt(mu2))
             notes.append(f"(A) Gaussian releases composed exactly: mu = {math.sqrt(mu2):.6g}")
         if families > 1:
@@ -1026,40 +1013,6 @@ THREAT_MODELS: dict[str, str] = {
 #: Version of the report's layout (one entry per threat model under ``threat_models``). The first
 #: layout (a single ``dp`` flag) is no longer read: every committed run was rewritten once.
 REPORT_VERSION = 2
-
-_NO_DP_A = {
-    "fedavg": (
-        "no DP (the update is sent as it is)",
-        "No DP: fedavg uploads the update as it is, with no noise; only TLS hides it on the link.",
-    ),
-    "cq": (
-        "no DP (bits with no privacy budget)",
-        "No DP: cq sends one stochastically rounded bit per parameter with no privacy budget "
-        "(its bits aim at accuracy, not privacy); only TLS hides them on the link.",
-    ),
-    "signsgd": (
-        "no DP (the signs of the update)",
-        "No DP: signsgd sends the sign of every parameter's update, a deterministic function of "
-        "it; only TLS hides the bits on the link.",
-    ),
-}
-_NO_DP_B = {
-    "fedavg": ("no DP (it sees every update)", "No DP: the server receives every update as it is."),
-    "cq": (
-        "no DP (it sees every bit)",
-        "No DP: the server receives every client's bits, which carry no privacy budget.",
-    ),
-    "signsgd": (
-        "no DP (it sees every sign)",
-        "No DP: the server receives the signs of every client's update.",
-    ),
-}
-_NO_DP_C = {
-    "fedavg": "No DP: the global model every client receives is the plain average of the updates.",
-    "cq": "No DP: the global model every client receives is decoded from bits with no privacy "
-    "budget.",
-    "signsgd": "No DP: the global model moves by the majority vote of the clients' signs.",
-}
 
 
 def _central_threat_models(
@@ -1201,6 +1154,7 @@ def _pair_joint_numbers(pair: Mapping[str, Any]) -> dict[str, Any]:
 
 def _threat_models(
     mech: str,
+    cat: Privacy,
     eps_p: float | None,
     m: int,
     rounds: int,
@@ -1227,12 +1181,13 @@ def _threat_models(
         key: {"name": name, "dp": False} for key, name in THREAT_MODELS.items()
     }
     notes: list[str] = []
-    if mech in _NO_DP:
-        tm["A"]["headline"], tm["A"]["guarantee"] = _NO_DP_A[mech]
-        tm["B"]["headline"], tm["B"]["guarantee"] = _NO_DP_B[mech]
-        tm["C"]["headline"], tm["C"]["guarantee"] = "no DP", _NO_DP_C[mech]
+    if cat.no_dp is not None:
+        text = cat.no_dp
+        tm["A"]["headline"], tm["A"]["guarantee"] = text.a_headline, text.a_guarantee
+        tm["B"]["headline"], tm["B"]["guarantee"] = text.b_headline, text.b_guarantee
+        tm["C"]["headline"], tm["C"]["guarantee"] = "no DP", text.c_guarantee
         tm["D"]["headline"] = "no DP"
-        tm["D"]["guarantee"] = _NO_DP_B[mech][1]
+        tm["D"]["guarantee"] = text.b_guarantee
         notes.append(f"{mech} has no privacy mechanism: no (eps, delta) exists for any adversary")
         return tm, notes
     if not isinstance(view_a, Mapping) or eps_p is None:
@@ -1244,47 +1199,40 @@ def _threat_models(
     a["dp"] = True
     a.update(_blocks(view_a, "per_parameter", "per_update", "all_rounds"))
     composed = _composed_sentence(view_a, m, rounds)
-    if mech == "gaussian":
+    if cat.family == "gaussian" and cat.unit == "parameter":
         pp = view_a["per_parameter"]
         a["headline"] = f"({ep:g}, {pp['delta']:.3g}) per parameter"
         a["guarantee"] = (
-            f"Each released parameter is ({ep:g}, {pp['delta']:g})-DP (analytic Gaussian noise "
-            f"on the clipped value); composed exactly, {composed}."
+            f"Each released parameter is ({ep:g}, {pp['delta']:g})-DP {cat.release}; "
+            f"composed exactly, {composed}.{cat.caveat_a}"
         )
-    elif mech == "fedcad":
+    elif cat.family == "gaussian":
         pu = view_a["per_update"]
         a["headline"] = f"({ep:g}, {pu['delta']:.3g}) per update"
         a["guarantee"] = (
             f"Each round's release is ({ep:g}, {pu['delta']:g})-DP for the whole update "
-            f"(update level, L2 sensitivity 2C, not per parameter); {composed}. The E[Diff] "
-            "estimate that sets later rounds' noise is not accounted."
+            f"{cat.release}; {composed}.{cat.caveat_a}"
         )
     else:
         what = (
             "uploaded bit is randomized response"
-            if mech in ("corbin", "augcorbin", "ldpfl")
-            else (
-                "released parameter carries Laplace noise"
-                if mech == "laplace"
-                else "released parameter is ternary stochastic rounding"
-                if mech == "ternary"
-                else f"released parameter is one symbol of {mech} (exact pure eps_p)"
-            )
+            if cat.randomized_response
+            else cat.release or f"released parameter is one symbol of {mech} (exact pure eps_p)"
         )
         a["headline"] = f"eps_p = {ep:g} per parameter"
         a["guarantee"] = (
             f"Each {what} with eps_p = {ep:g} (pure eps_p-DP per parameter"
             + (
                 "; a bit's law is the same whether or not its client is paired"
-                if mech in _PAIRED
+                if cat.paired
                 else ""
             )
-            + f"); composed exactly, {composed}."
+            + f"); composed exactly, {composed}.{cat.caveat_a}"
         )
 
     # ---------------------------------------------------------------- (B) sees every bit
     b = tm["B"]
-    paired = mech in _PAIRED and not (mech == "augcorbin" and gamma is not None and gamma >= 1.0)
+    paired = cat.paired and not (cat.independent_share and gamma is not None and gamma >= 1.0)
     if paired:
         b["headline"] = "no DP (paired bits are not private against it)"
         joint = _pair_joint_numbers(pair) if isinstance(pair, Mapping) else None
@@ -1303,7 +1251,7 @@ def _threat_models(
             who = (
                 "Each round a random fraction 1 - gamma of the clients is paired, and the "
                 "server receives both bits of every pair"
-                if mech == "augcorbin"
+                if cat.independent_share
                 else "The server receives both bits of every pair"
             )
             if joint is not None:
@@ -1320,7 +1268,7 @@ def _threat_models(
                 + (
                     " A client that quantizes independently in a round gets A's eps_p for that "
                     "round, but it cannot know beforehand that it will."
-                    if mech == "augcorbin"
+                    if cat.independent_share
                     else ""
                 )
             )
@@ -1330,17 +1278,16 @@ def _threat_models(
         b["dp"] = True
         b.update(_blocks(view_a, "per_parameter", "per_update", "all_rounds"))
         b["headline"] = "same as A (independent local noise)"
-        alone = "With gamma = 1 no client is paired: each" if mech == "augcorbin" else "Each"
+        alone = "With gamma = 1 no client is paired: each" if cat.independent_share else "Each"
         b["guarantee"] = (
             f"Same as A. {alone} client randomizes its own upload independently of the others, "
             "so seeing every client's upload tells the server about one client only what that "
-            "client's upload tells (the other uploads do not depend on its data)."
-            + (" The E[Diff] estimate is not accounted." if mech == "fedcad" else "")
+            "client's upload tells (the other uploads do not depend on its data)." + cat.caveat_b
         )
 
     # ---------------------------------------------------------------- (C) malicious client
     c = tm["C"]
-    if mech == "augcorbin" and isinstance(ucdp, Mapping) and ucdp.get("applies"):
+    if cat.independent_share and isinstance(ucdp, Mapping) and ucdp.get("applies"):
         c["dp"] = True
         c["headline"] = f"({_g(ucdp['eps_u'])}, {ucdp['delta']:g}) per round (Thm 3)"
         c["guarantee"] = (
@@ -1352,7 +1299,7 @@ def _threat_models(
         c["ucdp_theorem3"] = dict(ucdp)
     elif paired:
         c["headline"] = "no DP (nothing bounds the global model)"
-        if mech == "augcorbin":
+        if cat.independent_share:
             reason = (
                 ucdp.get("reason", "") if isinstance(ucdp, Mapping) else "gamma, n, r not given"
             )
@@ -1382,7 +1329,7 @@ def _threat_models(
 
     # ---------------------------------------------------------------- (D) malicious server
     d = tm["D"]
-    if mech in _PAIRED:
+    if cat.paired:
         d["headline"] = "no DP (it can learn each pair's z)"
         d["guarantee"] = (
             "No DP (SECURITY.md, threat model 4). The X25519 public keys it relays are not "
@@ -1392,19 +1339,19 @@ def _threat_models(
             "comparison."
             + (
                 " It also chooses which clients quantize independently."
-                if mech == "augcorbin"
+                if cat.independent_share
                 else ""
             )
         )
     else:
         d["dp"] = True
-        unit = "update" if mech == "fedcad" else "parameter"
-        d.update(_blocks(view_a, "per_update" if mech == "fedcad" else "per_parameter"))
+        unit = cat.unit
+        d.update(_blocks(view_a, "per_update" if unit == "update" else "per_parameter"))
         d["headline"] = f"per-{unit} eps_p only, at the eps it sets"
         d["guarantee"] = (
             f"Per {unit} only: the noise is drawn on the client, so each release stays "
             f"eps_p-DP per {unit} (here eps_p = {ep:g}) for any "
-            + ("model" if mech == "fedcad" else "model, center and radius")
+            + ("model" if unit == "update" else "model, center and radius")
             + " the server sends, at an epsilon no larger than the client's own policy allows "
             "(corbin-max-epsilon, checked on every instruction); but the server sets the number "
             "of rounds, so A's composed numbers do not bind it."
@@ -1415,30 +1362,31 @@ def _threat_models(
         "worst case: a client is assumed to take part in every one of the "
         f"{rounds} rounds; the numbers count parameters (or updates), not users"
     )
-    if mech in ("corbin", "augcorbin", "ldpfl"):
+    if cat.method_note:
+        notes.append(cat.method_note)
+    elif cat.randomized_response:
         notes.append(
             "(A) each bit is binary randomized response with P(+) in [1/(1+e^eps_p), "
             "e^eps_p/(1+e^eps_p)]; k composed bits have an exact binomial privacy-loss "
             "distribution, which gives (eps, delta)"
-            + ("; CorBinQ's marginal equals LDPQ's (Theorem 1)" if mech in _PAIRED else "")
+            + ("; CorBinQ's marginal equals LDPQ's (Theorem 1)" if cat.paired else "")
         )
-    elif mech in ("laplace", "ternary", *_FINITE):
+    elif cat.family == "pure":
         notes.append(
             f"(A) {mech} is pure eps_p-DP per parameter; k parameters are dominated by k-fold "
             "randomized response (optimal composition, Kairouz et al. 2015)"
         )
-    elif mech == "gaussian":
+    elif cat.unit == "parameter":
         notes.append(
             "(A) analytic Gaussian noise per parameter (mu = 2r/sigma); k Gaussian releases "
             "compose exactly to one with mu*sqrt(k)"
         )
     else:
         notes.append(
-            "(A) fedcad: update-level (eps_p, delta) per round with L2 sensitivity 2C "
-            "(Fed-CAD Theorem VI.1); rounds compose as Gaussian releases; the E[Diff] "
-            "estimate is not accounted"
+            f"(A) {mech}: update-level (eps_p, delta) per round; rounds compose as Gaussian "
+            "releases"
         )
-    if isinstance(pair, Mapping) and mech in _PAIRED:
+    if isinstance(pair, Mapping) and cat.paired:
         p_inf = (pair.get("per_parameter") or {}).get("single_triple_inf_mass")
         if p_inf is not None:
             notes.append(
@@ -1446,7 +1394,7 @@ def _threat_models(
                 f"p_inf = {_g(p_inf)} per parameter, so k parameters have "
                 "delta >= 1-(1-p_inf)^k for every eps"
             )
-    elif mech in _PAIRED:
+    elif cat.paired:
         notes.append(f"(B) pair-joint view not computed: {pair_reason or 'not in this report'}")
     return tm, notes
 
@@ -1517,6 +1465,7 @@ def privacy_report(
         hence ``delta >= 1 - (1 - p_inf)^k`` for every ``eps``: no DP.
     """
     mech = _canonical_mechanism(mechanism)
+    cat = category(mech)
     delta = probability(delta, "delta")
     m = integer(m, "m", 1)
     rounds = integer(rounds, "rounds", 1)
@@ -1531,12 +1480,12 @@ def privacy_report(
         "rounds": rounds,
         "eps_p": None,
     }
-    if mech in _NO_DP:
+    if cat.family == "none":
         report["threat_models"], report["notes"] = _threat_models(
-            mech, None, m, rounds, None, None, None, None, gamma
+            mech, cat, None, m, rounds, None, None, None, None, gamma
         )
         return report
-    if mech in _CENTRAL:
+    if cat.family == "central":
         target = positive(eps_p, "eps_p")
         planned = rounds if planned_rounds is None else integer(planned_rounds, "rounds", 1)
         report["delta"] = delta
@@ -1549,13 +1498,13 @@ def privacy_report(
     report["delta"] = delta
     k_all = m * rounds
     view_a: dict[str, Any]
-    if mech in _PURE_EPS:
+    if cat.family == "pure":
         view_a = {
             "per_parameter": {"eps": eps_parameter(ep), "delta": 0.0},
             "per_update": _rr_block(ep, m, delta),
             "all_rounds": _rr_block(ep, k_all, delta),
         }
-    elif mech == "gaussian":
+    elif cat.unit == "parameter":
         dp = delta if delta_p is None else probability(delta_p, "delta_p")
         mu1 = 1.0 / analytic_gaussian_sigma(ep, dp, 1.0)
         view_a = {
@@ -1571,7 +1520,7 @@ def privacy_report(
                 "delta": delta,
             },
         }
-    else:  # fedcad
+    else:  # a Gaussian release of the whole update, once per round (fedcad)
         dp = delta if fedcad_delta is None else probability(fedcad_delta, "fedcad_delta")
         mu1 = 1.0 / analytic_gaussian_sigma(ep, dp, 1.0)
         view_a = {
@@ -1584,7 +1533,7 @@ def privacy_report(
         }
     pair: dict[str, Any] | None = None
     pair_reason: str | None = None
-    if mech in _PAIRED:
+    if cat.paired:
         if d is None:
             pair_reason = "d not given"
         elif isinstance(d, bool) or not isinstance(d, int | np.integer):
@@ -1603,7 +1552,7 @@ def privacy_report(
                 "all_rounds": _pair_block(ep, int(d), k_all, delta),
             }
     ucdp: dict[str, Any] | None = None
-    if mech == "augcorbin":
+    if cat.independent_share:
         ucdp = {"applies": False}
         if gamma is None or n is None or r is None:
             ucdp["reason"] = "gamma, n and r are needed for Theorem 3"
@@ -1616,9 +1565,9 @@ def privacy_report(
                 ucdp["delta"] = delta
                 ucdp["mse_bound"] = float(theorem3_mse_bound(r, ep, n, gamma))
     report["threat_models"], report["notes"] = _threat_models(
-        mech, ep, m, rounds, view_a, pair, pair_reason, ucdp, gamma
+        mech, cat, ep, m, rounds, view_a, pair, pair_reason, ucdp, gamma
     )
-    if n is not None and r is not None and mech in ("corbin", "augcorbin", "ldpfl"):
+    if n is not None and r is not None and cat.randomized_response:
         report["mse_bounds"] = {
             "ldpfl": float(ldpfl_mse(r, ep, n)),
             "corbin_theorem2": float(theorem2_bound(r, ep, n)),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import RecordDict
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 from corbin_fl.server.metrics import client_device, client_devices
 from corbin_fl.server.stages import RoundState
@@ -226,7 +226,7 @@ def privacy_summary(
             num_params,
             max(rounds, 1),
             d=cfg.d if cfg.paired else None,
-            gamma=cfg.gamma if cfg.mechanism == "augcorbin" else None,
+            gamma=cfg.gamma if registry.get(cfg.mechanism).independent_share else None,
             n=clients or None,
             r=r_max,
             planned_rounds=cfg.num_rounds,

@@ -38,7 +38,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
 from corbin_fl.server.metrics import RunFiles
@@ -206,7 +206,7 @@ def run_round(
     if cfg.paired:
         independent: list[int] = []
         to_pair = list(state.sampled)
-        if cfg.mechanism == "augcorbin":
+        if registry.get(cfg.mechanism).independent_share:
             from corbin_fl.mechanisms.pairing import augcorbin_split
 
             independent, to_pair = augcorbin_split(
@@ -408,7 +408,7 @@ def instruction(
     ``corbin`` record holds the stage, the round (also in the group id), the mechanism's settings
     (:data:`corbin_fl.wire.PARAM_KEYS`) and ``body``."""
     params = rt.cfg.to_flower()
-    head = {wire.STAGE: stage, wire.ROUND: rnd, **{k: params[k] for k in wire.PARAM_KEYS}}
+    head = {wire.STAGE: stage, wire.ROUND: rnd, **{k: params[k] for k in wire.param_keys()}}
     content = RecordDict({wire.CFG: ConfigRecord({**head, **body}), **records})
     return Message(content, dst_node_id=nid, message_type=wire.TRAIN, group_id=str(rnd))
 
@@ -455,7 +455,7 @@ def update_instruction(
         nxt = state.next_partner[nid]
         body[wire.NEXT_PARTNER] = nxt
         body[wire.NEXT_PARTNER_PUBKEY] = round_key(rt, state, nxt)
-    if cfg.mechanism == "cq":
+    if registry.get(cfg.mechanism).shared_seed:
         from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
 
         seed = int.from_bytes(cq_seed, "big")

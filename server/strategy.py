@@ -68,20 +68,13 @@ RadiusRule = Callable[[int], "float | dict[str, Any]"]
 """``rule(num_nodes) -> R``, called once when the run starts with the connected nodes; it may also
 return ``{"value": R, "source": "how R was chosen"}``, which the run's summary records."""
 
-_PROTOCOL_FIELDS: Final[frozenset[str]] = frozenset(
+_COMMON_FIELDS: Final[frozenset[str]] = frozenset(
     {
-        "mechanism",
-        "epsilon",
-        "delta",
-        "d",
         "gamma",
-        "p_x",
-        "cr_mode",
         "global_lr",
         "radius_margin",
         "min_radius",
         "range_quantile",
-        "range_mode",
         "seed",
         "min_clients",
         "stage_timeout",
@@ -92,25 +85,20 @@ _PROTOCOL_FIELDS: Final[frozenset[str]] = frozenset(
         "out_dir",
         "resume",
         "checkpoint_patience",
-        "test_z_digest",
-        "ternary_sparsity",
-        "ternary_encoding",
-        "pbm_trials",
-        "rqm_levels",
-        "rqm_q",
-        "imvu_bits",
-        "central_clip",
-        "fedcad_clip",
-        "fedcad_gamma",
-        "fedcad_sigma_diff",
-        "fedcad_diff_init",
-        "fedcad_diff_floor",
         "device",
         "num_rounds",
     }
 )
-"""``RunConfig`` fields that are keywords of :class:`CorBin` (the others describe this project's
-own task: data, model, local training)."""
+"""``RunConfig`` fields that are keywords of :class:`CorBin` besides the mechanism settings that
+every instruction carries (the others describe this project's own task: data, model, local
+training)."""
+
+
+def _protocol_fields() -> frozenset[str]:
+    """Every keyword of :class:`CorBin` that is a ``RunConfig`` key (snake case): the common ones
+    and every mechanism setting an instruction carries (``wire.PARAM_KEYS``: the common keys and
+    every registered mechanism's parameters), derived from the registry now."""
+    return _COMMON_FIELDS | {key.replace("-", "_") for key in wire.param_keys()}
 
 
 class RunFailedError(RuntimeError):
@@ -148,8 +136,9 @@ class CorBin(Strategy):
         ``cr_mode`` (``"relay"``), ``range_mode`` (``"update"``), ``global_lr``, ``gamma``,
         ``p_x``, ``stage_timeout``, ``first_stage_timeout``, ``poll_interval``, ``max_inflight``,
         ``min_clients``, ``wait_for_nodes``, ``out_dir`` (metrics, summary with the privacy
-        report, crash checkpoint), ``resume``, ``checkpoint_patience``, ``seed``, ``device``, the
-        ``ternary_*`` and ``fedcad_*`` settings.
+        report, crash checkpoint), ``resume``, ``checkpoint_patience``, ``seed``, ``device``, and
+        every registered mechanism's parameters (``pbm_trials``, ``fedcad_clip``, ...; the
+        registry's ``Param`` specs).
 
     Raises
     ------
@@ -170,7 +159,7 @@ class CorBin(Strategy):
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise TypeError(f"CorBin wraps a Flower Strategy, got {type(strategy).__name__}")
-        unknown = sorted(set(options) - _PROTOCOL_FIELDS)
+        unknown = sorted(set(options) - _protocol_fields())
         if unknown:
             raise TypeError(f"CorBin got unknown keyword(s) {unknown}")
         rule = update_radius if callable(update_radius) else None

@@ -52,7 +52,7 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 from harness import InProcessGrid, make_cfg, reply_hook, runtime
 from wire_helpers import is_stage, run_plain_round
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.app import train as client_train
 from corbin_fl.client import encode
 from corbin_fl.config import RunConfig
@@ -209,7 +209,13 @@ def test_all_ones_client_shift_on_the_server_path(
     assert bool((e_shift <= lam * r64 * (a + 1.0) / n + tol).all())
 
 
-FLOAT_MECHANISMS = ("gaussian", "laplace", "fedavg", "fedcad")
+FLOAT_MECHANISMS = tuple(
+    name
+    for name, mech in registry.REGISTRY.items()
+    if mech.wire is registry.float32 and not mech.update_only
+)
+"""The registered mechanisms that release float32 values in the layer range (gaussian, laplace,
+fedavg, fedcad; central-gaussian works on the updates only)."""
 
 
 def _poison(kind: str, limit: torch.Tensor, c: torch.Tensor) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -78,9 +79,16 @@ def test_the_app_bundle_imports_only_the_app_and_its_dependencies() -> None:
 
 
 def test_pyproject_defaults_equal_dataclass_defaults() -> None:
+    """Every key of pyproject's table has its RunConfig default (a mechanism's parameter: its
+    registered default); a key missing there can only be a parameter of a mechanism registered
+    later, which takes the default of its registry entry."""
     table = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
-    assert table == RunConfig.defaults()
-    assert set(table) == set(RunConfig.keys())
+    defaults = RunConfig.defaults()
+    assert table == {key: defaults[key] for key in table}
+    assert set(table) <= set(RunConfig.keys())
+    assert set(RunConfig.keys()) - set(table) <= set(registry.param_specs())
+    for key, spec in registry.param_specs().items():
+        assert table.get(key, spec.default) == spec.default, key
     assert RunConfig.from_flower(table) == RunConfig()
 
 

@@ -1,0 +1,147 @@
+"""Privacy categories: what the accounting needs to know about a mechanism, by name.
+
+:mod:`mechanisms.accounting` turns releases into guarantees; which composition and which words
+apply depend only on the mechanism's *category* (:class:`Privacy`): the family of its noise, the
+unit one epsilon bounds, whether it pairs clients, and the few sentences that describe it. The
+accounting holds no list of mechanism names: each mechanism's category is declared once, by the
+component registry (``corbin_fl.registry.register`` calls :func:`declare` with the entry's
+``privacy``), and the accounting looks it up here (:func:`category`). This module is plain data
+(no torch, no Flower, no import of the registry), so the math layer stays free of the protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Family = Literal["pure", "gaussian", "none", "central"]
+"""How the releases of a mechanism compose against an eavesdropper on one uplink (threat model A):
+
+- ``"pure"``: every released parameter is pure ``eps_p``-DP (dominated by randomized response;
+  ``k`` of them compose as ``k``-fold RR);
+- ``"gaussian"``: an analytic Gaussian release at ``(eps_p, delta)`` of one parameter or of one
+  update (:attr:`Privacy.unit`); releases compose exactly as one Gaussian;
+- ``"none"``: no noise at all, no DP against any adversary;
+- ``"central"``: DP-FedAvg's Gaussian sum query: the server adds the noise, so nothing holds on
+  the uplink, and the released models are central-DP.
+"""
+
+FAMILIES: Final[tuple[str, ...]] = ("pure", "gaussian", "none", "central")
+UNITS: Final[tuple[str, ...]] = ("parameter", "update")
+
+
+@dataclass(frozen=True)
+class NoDPText:
+    """The report's sentences of a mechanism without DP (family ``"none"``), per threat model.
+
+    ``a_headline``/``a_guarantee``: an eavesdropper on one uplink; ``b_headline``/``b_guarantee``:
+    the server that sees every upload (also the malicious server's guarantee);
+    ``c_guarantee``: a malicious client, which sees the global model.
+    """
+
+    a_headline: str
+    a_guarantee: str
+    b_headline: str
+    b_guarantee: str
+    c_guarantee: str
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """The privacy category of one mechanism (everything ``privacy_report`` and the ledger use).
+
+    Attributes
+    ----------
+    family : str
+        One of :data:`FAMILIES` (see :data:`Family`).
+    unit : str
+        What one epsilon bounds (:data:`UNITS`): each released parameter, or a client's whole
+        update (Fed-CAD); a per-update release composes once per round, not once per parameter,
+        and keeps its guarantee for any model the server sends.
+    randomized_response : bool
+        Each release is one binary randomized-response bit (LDPQ, CorBinQ's marginal): the report
+        names it so and adds the MSE bounds of Theorems 1-2 when ``n`` and ``r`` are given.
+    paired : bool
+        Releases may be CorBinQ-paired: the pair-joint view of threat model B applies (no DP
+        against the server), and the ledger accepts paired events.
+    independent_share : bool
+        A ``gamma`` fraction of the clients quantizes independently (AugCorBin-FL): the report
+        adds Theorem 3's user-level view against a malicious client, and ``gamma = 1`` means no
+        client is paired.
+    release : str
+        How one release is randomized, as the report's threat-model-A sentence says it
+        (``"released parameter carries Laplace noise"``). Empty for a pure mechanism means
+        ``"released parameter is one symbol of <name> (exact pure eps_p)"``; for a Gaussian one it
+        is the parenthesis after the guarantee.
+    caveat_a, caveat_b : str
+        Sentences appended to the guarantees against threat models A and B (what the accounting
+        leaves out, e.g. Fed-CAD's E[Diff] estimate); empty for none.
+    method_note : str
+        The report's "(A) ..." note on how the numbers were obtained; empty takes the family's.
+    no_dp : NoDPText or None
+        The sentences of a mechanism of family ``"none"`` (required there, unused elsewhere).
+    """
+
+    family: Family
+    unit: str = "parameter"
+    randomized_response: bool = False
+    paired: bool = False
+    independent_share: bool = False
+    release: str = ""
+    caveat_a: str = ""
+    caveat_b: str = ""
+    method_note: str = ""
+    no_dp: NoDPText | None = None
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+        if (self.family == "none") != (self.no_dp is not None):
+            raise ValueError('no_dp texts are given exactly for family "none"')
+        if (self.paired or self.randomized_response) and self.family != "pure":
+            raise ValueError("paired and randomized-response releases are pure eps_p-DP")
+        if self.independent_share and not self.paired:
+            raise ValueError("an independent share needs a paired mechanism")
+
+    @property
+    def local_dp(self) -> bool:
+        """Every release is DP at the client (families ``"pure"`` and ``"gaussian"``)."""
+        return self.family in ("pure", "gaussian")
+
+
+_DECLARED: dict[str, Privacy] = {}
+
+
+def declare(name: str, privacy: Privacy) -> None:
+    """Declare the category of mechanism ``name`` (the component registry does, once per name)."""
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"expected a Privacy, got {type(privacy).__name__}")
+    _DECLARED[name] = privacy
+
+
+def withdraw(name: str) -> None:
+    """Forget the category of ``name`` (a mechanism unregistered again, e.g. by a test)."""
+    _DECLARED.pop(name, None)
+
+
+def declared() -> tuple[str, ...]:
+    """The names with a declared category, in declaration order."""
+    return tuple(_DECLARED)
+
+
+def category(name: str) -> Privacy:
+    """The declared category of ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` has none (the message lists the declared names).
+    """
+    try:
+        return _DECLARED[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown mechanism {name!r}; expected one of {', '.join(_DECLARED)}"
+        ) from None
