@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corbin_fl.experiments import plots
-from corbin_fl.experiments.report import Target, write_federated_report, write_mse_report
+from corbin_fl.experiments.report import Target, write_federated_report
 from corbin_fl.experiments.results import (
     RunResult,
     group_results,
@@ -244,8 +244,7 @@ def run_mse(
     progress: bool = True,
     console: object | None = None,
 ) -> Outcome:
-    """Measure the quantizer MSE (saved as ``mse_grid.npz``, ``mse_real.npz``, so that
-    :func:`finalize_mse` redraws without sampling again), then write every output."""
+    """Measure the quantizer MSE (:func:`experiments.mse.measure`), then write every output."""
     from corbin_fl.experiments import mse
 
     if spec.kind != "mse" or spec.mse is None:
@@ -254,20 +253,13 @@ def run_mse(
     root.mkdir(parents=True, exist_ok=True)
     view = _progress(progress, console)
     bar = view.add_task("runs to do", total=1)
-
-    def step(description: str) -> Callable[[int, int], None]:
-        return lambda d, t: view.update(bar, description=description, completed=d, total=t)
-
     with view:
-        grid = mse.measure_grid(
-            spec.mse, spec.seeds, device=device, on_step=step("grid (eps x seed)")
+        mse.measure(
+            spec,
+            root,
+            device=device,
+            on_step=lambda what, d, t: view.update(bar, description=what, completed=d, total=t),
         )
-        mse.save_measurement(root / "mse_grid.npz", grid)
-        if spec.mse.real_weights is not None:
-            real = mse.measure_real_weights(
-                spec.mse, spec.seeds[0], device=device, on_step=step("real weights (train, eps)")
-            )
-            mse.save_measurement(root / "mse_real.npz", real)
     outcome = Outcome(total=1, executed=1)
     outcome.targets, outcome.report = finalize_mse(spec, results_root)
     return outcome
@@ -278,33 +270,7 @@ def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target]
     from corbin_fl.experiments import mse
 
     root = Path(results_root) / spec.name
-    if not (root / "mse_grid.npz").is_file():
-        logger.warning("%s: no measurement yet; nothing to report", spec.name)
-        return [], None
-    assert spec.mse is not None
-    grid = mse.load_measurement(root / "mse_grid.npz")
-    real = (
-        mse.load_measurement(root / "mse_real.npz") if (root / "mse_real.npz").is_file() else None
-    )
-    assert isinstance(grid, mse.GridMSE) and not isinstance(real, mse.GridMSE)
-    mse.write_grid_csv(root / "mse_grid.csv", grid)
-    if real is not None:
-        mse.write_real_csv(root / "mse_real_weights.csv", real)
-    heat = spec.mse.heatmap_epsilons
-    draw = {
-        "mse-heatmap": lambda: plots.mse_heatmaps_figure(grid, heat),
-        "mse-vs-epsilon": lambda: plots.mse_vs_epsilon_figure(grid),
-        "mse-real-weights": lambda: plots.mse_real_weights_figure(real),  # type: ignore[arg-type]
-    }
-    figures = {
-        name: plots.save(draw[name](), root / "figures" / f"{name}.png")
-        for name in spec.figures
-        if name != "mse-real-weights" or real is not None
-    }
-    targets = write_mse_report(
-        root / "report.md", spec, grid, real, figures, command=_command(spec, results_root)
-    )
-    return targets, root / "report.md"
+    return mse.finalize(spec, root, _command(spec, results_root))
 
 
 def remove_experiment(spec: ExperimentSpec, results_root: Path) -> None:

@@ -7,7 +7,7 @@ at least ``MIN_Y_SPAN`` points and ``STD_SPAN`` seed stds, so seed noise does no
 trend); a legend entry for every line, each mechanism with its privacy guarantee and the threat
 models of SECURITY.md it holds against (:data:`THREAT_NOTE` keys the letters). Federated figures
 draw the lambda-selected settings (:func:`experiments.results.group_results`); the MSE figures
-(paper Fig. 4) the arrays of :mod:`experiments.mse`. ``*_figure`` builds a figure, :func:`save`
+are in :mod:`experiments.mse`. ``*_figure`` builds a figure, :func:`save`
 writes it.
 """
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from corbin_fl.experiments.mse import GridMSE, RealWeightsMSE
     from corbin_fl.experiments.results import RunValue
 
 logger = logging.getLogger(__name__)
@@ -634,120 +633,4 @@ def accuracy_vs_bits_figure(
     # Then the legend beside the panels, once title and caption are wrapped to their width.
     fig.legend(list(handles.values()), labels, fontsize=7, loc="outside right center")
     fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)
-    return fig
-
-
-QUANTIZER_NOTE = (
-    f"CorBinQ: ε_p per parameter vs one uplink (A) only, no DP vs the server (B); LDPQ: "
-    f"ε_p-LDP per parameter vs A and B; {THREAT_NOTE}"
-)
-"""The guarantees of the two quantizers of the MSE figures, in their captions."""
-
-
-def _grid_title(what: str, grid: GridMSE) -> str:
-    return (
-        f"{what}\nfixed: center c={grid.center:g}, radius r={grid.radius:g}, d={grid.d}, "
-        f"{grid.samples_per_seed} samples per point and seed, seeds "
-        f"{', '.join(map(str, grid.seeds))}"
-    )
-
-
-def mse_heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
-    """Heat maps of the pair MSE over ``(w1, w2)``, CorBinQ and LDPQ, measured and closed
-    form, one row (one colour scale) per eps of ``epsilons`` (paper Fig. 4)."""
-    rows = [grid.eps_index(e) for e in epsilons]
-    if not rows:
-        raise ValueError("no eps_p to draw heat maps for")
-    fig, axes = _figure(4 * len(rows), 4, w=3.4, h=3.0)
-    w = grid.w
-    half = (w[1] - w[0]) / 2 if len(w) > 1 else 0.5
-    extent = (w[0] - half, w[-1] + half, w[0] - half, w[-1] + half)
-    heat: dict[str, Any] = {"origin": "lower", "extent": extent, "cmap": "viridis", "vmin": 0.0}
-    for r, k in enumerate(rows):
-        panels = [
-            (getattr(grid, f"{q}_{part}")[k], f"{name} {what}")
-            for q, name in (("corbin", "CorBinQ"), ("ldpq", "LDPQ"))
-            for part, what in (("measured", "measured"), ("closed", "closed form"))
-        ]
-        vmax = float(max(np.max(p) for p, _ in panels))
-        row = axes[4 * r : 4 * r + 4]
-        for ax, (data, name) in zip(row, panels, strict=True):
-            im = ax.imshow(data.T, vmax=vmax, aspect="equal", **heat)
-            ax.set(xlabel="$w_1$", ylabel="$w_2$")
-            ax.set_title(f"{name}, ε_p={grid.epsilons[k]:g}", fontsize=9)
-        fig.colorbar(im, ax=row, shrink=0.8, label="pair MSE")
-    _annotate(
-        fig,
-        _grid_title("Pair MSE of CorBinQ and LDPQ over the weight pair (w1, w2)", grid),
-        "measured: empirical pair MSE, samples pooled over seeds; closed form: "
-        "mechanisms.theory (corbin_pair_mse, ldpq_pair_mse) at the same (w1, w2); one colour "
-        f"scale per row (per ε_p). {QUANTIZER_NOTE}",
-    )
-    return fig
-
-
-def mse_vs_epsilon_figure(grid: GridMSE) -> Figure:
-    """Grid-averaged pair MSE vs eps_p, measured (± 3 SE) and closed form (left), and the
-    ratio CorBinQ / LDPQ with the 1/2 line of the target check (right)."""
-    fig, (ax, ax2) = _figure(2, 2, w=5.0)
-    eps = np.asarray(grid.epsilons)
-    cm, cse = grid.grid_mean("corbin")
-    lm, lse = grid.grid_mean("ldpq")
-    cc = grid.corbin_closed.mean(axis=(1, 2))
-    lc = grid.ldpq_closed.mean(axis=(1, 2))
-    ax.errorbar(eps, cm, yerr=3 * cse, fmt="o", capsize=3, label="CorBinQ measured (±3 SE)")
-    ax.plot(eps, cc, "-", label="CorBinQ closed form")
-    ax.errorbar(eps, lm, yerr=3 * lse, fmt="s", capsize=3, label="LDPQ measured (±3 SE)")
-    ax.plot(eps, lc, "--", label="LDPQ closed form")
-    ax.set(yscale="log", ylabel="pair MSE, mean over $(w_1, w_2)$ grid")
-    ax2.plot(eps, cm / lm, "o", label="measured")
-    ax2.plot(eps, cc / lc, "-", label="closed form")
-    ax2.axhline(0.5, color="grey", linestyle=":", label="1/2: target CorBinQ ≤ LDPQ / 2")
-    ax2.set_ylabel("MSE ratio CorBinQ / LDPQ")
-    for a in (ax, ax2):
-        a.set(xscale="log", xlabel="PLDP budget $\\epsilon_p$ (per parameter)")
-        a.grid(alpha=0.3, which="both")
-        a.legend(fontsize=7)
-    _annotate(
-        fig,
-        _grid_title("Grid-averaged pair MSE vs ε_p", grid),
-        "error bars: ± 3 standard errors of the grid-averaged MSE (samples pooled over seeds); "
-        f"right: ratio of the grid averages. {QUANTIZER_NOTE}",
-    )
-    return fig
-
-
-def mse_real_weights_figure(real: RealWeightsMSE) -> Figure:
-    """Per-parameter pair MSE on real CNN weights, per layer: CorBinQ vs LDPQ (measured ± 3 SE
-    and closed form), one panel per eps_p (log scale; error bars clipped at zero)."""
-    eps = list(real.epsilons)
-    if not eps:
-        raise ValueError("the real-weights measurement has no eps_p")
-    fig, axes = _figure(len(eps), 3, w=max(4.0, 0.45 * len(real.layers) + 2.0))
-    x = np.arange(len(real.layers))
-    width = 0.4
-
-    def err(mean: np.ndarray, se: np.ndarray) -> np.ndarray:
-        return np.vstack([np.minimum(3 * se, 0.99 * mean), 3 * se])
-
-    for k, ax in enumerate(axes):
-        cm, cs = real.corbin_measured[k], real.corbin_se[k]
-        lm, ls = real.ldpq_measured[k], real.ldpq_se[k]
-        ax.bar(x - width / 2, cm, width, yerr=err(cm, cs), capsize=2, label="CorBinQ measured")
-        ax.bar(x + width / 2, lm, width, yerr=err(lm, ls), capsize=2, label="LDPQ measured")
-        ax.plot(x - width / 2, real.corbin_closed[k], "kD", ms=3, zorder=5, label="closed form")
-        ax.plot(x + width / 2, real.ldpq_closed[k], "kD", ms=3, zorder=5)
-        ax.set(yscale="log", ylabel="pair MSE per parameter")
-        ax.set_xticks(x, real.layers, rotation=45, ha="right", fontsize=7)
-        ax.set_title(f"ε_p={eps[k]:g}", fontsize=9)
-        ax.grid(axis="y", alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    _annotate(
-        fig,
-        "Per-parameter pair MSE on two clients' trained CNN weights, per layer\nfixed: "
-        f"d={real.d}, c_j and r_j = midpoint and half-range of layer j over both clients, "
-        f"{real.repeats} quantization repeats",
-        "error bars: ± 3 standard errors over the repeats (clipped at zero on the log axis); "
-        f"'all': every parameter of the model. {QUANTIZER_NOTE}",
-    )
     return fig

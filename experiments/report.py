@@ -12,9 +12,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-import numpy as np
 from scipy import stats
 
 from corbin_fl.experiments.plots import THREAT_MODELS
@@ -28,9 +27,6 @@ from corbin_fl.experiments.results import (
 )
 from corbin_fl.experiments.spec import ExperimentSpec
 from corbin_fl.fsio import atomic_write_text
-
-if TYPE_CHECKING:  # typing only: a federated report must not import torch
-    from corbin_fl.experiments.mse import GridMSE, RealWeightsMSE
 
 Status = Literal["PASS", "MISS", "not resolved", "N/A"]
 
@@ -50,16 +46,6 @@ TARGET_RULE = (
     "difference, its standard error (SE), its interval and the degrees of freedom (df)."
 )
 """The rule of the target checks, stated above their table in every federated report."""
-
-MSE_TARGET_RULE = (
-    "The agreement target passes when every measured average is within 3 standard errors of "
-    "its closed form (|z| <= 3). The ratio target reads the two-sided "
-    f"{100 * CONFIDENCE:g}% normal interval of the measured ratio (delta-method SE from the "
-    "standard errors of the two MSEs): **PASS** when the whole interval lies below 1/2, **MISS** "
-    "when it lies above, **not resolved** when it contains 1/2; with several comparisons a MISS "
-    "if one misses, else not resolved if one is not resolved, else PASS."
-)
-"""The rule of the MSE target checks, stated above their table in the MSE report."""
 
 
 @dataclass(frozen=True)
@@ -239,70 +225,6 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
             "no CorBin eps_p = 1 / FedAvg pair",
         ),
     ]
-
-
-def mse_targets(grid: GridMSE | None, real: RealWeightsMSE | None) -> list[Target]:
-    """The two MSE targets: measured within 3 SE of the closed form; CorBinQ <= LDPQ / 2 at
-    eps_p = 0.5 (grid average, and on real weights when measured)."""
-    name = "pair MSE measured within 3 SE of the closed form"
-    if grid is None:
-        return [Target(name, "N/A", "no grid")]
-    worst: dict[str, tuple[float, str]] = {}  # part -> the largest |z| and its numbers
-
-    def check(part: str, quantizer: str, epsilons: Sequence[float], *arrays: np.ndarray) -> None:
-        meas, se, closed = arrays
-        for k, eps in enumerate(epsilons):
-            z = (meas[k] - closed[k]) / se[k] if se[k] > 0 else 0.0
-            if abs(z) >= abs(worst.get(part, (0.0, ""))[0]):
-                worst[part] = (z, f"{quantizer} eps={eps:g}: {meas[k]:.5g} vs {closed[k]:.5g}")
-
-    for which, quantizer in (("corbin", "CorBinQ"), ("ldpq", "LDPQ")):
-        closed = getattr(grid, f"{which}_closed").mean(axis=(1, 2))
-        check("grid", quantizer, grid.epsilons, *grid.grid_mean(which), closed)
-    if real is not None:
-        for which, quantizer in (("corbin", "CorBinQ"), ("ldpq", "LDPQ")):
-            last = [getattr(real, f"{which}_{a}")[:, -1] for a in ("measured", "se", "closed")]
-            check("real weights", quantizer, real.epsilons, *last)
-    n_checks = 2 * len(grid.epsilons) * (2 if real is not None else 1)
-    detail = f"{n_checks} averages (grid; real weights) checked; largest |z|: " + "; ".join(
-        f"{part}: z={z:+.2f} ({what})" for part, (z, what) in worst.items()
-    )
-    agree: Status = "PASS" if all(abs(z) <= 3.0 for z, _ in worst.values()) else "MISS"
-    targets = [_check(name, [(agree, detail)], "")]
-    name = "CorBinQ MSE <= LDPQ MSE / 2 at eps_p = 0.5"
-    try:
-        k = grid.eps_index(0.5)
-    except KeyError:
-        return [*targets, Target(name, "N/A", "eps_p = 0.5 not measured")]
-    (cm, cse), (lm, lse) = (grid.grid_mean(which) for which in ("corbin", "ldpq"))
-    closed_ratio = grid.corbin_closed[k].mean() / grid.ldpq_closed[k].mean()
-    ratio = _ratio(float(cm[k]), float(cse[k]), float(lm[k]), float(lse[k]))
-    checks = [
-        (
-            verdict(ratio, 0.5, "below"),
-            f"grid average: {cm[k]:.5g} / {lm[k]:.5g} = {ratio.value:.3f} "
-            f"({ratio.fmt(3)}; closed form {closed_ratio:.3f})",
-        )
-    ]
-    if real is not None and 0.5 in real.epsilons:
-        kr = real.epsilons.index(0.5)
-        rr = _ratio(
-            *(
-                float(getattr(real, f"{w}_{a}")[kr, -1])
-                for w in ("corbin", "ldpq")
-                for a in ("measured", "se")
-            )
-        )
-        checks.append(
-            (verdict(rr, 0.5, "below"), f"real weights: ratio {rr.value:.3f} ({rr.fmt(3)})")
-        )
-    return [*targets, _check(name, checks, "")]
-
-
-def _ratio(a: float, se_a: float, b: float, se_b: float) -> Difference:
-    """``a / b`` with its delta-method standard error and normal interval."""
-    ratio = a / b
-    return Difference.normal(ratio, abs(ratio) * math.hypot(se_a / a, se_b / b))
 
 
 def render_targets(targets: Sequence[Target]) -> str:
@@ -519,103 +441,6 @@ def write_federated_report(
         "- `groups.csv`: one row per setting at its chosen lambda",
         "- `runs/<run-id>/`: `metrics.jsonl`, `summary.json` (with the runner's `run` record), "
         "`app/` (the app's own output)",
-        "",
-    ]
-    atomic_write_text(path, "\n".join(lines))
-    return targets
-
-
-def write_mse_report(
-    path: Path,
-    spec: ExperimentSpec,
-    grid: GridMSE,
-    real: RealWeightsMSE | None,
-    figures: Mapping[str, Path],
-    *,
-    command: str,
-) -> list[Target]:
-    """Write ``report.md`` of the quantizer-MSE experiment; return the target checks."""
-    assert spec.mse is not None
-    m = spec.mse
-    lines = [
-        *_header(spec, command),
-        "## Setup",
-        "",
-        f"- center c = {m.center:g}, radius r = {m.radius:g}, shared bits d = {m.d}",
-        f"- grid: {m.grid_points} x {m.grid_points} points (w1, w2) in [c - r, c + r]^2",
-        f"- draws: {m.samples} per point per seed; seeds {list(grid.seeds)}",
-        "- pair MSE = E[(Q1(w1) + Q2(w2) - w1 - w2)^2]; CorBinQ = Alg. 2 (lead rule for w1, "
-        "follow rule for w2, one uniform codeword z in [0, 2^d)); LDPQ = two independent Alg. 1",
-        "- closed forms: `mechanisms.theory.corbin_pair_mse` (exact, finite d) and "
-        "`mechanisms.theory.ldpq_pair_mse`",
-        "",
-        "## Grid-averaged pair MSE",
-        "",
-        "Measured: mean ± std over seeds of the grid average (pooled SE in parentheses); "
-        "z = (measured - closed) / SE; 'points within 3 SE' counts the grid points whose "
-        "measured MSE is within 3 SE of the closed form.",
-        "",
-    ]
-    quantizers = (("corbin", "CorBinQ"), ("ldpq", "LDPQ"))
-    means = {which: grid.grid_mean(which) for which, _ in quantizers}
-    closed = {which: getattr(grid, f"{which}_closed") for which, _ in quantizers}
-    within = {which: np.abs(grid.z_scores(which)) <= 3 for which, _ in quantizers}
-    rows = []
-    for k, eps in enumerate(grid.epsilons):
-        row = [f"{eps:g}"]
-        for which, _ in quantizers:
-            (mean, se), c = means[which], closed[which][k].mean()
-            row += [
-                f"{grid.seed_stat(which, k).fmt(scale=1.0, digits=5)} ({se[k]:.2g})",
-                f"{c:.5g}",
-                f"{(mean[k] - c) / se[k]:+.2f}" if se[k] > 0 else "0",
-            ]
-        ratio = means["corbin"][0][k] / means["ldpq"][0][k]
-        closed_ratio = closed["corbin"][k].mean() / closed["ldpq"][k].mean()
-        row += [
-            f"{ratio:.3f} ({closed_ratio:.3f})",
-            f"{np.mean(within['corbin'][k]):.1%} / {np.mean(within['ldpq'][k]):.1%}",
-        ]
-        rows.append(row)
-    header = [h for _, q in quantizers for h in (f"{q} measured", f"{q} closed", "z")]
-    points = "points within 3 SE (CorBinQ / LDPQ)"
-    lines.append(_table(["eps_p", *header, "ratio measured (closed)", points], rows))
-    if real is not None:
-        rw = m.real_weights
-        assert rw is not None
-        lines += [
-            "",
-            "## Pair MSE on real model weights",
-            "",
-            f"Two clients trained `{rw.model}` on `{rw.dataset}` for {rw.local_epochs} local "
-            f"epoch(s) (batch {rw.batch_size}, IID partitions 0 and 1 of {rw.num_partitions}) "
-            "from the same initial weights; per-layer c and r from the layer-wise min/max over "
-            f"both clients; {real.repeats} quantizations per eps. Per-parameter pair MSE, "
-            "measured ± SE (closed form):",
-            "",
-        ]
-        rows = [
-            [name, str(real.sizes[li]), f"{real.radius[li]:.3g}"]
-            + [
-                f"{real.corbin_measured[k, li]:.4g} ± {real.corbin_se[k, li]:.1g} "
-                f"({real.corbin_closed[k, li]:.4g}) / {real.ldpq_measured[k, li]:.4g} "
-                f"({real.ldpq_closed[k, li]:.4g})"
-                for k in range(len(real.epsilons))
-            ]
-            for li, name in enumerate(real.layers)
-        ]
-        header = ["layer", "params", "r (all: max)"]
-        lines.append(
-            _table([*header, *(f"CorBinQ / LDPQ, eps={e:g}" for e in real.epsilons)], rows)
-        )
-    lines += _figures(figures, Path(path).parent)
-    targets = mse_targets(grid, real)
-    lines += ["", "## Quick-scale targets", "", MSE_TARGET_RULE, "", render_targets(targets), ""]
-    lines += [
-        "## Files",
-        "",
-        "- `mse_grid.csv`: per (eps, w1, w2): measured mean, SE and closed form, both quantizers",
-        "- `mse_real_weights.csv`: per (eps, layer): per-parameter pair MSE" if real else "",
         "",
     ]
     atomic_write_text(path, "\n".join(lines))

@@ -29,19 +29,19 @@ from fake_experiments import (
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, RunConfig
 from corbin_fl.experiments import cli as ex
-from corbin_fl.experiments import plots
+from corbin_fl.experiments import mse, plots
 from corbin_fl.experiments.mse import (
     GridMSE,
     load_measurement,
     measure_grid,
     measure_real_weights,
+    mse_targets,
     save_measurement,
 )
 from corbin_fl.experiments.report import (
     TARGET_RULE,
     Difference,
     federated_targets,
-    mse_targets,
     verdict,
 )
 from corbin_fl.experiments.results import (
@@ -1006,12 +1006,12 @@ def test_mse_figures_state_their_fixed_settings_and_error_bars() -> None:
         heatmap_epsilons=(0.5,),
     )  # fmt: skip
     grid = measure_grid(mse_spec, seeds=(0, 1), device="cpu")
-    for fig in (plots.mse_vs_epsilon_figure(grid), plots.mse_heatmaps_figure(grid, (0.5,))):
+    for fig in (mse.vs_epsilon_figure(grid), mse.heatmaps_figure(grid, (0.5,))):
         title, caption = _texts(fig)
         fixed = "fixed: center c=0.1, radius r=0.4, d=3, 200 samples per point and seed, seeds 0, 1"
         assert fixed in _flat(title)
         assert caption
-    fig = plots.mse_vs_epsilon_figure(grid)
+    fig = mse.vs_epsilon_figure(grid)
     assert "± 3 standard errors" in _texts(fig)[1]
     assert "1/2: target CorBinQ ≤ LDPQ / 2" in _legend_texts(fig)
 
