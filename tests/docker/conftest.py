@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from docker_helpers import IMAGES, BuiltImages, Docker
+from docker_helpers import IMAGES, N_CLIENTS, BuiltImages, Docker
+from waits import ClientAppTiming, measure_clientapp
 
 DOCKER_DIR = Path(__file__).resolve().parent
 
@@ -138,6 +139,13 @@ def images(docker_cli: Docker, tmp_path_factory: pytest.TempPathFactory) -> Buil
             print(line)
     print(f"images built in {seconds:.0f} s")
     return BuiltImages(names=IMAGES, marker=marker, seconds=seconds)
+
+
+@pytest.fixture(scope="session")
+def clientapp_probe() -> ClientAppTiming:
+    """One ClientApp probe (a first update of partition 0 of 3 with the app's defaults) per
+    session: the waits of every deployment of this layer are derived from it."""
+    return measure_clientapp({}, N_CLIENTS)
 
 
 @pytest.fixture(scope="session")

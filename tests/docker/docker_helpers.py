@@ -17,6 +17,9 @@ IMAGES = (
     f"corbin-fl/clientapp:{IMAGE_TAG}-cpu",
 )
 """The images docker-compose.yml starts (CPU ClientApp variant), as build-images.sh tags them."""
+N_CLIENTS = 3
+"""Clients of every deployment of this layer (the demo, the TLS override, separate machines), as
+docs/DOCKER.md has them: partitions 0, 1, 2 of 3."""
 
 
 @dataclass(frozen=True)

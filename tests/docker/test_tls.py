@@ -6,7 +6,8 @@ registered with ``docker/certs/register-nodes.sh``; then the three clients. Chec
 
 - a run of the guide's ``flwr run . docker-tls --stream`` command completes one round with all
   three authenticated clients;
-- a SuperNode that does not trust the deployment's CA cannot connect (it gives up, TLS error).
+- a SuperNode that does not trust the deployment's CA cannot connect (it gives up, TLS error);
+- a SuperNode whose public key is not registered is refused and not listed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from docker_helpers import REPO, BuiltImages, Docker, wait_for
-from waits import ClientAppTiming, measure_clientapp
+from waits import ClientAppTiming
 
 N_CLIENTS = 3
 FILES = ["docker-compose.yml", "docker-compose.tls.yml"]
@@ -72,6 +73,7 @@ def tls(
     images: BuiltImages,
     project_cleanup: list[list[str]],
     tmp_path_factory: pytest.TempPathFactory,
+    clientapp_probe: ClientAppTiming,
 ) -> Iterator[Tls]:
     """Part B steps 1-3 with the SuperLink on a free port; every service healthy."""
     if shutil.which("ssh-keygen") is None:
@@ -91,7 +93,7 @@ def tls(
         f'address = "127.0.0.1:{port}"\nroot-certificates = "{certs / "ca" / "ca.crt"}"\n'
     )
     project_cleanup.append([arg for f in FILES for arg in ("-f", f)])
-    probe = measure_clientapp({}, N_CLIENTS)
+    probe = clientapp_probe
     services = compose.compose(FILES, "config", "--services").split()
     healthy_wait = probe.startup_timeout(len(services)) * len(services)
     compose.compose(FILES, "up", "-d", "superlink", "serverapp", timeout=900)
@@ -199,3 +201,28 @@ def test_supernode_that_does_not_trust_the_ca_cannot_connect(tls: Tls) -> None:
     assert "Failed to activate SuperNode" not in out, out[-3000:]  # it never got that far
     assert "UNAVAILABLE" in out or "CERTIFICATE_VERIFY_FAILED" in out, out[-3000:]
     print(f"untrusting SuperNode: exit {node.returncode}")
+
+
+def test_supernode_with_an_unregistered_key_is_refused(tls: Tls) -> None:
+    """A SuperNode that trusts the CA and holds the deployment's runtime certificate and secret,
+    but signs in with a key that was never registered, is refused by the SuperLink (Flower:
+    "Exit Code: 305 ... Failed to activate SuperNode") and never listed."""
+    unregistered = tls.other / "unregistered"
+    unregistered.mkdir()
+    for name in ("ca.crt", "runtime.pem", "runtime.key", "superexec.secret"):
+        shutil.copy(tls.certs / "node-1" / name, unregistered / name)
+    shutil.copy(tls.other / "node-1" / "node.key", unregistered / "node.key")
+    _give_to_containers(unregistered)
+    node = _lone_supernode(tls, "corbin-fl-unregistered", unregistered)
+    try:
+        out, _ = node.communicate(timeout=600)
+    finally:
+        if node.poll() is None:
+            node.kill()
+    # Flower reports its exit code 305; the container's own exit status is not 305 (1 here).
+    assert node.returncode != 0, out[-3000:]
+    assert "Exit Code: 305" in out and "Failed to activate SuperNode" in out, out[-3000:]
+    env = {**tls.compose.env, "FLWR_HOME": str(tls.home)}
+    listed = Docker(env=env).run("flwr", "supernode", "list", "--format", "json").stdout
+    assert len(json.loads(listed)["nodes"]) == N_CLIENTS, listed
+    print(f"unregistered SuperNode: exit {node.returncode}")
