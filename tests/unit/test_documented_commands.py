@@ -42,6 +42,8 @@ _DOCKERFILES = "tests/unit/test_dockerfiles.py::"
 _IMAGES = f"{_DOCKER}conftest.py::images"
 _DEMO = f"{_DOCKER}test_demo.py::demo"
 _DEMO_RUN = f"{_DOCKER}test_demo.py::test_documented_run_learns_through_a_kill_and_a_rejoin"
+_MACHINES = f"{_DOCKER}test_machines.py::machines"
+_MACHINES_RUN = f"{_DOCKER}test_machines.py::test_documented_run_learns_through_a_superlink_restart"
 
 COVERAGE: Final[list[tuple[str, str, str]]] = [
     # (document, regex of a whole command line, the test that runs or checks it)
@@ -105,12 +107,13 @@ COVERAGE: Final[list[tuple[str, str, str]]] = [
         r"flower-super(link|node) .*|flwr (run \. quickstart --stream|ls quickstart)",
         _QS_DEP,
     ),
-    # --- docs/DOCKER.md: Parts A and B on a real engine (tests/docker, `pytest -m docker`), the
-    # GPU overrides and Part C (separate machines) statically on the rendered compose files
+    # --- docs/DOCKER.md: Parts A, B and C on a real engine (tests/docker, `pytest -m docker`;
+    # Part C's machines are compose projects on separate networks), the GPU overrides and the
+    # copying between machines (ssh, scp) statically on the rendered compose files
     ("docs/DOCKER.md", r"(sudo )?docker/(build-images|bases/make-local-bases)\.sh.*", _IMAGES),
     ("docs/DOCKER.md", r"docker compose (up -d|ps|down)", _DEMO),
     ("docs/DOCKER.md", r"flwr run \. docker --stream .*", _DEMO_RUN),
-    ("docs/DOCKER.md", r"docker (kill|compose (ps -a|logs -f)) .*", _DEMO_RUN),
+    ("docs/DOCKER.md", r"docker (kill corbin-fl-supernode-|compose (ps -a|logs -f) ).*", _DEMO_RUN),
     (
         "docs/DOCKER.md",
         r"docker compose (exec|cp) serverapp.*",
@@ -133,33 +136,39 @@ COVERAGE: Final[list[tuple[str, str, str]]] = [
     (
         "docs/DOCKER.md",
         r"docker/certs/make-certs\.sh -n 3 \S+ \S+",
-        f"{_DOCKERFILES}test_make_certs_subject_alt_names",
+        _MACHINES,
     ),
     (
         "docs/DOCKER.md",
         r"docker compose -f docker-compose\.server\.yml .*",
-        f"{_COMPOSE}test_server_compose_is_tls_only",
+        _MACHINES,
     ),
     (
         "docs/DOCKER.md",
-        r"(ssh|scp) .*client1\.example\.org.*|sudo chown -R 49999:49999 docker/certs/node"
-        r"|docker compose -f docker-compose\.client\.yml (--env-file|logs) .*",
+        r"(ssh|scp) .*client1\.example\.org.*",
         f"{_COMPOSE}test_client_compose_takes_its_settings_from_env",
     ),
     (
         "docs/DOCKER.md",
+        r"sudo chown -R 49999:49999 docker/certs/node"
+        r"|docker compose -f docker-compose\.client\.yml (--env-file|logs) .*",
+        _MACHINES,
+    ),
+    (
+        "docs/DOCKER.md",
         r"cp docker/\.env\.example docker/\.env",
-        f"{_COMPOSE}test_client_config_valid_with_env_example",
+        _MACHINES,
     ),
     (
         "docs/DOCKER.md",
         r"docker/certs/register-nodes\.sh prod .*",
-        f"{_DOCKERFILES}test_register_nodes_argument_errors",
+        _MACHINES,
     ),
     (
         "docs/DOCKER.md",
-        r"flwr run \. prod --stream .*",
-        f"{_DOCKERFILES}test_documented_run_config_keys_exist",
+        r"flwr run \. prod --stream .*|docker kill corbin-fl-server-superlink-1"
+        r"|flwr log <RUN_ID> prod --stream",
+        _MACHINES_RUN,
     ),
 ]
 

@@ -1,0 +1,380 @@
+"""docs/DOCKER.md Part C on a real engine: separate machines, and the SuperLink restarted mid-run.
+
+The server machine is the compose project of ``docker-compose.server.yml``; each of the three
+client machines is its own project of ``docker-compose.client.yml`` (``-p corbin-fl-client-K``,
+the one addition a shared host needs), every project on its own Docker networks with explicit,
+distinct subnets. No network joins a client to the server: a SuperNode reaches the SuperLink only
+through its published port on this host's address, as a remote machine would, and that address
+is in the SuperLink's certificate. The guide's commands are parsed from the document and run with
+the test's paths, port and address: make-certs.sh with the server's address, the server's
+``up -d`` with its settings file, register-nodes.sh, each client's settings (from
+``docker/.env.example``) and ``up -d``, then ``flwr run . prod --stream``. Checks:
+
+- the machines share no network; every subnet is the one the settings gave;
+- the run learns (the demo's floor) through a SuperLink killed with ``docker kill`` once round 1
+  is recorded and started again with the guide's ``up -d`` and its state volume: what Flower 1.41
+  does (the run, the registered nodes and the messages are in the SuperLink's database; the
+  ServerApp executor and the SuperNodes retry until it is back) is that the run goes on and ends
+  ``finished:completed``, every round recorded with every client, nothing dropped; the operator's
+  ``flwr run --stream`` does not wait (it ends, saying the SuperLink is unavailable), and the
+  guide's ``flwr log <RUN_ID> prod --stream`` follows the run again to its end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docker_helpers import N_CLIENTS, REPO, BuiltImages, Docker, wait_for
+from waits import ClientAppTiming
+
+DEMO_MIN_ACCURACY = 0.5
+"""As tests/docker/test_demo.py: chance is 0.1, the app's defaults reach about 0.85 in 2 rounds."""
+ROUNDS = 3
+"""Round 1 before the SuperLink is killed, round 2 across its restart, round 3 after it."""
+SERVER, CLIENT = "docker-compose.server.yml", "docker-compose.client.yml"
+SERVER_SUBNETS = {"CORBIN_FL_SUBNET": "10.213.2.0/24", "CORBIN_EDGE_SUBNET": "10.213.3.0/24"}
+
+
+def _client_subnets(k: int) -> dict[str, str]:
+    """Client machine ``k``'s subnets (10.213.4-5 for client 1, as docker-compose.client.yml's
+    defaults, then 6-7, 8-9): distinct, as on separate machines."""
+    return {
+        "CORBIN_FL_SUBNET": f"10.213.{2 + 2 * k}.0/24",
+        "CORBIN_EDGE_SUBNET": f"10.213.{3 + 2 * k}.0/24",
+    }
+
+
+def _part_c() -> list[str]:
+    """The command lines of DOCKER.md Part C's ``bash`` blocks (continuations joined)."""
+    doc = (REPO / "docs" / "DOCKER.md").read_text(encoding="utf-8")
+    part = doc.split("## Part C", 1)[1].split("\n## ", 1)[0]
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", part, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                lines.append(" ".join(line.split()))
+    return lines
+
+
+def _documented(prefix: str) -> list[str]:
+    """The Part C command starting with ``prefix`` (once, or repeated as it is), as argv."""
+    (line,) = {c for c in _part_c() if c.startswith(prefix)}
+    return shlex.split(line)
+
+
+def _host_address() -> str:
+    """This host's address as another machine would reach it: the source address of its
+    default route, else the default bridge's gateway (also an address of this host)."""
+    out = subprocess.run(
+        ["ip", "-4", "route", "get", "192.0.2.1"], capture_output=True, text=True, timeout=30
+    )
+    match = re.search(r"\bsrc (\d+\.\d+\.\d+\.\d+)", out.stdout)
+    if match and not match.group(1).startswith("127."):
+        return match.group(1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("192.0.2.1", 9))  # no packet is sent; picks the outgoing address
+        address: str = sock.getsockname()[0]
+        return address
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _settings(path: Path, values: dict[str, str]) -> Path:
+    """``cp docker/.env.example docker/.env`` and set ``values`` in it (added if absent)."""
+    text = (REPO / "docker" / ".env.example").read_text(encoding="utf-8")
+    for key, value in values.items():
+        text, n = re.subn(rf"(?m)^{key}=.*$", f"{key}={value}", text)
+        if n == 0:
+            text += f"{key}={value}\n"
+    path.write_text(text)
+    return path
+
+
+def _in_place(argv: list[str], env_file: Path, project: str | None = None) -> list[str]:
+    """A documented ``docker compose`` command with this machine's settings file (and, for a
+    client on this shared host, its own project name)."""
+    argv = [str(env_file) if a == "docker/.env" else a for a in argv]
+    if project is not None:
+        argv[2:2] = ["-p", project]
+    return argv
+
+
+@dataclass(frozen=True)
+class Machines:
+    """The running server and client machines."""
+
+    docker: Docker
+    server_up: list[str]
+    """The guide's ``docker compose -f docker-compose.server.yml --env-file ... up -d``."""
+    server: list[str]
+    """``docker compose -f docker-compose.server.yml --env-file ...``, for ps/exec."""
+    clients: dict[str, list[str]]
+    """Project name -> ``docker compose -p ... -f docker-compose.client.yml --env-file ...``."""
+    address: str
+    port: int
+    home: Path
+    probe: ClientAppTiming
+
+
+def _ps(docker: Docker, compose: list[str]) -> list[dict[str, Any]]:
+    out = docker.run(*compose, "ps", "--format", "json").stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def _healthy(docker: Docker, compose: list[str], services: int) -> bool:
+    rows = _ps(docker, compose)
+    return len(rows) == services and all(r.get("Health") == "healthy" for r in rows)
+
+
+@pytest.fixture(scope="module")
+def machines(
+    docker_cli: Docker,
+    images: BuiltImages,
+    project_cleanup: list[list[str]],
+    tmp_path_factory: pytest.TempPathFactory,
+    clientapp_probe: ClientAppTiming,
+) -> Iterator[Machines]:
+    """Part C steps 1-6: the server machine, the nodes registered, the three client machines;
+    every service healthy."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.fail("ssh-keygen is missing (apt-get install openssh-client)")
+    base = tmp_path_factory.mktemp("machines")
+    address = _host_address()
+    port = _free_port(address)
+    probe = clientapp_probe
+    healthy_wait = 2 * probe.startup_timeout(2)  # two services per project
+    docker = docker_cli
+
+    # Step 1: the credentials, with the server's public address in its certificate.
+    make_certs = _documented("docker/certs/make-certs.sh -n ")
+    assert make_certs[1:3] == ["-n", str(N_CLIENTS)] and len(make_certs) > 3, make_certs
+    certs = base / "out"
+    docker.run(make_certs[0], "-o", str(certs), "-n", str(N_CLIENTS), address, timeout=300)
+    (chgrp,) = [c for c in _part_c() if c.startswith("sudo chgrp -R 49999 docker/certs/out/")]
+    for part in chgrp.split("&&"):
+        argv = shlex.split(part.replace("docker/certs/out", str(certs)))
+        docker.run(*(argv[1:] if argv[0] == "sudo" else argv))
+
+    # Step 2: the server's settings and `up -d`.
+    server_env = _settings(
+        base / "server.env",
+        {
+            "SUPERLINK_BIND": address,
+            "SUPERLINK_PORT": str(port),
+            "SUPERLINK_CERTS": str(certs / "superlink"),
+            **SERVER_SUBNETS,
+        },
+    )
+    server_up = _in_place(_documented(f"docker compose -f {SERVER} --env-file"), server_env)
+    assert server_up[-2:] == ["up", "-d"], server_up
+    server = server_up[:-2]
+    project_cleanup.append(server[2:])
+    docker.run(*server_up, timeout=900)
+    wait_for(lambda: _healthy(docker, server, 2), healthy_wait, "the server machine healthy", 2.0)
+
+    # Step 4: register the nodes through the published port, with the `prod` connection.
+    home = base / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "prod"\n\n[superlink.prod]\n'
+        f'address = "{address}:{port}"\nroot-certificates = "{certs / "ca" / "ca.crt"}"\n'
+    )
+    operator = Docker(env={**docker.env, "FLWR_HOME": str(home)})
+    register = _documented("docker/certs/register-nodes.sh prod ")
+    assert register[1:] == ["prod", "docker/certs/out"], register
+    operator.run(register[0], "prod", str(certs))
+
+    # Steps 3, 5 and 6 on each client machine: its node folder (scp), given to the containers'
+    # user, its settings, `up -d`.
+    (chown,) = [c for c in _part_c() if c.startswith("sudo chown -R 49999:49999 ")]
+    client_up = _documented(f"docker compose -f {CLIENT} --env-file docker/.env up -d")
+    clients: dict[str, list[str]] = {}
+    for k in range(1, N_CLIENTS + 1):
+        machine = base / f"client-{k}"
+        node = machine / "docker" / "certs" / "node"
+        shutil.copytree(certs / f"node-{k}", node)
+        docker.run(*shlex.split(chown)[1:-1], str(node))
+        env_file = _settings(
+            machine / ".env",
+            {
+                "SUPERLINK": f"{address}:{port}",
+                **{
+                    key: str(node / name)
+                    for key, name in {
+                        "CA_CERT": "ca.crt",
+                        "NODE_KEY": "node.key",
+                        "RUNTIME_CERT": "runtime.pem",
+                        "RUNTIME_KEY": "runtime.key",
+                        "SUPEREXEC_SECRET": "superexec.secret",
+                    }.items()
+                },
+                "PARTITION_ID": str(k - 1),
+                "NUM_PARTITIONS": str(N_CLIENTS),
+                **_client_subnets(k),
+            },
+        )
+        project = f"corbin-fl-client-{k}"
+        up = _in_place(client_up, env_file, project)
+        clients[project] = up[:-2]
+        project_cleanup.append(up[2:-2])
+        docker.run(*up, timeout=900)
+    for project, compose in clients.items():
+        wait_for(lambda c=compose: _healthy(docker, c, 2), healthy_wait, f"{project} healthy", 2.0)
+    yield Machines(docker, server_up, server, clients, address, port, home, probe)
+    for compose in [*clients.values(), server]:
+        docker.run(*compose, "down", "-v", "--timeout", "5", check=False)
+
+
+def test_machines_share_no_network(machines: Machines) -> None:
+    """Every project has its own networks with the subnets its settings gave; no network holds
+    both a client's and the server's containers; a SuperNode's SuperLink is this host's address
+    and the published port."""
+    docker = machines.docker
+    subnets: dict[str, set[str]] = {}
+    for project, compose in {"corbin-fl-server": machines.server, **machines.clients}.items():
+        ids = docker.run(*compose, "ps", "-q").stdout.split()
+        inspected = json.loads(docker.run("docker", "inspect", *ids).stdout)
+        networks = {n for c in inspected for n in c["NetworkSettings"]["Networks"]}
+        assert all(n.startswith(f"{project}_") for n in networks), (project, networks)
+        for network in json.loads(docker.run("docker", "network", "inspect", *networks).stdout):
+            subnets[network["Name"]] = {c["Subnet"] for c in network["IPAM"]["Config"]}
+    expected = {
+        "corbin-fl-server": SERVER_SUBNETS,
+        **{f"corbin-fl-client-{k}": _client_subnets(k) for k in range(1, N_CLIENTS + 1)},
+    }
+    for project, wanted in expected.items():
+        assert subnets[f"{project}_fl"] == {wanted["CORBIN_FL_SUBNET"]}, subnets
+        assert subnets[f"{project}_edge"] == {wanted["CORBIN_EDGE_SUBNET"]}, subnets
+    for compose in machines.clients.values():
+        (cid,) = docker.run(*compose, "ps", "-q", "supernode").stdout.split()
+        args = json.loads(docker.run("docker", "inspect", cid).stdout)[0]["Args"]
+        assert args[args.index("--superlink") + 1] == f"{machines.address}:{machines.port}"
+    # Step 2's `ps` and step 6's `logs`, as the guide writes them (a client with its project).
+    listed = docker.run(*_documented(f"docker compose -f {SERVER} ps")).stdout
+    assert listed.count("(healthy)") == 2, listed
+    logs = _documented(f"docker compose -f {CLIENT} --env-file docker/.env logs supernode")
+    for project, compose in machines.clients.items():
+        env_file = compose[compose.index("--env-file") + 1]
+        out = docker.run(*_in_place(logs, Path(env_file), project)).stdout
+        assert "SuperNode ID" in out, out[-2000:]
+    print(f"subnets: {sorted((n, sorted(s)) for n, s in subnets.items())}")
+
+
+def _metrics(m: Machines, out_dir: str) -> list[dict[str, Any]]:
+    script = f"cat {out_dir}/metrics.jsonl 2>/dev/null || true"
+    out = m.docker.run(*m.server, "exec", "-T", "serverapp", "sh", "-c", script).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_documented_run_learns_through_a_superlink_restart(machines: Machines) -> None:
+    """Part C step 7's run on the three client machines; its SuperLink killed once round 1 is
+    recorded and started again with its state volume (step 9): the run goes on to the end."""
+    m = machines
+    probe = m.probe
+    argv = _documented("flwr run . prod --stream ")
+    index = argv.index("--run-config") + 1
+    documented = dict(kv.split("=", 1) for kv in shlex.split(argv[index]))
+    assert set(documented) == {"out-dir", "num-rounds", "stage-timeout"}, argv
+    out_dir = documented["out-dir"].strip('"') + f"-{int(time.time())}"
+    stage = probe.stage_timeout(N_CLIENTS, first=False, poll_interval=1.0)
+    first = probe.stage_timeout(N_CLIENTS, first=True, poll_interval=1.0)
+    # The SuperLink's restart is inside a stage: its start, and the clients' retries (Flower's
+    # back-off reaches 20 s between two tries) come on top of a stage's bound.
+    restart = probe.startup_timeout(1) + 2 * 20.0
+    documented.update(
+        {
+            "out-dir": json.dumps(out_dir),
+            "num-rounds": str(ROUNDS),
+            "stage-timeout": str(max(float(documented["stage-timeout"]), round(stage + restart))),
+            "first-stage-timeout": str(round(first)),
+        }
+    )
+    argv[index] = " ".join(f"{k}={v}" for k, v in documented.items())
+    run_timeout = (
+        probe.run_timeout(
+            rounds=ROUNDS,
+            first_round_stages=3,
+            later_round_stages=2,
+            concurrent=N_CLIENTS,
+            poll_interval=1.0,
+            wait_for_nodes=probe.startup_timeout(N_CLIENTS),
+        )
+        + restart
+    )
+    operator = Docker(env={**m.docker.env, "FLWR_HOME": str(m.home)})
+    log = m.home / "run.log"
+    with log.open("w") as sink:
+        run = subprocess.Popen(
+            argv, cwd=REPO, env=dict(operator.env), stdout=sink, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_for(lambda: len(_metrics(m, out_dir)) >= 1, run_timeout, "round 1")
+            (kill,) = [c for c in _part_c() if c.startswith("docker kill corbin-fl-server-")]
+            m.docker.run(*shlex.split(kill))
+            killed_at = time.monotonic()
+            # The operator's stream does not wait for the SuperLink: it ends and says so.
+            stream_rc = run.wait(timeout=probe.startup_timeout(1) + 60)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    output = log.read_text()
+    assert stream_rc != 0 and "SuperLink is unavailable" in output, output[-3000:]
+    run_id = re.search(r"Successfully started run (\d+)", output)
+    assert run_id, output[-3000:]
+    # Step 9: the server's `up -d` again: the killed SuperLink starts with its volume.
+    m.docker.run(*m.server_up, timeout=900)
+    wait_for(
+        lambda: _healthy(m.docker, m.server, 2),
+        probe.startup_timeout(1) * 2,
+        "the SuperLink healthy again",
+        2.0,
+    )
+    down_s = time.monotonic() - killed_at
+    follow = _documented("flwr log <RUN_ID> prod --stream")
+    follow[follow.index("<RUN_ID>")] = run_id.group(1)
+    followed = operator.run(*follow, timeout=run_timeout)
+    rows = _metrics(m, out_dir)
+    seen = [(r["round"], r["sampled"], r["participants"], r["dropped"]) for r in rows]
+    print(f"rounds (round, sampled, participants, dropped): {seen}")
+    assert [r["round"] for r in rows] == list(range(1, ROUNDS + 1)), followed.stdout[-3000:]
+    # Nothing is lost silently: every sampled client took part or is dropped with its reason.
+    for r in rows:
+        assert r["participants"] + len(r["dropped"]) == r["sampled"] == N_CLIENTS, seen
+        assert all(re.fullmatch(r"(keygen|pair|update): .+", v) for v in r["dropped"].values())
+    # Round 1 (before the kill) and the last round (after the restart) have every client.
+    assert rows[0]["participants"] == rows[-1]["participants"] == N_CLIENTS, seen
+    assert rows[-1]["test_accuracy"] >= DEMO_MIN_ACCURACY, rows[-1]
+    runs = json.loads(operator.run("flwr", "ls", "prod", "--format", "json").stdout)["runs"]
+    (status,) = [r["status"] for r in runs if r["run-id"] == run_id.group(1)]
+    assert status == "finished:completed", runs
+    summary = json.loads(
+        m.docker.run(*m.server, "exec", "-T", "serverapp", "cat", f"{out_dir}/summary.json").stdout
+    )
+    assert len(summary["clip_fraction"]["per_round"]) == ROUNDS, summary
+    events = m.docker.run(
+        *m.server, "exec", "-T", "serverapp", "cat", f"{out_dir}/events.jsonl"
+    ).stdout
+    assert '"resume"' not in events  # the same ServerApp went on: no restart of the run
+    print(
+        f"SuperLink down and back in {down_s:.0f} s; "
+        f"rounds: {[(r['round'], r['participants'], r['test_accuracy']) for r in rows]}; "
+        f"the operator's stream ended with exit {stream_rc}, flwr log followed to the end"
+    )
