@@ -11,7 +11,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
@@ -88,35 +88,13 @@ def _distinct(values: tuple[Any, ...], where: str) -> tuple[Any, ...]:
     return values
 
 
-_POSITIVE = _Opt(float, 0, lo_open=True)
-_EXPERIMENT_OPTIONS: Mapping[str, _Opt] = {
-    "name": _Opt(str),
-    "description": _Opt(str),
-    "kind": _Opt(str, choices=("federated", "mse")),
-    "run-timeout-s": _Opt(float, 1),
-    "retries": _Opt(int, 0, 10),
-    "retry-delay-s": _Opt(float, 0, 3600),
-    "num-cpus-per-client": _Opt(int, 1),
-    "num-gpus-per-client": _Opt(float, 0),
-}
-_MSE_OPTIONS: Mapping[str, _Opt] = {
-    "center": _Opt(float),
-    "radius": _POSITIVE,
-    "epsilons": _Opt(float, 0, lo_open=True, many=True),
-    "heatmap-epsilons": _Opt(float, 0, lo_open=True, many=True),
-    "d": _Opt(int, 1, 30),
-    "grid-points": _Opt(int, 2, 201),
-    "samples": _Opt(int, 100),
-}
-_REAL_WEIGHTS_OPTIONS: Mapping[str, _Opt] = {
-    "dataset": _Opt(str),
-    "model": _Opt(str),
-    "local-epochs": _Opt(int, 1),
-    "batch-size": _Opt(int, 1),
-    "num-partitions": _Opt(int, 2),
-    "repeats": _Opt(int, 1),
-    "data-seed": _Opt(int, 0),
-}
+def _opt(kind: type, lo: float | None = None, hi: float | None = None, **kw: Any) -> Any:
+    """A dataclass field that is a spec option: its ``default`` (if any) and its :class:`_Opt`
+    (``kw``: ``many``, ``lo_open``, ``choices``), read by :func:`_options`."""
+    default = kw.pop("default", MISSING)
+    return field(default=default, metadata={"opt": _Opt(kind, lo, hi, **kw)})
+
+
 _TOP_OPTIONS: Mapping[str, _Opt] = {
     "seeds": _Opt(int, 0, 2**63 - 1, many=True),
     "lambda-grid": _Opt(float, 0, 1, many=True, lo_open=True),
@@ -130,13 +108,13 @@ class RealWeightsSpec:
     """``[mse.real-weights]``: two clients train ``model`` from one initial model on IID
     partitions 0 and 1; their weights are quantized as a pair with the per-layer range."""
 
-    dataset: str = "mnist"
-    model: str = "cnn"
-    local_epochs: int = 1
-    batch_size: int = 64
-    num_partitions: int = 10
-    repeats: int = 20
-    data_seed: int = 0
+    dataset: str = _opt(str, default="mnist")
+    model: str = _opt(str, default="cnn")
+    local_epochs: int = _opt(int, 1, default=1)
+    batch_size: int = _opt(int, 1, default=64)
+    num_partitions: int = _opt(int, 2, default=10)
+    repeats: int = _opt(int, 1, default=20)
+    data_seed: int = _opt(int, 0, default=0)
 
 
 @dataclass(frozen=True)
@@ -144,13 +122,15 @@ class MSESpec:
     """``[mse]``: the pair MSE of CorBinQ and LDPQ on a ``grid_points``-square grid of
     ``(w1, w2)`` in ``[c - r, c + r]^2`` per eps, ``samples`` draws per point and seed."""
 
-    center: float = 0.0
-    radius: float = 0.5
-    epsilons: tuple[float, ...] = (0.1, 0.5, 1.0, 3.0)
-    d: int = 5
-    grid_points: int = 11
-    samples: int = 20000
-    heatmap_epsilons: tuple[float, ...] = (0.5,)
+    center: float = _opt(float, default=0.0)
+    radius: float = _opt(float, 0, lo_open=True, default=0.5)
+    epsilons: tuple[float, ...] = _opt(
+        float, 0, lo_open=True, many=True, default=(0.1, 0.5, 1.0, 3.0)
+    )
+    d: int = _opt(int, 1, 30, default=5)
+    grid_points: int = _opt(int, 2, 201, default=11)
+    samples: int = _opt(int, 100, default=20000)
+    heatmap_epsilons: tuple[float, ...] = _opt(float, 0, lo_open=True, many=True, default=(0.5,))
     real_weights: RealWeightsSpec | None = None
 
 
@@ -159,9 +139,9 @@ class ExperimentSpec:
     """A validated spec: ``base`` the run config of every run (without ``clients``, which is
     ``clients`` unless a grid sweeps it), ``grid`` and ``extra_grids`` the sweeps in file order."""
 
-    name: str
-    description: str
-    kind: Literal["federated", "mse"]
+    name: str = _opt(str)
+    description: str = _opt(str)
+    kind: Literal["federated", "mse"] = _opt(str, choices=("federated", "mse"))
     base: Mapping[str, RunValue]
     grid: SweepGrid
     extra_grids: tuple[SweepGrid, ...]
@@ -169,11 +149,11 @@ class ExperimentSpec:
     lambda_grid: tuple[float, ...]
     figures: tuple[str, ...]
     clients: int | None = None
-    run_timeout_s: float = 3600.0
-    retries: int = 1
-    retry_delay_s: float = 15.0
-    num_cpus_per_client: int = 1
-    num_gpus_per_client: float = 0.0
+    run_timeout_s: float = _opt(float, 1, default=3600.0)
+    retries: int = _opt(int, 0, 10, default=1)
+    retry_delay_s: float = _opt(float, 0, 3600, default=15.0)
+    num_cpus_per_client: int = _opt(int, 1, default=1)
+    num_gpus_per_client: float = _opt(float, 0, default=0.0)
     mse: MSESpec | None = None
     source: Path | None = field(default=None, compare=False)
 
@@ -191,10 +171,13 @@ def _table(raw: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:
 
 
 def _options(
-    table: Mapping[str, Any], schema: Mapping[str, _Opt], source: str, name: str, *tables: str
+    table: Mapping[str, Any], schema: Any, source: str, name: str, *tables: str
 ) -> dict[str, Any]:
-    """The options of table ``name`` present, checked, snake_case; a key neither in ``schema``
-    nor a sub-table of ``tables`` is an error."""
+    """The options of table ``name`` present, checked, snake_case; a key neither an option of
+    ``schema`` (a mapping, or a dataclass with :func:`_opt` fields) nor a sub-table of
+    ``tables`` is an error."""
+    if is_dataclass(schema):
+        schema = {f.name.replace("_", "-"): f.metadata["opt"] for f in fields(schema) if f.metadata}
     allowed = {*schema, *tables}
     if unknown := sorted(set(table) - allowed):
         raise SpecError(
@@ -248,7 +231,7 @@ def _parse_grid(table: Mapping[str, Any], source: str, name: str) -> SweepGrid:
 
 
 def _parse_mse(table: Mapping[str, Any], source: str) -> MSESpec:
-    options = _options(table, _MSE_OPTIONS, source, "mse", "real-weights")
+    options = _options(table, MSESpec, source, "mse", "real-weights")
     eps = options.setdefault("epsilons", MSESpec.epsilons)
     default_heat = tuple(e for e in MSESpec.heatmap_epsilons if e in eps) or eps[:1]
     heat = options.setdefault("heatmap_epsilons", default_heat)
@@ -256,7 +239,7 @@ def _parse_mse(table: Mapping[str, Any], source: str) -> MSESpec:
         raise SpecError(f"{source}: mse.heatmap-epsilons: {missing} not in mse.epsilons {eps}")
     if "real-weights" in table:
         rw = _table(table, "real-weights", f"{source}: mse")
-        rw_options = _options(rw, _REAL_WEIGHTS_OPTIONS, source, "mse.real-weights")
+        rw_options = _options(rw, RealWeightsSpec, source, "mse.real-weights")
         options["real_weights"] = RealWeightsSpec(**rw_options)
     return MSESpec(**options)
 
@@ -269,7 +252,7 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
     top = _options(raw, _TOP_OPTIONS, source, "", *_TABLES)
     if "experiment" not in raw:
         raise SpecError(f"{source}: missing the [experiment] table")
-    options = _options(_table(raw, "experiment", source), _EXPERIMENT_OPTIONS, source, "experiment")
+    options = _options(_table(raw, "experiment", source), ExperimentSpec, source, "experiment")
     where = f"{source}: experiment"
     if (name := options.pop("name", None)) is None:
         raise SpecError(f"{where}.name: missing (it names results/<name>/)")
