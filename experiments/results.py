@@ -1,12 +1,7 @@
-"""Finished runs -> model selection on validation data only -> ``runs.csv`` and ``groups.csv``.
-
-The rule (:data:`SELECTION_RULE`, in every report): per run, the checkpoint is the round of
-``metrics.jsonl`` with the highest validation accuracy (the earliest on ties) and its test
-accuracy is the one reported; per setting (everything but seed and lambda), lambda is the one
-with the highest mean checkpoint validation accuracy over seeds (ties: the larger). The
-ServerApp's ``best_val_round`` in ``summary.json`` follows the same rule but also counts round 0,
-the initial model before any update; the experiments choose among the trained rounds 1..T, so
-the two differ only where the initial model validates best (no committed run).
+"""Finished runs -> model selection on validation data only (:data:`SELECTION_RULE`, stated in
+every report) -> ``runs.csv`` and ``groups.csv``. The ServerApp's ``best_val_round`` in
+``summary.json`` follows the same rule but also counts round 0, the initial model; the
+experiments choose among the trained rounds 1..T (no committed run differs).
 """
 
 from __future__ import annotations
