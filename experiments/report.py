@@ -1,7 +1,7 @@
 """``report.md``: setup, model selection, tables (mean ± std over seeds), figures, privacy and
 the quick-scale target checks (PASS / MISS / not resolved / N/A with their numbers, reported,
 never asserted). Each target claims a difference and reads its two-sided :data:`CONFIDENCE`
-interval (:data:`TARGET_RULE`, :data:`MSE_TARGET_RULE`).
+interval (:data:`TARGET_RULE`; the MSE targets are :mod:`experiments.mse`'s).
 """
 
 from __future__ import annotations
