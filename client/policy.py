@@ -15,7 +15,13 @@ node config key (``--node-config``)  environment variable            default
 ``corbin-max-delta``              ``CORBIN_MAX_DELTA``                ``1e-5``
 ``corbin-mechanisms``             ``CORBIN_MECHANISMS``               the mechanisms with local DP
 ``corbin-max-params``             ``CORBIN_MAX_PARAMS``               ``2**28`` parameters
+``corbin-require-secure-          ``CORBIN_REQUIRE_SECURE_            ``false``
+aggregation``                     AGGREGATION``
 ================================  ==================================  =========================
+
+``corbin-require-secure-aggregation = true`` makes the node refuse every instruction of a run
+without secure aggregation (``secure-aggregation`` in the instruction's settings), so the server
+never sees this node's symbols except inside the SecAgg+ sum (``corbin_fl/secure.py``).
 
 ``corbin-mechanisms`` is a comma-separated list of mechanism names, or ``all`` (which also admits
 the baselines without privacy: use it only for experiments). The environment is the node
@@ -52,6 +58,7 @@ _KEYS: Final[dict[str, str]] = {
     "max_delta": "corbin-max-delta",
     "mechanisms": "corbin-mechanisms",
     "max_params": "corbin-max-params",
+    "require_secure_aggregation": "corbin-require-secure-aggregation",
 }
 
 
@@ -73,12 +80,15 @@ class Policy:
         Mechanisms the node runs.
     max_params : int
         Largest model (parameters) the node quantizes.
+    require_secure_aggregation : bool
+        Refuse every run without secure aggregation.
     """
 
     max_epsilon: float = DEFAULT_MAX_EPSILON
     max_delta: float = DEFAULT_MAX_DELTA
     mechanisms: frozenset[str] = field(default_factory=private_mechanisms)
     max_params: int = DEFAULT_MAX_PARAMS
+    require_secure_aggregation: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_epsilon) and self.max_epsilon > 0):
@@ -123,6 +133,8 @@ class Policy:
                 kwargs["max_delta"] = _float(raw["max_delta"])
             if "max_params" in raw:
                 kwargs["max_params"] = int(_float(raw["max_params"]))
+            if "require_secure_aggregation" in raw:
+                kwargs["require_secure_aggregation"] = _bool(raw["require_secure_aggregation"])
             if "mechanisms" in raw:
                 names = {m.strip() for m in str(raw["mechanisms"]).split(",") if m.strip()}
                 kwargs["mechanisms"] = (
@@ -140,6 +152,14 @@ class Policy:
         PolicyError
             Naming what was asked and what the node allows.
         """
+        if self.require_secure_aggregation and not cfg.secure_aggregation:
+            raise PolicyError(
+                "the run has no secure aggregation, and this node requires it "
+                "(corbin-require-secure-aggregation = true): the server would see this node's "
+                "update itself; to run, set the run's secure-aggregation = true, or the node's "
+                f"corbin-require-secure-aggregation = false "
+                f"({_where('corbin-require-secure-aggregation')})"
+            )
         if cfg.mechanism not in self.mechanisms:
             allowed = ",".join(sorted(self.mechanisms))
             raise PolicyError(
@@ -176,6 +196,18 @@ def _where(key: str) -> str:
 
 def _env_name(key: str) -> str:
     return key.upper().replace("-", "_")
+
+
+def _bool(value: Any) -> bool:
+    """A bool from node config (bool) or the environment (``true``/``false``, ``1``/``0``)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {value!r:.40}")
 
 
 def _float(value: Any) -> float:

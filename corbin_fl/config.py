@@ -284,6 +284,12 @@ class RunConfig:
         ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
     eval_batch_size : int
         Batch size of server-side evaluation.
+    secure_aggregation : bool
+        SecAgg+ around the update stage: the server learns only the sum of the clients' symbols
+        (``corbin_fl/secure.py``; only mechanisms affine in that sum).
+    secagg_neighbours, secagg_threshold : int
+        SecAgg+'s ``k`` (even, or ``n - 1``) and Shamir ``t`` (``k/2 < t <= k``); 0 = the
+        defaults of :func:`corbin_fl.secagg.graph.choose_parameters`.
     """
 
     mechanism: str = "corbin"
@@ -340,6 +346,10 @@ class RunConfig:
     dropout_prob: float = 0.0
     device: str = field(default="auto", metadata=EXECUTION)
     eval_batch_size: int = field(default=512, metadata=EXECUTION)
+    # Secure aggregation (corbin_fl/secure.py): the server learns only the sum of the symbols.
+    secure_aggregation: bool = False
+    secagg_neighbours: int = 0
+    secagg_threshold: int = 0
     params: Mapping[str, Any] = field(
         default_factory=lambda: MappingProxyType({}), hash=False, metadata={"role": "params"}
     )
@@ -472,6 +482,8 @@ class RunConfig:
         a hash of it.
         """
         skip = self.execution_keys() | (set() if self.quantizes_update else {"update-radius"})
+        if not self.secure_aggregation:  # runs without it keep the ids they had before it
+            skip |= {"secure-aggregation", "secagg-neighbours", "secagg-threshold"}
         return {k: v for k, v in self.to_flower().items() if k not in skip}
 
     # ------------------------------------------------------------------ derived views
@@ -608,6 +620,10 @@ class RunConfig:
                 errors[key] = "not a parameter of any registered mechanism"
         interval("dropout-prob", self.dropout_prob, 0.0, 1.0, lo_open=False, hi_open=True)
         at_least("eval-batch-size", self.eval_batch_size, 1)
+        from corbin_fl.secure import config_errors
+
+        for key, why in config_errors(self).items():
+            errors.setdefault(key, why)
         return errors
 
 

@@ -453,7 +453,8 @@ def param_keys() -> tuple[str, ...]:
     The common keys (:data:`corbin_fl.wire.COMMON_PARAM_KEYS`: mechanism, epsilon, delta, d, p-x,
     cr-mode, range-mode, ..., test-z-digest last) with every registered parameter key before
     the last one: the parameters with a typed ``RunConfig`` field in that field order (the order
-    of the v1 wire format), then the others in registration order.
+    of the v1 wire format), then the others in registration order; then
+    :data:`corbin_fl.wire.TRAILING_PARAM_KEYS` (``secure-aggregation``).
     """
     global _param_keys_cache
     ident = tuple(map(id, REGISTRY.values()))
@@ -465,7 +466,7 @@ def param_keys() -> tuple[str, ...]:
     typed = [k for k in RunConfig.typed_keys() if k in specs]
     others = [k for k in specs if k not in typed]
     *head, last = wire.COMMON_PARAM_KEYS
-    keys = (*head, *typed, *others, last)
+    keys = (*head, *typed, *others, last, *wire.TRAILING_PARAM_KEYS)
     _param_keys_cache = (ident, keys)
     return keys
 

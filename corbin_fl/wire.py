@@ -165,6 +165,9 @@ COMMON_PARAM_KEYS: Final[tuple[str, ...]] = (
 )
 """The settings every instruction carries whatever the mechanism (``RunConfig`` keys); the
 parameters of the registered mechanisms go before the last one (:data:`PARAM_KEYS`)."""
+TRAILING_PARAM_KEYS: Final[tuple[str, ...]] = ("secure-aggregation",)
+"""Settings every instruction carries after the v1 keys (:data:`PARAM_KEYS` ends with them):
+``secure-aggregation`` lets a node whose policy requires it refuse a run without it."""
 
 SHARED_SEED_KEYS: Final[frozenset[str]] = frozenset({CQ_SEED, CQ_RANK, CQ_CLIENTS})
 """The update-instruction keys of a mechanism with a server-shared seed

@@ -266,6 +266,8 @@ def node_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
         out["corbin-max-epsilon"] = float(run_config["epsilon"])
     if "delta" in run_config:
         out["corbin-max-delta"] = float(run_config["delta"])
+    if run_config.get("secure-aggregation") is True:  # and nothing weaker (client/policy.py)
+        out["corbin-require-secure-aggregation"] = True
     return out
 
 

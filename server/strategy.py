@@ -70,6 +70,9 @@ return ``{"value": R, "source": "how R was chosen"}``, which the run's summary r
 
 _COMMON_FIELDS: Final[frozenset[str]] = frozenset(
     {
+        "secure_aggregation",  # corbin_fl/secure.py
+        "secagg_neighbours",
+        "secagg_threshold",
         "gamma",
         "global_lr",
         "radius_margin",

@@ -214,7 +214,8 @@ in insertion order, so the derived keys keep it)."""
 
 
 def test_the_derived_param_keys_are_the_v1_wire_format() -> None:
-    assert wire.PARAM_KEYS == V1_PARAM_KEYS == registry.param_keys()
+    """The v1 keys in their order, then the keys added since (``secure-aggregation``)."""
+    assert wire.PARAM_KEYS == (*V1_PARAM_KEYS, "secure-aggregation") == registry.param_keys()
 
 
 def test_the_typed_config_fields_match_their_registered_specs() -> None:

@@ -253,7 +253,14 @@ def test_execution_and_resumable_keys_are_declared_once_on_the_fields() -> None:
 
     execution = RunConfig.execution_keys()
     assert execution.isdisjoint(RunConfig().result_config())
-    assert set(RunConfig().result_config()) | execution == set(RunConfig.keys())
+    secure = RunConfig(secure_aggregation=True).result_config()
+    assert set(secure) | execution == set(RunConfig.keys())
+    # a run without secure aggregation keeps the id it had before the keys existed
+    assert set(secure) - set(RunConfig().result_config()) == {
+        "secure-aggregation",
+        "secagg-neighbours",
+        "secagg-threshold",
+    }
     assert RunConfig.resumable_keys() == MAY_DIFFER_ON_RESUME
     assert execution < MAY_DIFFER_ON_RESUME
     assert MAY_DIFFER_ON_RESUME - execution == {"num-rounds", "min-clients"}
