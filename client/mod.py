@@ -40,11 +40,12 @@ from collections.abc import Callable
 
 from flwr.app import Context, Error, Message, RecordDict
 
-from corbin_fl import wire
-from corbin_fl.client import handlers
+from corbin_fl import secure, wire
+from corbin_fl.client import handlers, secure_update
 from corbin_fl.client.pair_crypto import PairCryptoError
 from corbin_fl.client.policy import Policy, PolicyError
 from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.secagg.messages import SecAggError
 
 logger = logging.getLogger(__name__)
 
@@ -87,13 +88,18 @@ def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
             return Message(
                 handlers.pair(msg, context, cfg, max_params=policy.max_params), reply_to=msg
             )
+        if stage in secure.STAGES:  # secure aggregation (corbin_fl/secure.py)
+            return Message(secure_update.answer(msg, context, cfg, stage), reply_to=msg)
         if stage != wire.UPDATE:
             raise wire.WireError(f"unknown stage {stage!r:.64}")
+        mask = secure_update.take_mask_request(msg, context, cfg)
         plan = handlers.prepare_update(msg, context, cfg, max_params=policy.max_params)
+        if mask is not None:  # back in the instruction: the app never sees corbin.* records
+            msg.content[secure.SECAGG_REC] = mask[1]
     except PolicyError as exc:
         logger.warning("node %d: refused a train message: %s", nid, exc)
         return error_reply(msg, f"{wire.POLICY_REFUSAL}{exc}", code=wire.ERROR_CODE_POLICY)
-    except (wire.WireError, PairCryptoError, ValueError, TypeError) as exc:
+    except (wire.WireError, PairCryptoError, SecAggError, ValueError, TypeError) as exc:
         logger.warning("node %d: rejected stage %r: %s", nid, stage, exc)
         return error_reply(msg, f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # the executor must get a reply, whatever happened
@@ -114,7 +120,9 @@ def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         return app_reply
     try:
         content = handlers.finish_update(plan, app_reply.content, context, cfg)
-    except (wire.WireError, ValueError, TypeError) as exc:
+        if mask is not None:
+            content = secure_update.masked_reply(content, mask[0], context, cfg, plan.layout.m)
+    except (wire.WireError, SecAggError, ValueError, TypeError) as exc:
         logger.warning("node %d: could not encode round %d: %s", nid, plan.round, exc)
         return error_reply(msg, f"{type(exc).__name__}: {exc}")
     except Exception as exc:

@@ -75,6 +75,8 @@ def round_record(
             str(nid): client_device(recs, nid) for nid, recs in sorted(state.app_records.items())
         },
     }
+    if state.secure is not None:  # server/secure_round.py
+        record["secure_aggregation"] = state.secure
     if cfg.paired and cfg.test_z_digest:
         matched = mismatched = 0
         for a, b in state.pairs:

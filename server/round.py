@@ -119,6 +119,7 @@ class ServerRuntime:
     on_release: Callable[[int, int, dict[str, float]], None] | None = None
     update_radius: float = 0.0
     pipeline: Pipeline | None = None
+    secagg_keys: tuple[int, dict[int, Any]] | None = None  # server/secure_round.py
 
     def rng(self, rnd: int, purpose: int) -> np.random.Generator:
         """Public, reproducible generator for (run seed, round, purpose)."""
@@ -289,6 +290,12 @@ def run_round(
         }
     )
     participants = active_of(state, state.sampled)
+    secure = None
+    if cfg.secure_aggregation:  # SecAgg+ advertise/share before the update (secure_round.py)
+        from corbin_fl.server.secure_round import SecureRound
+
+        secure = SecureRound(rt, state, participants)
+        participants = secure.begin()
     aggregator = make_aggregator(
         cfg, rt.weights, c_layer, r_layer, rt.layout, cohort=len(participants)
     )
@@ -297,26 +304,32 @@ def run_round(
     cq_seed = secrets.token_bytes(wire.CQ_SEED_BYTES)
 
     def on_update(nid: int, reply: Message) -> None:
+        if secure is not None:
+            secure.accept(nid, reply)
+            return
         accept_update(state, nid, reply, aggregator, cfg)
         if rt.on_release is not None:
             rt.on_release(rnd, nid, state.client_metrics[nid])
 
+    updates = {
+        nid: update_instruction(
+            state,
+            nid,
+            rt,
+            range_rec,
+            (node_records or {}).get(nid, app_records),
+            arrays_key,
+            participants,
+            cq_seed,
+        )
+        for nid in participants
+    }
+    if secure is not None:
+        secure.attach(updates)
     exchange(
         grid,
         state,
-        {
-            nid: update_instruction(
-                state,
-                nid,
-                rt,
-                range_rec,
-                (node_records or {}).get(nid, app_records),
-                arrays_key,
-                participants,
-                cq_seed,
-            )
-            for nid in participants
-        },
+        updates,
         on_update,
         timeout=rt.timeout("update") if participants else 0.0,
         poll_interval=cfg.poll_interval,
@@ -324,6 +337,8 @@ def run_round(
         files=rt.files,
     )
     del range_rec
+    if secure is not None:  # unmask; the exact symbol sum goes to the aggregator
+        secure.finish(participants, aggregator)
     for nid in state.dropped:
         rt.pubkeys.pop(nid, None)  # its key state is unknown now: keygen next time
     for nid, pk in state.next_pubkeys.items():

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -101,6 +102,8 @@ class RoundState:
         The app's own records (metrics) of each accepted update.
     aggregate : ArrayRecord or None
         The round's new global model (eq. 6), for the wrapped strategy.
+    secure : dict or None
+        Secure aggregation's record of the round (``server/secure_round.py``), None without it.
     """
 
     round: int
@@ -132,6 +135,7 @@ class RoundState:
     max_radius: float = 0.0
     app_records: dict[int, RecordDict] = field(default_factory=dict)
     aggregate: ArrayRecord | None = None
+    secure: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.active:
