@@ -272,6 +272,11 @@ class Mechanism:
     node_default : bool or None
         Whether a node whose policy names no mechanisms (``corbin-mechanisms`` unset) admits it;
         None: exactly when it has local DP (:attr:`policy_default`).
+    sum_levels : Callable[[RunConfig], int] or None
+        Secure aggregation (:mod:`corbin_fl.secure`): the top value ``levels`` of its symbols
+        (integers in ``[0, levels]``) when its server estimate is affine in the sum of the
+        clients' symbols, so the server needs only that sum; None: refused with secure
+        aggregation. Its aggregator then implements ``from_symbol_sum``.
     """
 
     name: str
@@ -294,6 +299,7 @@ class Mechanism:
     update_only: bool = False
     own_clip: bool = False
     node_default: bool | None = None
+    sum_levels: Callable[[RunConfig], int] | None = None
 
     def __post_init__(self) -> None:
         if self.encode_device not in ENCODE_DEVICES:
@@ -472,6 +478,26 @@ def param_keys() -> tuple[str, ...]:
 
 
 # ============================================================================ the mechanisms
+def _one_level(cfg: RunConfig) -> int:
+    """A one-bit symbol: 1 = ``U = +1`` (secure aggregation sums the bits)."""
+    return 1
+
+
+def _ternary_levels(cfg: RunConfig) -> int:
+    """A ternary symbol ``t + 1`` for ``t`` in {-1, 0, 1}."""
+    return 2
+
+
+def _pbm_levels(cfg: RunConfig) -> int:
+    """PBM's symbol: the number of successes, 0..m."""
+    return int(cfg.pbm_trials)
+
+
+def _rqm_levels(cfg: RunConfig) -> int:
+    """RQM's symbol: the level index, 0..K-1 (evenly spaced levels)."""
+    return int(cfg.rqm_levels) - 1
+
+
 def _pbm_bits(cfg: RunConfig) -> int:
     from corbin_fl.mechanisms.baselines.levels import symbol_bits
 
@@ -534,6 +560,7 @@ register(
         pairs=True,
         assignments=_PAIRED_ASSIGNMENTS,
         privacy=_RR_PAIRED,
+        sum_levels=_one_level,
     )
 )
 register(
@@ -546,6 +573,7 @@ register(
         pairs=True,
         assignments=(*_PAIRED_ASSIGNMENTS, "independent"),
         privacy=Privacy("pure", randomized_response=True, paired=True, independent_share=True),
+        sum_levels=_one_level,
     )
 )
 register(
@@ -556,6 +584,7 @@ register(
         _ONE_BIT_ENCODER,
         _BITS_AGGREGATOR,
         privacy=Privacy("pure", randomized_response=True),
+        sum_levels=_one_level,
     )
 )
 register(
@@ -650,6 +679,7 @@ register(
             ),
         ),
         privacy=Privacy("pure", release="released parameter is ternary stochastic rounding"),
+        sum_levels=_ternary_levels,
     )
 )
 register(
@@ -732,6 +762,7 @@ register(
         ),
         symbol_bits=_pbm_bits,
         finite=_pbm,
+        sum_levels=_pbm_levels,
     )
 )
 register(
@@ -760,6 +791,7 @@ register(
         ),
         symbol_bits=_rqm_bits,
         finite=_rqm,
+        sum_levels=_rqm_levels,
     )
 )
 register(
@@ -802,6 +834,7 @@ register(
                 "No DP: the global model moves by the majority vote of the clients' signs.",
             ),
         ),
+        sum_levels=_one_level,
     )
 )
 register(

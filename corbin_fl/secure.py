@@ -3,7 +3,8 @@
 With ``secure-aggregation = true`` (``CorBin(..., secure_aggregation=True)``) every client masks
 its mechanism's *symbol vector* with SecAgg+ (:mod:`corbin_fl.secagg`, Bell et al. 2020) and the
 server learns only the exact sum of the surviving clients' symbols. That is enough for every
-mechanism whose server estimate is affine in the symbol sum (:data:`SECURE_MECHANISMS`); the
+mechanism whose server estimate is affine in the symbol sum (registry entries with
+``sum_levels``: :func:`secure_mechanisms`); the
 others are refused by the run configuration before anything starts.
 
 Symbols (integers in ``[0, levels]``) and their top value ``levels``, per mechanism:
@@ -34,24 +35,13 @@ length, layout) and :data:`MASKED_REC` (the ``b``-bit packed masked vector) inst
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
 if TYPE_CHECKING:
     from corbin_fl.config import RunConfig
 
-SECURE_MECHANISMS: Final[tuple[str, ...]] = (
-    "corbin",
-    "augcorbin",
-    "ldpfl",
-    "pbm",
-    "rqm",
-    "ternary",
-    "signsgd",
-)
-"""Mechanisms whose server estimate is affine in the sum of the clients' symbols."""
-ONE_BIT: Final[frozenset[str]] = frozenset({"corbin", "augcorbin", "ldpfl", "signsgd"})
 
 ADVERTISE: Final[str] = "secagg-advertise"
 SHARE: Final[str] = "secagg-share"
@@ -66,29 +56,39 @@ SYMBOLS_KEY: Final[str] = "symbols"
 """The one layout entry of a masked update: ``(symbols, (m,))``."""
 
 
+def secure_mechanisms() -> tuple[str, ...]:
+    """The registered mechanisms whose server estimate is affine in the sum of the clients'
+    symbols (their registry entry has ``sum_levels``)."""
+    from corbin_fl import registry
+
+    return tuple(name for name, m in registry.REGISTRY.items() if m.sum_levels is not None)
+
+
 def refusal(mechanism: str) -> str | None:
     """Why ``mechanism`` cannot run with secure aggregation, or None when it can."""
-    if mechanism in SECURE_MECHANISMS:
+    from corbin_fl import registry
+
+    entry = registry.REGISTRY.get(mechanism)
+    if entry is not None and entry.sum_levels is not None:
         return None
     return (
         f"secure aggregation gives the server only the sum of the clients' symbols, and "
         f"{mechanism!r} has no estimate affine in that sum; use one of "
-        f"{', '.join(SECURE_MECHANISMS)}, or secure-aggregation = false"
+        f"{', '.join(secure_mechanisms())}, or secure-aggregation = false"
     )
 
 
 def levels_of(cfg: RunConfig) -> int:
-    """The top symbol value of ``cfg.mechanism`` (module table); ValueError when refused."""
+    """The top symbol value of ``cfg.mechanism`` (its entry's ``sum_levels``); ValueError when
+    the mechanism is refused with secure aggregation."""
+    from corbin_fl import registry
+
     why = refusal(cfg.mechanism)
     if why is not None:
         raise ValueError(why)
-    if cfg.mechanism in ONE_BIT:
-        return 1
-    if cfg.mechanism == "pbm":
-        return int(cfg.pbm_trials)
-    if cfg.mechanism == "rqm":
-        return int(cfg.rqm_levels) - 1
-    return 2  # ternary: t + 1
+    levels = registry.get(cfg.mechanism).sum_levels
+    assert levels is not None  # refusal() checked it
+    return int(levels(cfg))
 
 
 def bit_width(num_clients: int, levels: int) -> int:
@@ -120,6 +120,38 @@ def config_errors(cfg: RunConfig) -> dict[str, str]:
     return errors
 
 
+def _bits(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
+    """One packed bit per parameter (:func:`corbin_fl.registry.one_bit`)."""
+    from corbin_fl import wire
+
+    if key != wire.BITS:
+        raise ValueError(f"{cfg.mechanism} encodes bits, got {key!r}")
+    return np.unpackbits(arr.astype(np.uint8, copy=False), count=m)
+
+
+def _levels(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
+    """``b``-bit packed symbols (:func:`corbin_fl.registry.symbols_wire`)."""
+    from corbin_fl.mechanisms.packing import unpack_symbols
+    from corbin_fl.registry import symbol_bits_of
+
+    return unpack_symbols(arr.astype(np.uint8, copy=False), m, symbol_bits_of(cfg))
+
+
+def _ternary(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
+    """Ternary ``t`` in {-1, 0, 1} as ``t + 1`` (:func:`corbin_fl.registry.ternary_wire`)."""
+    from corbin_fl import wire
+
+    return wire.decode_ternary(arr, m, cfg.ternary_encoding).astype(np.int64) + 1
+
+
+def _readers() -> dict[object, Any]:
+    """The symbol reader of each wire format that carries symbols (by the entry's ``wire``)."""
+    from corbin_fl import registry
+
+    readers = {registry.one_bit: _bits, registry.symbols_wire: _levels}
+    return {**readers, registry.ternary_wire: _ternary}
+
+
 def symbols(cfg: RunConfig, key: str, array: np.ndarray, num_params: int) -> np.ndarray:
     """The symbol vector (uint64 ``[m]``, in ``[0, levels]``) of one encoded update.
 
@@ -127,23 +159,15 @@ def symbols(cfg: RunConfig, key: str, array: np.ndarray, num_params: int) -> np.
     packed ``b``-bit symbols, or ternary bits / int8); the symbols are read back from it, so the
     masked vector is exactly what the plain protocol would have sent.
     """
-    from corbin_fl import wire
+
+    from corbin_fl import registry
 
     m = int(num_params)
     arr = np.asarray(array)
-    if cfg.mechanism in ONE_BIT:
-        if key != wire.BITS:
-            raise ValueError(f"{cfg.mechanism} encodes bits, got {key!r}")
-        out = np.unpackbits(arr.astype(np.uint8, copy=False), count=m)
-    elif cfg.mechanism in ("pbm", "rqm"):
-        from corbin_fl.mechanisms.packing import unpack_symbols
-        from corbin_fl.registry import symbol_bits_of
-
-        out = unpack_symbols(arr.astype(np.uint8, copy=False), m, symbol_bits_of(cfg))
-    elif cfg.mechanism == "ternary":
-        out = wire.decode_ternary(arr, m, cfg.ternary_encoding).astype(np.int64) + 1
-    else:
-        raise ValueError(refusal(cfg.mechanism) or cfg.mechanism)
+    read = _readers().get(registry.get(cfg.mechanism).wire)
+    if read is None:
+        raise ValueError(refusal(cfg.mechanism) or f"{cfg.mechanism}: no symbol reader")
+    out = read(cfg, key, arr, m)
     out = np.asarray(out, dtype=np.uint64).reshape(-1)
     if out.size != m:
         raise ValueError(f"{out.size} symbols for {m} parameters")
@@ -157,7 +181,6 @@ __all__ = [
     "ADVERTISE",
     "MASKED_REC",
     "SECAGG_REC",
-    "SECURE_MECHANISMS",
     "SHARE",
     "STAGES",
     "SYMBOLS_KEY",
@@ -166,5 +189,6 @@ __all__ = [
     "config_errors",
     "levels_of",
     "refusal",
+    "secure_mechanisms",
     "symbols",
 ]

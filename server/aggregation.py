@@ -112,6 +112,33 @@ class Aggregator(ABC):
                 raise FloatingPointError("the aggregate has non-finite entries")
         return out
 
+    def from_symbol_sum(self, total: np.ndarray, n: int) -> None:
+        """Take the exact sum ``total`` (int64 ``[m]``) of ``n`` clients' symbols in place of
+        their updates (secure aggregation, :mod:`corbin_fl.secure`): the estimate is then what
+        the plain path gives for the same symbols. Only a mechanism whose estimate is affine in
+        the symbol sum (registry ``sum_levels``) implements it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot decode a symbol sum")
+
+    def _take_sum(self, total: np.ndarray, n: int) -> np.ndarray:
+        total = np.asarray(total, dtype=np.int64)
+        if total.shape != (self.m,):
+            raise ValueError(f"a sum of {total.size} symbols for {self.m} parameters")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"a symbol sum needs n >= 1 clients, got {n!r}")
+        self.n = n
+        return total
+
+
+class _SummedCounts:
+    """The counts of ``+1`` bits given whole (a secure-aggregation sum), where a ``BitCounter``
+    would have counted the packed updates one by one."""
+
+    def __init__(self, counts: np.ndarray) -> None:
+        self._counts = counts
+
+    def counts(self) -> np.ndarray:
+        return self._counts
+
 
 class BitsAggregator(Aggregator):
     """One bit per parameter (corbin, augcorbin, ldpfl, cq), counted by a ``BitCounter``."""
@@ -127,6 +154,10 @@ class BitsAggregator(Aggregator):
         if self._pad_mask is not None and values[-1] & self._pad_mask:
             raise wire.WireError("update has non-zero padding bits")
         self.counter.add(values)
+
+    def from_symbol_sum(self, total: np.ndarray, n: int) -> None:
+        """The sums of the bits are the counts ``k`` of ``+1`` bits."""
+        self.counter = _SummedCounts(self._take_sum(total, n).astype(np.int32))  # type: ignore[assignment]
 
     def _estimate(self) -> torch.Tensor:
         """``w_bar = c + r alpha (2 k / n - 1)`` per block (``alpha = 1`` for cq).
@@ -183,6 +214,10 @@ class TernaryAggregator(Aggregator):
         t = wire.decode_ternary(values, self.m, self.cfg.ternary_encoding)
         self.total += torch.from_numpy(t).to(self.total.device, torch.int32)
 
+    def from_symbol_sum(self, total: np.ndarray, n: int) -> None:
+        """Symbols are ``t + 1``: the sum of ``t`` is ``S - n``."""
+        self.total = torch.from_numpy(self._take_sum(total, n) - n).to(torch.int32)
+
     def _estimate(self) -> torch.Tensor:
         from corbin_fl.mechanisms.baselines.ternary import ternary_params
 
@@ -221,6 +256,17 @@ class LevelsAggregator(Aggregator):
                 f"({self.cfg.mechanism} has {self.mechanism.num_levels} levels)"
             )
         self.total += self.levels[torch.from_numpy(symbols).to(torch.int64)]
+
+    def from_symbol_sum(self, total: np.ndarray, n: int) -> None:
+        """Evenly spaced levels ``v_k = v_0 + k step`` (pbm, rqm): the sum of the levels is
+        ``n v_0 + S step`` (float64; the plain path's float64 sum up to rounding)."""
+        k = self.levels.numel()
+        step = (self.levels[-1] - self.levels[0]) / (k - 1)
+        spaced = self.levels[0] + step * torch.arange(k, dtype=torch.float64)
+        if not torch.allclose(spaced, self.levels, rtol=0.0, atol=1e-12):
+            raise ValueError(f"{self.cfg.mechanism}'s levels are not evenly spaced")
+        s = torch.from_numpy(self._take_sum(total, n)).to(torch.float64)
+        self.total = n * self.levels[0] + s * step
 
     def _estimate(self) -> torch.Tensor:
         out = torch.empty(self.m, dtype=torch.float32)

@@ -33,7 +33,6 @@ import logging
 from typing import Any, Final
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from corbin_fl import secure, wire
@@ -311,46 +310,14 @@ _INNER: Final[dict[str, str]] = {
 }
 
 
-class _Counts:
-    """A ``BitCounter`` stand-in whose counts are the exact symbol sums."""
-
-    def __init__(self, counts: np.ndarray) -> None:
-        self._counts = counts
-
-    def counts(self) -> np.ndarray:
-        return self._counts
-
-
 def feed(aggregator: Any, total: np.ndarray, n: int, cfg: Any) -> None:
-    """Put the exact symbol sum ``total`` of ``n`` clients into the mechanism's aggregator, in
-    the form its ``_estimate`` reads (the same decoding as the plain path):
-
-    - one-bit (``BitsAggregator``, ``SignAggregator``): the counts of ``+1`` bits are the sums;
-    - ternary: the sum of ``t = symbol - 1`` is ``S - n``;
-    - pbm / rqm (evenly spaced levels ``v_0 + k step``): the sum of levels is
-      ``n v_0 + S step`` (float64; equal to the plain path's float64 sum up to rounding).
-    """
-    from corbin_fl.server.aggregation import (
-        BitsAggregator,
-        LevelsAggregator,
-        TernaryAggregator,
-    )
-
-    total = np.asarray(total, dtype=np.int64)
-    if total.shape != (aggregator.m,):
-        raise SecAggError(f"sum of {total.size} symbols for {aggregator.m} parameters")
-    if isinstance(aggregator, BitsAggregator):
-        aggregator.counter = _Counts(total.astype(np.int32))
-    elif isinstance(aggregator, TernaryAggregator):
-        aggregator.total = torch.from_numpy(total - n).to(torch.int32)
-    elif isinstance(aggregator, LevelsAggregator):
-        levels = aggregator.levels
-        k = levels.numel()
-        step = (levels[-1] - levels[0]) / (k - 1)
-        aggregator.total = n * levels[0] + torch.from_numpy(total).to(torch.float64) * step
-    else:
-        raise SecAggError(f"{cfg.mechanism} has no aggregator for a symbol sum")
-    aggregator.n = n
+    """Put the exact symbol sum ``total`` of ``n`` clients into the mechanism's aggregator
+    (:meth:`corbin_fl.server.aggregation.Aggregator.from_symbol_sum`), which decodes it as the
+    plain path decodes the same symbols."""
+    try:
+        aggregator.from_symbol_sum(np.asarray(total, dtype=np.int64), n)
+    except (NotImplementedError, ValueError) as exc:
+        raise SecAggError(f"{cfg.mechanism}: {exc}") from exc
 
 
 __all__ = ["SecureRound", "feed"]

@@ -116,7 +116,7 @@ def test_the_parameter_rides_the_wire(toy: registry.Mechanism) -> None:
 
     from corbin_fl.client.mod import instruction_config
 
-    assert wire.PARAM_KEYS[-2:] == (KEY, "test-z-digest")
+    assert wire.PARAM_KEYS[-3:] == (KEY, "test-z-digest", *wire.TRAILING_PARAM_KEYS)
     assert KEY in wire.keygen_cfg_keys() and KEY in wire.update_cfg_keys(TOY, wire.SOLO, "relay")
     params = mechanism_params(mechanism=TOY, shrunk_factor=0.5)
     assert params[KEY] == 0.5
@@ -269,6 +269,9 @@ GENERIC_PATH = (
     "corbin_fl/wire.py",
     "corbin_fl/registry.py",
     "mechanisms/accounting.py",
+    "corbin_fl/secure.py",
+    "server/secure_round.py",
+    "client/secure_update.py",
 )
 """The files every mechanism goes through (the mechanisms' own encoders and aggregators, in
 client/encode.py and server/aggregation.py, are theirs to branch in)."""
