@@ -163,8 +163,8 @@ class ClientState:
 def _ids(values: Iterable[object], what: str) -> list[int]:
     out = []
     for v in values:
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 2**63:
-            raise MalformedMessageError(f"{what}: node id {v!r} is not a positive 63-bit integer")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 2**64:
+            raise MalformedMessageError(f"{what}: node id {v!r} is not in [1, 2^64)")
         out.append(v)
     return out
 

@@ -423,3 +423,15 @@ def test_ciphertext_size_is_fixed() -> None:
     d.advertise()
     reps = d.share()
     assert {len(c) for r in reps.values() for c in r.ciphertexts.values()} == {CIPHERTEXT_BYTES}
+
+
+def test_flower_node_ids_span_the_whole_uint64_range() -> None:
+    """Flower's node ids are uint64 (a deployment gave 10512304443867784025 > 2^63): a round
+    with ids near 2^64, run ids too, sums exactly, with a dropout before unmasking."""
+    rng = np.random.default_rng(11)
+    ids = [2**64 - 1 - 7 * i for i in range(5)]
+    x = {u: rng.integers(0, 2, 50) for u in ids}
+    drop = {"unmask": {ids[2]}}
+    out, _ = simulate_round(x, 1, run_id=2**64 - 3, rng=rng, drop=drop)
+    assert out.abandoned is None
+    assert np.array_equal(out.total, sum(x[u] for u in out.survivors))
