@@ -20,6 +20,7 @@ offers no run-config hook to inject a tampered blob into a real deployment).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -196,5 +197,66 @@ def test_relay_run_learns_pairs_share_z_and_survives_a_killed_supernode(
     assert math.isfinite(run_eps) and run_eps > 0
     assert privacy["threat_models"]["B"]["dp"] is False  # paired bits: no DP against the server
     assert result.events[0]["event"] == "run_start"
+    assert result.events[-1]["event"] == "run_end"
+    _assert_nothing_left(result)
+
+
+SECURE_FIRST_ROUND_STAGES: Final[int] = 6
+"""Relay mode with secure aggregation: round 1 runs keygen, pair, SecAgg+ advertise and share,
+update (the mask stage) and unmask."""
+SECURE_LATER_ROUND_STAGES: Final[int] = 4
+"""Later rounds: share, update and unmask, and a margin of one stage (advertise for a node
+without keys from the last unmask reply)."""
+
+
+@pytest.mark.timeout(1800)
+def test_secure_aggregation_run_learns_and_survives_a_killed_supernode(
+    tmp_path: Path,
+    clientapp_timing: Callable[[Mapping[str, Any], int], ClientAppTiming],
+    rearm_timeout: Callable[[float], None],
+) -> None:
+    """``corbin-fl local --kill-client 1@2`` with ``secure-aggregation = true``: the server gets
+    only the masked vectors and their sum; round 2 sums the three survivors exactly (the killed
+    node's pairwise masks are removed with its mask-key shares) and the model keeps learning."""
+    run_config = {"cr-mode": "relay", "secure-aggregation": True}
+    timing = clientapp_timing(_run_config(run_config), NUM_CLIENTS)
+    ready = timing.startup_timeout(1 + NUM_CLIENTS)
+    options = _options(
+        tmp_path, run_config, timing, kills=(KillSpec(partition=1, round=2),), kill_delay=1.0
+    )
+    options = dataclasses.replace(
+        options,
+        timeout=timing.run_timeout(
+            rounds=ROUNDS,
+            first_round_stages=SECURE_FIRST_ROUND_STAGES,
+            later_round_stages=SECURE_LATER_ROUND_STAGES,
+            concurrent=NUM_CLIENTS,
+            poll_interval=POLL_INTERVAL,
+            wait_for_nodes=ready,
+        ),
+    )
+    rearm_timeout(3 * options.ready_timeout + options.timeout + 20)
+    result = run_local(options)
+    assert result.ok, _explain(result)
+    rows = result.metrics
+    assert [r["round"] for r in rows] == [1, 2], _explain(result)
+    summary = result.summary
+    assert summary is not None
+    m = summary["num_params"]
+
+    first, second = rows
+    sa1, sa2 = first["secure_aggregation"], second["secure_aggregation"]
+    assert first["participants"] == NUM_CLIENTS and sa1["survivors"] == NUM_CLIENTS, sa1
+    assert sa1["b"] == 3 and sa1["abandoned"] is None  # ceil(log2(4 + 1)): one bit, 4 clients
+    # The update reply is the b-bit masked vector: 3 bits per parameter plus small framing.
+    per_client = sa1["bytes_up"]["update"] / NUM_CLIENTS
+    assert m * 3 / 8 <= per_client <= m * 3 / 8 * 1.02 + 4096, (per_client, m)
+
+    (killed,) = result.killed
+    dropped = {str(k): v for k, v in second["dropped"].items()}
+    assert list(dropped) == [str(killed.node_id)], _explain(result)
+    assert second["participants"] == NUM_CLIENTS - 1, _explain(result)
+    assert sa2["abandoned"] is None and sa2["survivors"] == NUM_CLIENTS - 1, sa2
+    assert second["test_accuracy"] > MIN_ROUND2_ACCURACY, _explain(result)
     assert result.events[-1]["event"] == "run_end"
     _assert_nothing_left(result)
