@@ -1,0 +1,950 @@
+r"""Privacy against a server that sees only the SUM of the clients' symbols (secure aggregation).
+
+With secure aggregation (SecAgg+, Bell et al., CCS 2020; Bonawitz et al., CCS 2017) the server
+of threat model B learns, per parameter and round, only ``S = sum_i U_i``, the sum of the ``n``
+participating clients' quantized symbols (and who took part). This module is the math of the
+guarantee one client's symbols then get against that server. Pure NumPy / SciPy, plus
+``dp_accounting``'s privacy-loss-distribution (PLD) accountant for composition.
+
+Papers (public references): CorBin-FL = Salehi et al., "CorBin-FL: a differentially private
+federated learning mechanism using common randomness", arXiv:2409.13133 (Algorithms 1-2,
+Theorem 3); PBM = Chen, Ozgur & Kairouz, "The Poisson binomial mechanism for unbiased federated
+learning with secure aggregation", ICML 2022 (arXiv:2108.09449); cpSGD = Agarwal et al.,
+NeurIPS 2018; dominating pairs = Zhu, Dong & Wang, "Optimal accounting of differential privacy
+via characteristic function", AISTATS 2022; connect-the-dots = Doroshenko, Ghazi, Kamath, Kumar
+& Manurangsi, "Connect the dots: tighter discrete approximations of privacy loss
+distributions", PETS 2022; hockey-stick divergence and PLDs = Meiser & Mohammadi (CCS 2018),
+Koskela et al. (AISTATS 2020).
+
+Neighbouring relation: one client replaces its input (any input in its clipping box) while
+every other client keeps its own; the worst case is taken over both inputs of that client AND
+over all inputs of the other ``n - 1`` clients. ``(eps, delta)`` is the usual
+``P(S in A) <= e^eps P'(S in A) + delta`` for every set ``A``, in both directions.
+
+Independent one-bit mechanisms (``ldpfl``, ``pbm`` with ``m = 1``, ``rqm`` with 2 levels)
+-----------------------------------------------------------------------------------------
+All three send one bit with ``P(bit = 1) = p`` in ``[a, b]``, ``a = 1/(e^eps_p + 1)``,
+``b = e^eps_p/(e^eps_p + 1)`` (LDPQ: ``q = 1/2 + (w - c)/(2 r alpha)``, ``alpha =
+coth(eps_p/2)``; PBM with one trial: ``p = 1/2 + theta x``, ``theta = tanh(eps_p/2)/2``; RQM with
+two levels: ``P(X | x) = (X + x)/(2X)``, ``X = alpha``; the same law exactly). The server sees
+``S = X_1 + Y``, ``Y = sum_{j >= 2} X_j`` independent of ``X_1``.
+
+*Worst case at the vertices.* The hockey-stick divergence
+``H_g(P || Q) = sup_A P(A) - g Q(A) = sum_s (P(s) - g Q(s))_+`` is jointly convex in ``(P, Q)``.
+The pmf of ``S`` is affine in each single probability ``p_j`` (condition on the other bits:
+``P(S = s) = p_j P(R = s - 1) + (1 - p_j) P(R = s)``), under both neighbouring inputs alike,
+so ``H_g`` is a convex function of each ``p_j`` over ``[a, b]`` and is largest at an end point;
+fixing the others and repeating, the supremum over the box ``[a, b]^(n-1)`` is attained at a
+vertex. The same argument for the client's own pair ``(p_1, p_1')`` gives ``{a, b}`` (and equal
+end points give 0). ``S`` depends on the vertex only through ``k``, the number of others at
+``b``: the worst case is the maximum over ``k = 0..n-1`` (and both directions) of the pair
+
+    ``P_k = Bern(b) * Bin(k, b) * Bin(n-1-k, a)``,  ``Q_k = Bern(a) * Bin(k, b) * Bin(n-1-k, a)``
+
+(``*`` is convolution). :func:`one_bit_profile` computes every ``delta_k(eps)`` exactly (float64,
+from the binomial pmfs; sums of non-negative terms, so relative accuracy ~1e-13) and the
+per-parameter guarantee is ``delta(eps) = max_k max(H(P_k || Q_k), H(Q_k || P_k))``.
+With ``delta = 0`` nothing improves: ``S = n`` has likelihood ratio ``b/a = e^eps_p`` at
+``k = n - 1``, so the pure guarantee is ``eps_p`` for every ``n``; the gain needs ``delta > 0``.
+It never gets worse with ``n``: adding an independent client's bit to ``S`` is post-processing
+of ``S`` (its law does not depend on client 1), and the worst case over more others is the
+worst case over fewer others with one more post-processing step.
+
+*Composition (sound when the worst ``k`` differs from step to step).* Parameters and rounds are
+``K = m T`` steps, and the others' inputs (hence ``k``) may differ at every step. A pair
+``(P*, Q*)`` *dominates* a step if ``H_g(P_k || Q_k) <= H_g(P* || Q*)`` for every ``g >= 0``
+(both directions); the product of per-step dominating pairs dominates the adaptive composition
+(Zhu, Dong & Wang 2022, Theorem 10). The pointwise maximum of the curves ``g -> delta_k`` is
+convex and non-increasing in ``g``, so it is itself a privacy profile, and the connect-the-dots
+PLD of Doroshenko et al. 2022 on a grid of ``eps`` values (which covers every finite privacy
+loss of every pair, so that it is exact at both ends) has, as a function of ``g = e^eps``, the
+chord interpolation of that convex envelope: it is never below any ``delta_k`` at any ``eps``.
+:func:`dominating_pld` builds it with ``dp_accounting`` (``create_pmf_pessimistic_connect_dots
+_fixed_gap``), and :func:`compose` self-composes it ``K`` times (FFT, pessimistic tail
+truncation). No single ``k`` has to dominate, and none is assumed to; the result is never below
+the worst single ``k`` (tested).
+
+PBM with ``M`` trials (its native setting)
+-------------------------------------------
+Each client sends ``Binomial(M, p_i)``, ``p_i = 1/2 + theta x_i`` in ``[pl, ph]`` with
+``theta = tanh(eps/(2M))/2`` (so ``ph/pl = e^(eps/M)``; the project's calibration to pure
+``eps``-LDP per coordinate), and the server sees the Poisson-binomial sum. The pmf is not affine
+in ``p_i`` (degree ``M``), but ``Bin(M, p) = sum_j Bin(M, lam)(j) V_j`` with
+``V_j = Bin(j, ph) * Bin(M - j, pl)`` and ``lam = (p - pl)/(ph - pl)`` (each trial is the mixture
+``lam Bern(ph) + (1 - lam) Bern(pl)``): every input is a mixture of the ``M + 1`` vertex laws,
+with the same weights under both neighbouring inputs for the others. Joint convexity bounds
+``H`` by its maximum over vertex configurations. Aligning the exchangeable trials, a vertex
+configuration is ``D`` trials of client 1 that differ (``ph`` against ``pl``) and ``N = nM - D``
+trials (the other clients' and client 1's common ones) of which ``k`` are at ``ph``:
+``P = Bin(D, ph) * Bin(k, ph) * Bin(N - k, pl)``, ``Q = Bin(D, pl) * (same)``, ``D = 1..M``,
+``k = 0..N``. :func:`pbm_profile` takes the maximum over all of them (a sound upper bound;
+exact for ``M = 1``), composition as above.
+
+AugCorBin-FL (Theorem 3 of arXiv:2409.13133)
+--------------------------------------------
+Theorem 3 bounds the *aggregate* ``W_g = (1/n) sum_i W_i``; with secure aggregation the server's
+view per parameter is ``S``, an affine bijection of ``W_g`` given the public ``n, c, r``. So the
+theorem, as stated, applies to the server: each round is ``(eps_u, delta)``-UCDP, eq. (5), if
+``(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha)``
+(:func:`augcorbin_theorem3`, which raises :class:`Theorem3ConditionError` naming the failing
+term otherwise). Rounds compose as ``T`` generic ``(eps_u, delta)`` mechanisms (optimal
+composition via ``dp_accounting``'s PLD of ``(eps_u, delta)``-DP). The theorem's noise is the
+``gamma n`` clients that quantize independently; its proof (Appendix D) treats a paired client by
+conditioning on its partner's output. :func:`augcorbin_profile` applies this module's exact
+worst-case method to the same decomposition, per parameter: an independent client is the
+one-bit pair above with ``n_ind - 1`` independent others; a paired client, given its partner's
+bit, emits a bit whose conditional law can be a point mass, so its worst case is
+``(1 + Y, 0 + Y)`` with ``Y`` the sum of the ``n_ind`` independent clients (the other pairs' sums
+are independent of it and can be deterministic, so they are dropped: post-processing). Its
+``(eps, delta)`` is the maximum over both cases.
+
+CorBin-FL against the sum: no DP
+--------------------------------
+With common randomness ``Z`` (uniform over ``2^d`` codewords) the two partners' bits are
+``U_1 = [Z < T_1]`` and ``U_2 = [Z > T_2]`` (Algorithm 2; ``mechanisms/quantizers.py``:
+``T_1 = floor(2^d q_1)``, ``T_2 = floor(2^d (1 - q_2))``, local coins only on the codeword equal to
+the threshold). If ``q_1 + q_2 <= 1`` the two ``+1`` regions are disjoint, so ``U_1 + U_2`` is 1
+with probability ``q_1 + q_2`` and 0 otherwise; if ``q_1 + q_2 > 1`` they overlap and the sum is 2
+with probability ``q_1 + q_2 - 1`` and 1 otherwise. So the pair's sum is the randomized rounding
+of ``q_1 + q_2`` to one of the two integers around it, deterministic when ``q_1 + q_2`` is an
+integer, except on the tie codewords (probability at most ``2^-d`` each). Take every other pair at
+``q = 1/2`` (sum exactly 1), client 1's partner at ``q_2 = 1 - q_1`` with ``2^d q_1`` an integer
+(no tie coin): under ``w_1`` the total ``S`` is deterministic; changing ``w_1`` to the top of its
+range (``q_1' = b``) makes ``S`` one larger with probability ``b - q_1``, an outcome of probability
+0 before. So the privacy loss has an atom at ``+infinity`` of mass
+``p_inf = b - ceil(2^d a)/2^d >= 1/alpha - 2^-d`` per parameter (0.450 at ``eps_p = 1``,
+``d = 5``), ``delta >= 1 - (1 - p_inf)^k`` for ``k`` parameters, whatever ``eps``
+(:func:`corbin_against_sum`, ``dp: false``). Secure aggregation does not help CorBin-FL: the
+pair's noise cancels by design, which is also why it is accurate.
+
+What does not change (quotable)
+-------------------------------
+* **Threat model A** (an eavesdropper on one uplink): unchanged. Secure aggregation masks what
+  the server receives, but each client still sends its own upload; with SecAgg+ the upload is
+  masked, and an eavesdropper without the masks learns less, never more, than the per-upload
+  LDP guarantee: each parameter stays ``eps_p``-LDP (PLDP, eq. (3)), ``k`` parameters compose as
+  ``k``-fold randomized response. The guarantee of A is the same number as without secure
+  aggregation.
+* **Threat model D** (a malicious server): secure aggregation with SecAgg+ protects a client
+  only while the server follows the unmasking rules. A server that lies about dropouts (declares
+  a client dropped after it sent its masked input, collects the shares of its pairwise mask keys,
+  and so unmasks it) learns that client's individual symbols; SecAgg+ bounds this by the
+  threshold ``t``: the server needs ``t`` shares and an honest client answers for each peer with
+  either the self-mask share or the mask-key share, never both, so with at most ``t - 1``
+  colluding clients an individual input stays hidden as long as the consistency checks hold;
+  beyond that, what remains is the per-upload local guarantee of A (``eps_p`` per parameter for
+  the mechanisms whose noise is drawn on the client) and, for CorBin-FL's paired clients, none
+  (SECURITY.md, threat model 4). The server also chooses who takes part, so it can shrink the
+  sum to few honest clients (or Sybils), and the ``n`` of this module is then the number of
+  honest clients in the sum, not the number of participants.
+* Threat model C (a malicious client) receives only the global model, a post-processing of
+  ``S``: at least this module's B numbers hold (Theorem 3's per-round UCDP for AugCorBin-FL).
+* All numbers assume a client takes part in every round (worst case) and count parameters, not
+  users.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import stats
+
+__all__ = [
+    "QUICK",
+    "ComposedGuarantee",
+    "SumProfile",
+    "Theorem3ConditionError",
+    "VertexFamily",
+    "augcorbin_guarantee",
+    "augcorbin_profile",
+    "augcorbin_theorem3",
+    "compose",
+    "corbin_against_sum",
+    "dominating_pld",
+    "format_table",
+    "hockey_stick",
+    "one_bit_guarantee",
+    "one_bit_profile",
+    "pbm_guarantee",
+    "pbm_profile",
+    "pbm_range",
+    "rr_range",
+    "server_table",
+    "theorem3_condition",
+]
+
+Array = NDArray[np.float64]
+
+#: Quick-scale settings of the committed experiments (experiments/quick/*.toml,
+#: app/models.py): MNIST small CNN with ``m = 421,642`` parameters, 10 rounds, ``delta = 1e-5``,
+#: ``eps_p = 1`` (targets, bits, dropout; ``eps_p = 5`` in mechanisms.toml), AugCorBin-FL
+#: ``gamma = 0.2``, CorBin-FL ``d = 5``, PBM ``trials`` 1 and 2 (bits-frontier), update range
+#: ``R = 0.01`` (range-mode "update").
+QUICK: dict[str, Any] = {
+    "m": 421_642,
+    "rounds": 10,
+    "delta": 1e-5,
+    "eps_p": 1.0,
+    "gamma": 0.2,
+    "d": 5,
+    "pbm_trials": 2,
+    "r": 0.01,
+}
+
+_GRID_POINTS = 1 << 13
+"""Fine grid: ``2^13`` steps per side of ``[-L, L]`` (``L`` = largest finite privacy loss)."""
+
+_TINY = 1e-250
+"""Probabilities below this count as outcomes of infinite privacy loss (sound; see _Curve)."""
+
+_REL_SLACK = 1e-9
+_ABS_SLACK = 1e-15
+"""Added to every computed ``delta`` before it enters a composition (float64 rounding)."""
+
+_CACHE_OUTCOMES = 2_000_000
+"""Keep the sorted curves in memory up to this many outcomes (about 100 MB); else recompute."""
+
+_TRUNCATION = 1e-15
+"""Tail mass truncated (pessimistically) at each composition."""
+
+_MAX_FFT = 1 << 22
+"""Target size of the composed PLD array (:func:`compose` picks the discretization)."""
+
+
+# =================================================================================== ranges
+
+
+def rr_range(eps_p: float) -> tuple[float, float]:
+    """``(a, b) = (1/(e^eps_p + 1), e^eps_p/(e^eps_p + 1))``: the range of ``P(bit = 1)``.
+
+    LDPQ (CorBin-FL Algorithm 1), PBM with one trial and RQM with two levels all have exactly
+    this range (``q = 1/2 + (w - c)/(2 r alpha)``, ``alpha = coth(eps_p/2)``).
+    """
+    e = _positive(eps_p, "eps_p")
+    a = 1.0 / (1.0 + math.exp(e)) if e < 700 else math.exp(-e)
+    return a, 1.0 - a
+
+
+def pbm_range(eps: float, trials: int) -> tuple[float, float]:
+    """Per-trial range ``(1/2 - theta, 1/2 + theta)``, ``theta = tanh(eps/(2M))/2`` (PBM)."""
+    m = _integer(trials, "trials")
+    return rr_range(_positive(eps, "eps") / m)
+
+
+# =================================================================================== pairs
+
+
+def hockey_stick(p: Array, q: Array, eps: float | Array) -> float | Array:
+    r"""``H_{e^eps}(P || Q) = sum_s (P(s) - e^eps Q(s))_+`` of two pmfs on the same outcomes.
+
+    Vectorized over ``eps``: outcomes are sorted by privacy loss ``log(P/Q)`` (``+inf`` where
+    ``Q = 0 < P``) and ``H = sum_{L_s > eps} P(s) - e^eps Q(s)`` from cumulative sums.
+    """
+    c = _Curve.of(np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64))
+    e = np.asarray(eps, dtype=np.float64)
+    out = c(e.ravel()).reshape(e.shape)
+    return float(out) if out.ndim == 0 else out
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """Sorted privacy losses of one pair, for fast ``delta(eps)`` (see :func:`hockey_stick`)."""
+
+    neg_loss: Array  # -L, increasing (finite losses only)
+    cum_p: Array
+    cum_q: Array
+    inf_mass: float
+    max_loss: float  # largest finite |L| over outcomes with P > 0 or Q > 0 on both sides
+
+    @classmethod
+    def of(cls, p: Array, q: Array) -> _Curve:
+        # An outcome with a probability below _TINY (where float64 loses relative precision)
+        # counts as an infinite loss: its whole P-mass goes to delta (an over-estimate).
+        both = (p >= _TINY) & (q >= _TINY)
+        inf_mass = float(np.sum(p[~both]))
+        loss = np.log(p[both]) - np.log(q[both])
+        order = np.argsort(-loss, kind="stable")
+        loss = loss[order]
+        return cls(
+            -loss,
+            np.cumsum(p[both][order]),
+            np.cumsum(q[both][order]),
+            inf_mass,
+            float(np.max(np.abs(loss))) if loss.size else 0.0,
+        )
+
+    def __call__(self, eps: Array) -> Array:
+        j = np.searchsorted(self.neg_loss, -eps, side="left")  # number of losses > eps
+        out = np.zeros(eps.shape, dtype=np.float64)
+        ok = j > 0
+        jj = j[ok] - 1
+        out[ok] = self.cum_p[jj] - np.exp(eps[ok]) * self.cum_q[jj]
+        return np.minimum(1.0, np.maximum(out, 0.0) + self.inf_mass)
+
+
+def _binom(n: int, p: float) -> Array:
+    if n == 0:
+        return np.ones(1)
+    if p <= 0.0 or p >= 1.0:
+        out = np.zeros(n + 1)
+        out[n if p >= 1.0 else 0] = 1.0
+        return out
+    return stats.binom.pmf(np.arange(n + 1), n, p)
+
+
+@dataclass(frozen=True)
+class VertexFamily:
+    """The vertex pairs ``(P, Q)`` of one case of the worst-case analysis.
+
+    ``P = Bin(D, hi) * Bin(k, p_hi) * Bin(N - k, p_lo)`` and ``Q = Bin(D, lo) * (same)`` for
+    ``k = 0..N`` (``*``: convolution). ``hi``/``lo`` are the client's differing trials'
+    probabilities under its two inputs (``b``/``a``, or ``1``/``0`` for a paired client given its
+    partner), ``[p_lo, p_hi]`` the others' range. Both directions are always taken.
+    """
+
+    label: str
+    d_trials: int
+    hi: float
+    lo: float
+    others: int
+    p_lo: float
+    p_hi: float
+
+    def pairs(self) -> Iterator[tuple[int, Array, Array]]:
+        """Yield ``(k, P, Q)`` for ``k = 0..N``."""
+        xp = _binom(self.d_trials, self.hi)
+        xq = _binom(self.d_trials, self.lo)
+        lo_pmfs = {}
+        for k in range(self.others + 1):
+            y_hi = _binom(k, self.p_hi)
+            nk = self.others - k
+            if nk not in lo_pmfs:
+                lo_pmfs[nk] = _binom(nk, self.p_lo)
+            y = np.convolve(y_hi, lo_pmfs.pop(nk))
+            yield k, np.convolve(xp, y), np.convolve(xq, y)
+
+    @property
+    def size(self) -> int:
+        """Total number of outcomes over all ``k`` (the cost of one sweep)."""
+        return (self.others + 1) * (self.others + self.d_trials + 1)
+
+
+@dataclass
+class SumProfile:
+    """Worst-case privacy profile of one client against the sum-seeing server, per parameter.
+
+    ``delta(eps) = max`` over every vertex pair of every family, both directions, of the exact
+    hockey-stick divergence. :meth:`delta` and :meth:`epsilon` are the per-parameter guarantee;
+    :func:`dominating_pld` turns the profile into a PLD for composition.
+    """
+
+    name: str
+    n: int
+    families: tuple[VertexFamily, ...]
+    local_eps: float
+    _curves: list[tuple[str, int, _Curve, _Curve]] | None = field(default=None, repr=False)
+    _max_loss: float | None = field(default=None, repr=False)
+
+    def _all(self) -> Iterator[tuple[str, int, _Curve, _Curve]]:
+        if self._curves is not None:
+            yield from self._curves
+            return
+        cache = sum(f.size for f in self.families) <= _CACHE_OUTCOMES
+        keep: list[tuple[str, int, _Curve, _Curve]] = []
+        for fam in self.families:
+            for k, p, q in fam.pairs():
+                item = (fam.label, k, _Curve.of(p, q), _Curve.of(q, p))
+                if cache:
+                    keep.append(item)
+                yield item
+        if cache:
+            self._curves = keep
+
+    @property
+    def max_loss(self) -> float:
+        """Largest finite ``|privacy loss|`` over all vertex pairs (both directions)."""
+        if self._max_loss is None:
+            self._max_loss = max(max(f.max_loss, r.max_loss) for _, _, f, r in self._all())
+        return self._max_loss
+
+    def deltas(self, eps: Array) -> Array:
+        """Envelope ``max_k max(H(P_k||Q_k), H(Q_k||P_k))`` at each ``eps`` (vectorized)."""
+        e = np.asarray(eps, dtype=np.float64).ravel()
+        out = np.zeros(e.shape)
+        for _, _, f, r in self._all():
+            np.maximum(out, f(e), out=out)
+            np.maximum(out, r(e), out=out)
+        return out
+
+    def delta(self, eps: float) -> float:
+        """Per-parameter ``delta`` at ``eps`` (exact worst case)."""
+        return float(self.deltas(np.array([float(eps)]))[0])
+
+    def worst(self, eps: float) -> tuple[str, int, str]:
+        """Which vertex attains :meth:`delta` at ``eps``: ``(family, k, direction)``."""
+        e = np.array([float(eps)])
+        best = (-1.0, ("", -1, ""))
+        for lab, k, f, r in self._all():
+            for d, c in (("P||Q", f), ("Q||P", r)):
+                v = float(c(e)[0])
+                if v > best[0]:
+                    best = (v, (lab, k, d))
+        return best[1]
+
+    def epsilon(self, delta: float) -> float:
+        """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` (upper end of a ``1e-9`` bracket).
+
+        ``inf`` if the mass of outcomes impossible under the neighbour exceeds ``delta``.
+        """
+        target = _probability(delta, "delta")
+        top = self.max_loss
+        if self.delta(top + 1e-12) > target:
+            return math.inf
+        lo, hi = 0.0, top + 1e-12
+        if self.delta(0.0) <= target:
+            return 0.0
+        for _ in range(4):  # grid refinement: 4 passes of 257 points
+            grid = np.linspace(lo, hi, 257)
+            d = self.deltas(grid)
+            i = int(np.argmax(d <= target))
+            lo, hi = float(grid[i - 1]), float(grid[i])
+            if hi - lo <= 1e-9 * max(1.0, hi):
+                break
+        return hi
+
+
+def one_bit_profile(eps_p: float, n: int) -> SumProfile:
+    """Worst case of one client's LDPQ / PBM(m=1) / RQM(2) bit inside a sum of ``n`` bits.
+
+    Parameters
+    ----------
+    eps_p : float
+        Per-parameter local budget.
+    n : int
+        Clients in the sum (client 1 included), ``>= 1``; ``n = 1`` is randomized response.
+    """
+    a, b = rr_range(eps_p)
+    n = _integer(n, "n")
+    fam = VertexFamily("independent", 1, b, a, n - 1, a, b)
+    return SumProfile("one-bit", n, (fam,), float(eps_p))
+
+
+def pbm_profile(eps: float, trials: int, n: int) -> SumProfile:
+    """PBM with ``M = trials`` trials per client, ``n`` clients in the sum (module docstring)."""
+    m = _integer(trials, "trials")
+    n = _integer(n, "n")
+    pl, ph = pbm_range(eps, m)
+    fams = tuple(VertexFamily(f"D={d}", d, ph, pl, n * m - d, pl, ph) for d in range(1, m + 1))
+    return SumProfile(f"pbm(M={m})", n, fams, float(eps))
+
+
+def augcorbin_profile(eps_p: float, n: int, gamma: float) -> SumProfile:
+    """Exact per-parameter worst case of AugCorBin-FL against the sum (module docstring).
+
+    ``n_ind = floor(gamma n + 1/2)`` clients quantize independently (``mechanisms/pairing.py``);
+    an odd leftover client adds noise and is ignored (sound). Independent client: the one-bit
+    pair with ``n_ind - 1`` independent others; paired client: ``(1 + Y, 0 + Y)``, ``Y`` the sum of
+    ``n_ind`` independent bits (needs ``n >= 2`` paired clients to occur).
+    """
+    n = _integer(n, "n")
+    g = float(gamma)
+    if not 0.0 <= g <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+    a, b = rr_range(eps_p)
+    n_ind = math.floor(g * n + 0.5)
+    fams = []
+    if n_ind >= 1:
+        fams.append(VertexFamily("independent", 1, b, a, n_ind - 1, a, b))
+    if n - n_ind >= 2:
+        fams.append(VertexFamily("paired", 1, 1.0, 0.0, n_ind, a, b))
+    return SumProfile("augcorbin", n, tuple(fams), float(eps_p))
+
+
+# =================================================================================== PLD
+
+
+def _ctd_masses(deltas: Array, h: float) -> tuple[Array, float]:
+    """Connect-the-dots masses on a fixed gap (Doroshenko et al. 2022, Alg. 1); for moments."""
+    e = math.expm1(h)
+    dd = np.diff(deltas)
+    p = np.empty_like(deltas)
+    p[0] = 1.0 - deltas[0] + (dd[0] / e if dd.size else 0.0)
+    if deltas.size > 2:
+        p[1:-1] = (dd[1:] - math.exp(h) * dd[:-1]) / e
+    if deltas.size > 1:
+        p[-1] = dd[-1] / math.expm1(-h)
+    return np.maximum(p, 0.0), float(deltas[-1])
+
+
+@dataclass(frozen=True)
+class _Grid:
+    h: float
+    lo: int
+    hi: int
+    deltas: Array
+
+
+def _grid(profile: SumProfile, points: int = _GRID_POINTS) -> _Grid:
+    """Envelope on ``eps = i h``, ``i = -I..I``, covering every finite loss with a margin."""
+    top = profile.max_loss
+    span = top * (1.0 + 1e-6) + 1e-9
+    h = span / points
+    idx = np.arange(-points, points + 1)
+    d = profile.deltas(idx * h)
+    d = np.minimum(1.0, d * (1.0 + _REL_SLACK) + _ABS_SLACK)
+    d = np.maximum.accumulate(d[::-1])[::-1]  # non-increasing, only ever raised
+    return _Grid(h, -points, points, d)
+
+
+def dominating_pld(profile: SumProfile, stride: int = 1, grid: _Grid | None = None) -> Any:
+    """Connect-the-dots PLD that dominates every vertex pair of ``profile`` (both directions).
+
+    ``eps`` grid: ``(stride h) i``, covering ``[-L, L]`` (``L`` the largest finite loss), with
+    the envelope's ``delta`` (computed exactly, raised by ``1e-9`` relative + ``1e-15``
+    absolute for float64 rounding) at each point; mass above the grid is the ``+infinity``
+    atom. Returns a symmetric ``dp_accounting`` ``PrivacyLossDistribution``.
+    """
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+    g = grid if grid is not None else _grid(profile)
+    s = int(stride)
+    if s < 1 or (g.hi - g.lo) % (2 * s) or g.hi % s:
+        raise ValueError(f"stride must divide {g.hi}, got {stride}")
+    d = g.deltas[::s]
+    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(g.h * s, g.lo // s, g.hi // s, d)
+    return PrivacyLossDistribution(pmf)
+
+
+@dataclass(frozen=True)
+class ComposedGuarantee:
+    """``(eps, delta)`` of ``steps`` composed parameters (PLD accountant, sound upper bound).
+
+    Attributes
+    ----------
+    eps, delta : float
+        The guarantee.
+    steps : int
+        Composed steps (``m`` per update, ``m T`` for ``T`` rounds).
+    per_step_eps : float
+        The per-parameter ``eps`` at the same ``delta`` (exact worst case), for comparison.
+    discretization : float
+        Loss grid of the composed PLD.
+    """
+
+    eps: float
+    delta: float
+    steps: int
+    per_step_eps: float
+    discretization: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        """Plain JSON types."""
+        return dataclasses.asdict(self)
+
+
+def compose(profile: SumProfile, steps: int, delta: float) -> ComposedGuarantee:
+    """``eps`` of ``steps`` steps, each dominated by ``profile``, at ``delta`` (PLD accountant).
+
+    The per-step grid is chosen so the composed PLD array has about ``2^22`` entries: the
+    per-step mean ``mu`` and variance ``s^2`` of the loss (of the fine connect-the-dots PLD)
+    give the composed spread ``s sqrt(K)``; the gap is ``h`` times a power of two (at least 128
+    grid points per side). Every grid gives a sound upper bound (connect-the-dots is
+    pessimistic at any grid that covers the losses); a finer one is tighter.
+    """
+    k = _integer(steps, "steps")
+    target = _probability(delta, "delta")
+    g = _grid(profile)
+    probs, inf = _ctd_masses(g.deltas, g.h)
+    losses = np.arange(g.lo, g.hi + 1) * g.h
+    mass = probs.sum()
+    mu = float(np.sum(probs * losses) / mass) if mass > 0 else 0.0
+    var = float(np.sum(probs * (losses - mu) ** 2) / mass) if mass > 0 else 0.0
+    want = 16.0 * math.sqrt(k * var) / _MAX_FFT
+    stride = 1
+    while stride * 2 * g.h <= want and g.hi % (stride * 2) == 0 and g.hi // (stride * 2) >= 128:
+        stride *= 2
+    pld = dominating_pld(profile, stride, g)
+    if inf > 0 and -math.expm1(k * math.log1p(-inf)) > target:
+        eps = math.inf  # the +infinity atoms alone exceed delta
+    else:
+        eps = float(_self_compose(pld, k).get_epsilon_for_delta(target))
+    return ComposedGuarantee(eps, target, k, profile.epsilon(target), g.h * stride)
+
+
+def _self_compose(pld: Any, k: int) -> Any:
+    """``k``-fold composition by repeated squaring (``dp_accounting`` ``compose``).
+
+    Each ``compose`` is an FFT convolution whose tails below ``1e-15`` are truncated
+    pessimistically (the lower tail onto the smallest kept loss, the upper tail to
+    ``+infinity``), so the result stays an upper bound; at most ``2 log2 k`` compositions.
+    ``dp_accounting``'s ``self_compose`` sizes its FFT with Chernoff orders that are far too
+    large for ``k`` in the millions (its array then does not fit in memory).
+    """
+    result = None
+    power = pld
+    while True:
+        if k & 1:
+            result = power if result is None else result.compose(power, _TRUNCATION)
+        k >>= 1
+        if not k:
+            return result
+        power = power.compose(power, _TRUNCATION)
+
+
+# =================================================================================== reports
+
+
+def one_bit_guarantee(eps_p: float, n: int, m: int, rounds: int, delta: float) -> dict[str, Any]:
+    """Threat model B with secure aggregation for ``ldpfl`` / ``pbm`` m=1 / ``rqm`` 2 levels.
+
+    Returns ``{"dp": True, "n", "per_parameter": {"eps", "delta"}, "per_update": {...},
+    "all_rounds": {...}, "method"}`` (each block ``eps, delta, steps``).
+    """
+    prof = one_bit_profile(eps_p, n)
+    return _report("ldpfl/pbm(m=1)/rqm(2)", prof, m, rounds, delta)
+
+
+def pbm_guarantee(
+    eps: float, trials: int, n: int, m: int, rounds: int, delta: float
+) -> dict[str, Any]:
+    """Threat model B with secure aggregation for PBM with ``trials`` trials (native)."""
+    prof = pbm_profile(eps, trials, n)
+    out = _report(f"pbm(M={trials})", prof, m, rounds, delta)
+    out["bits_per_parameter"] = max(1, math.ceil(math.log2(int(trials) + 1)))
+    return out
+
+
+def augcorbin_guarantee(
+    eps_p: float,
+    n: int,
+    gamma: float,
+    m: int,
+    rounds: int,
+    delta: float,
+    r: float,
+) -> dict[str, Any]:
+    """AugCorBin-FL against the sum: Theorem 3 where its condition holds, and the exact bound.
+
+    ``theorem3``: :func:`augcorbin_theorem3` or ``{"applies": False, "reason": ...}``;
+    ``exact``: this module's per-parameter worst case (:func:`augcorbin_profile`), composed.
+    """
+    out: dict[str, Any] = {"mechanism": "augcorbin", "n": int(n), "gamma": float(gamma)}
+    try:
+        out["theorem3"] = augcorbin_theorem3(eps_p, delta, n, gamma, m, r, rounds=rounds)
+    except Theorem3ConditionError as exc:
+        out["theorem3"] = {"applies": False, "reason": str(exc)}
+    prof = augcorbin_profile(eps_p, n, gamma)
+    if prof.families:
+        out["exact"] = _report("augcorbin", prof, m, rounds, delta)
+        out["dp"] = bool(out["theorem3"].get("applies")) or math.isfinite(
+            out["exact"]["all_rounds"]["eps"]
+        )
+    else:
+        out["dp"] = bool(out["theorem3"].get("applies"))
+    return out
+
+
+def _report(name: str, prof: SumProfile, m: int, rounds: int, delta: float) -> dict[str, Any]:
+    m = _integer(m, "m")
+    rounds = _integer(rounds, "rounds")
+    per = prof.epsilon(delta)
+    upd = compose(prof, m, delta)
+    allr = compose(prof, m * rounds, delta)
+    return {
+        "mechanism": name,
+        "dp": math.isfinite(allr.eps),
+        "n": prof.n,
+        "local_eps": prof.local_eps,
+        "per_parameter": {"eps": per, "delta": delta, "steps": 1},
+        "per_update": {"eps": upd.eps, "delta": delta, "steps": m},
+        "all_rounds": {"eps": allr.eps, "delta": delta, "steps": m * rounds},
+        "method": (
+            "exact worst case over all inputs (vertices of the probability box), both "
+            "directions; composed with a connect-the-dots PLD of the envelope (dp_accounting)"
+        ),
+    }
+
+
+# =================================================================================== Theorem 3
+
+
+class Theorem3ConditionError(ValueError):
+    """Raised when the condition of Theorem 3 (arXiv:2409.13133) on ``n`` does not hold."""
+
+
+def _alpha(eps_p: float) -> float:
+    return 1.0 / math.tanh(_positive(eps_p, "eps_p") / 2.0)
+
+
+def theorem3_condition(
+    eps_p: float, delta: float, n: int, gamma: float, m: int, r: float
+) -> tuple[bool, str]:
+    r"""``(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha)``: holds?, why."""
+    a = _alpha(eps_p)
+    delta = _probability(delta, "delta")
+    n = _integer(n, "n")
+    m = _integer(m, "m")
+    r = _positive(r, "r")
+    g = float(gamma)
+    if not 0.0 < g <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+    lhs = (n * g - 1.0) * (0.25 - 0.25 / a**2)
+    t_log = 23.0 * math.log(m / delta)
+    t_r = 2.0 * r * a
+    rhs = max(t_log, t_r)
+    need = math.ceil((1.0 + rhs / (0.25 - 0.25 / a**2)) / g)
+    while (need * g - 1.0) * (0.25 - 0.25 / a**2) < rhs:
+        need += 1
+    if lhs >= rhs:
+        return True, (
+            f"holds: (n*gamma-1)(1/4-1/(4 alpha^2)) = {lhs:.6g} >= max(23 log(m/delta) = "
+            f"{t_log:.6g}, 2 r alpha = {t_r:.6g})"
+        )
+    fail = " and ".join(
+        s
+        for s, bad in (
+            (f"23 log(m/delta) = {t_log:.6g}", lhs < t_log),
+            (f"2 r alpha = {t_r:.6g}", lhs < t_r),
+        )
+        if bad
+    )
+    return False, (
+        f"Theorem 3 condition (n*gamma-1)(1/4-1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha) "
+        f"fails: {lhs:.6g} with n = {n}, gamma = {g} is below {fail}; it needs n >= {need}"
+    )
+
+
+def augcorbin_theorem3(
+    eps_p: float,
+    delta: float,
+    n: int,
+    gamma: float,
+    m: int,
+    r: float,
+    *,
+    rounds: int = 1,
+) -> dict[str, Any]:
+    r"""Theorem 3 of arXiv:2409.13133 against the sum-seeing server, as stated.
+
+    Each round the sum (an affine bijection of the aggregate ``W_g`` the theorem protects) is
+    ``(eps_u, delta)``-UCDP with eq. (5):
+
+    .. math::
+        \frac{\epsilon_u}{r\alpha} = \sqrt{\frac{8 m \log\frac{1.25}{\delta}}{(n\gamma-1) e_p}}
+        + \frac{8(\log\frac{1.25}{\delta} + \log\frac{20m}{\delta}\log\frac{10}{\delta})}
+               {3(n\gamma-1)}
+        + \frac{4 b_p \sqrt{2m}(1.75 + 3.75/\alpha^2)\sqrt{\log\frac{10}{\delta}}}
+               {(n\gamma-1)(1-\frac{\delta}{10}) e_p},
+
+    ``e_p = 1 + 1/alpha^2``, ``b_p = e_p/3 + 1/alpha``, under the condition
+    ``(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha)``. ``rounds`` rounds
+    compose as generic ``(eps_u, delta)``-DP mechanisms (``dp_accounting`` PLD, optimal for
+    that class), reported at ``delta_total = rounds * delta``.
+
+    Raises
+    ------
+    Theorem3ConditionError
+        If the condition fails; the message names the failing term and the smallest ``n``.
+    """
+    ok, reason = theorem3_condition(eps_p, delta, n, gamma, m, r)
+    if not ok:
+        raise Theorem3ConditionError(reason)
+    a = _alpha(eps_p)
+    e_p = 1.0 + 1.0 / a**2
+    b_p = e_p / 3.0 + 1.0 / a
+    big_n = n * float(gamma) - 1.0
+    l125 = math.log(1.25 / delta)
+    l10 = math.log(10.0 / delta)
+    t1 = math.sqrt(8.0 * m * l125 / (big_n * e_p))
+    t2 = 8.0 * (l125 + math.log(20.0 * m / delta) * l10) / (3.0 * big_n)
+    t3 = 4.0 * b_p * math.sqrt(2.0 * m) * (1.75 + 3.75 / a**2) * math.sqrt(l10)
+    t3 /= big_n * (1.0 - delta / 10.0) * e_p
+    eps_u = r * a * (t1 + t2 + t3)
+    out: dict[str, Any] = {
+        "applies": True,
+        "reason": reason,
+        "eps_u": eps_u,
+        "delta": float(delta),
+        "per_round": {"eps": eps_u, "delta": float(delta)},
+    }
+    t = _integer(rounds, "rounds")
+    if t > 1:
+        from dp_accounting.pld import common as pld_common
+        from dp_accounting.pld import privacy_loss_distribution as pldm
+
+        pld = pldm.from_privacy_parameters(pld_common.DifferentialPrivacyParameters(eps_u, delta))
+        total_delta = min(0.5, t * float(delta))
+        eps_t = float(pld.self_compose(t).get_epsilon_for_delta(total_delta))
+        out["all_rounds"] = {"eps": min(eps_t, t * eps_u), "delta": total_delta, "rounds": t}
+    return out
+
+
+# =================================================================================== CorBin
+
+
+def corbin_against_sum(eps_p: float, d: int, m: int, rounds: int) -> dict[str, Any]:
+    """CorBin-FL with secure aggregation: no DP against the server (module docstring).
+
+    Returns ``{"dp": False, "guarantee": str, "per_parameter": {"inf_mass"}, "per_update":
+    {"delta_lower_bound"}, "all_rounds": {"delta_lower_bound"}}``: ``p_inf = b -
+    ceil(2^d a)/2^d`` is the probability of an outcome impossible under the neighbouring input
+    (a realisable configuration: every other pair at ``q = 1/2``, the partner at ``1 - q_1``).
+    """
+    a, b = rr_range(eps_p)
+    d = _integer(d, "d")
+    m = _integer(m, "m")
+    rounds = _integer(rounds, "rounds")
+    q1 = math.ceil(a * 2**d) / 2**d
+    p_inf = max(0.0, b - q1)
+    upd = -math.expm1(m * math.log1p(-p_inf)) if p_inf < 1 else 1.0
+    allr = -math.expm1(m * rounds * math.log1p(-p_inf)) if p_inf < 1 else 1.0
+    alpha = _alpha(eps_p)
+    return {
+        "mechanism": "corbin",
+        "dp": False,
+        "guarantee": (
+            "No DP, even with secure aggregation. With common randomness the two partners' "
+            "bits sum to the randomized rounding of q1 + q2 to an adjacent integer "
+            "(Algorithm 2: U1 = [Z < T1], U2 = [Z > T2]), deterministic when q1 + q2 is an "
+            "integer; with every other pair's sum deterministic too, changing one client's "
+            f"input makes a sum possible that had probability 0: mass p_inf = {p_inf:.4g} "
+            f"(>= 1/alpha - 2^-d = {1 / alpha - 2.0**-d:.4g}) per parameter, so delta >= "
+            "1 - (1 - p_inf)^k for k parameters, whatever eps."
+        ),
+        "per_parameter": {"inf_mass": p_inf},
+        "per_update": {"steps": m, "delta_lower_bound": upd},
+        "all_rounds": {"steps": m * rounds, "delta_lower_bound": allr},
+    }
+
+
+# =================================================================================== table
+
+
+def server_table(
+    ns: Sequence[int] = (10, 100, 1000),
+    *,
+    eps_p: float = QUICK["eps_p"],
+    m: int = QUICK["m"],
+    rounds: int = QUICK["rounds"],
+    delta: float = QUICK["delta"],
+    gamma: float = QUICK["gamma"],
+    d: int = QUICK["d"],
+    pbm_trials: int = QUICK["pbm_trials"],
+    r: float = QUICK["r"],
+) -> list[dict[str, Any]]:
+    """One row per (mechanism, n): the composed guarantee against the sum-seeing server.
+
+    Rows: ``ldpfl`` (= ``pbm`` m=1 = ``rqm`` 2 levels), ``pbm`` with ``pbm_trials`` trials,
+    ``augcorbin`` (exact bound and Theorem 3), ``corbin`` (no DP). Keys: ``mechanism``, ``n``,
+    ``bits``, ``dp``, ``per_parameter_eps``, ``per_update_eps``, ``all_rounds_eps``, ``delta``,
+    ``note``.
+    """
+    rows: list[dict[str, Any]] = []
+    for n in ns:
+        g = one_bit_guarantee(eps_p, n, m, rounds, delta)
+        rows.append(_row("ldpfl / pbm m=1 / rqm 2", n, 1, g, ""))
+        p = pbm_guarantee(eps_p, pbm_trials, n, m, rounds, delta)
+        rows.append(_row(f"pbm m={pbm_trials}", n, p["bits_per_parameter"], p, ""))
+        ac = augcorbin_guarantee(eps_p, n, gamma, m, rounds, delta, r)
+        t3 = ac["theorem3"]
+        note = (
+            f"Thm 3: eps_u = {t3['eps_u']:.4g} per round"
+            if t3.get("applies")
+            else "Thm 3 " + t3["reason"].split("fails: ")[-1]
+        )
+        if "exact" in ac:
+            rows.append(_row(f"augcorbin gamma={gamma}", n, 1, ac["exact"], note))
+        c = corbin_against_sum(eps_p, d, m, rounds)
+        rows.append(
+            {
+                "mechanism": "corbin",
+                "n": n,
+                "bits": 1,
+                "dp": False,
+                "per_parameter_eps": math.inf,
+                "per_update_eps": math.inf,
+                "all_rounds_eps": math.inf,
+                "delta": delta,
+                "note": f"no DP: p_inf = {c['per_parameter']['inf_mass']:.3g} per parameter",
+            }
+        )
+    return rows
+
+
+def _row(name: str, n: int, bits: int, g: dict[str, Any], note: str) -> dict[str, Any]:
+    return {
+        "mechanism": name,
+        "n": n,
+        "bits": bits,
+        "dp": bool(g["dp"]),
+        "per_parameter_eps": g["per_parameter"]["eps"],
+        "per_update_eps": g["per_update"]["eps"],
+        "all_rounds_eps": g["all_rounds"]["eps"],
+        "delta": g["per_parameter"]["delta"],
+        "note": note,
+    }
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Plain-text table of :func:`server_table` rows."""
+    head = ("mechanism", "n", "bits", "dp", "eps/param", "eps/update", "eps/run", "delta", "note")
+    lines = [" | ".join(head)]
+    for r in rows:
+        lines.append(
+            " | ".join(
+                (
+                    str(r["mechanism"]),
+                    str(r["n"]),
+                    str(r["bits"]),
+                    "yes" if r["dp"] else "no",
+                    _fmt(r["per_parameter_eps"]),
+                    _fmt(r["per_update_eps"]),
+                    _fmt(r["all_rounds_eps"]),
+                    f"{r['delta']:g}",
+                    r["note"],
+                )
+            )
+        )
+    return "\n".join(lines)
+
+
+def _fmt(x: float) -> str:
+    return "inf" if not math.isfinite(x) else f"{x:.4g}"
+
+
+# =================================================================================== validation
+
+
+def _positive(x: object, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float | np.floating | np.integer):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    v = float(x)
+    if not (math.isfinite(v) and v > 0.0):
+        raise ValueError(f"{name} must be finite and > 0, got {x!r}")
+    return v
+
+
+def _integer(x: object, name: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if int(x) < 1:
+        raise ValueError(f"{name} must be >= 1, got {x!r}")
+    return int(x)
+
+
+def _probability(x: object, name: str) -> float:
+    v = _positive(x, name)
+    if not v < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {x!r}")
+    return v
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(format_table(server_table()))
