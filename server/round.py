@@ -522,6 +522,30 @@ def accept_blob(state: RoundState, nid: int, reply: Message, length: int) -> Non
     state.blobs[nid] = wire.get_bytes(rec, wire.BLOB, length)
 
 
+def reply_head(
+    state: RoundState, nid: int, reply: Message, cfg: RunConfig
+) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """The checked ``corbin.reply`` of an update reply (plain or, with secure aggregation, the
+    mask stage's): ``round``, and ``(next-pubkey, z-digest, next-blob)``, each None when absent
+    (the public key only for a pairing mechanism, the digest only in a test-z-digest run, the
+    blob only for a node given a next partner)."""
+    head = reply.content.config_records[wire.REPLY]
+    required = {wire.ROUND} | ({wire.NEXT_PUBKEY} if cfg.paired else set())
+    optional = {wire.Z_DIGEST} if cfg.paired and cfg.test_z_digest else set()
+    if nid in state.next_partner:
+        optional.add(wire.NEXT_BLOB)
+    wire.check_keys(head, required, optional, what="reply")
+    wire.check_round(reply, head, state.round)
+    next_pk = wire.check_pubkey(head[wire.NEXT_PUBKEY], "next-pubkey") if cfg.paired else None
+    digest = wire.get_bytes(head, wire.Z_DIGEST, 32) if wire.Z_DIGEST in head else None
+    next_blob = (
+        wire.get_bytes(head, wire.NEXT_BLOB, wire.blob_len(wire.SEED_BYTES))
+        if wire.NEXT_BLOB in head
+        else None
+    )
+    return next_pk, digest, next_blob
+
+
 def accept_update(
     state: RoundState, nid: int, reply: Message, aggregator: Any, cfg: RunConfig
 ) -> None:
@@ -554,20 +578,7 @@ def accept_update(
                     raise wire.WireError(f"app metric {key!r:.64} is not a finite number")
         elif not isinstance(rec, ConfigRecord):
             raise wire.WireError(f"app record {name!r:.64} is a {type(rec).__name__}")
-    head = content.config_records[wire.REPLY]
-    required = {wire.ROUND} | ({wire.NEXT_PUBKEY} if cfg.paired else set())
-    optional = {wire.Z_DIGEST} if cfg.paired and cfg.test_z_digest else set()
-    if nid in state.next_partner:
-        optional.add(wire.NEXT_BLOB)
-    wire.check_keys(head, required, optional, what="reply")
-    wire.check_round(reply, head, state.round)
-    next_pk = wire.check_pubkey(head[wire.NEXT_PUBKEY], "next-pubkey") if cfg.paired else None
-    digest = wire.get_bytes(head, wire.Z_DIGEST, 32) if wire.Z_DIGEST in head else None
-    next_blob = (
-        wire.get_bytes(head, wire.NEXT_BLOB, wire.blob_len(wire.SEED_BYTES))
-        if wire.NEXT_BLOB in head
-        else None
-    )
+    next_pk, digest, next_blob = reply_head(state, nid, reply, cfg)
     metrics = content.metric_records[wire.METRICS]
     wire.check_keys(metrics, wire.METRIC_KEYS, what="metrics")
     for key, value in metrics.items():

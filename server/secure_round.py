@@ -47,6 +47,7 @@ from corbin_fl.secagg.messages import (
     SecAggError,
 )
 from corbin_fl.secagg.server import SecAggServer
+from corbin_fl.server.round import reply_head
 from corbin_fl.server.stages import RoundState, exchange
 
 logger = logging.getLogger(__name__)
@@ -213,20 +214,7 @@ class SecureRound:
                 secure.MASKED_REC: ArrayRecord,
             },
         )
-        head = content.config_records[wire.REPLY]
-        required = {wire.ROUND} | ({wire.NEXT_PUBKEY} if cfg.paired else set())
-        optional = {wire.Z_DIGEST} if cfg.paired and cfg.test_z_digest else set()
-        if nid in state.next_partner:
-            optional.add(wire.NEXT_BLOB)
-        wire.check_keys(head, required, optional, what="reply")
-        wire.check_round(reply, head, state.round)
-        next_pk = wire.check_pubkey(head[wire.NEXT_PUBKEY], "next-pubkey") if cfg.paired else None
-        digest = wire.get_bytes(head, wire.Z_DIGEST, 32) if wire.Z_DIGEST in head else None
-        next_blob = (
-            wire.get_bytes(head, wire.NEXT_BLOB, wire.blob_len(wire.SEED_BYTES))
-            if wire.NEXT_BLOB in head
-            else None
-        )
+        next_pk, digest, next_blob = reply_head(state, nid, reply, cfg)
         m, bits = self.rt.layout.m, self.srv.config.bits
         arrays = content.array_records[secure.MASKED_REC]
         wire.check_keys(arrays, {sawire.MASKED_ARRAY}, what="masked")
