@@ -496,7 +496,7 @@ def _grid(profile: SumProfile, points: int = _GRID_POINTS) -> _Grid:
     span = top * (1.0 + 1e-6) + 1e-9
     h = span / points
     idx = np.arange(-points, points + 1)
-    d = profile.deltas(idx * h)
+    d = profile.deltas((idx * h).astype(np.float64))
     d = np.minimum(1.0, d * (1.0 + _REL_SLACK) + _ABS_SLACK)
     d = np.maximum.accumulate(d[::-1])[::-1]  # non-increasing, only ever raised
     return _Grid(h, -points, points, d)
