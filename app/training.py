@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from corbin_fl.app.optimizer import LocalOptimizer
 from corbin_fl.devices import pick_device
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,8 @@ def train_local(
     device : torch.device or str
         Compute device (see :func:`pick_device`).
     optimizer : {"adam", "sgd"}
-        ``torch.optim.Adam(lr, weight_decay)`` or ``torch.optim.SGD(lr, momentum, weight_decay)``.
+        ``torch.optim.Adam(lr, weight_decay)`` or ``torch.optim.SGD(lr, momentum, weight_decay)``
+        (their arithmetic, through :class:`~corbin_fl.app.optimizer.LocalOptimizer`).
     lr : float
         Learning rate, ``> 0``.
     weight_decay : float
@@ -201,11 +203,9 @@ def train_local(
 
     model.to(dev)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt: torch.optim.Optimizer
-    if optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    else:
-        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    # torch's Adam / SGD arithmetic without torch.optim.Optimizer's import of torch._dynamo
+    # (seconds per ClientApp process, so per round: app/optimizer.py).
+    opt = LocalOptimizer(params, optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum)
 
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
@@ -225,7 +225,7 @@ def train_local(
                 idx = idx.to(x.device)
                 xb = _to_device(x.index_select(0, idx), dev)
                 yb = _to_device(y.index_select(0, idx), dev)
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad()
                 loss = nn.functional.cross_entropy(model(xb), yb)
                 loss.backward()
                 opt.step()

@@ -204,7 +204,9 @@ def _best(fn: Callable[[], object], device: torch.device, repeats: int) -> float
 
 def client_path_rates(m: int, d: int, repeats: int) -> dict[str, dict[str, float]]:
     """G params/s of the client path on each device: ``corbinq`` (expand_seed + corbinq +
-    pack_bits, the packed bits back on the host) and ``ldpq`` (+ pack_bits)."""
+    pack_bits, the packed bits back on the host), ``ldpq`` (+ pack_bits), and the two parts of
+    the first: ``expand_seed`` alone (its ChaCha20 keystream is made on the host, then moved to
+    the device) and ``corbinq_given_z`` (corbinq + pack_bits with ``z`` already on the device)."""
     from corbin_fl.mechanisms import context_label, corbinq, expand_seed, ldpq, pack_bits
 
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
@@ -221,11 +223,23 @@ def client_path_rates(m: int, d: int, repeats: int) -> dict[str, dict[str, float
         def ldpq_path(w: torch.Tensor = w, coins: torch.Generator = coins) -> object:
             return pack_bits(ldpq(w, 0.0, 0.1, 1.0, generator=coins))
 
+        def expand(w: torch.Tensor = w) -> object:
+            return expand_seed(seed, label, m, d, device=w.device)
+
+        z_here = expand_seed(seed, label, m, d, device=dev)
+
+        def quantize(
+            w: torch.Tensor = w, z: torch.Tensor = z_here, coins: torch.Generator = coins
+        ) -> object:
+            return pack_bits(corbinq(w, 0.0, 0.1, 1.0, z, d, lead=True, generator=coins))
+
         corbin_path()  # warm-up (kernels, the CUDA context)
         ldpq_path()
         out[str(dev)] = {
             "corbinq": m / _best(corbin_path, dev, repeats) / 1e9,
             "ldpq": m / _best(ldpq_path, dev, repeats) / 1e9,
+            "expand_seed": m / _best(expand, dev, repeats) / 1e9,
+            "corbinq_given_z": m / _best(quantize, dev, repeats) / 1e9,
         }
     return out
 
@@ -278,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{dev:>5}: corbinq {rate['corbinq']:.3f} G params/s, ldpq {rate['ldpq']:.3f} "
             f"G params/s (m = {args.m:,}, d = {args.d}, with pack_bits to the host)"
+        )
+        print(
+            f"{'':>5}  of which expand_seed alone (host ChaCha20, then to {dev}) "
+            f"{rate['expand_seed']:.3f} G params/s, corbinq + pack_bits with z given "
+            f"{rate['corbinq_given_z']:.3f} G params/s"
         )
 
     print("\n== GPU memory held during the run")

@@ -165,7 +165,6 @@ def test_a_new_mechanism_is_one_registration(
 ) -> None:
     """Registered once, the config accepts it, the mod encodes with it on the device the
     encoder contract names (the update's, or the CPU), and the server decodes it."""
-    import corbin_fl.app.training
 
     toy = registry.Mechanism(
         "halves",
@@ -179,14 +178,13 @@ def test_a_new_mechanism_is_one_registration(
     with pytest.raises(ConfigError, match="mechanism"):
         RunConfig.from_flower({"mechanism": "halves"})
     monkeypatch.setitem(registry.REGISTRY, "halves", toy)
-    # The mod puts the update on the node's device: force the one of this case.
-    monkeypatch.setattr(corbin_fl.app.training, "pick_device", lambda *_: torch.device(device))
     cfg = RunConfig.from_flower({"mechanism": "halves", "range-mode": "layer"})
     assert "halves" not in Policy.from_node({}, {}).mechanisms  # no local DP: not by default
 
     seen_devices.clear()
     w0 = np.linspace(-1.0, 1.0, 8, dtype=np.float32)
-    reply = _encode_with_mod(cfg, w0)
+    # The mod encodes on the device the app trains on: the run config's `device` of this case.
+    reply = _encode_with_mod(cfg, w0, device)
     assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
     expected = device if encode_device == "update" else "cpu"
     assert seen_devices == [{expected}], seen_devices
@@ -208,7 +206,6 @@ def test_a_new_mechanism_is_one_registration(
 def test_an_encoder_that_breaks_the_contract_is_refused(
     monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
-    import corbin_fl.app.training
 
     toy = registry.Mechanism(
         "halves",
@@ -219,16 +216,16 @@ def test_an_encoder_that_breaks_the_contract_is_refused(
         local_dp=False,
     )
     monkeypatch.setitem(registry.REGISTRY, "halves", toy)
-    monkeypatch.setattr(corbin_fl.app.training, "pick_device", lambda *_: torch.device(device))
     cfg = RunConfig.from_flower({"mechanism": "halves", "range-mode": "layer"})
-    reply = _encode_with_mod(cfg, np.linspace(-1.0, 1.0, 8, dtype=np.float32))
+    reply = _encode_with_mod(cfg, np.linspace(-1.0, 1.0, 8, dtype=np.float32), device)
     assert reply.has_error()
     assert "returned a list, not a numpy array" in (reply.error.reason or "")
 
 
-def _encode_with_mod(cfg: RunConfig, w0: np.ndarray) -> Message:
+def _encode_with_mod(cfg: RunConfig, w0: np.ndarray, device: str) -> Message:
     """One update instruction of ``cfg`` through :func:`corbin_mod` around a train handler that
-    halves the model, on a node whose policy admits ``cfg.mechanism``."""
+    halves the model, on a node whose policy admits ``cfg.mechanism``, for an app that trains on
+    ``device`` (its run config's ``device``, which the mod encodes on)."""
     settings = cfg.to_flower()
     head = {
         wire.STAGE: wire.UPDATE,
@@ -272,6 +269,6 @@ def _encode_with_mod(cfg: RunConfig, w0: np.ndarray) -> Message:
         node_id=5,
         node_config={"corbin-mechanisms": cfg.mechanism},
         state=RecordDict(),
-        run_config={},
+        run_config={"device": device},
     )
     return corbin_mod(msg, ctx, train)
