@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -163,6 +164,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "e2e" in item.keywords:
             item.add_marker(skip)
+
+
+# ----------------------------------------------------------------------------- CPU per test
+CPU_PROPERTY: Final = "cpu_seconds"
+"""``user_properties`` key of a test's teardown report: the CPU seconds its worker process and the
+processes it reaped (Flower's SuperLink, SuperNodes, ClientApps, the docker CLI; not a container,
+which the engine runs) used from its setup to its teardown."""
+
+_CPU_START = pytest.StashKey[float]()
+_cpu_rows: list[tuple[float, str]] = []
+"""(CPU seconds, test id) of every test that ran, gathered on the controller."""
+
+
+def _cpu_now() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_START] = _cpu_now()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    if call.when == "teardown" and _CPU_START in item.stash:
+        report.user_properties.append((CPU_PROPERTY, _cpu_now() - item.stash[_CPU_START]))
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect each test's CPU (pytest-xdist forwards the workers' reports to the controller)."""
+    cpu = dict(report.user_properties).get(CPU_PROPERTY) if report.when == "teardown" else None
+    if isinstance(cpu, float):
+        _cpu_rows.append((cpu, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: object, config: pytest.Config) -> None:
+    """The tests that used the most CPU, and the share of the run's CPU they used: what to cut
+    when the suite is slow on a machine whose cores are all busy (.ci/run)."""
+    rows = sorted(_cpu_rows, reverse=True)
+    if not rows:
+        return
+    write = terminalreporter.write_line  # type: ignore[attr-defined]
+    total = sum(cpu for cpu, _ in rows)
+    write(f"CPU of the tests (their processes and what they reaped): {total:.0f} s in all; most:")
+    for cpu, nodeid in rows[:12]:
+        write(f"{cpu:8.1f} s CPU  {100 * cpu / total:4.1f}%  {nodeid}")
 
 
 @pytest.fixture(scope="session")
