@@ -77,8 +77,8 @@ class LocalOptimizer:
         with_grad = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
         if any(p.grad is not None and p.grad.is_sparse for _, p in with_grad):
             raise ValueError("sparse gradients are not supported")
-        params = [p for _, p in with_grad]
-        grads = [p.grad for _, p in with_grad if p.grad is not None]
+        params: list[torch.Tensor] = [p for _, p in with_grad]
+        grads: list[torch.Tensor] = [p.grad for _, p in with_grad if p.grad is not None]
         if self.kind == "adam":
             self._adam(with_grad, params, grads)
         else:
