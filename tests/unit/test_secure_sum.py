@@ -185,6 +185,43 @@ def test_composition_never_below_per_step_or_any_single_vertex() -> None:
                 assert comp.eps >= single - 1e-3
 
 
+def test_compose_run_is_sound_and_tight_for_randomized_response() -> None:
+    """One chain (update, then the run from the update's PLD) against the exact RR figures."""
+    prof = ss.one_bit_profile(1.0, 1)
+    upd, run = ss.compose_run(prof, 100, 3, DELTA)
+    assert (upd.steps, run.steps) == (100, 300)
+    for got in (upd, run):
+        exact = _rr_exact_eps(1.0, got.steps, DELTA)
+        assert got.eps >= exact - 1e-9  # sound
+        assert got.eps <= exact * 1.01 + 0.02  # and tight
+    one, same = ss.compose_run(prof, 50, 1, DELTA)
+    assert one.eps == same.eps
+
+
+def test_compose_run_stops_where_the_infinite_atoms_exceed_delta() -> None:
+    prof = ss.augcorbin_profile(1.0, 10, 0.2)  # a paired client over 2 independent bits
+    upd, run = ss.compose_run(prof, 1000, 2, DELTA)
+    assert upd.eps == run.eps == math.inf
+
+
+def test_guarantees_are_cached_copies() -> None:
+    g = ss.one_bit_guarantee(1.0, 5, 100, 2, DELTA)
+    g["per_update"]["eps"] = -1.0
+    assert ss.one_bit_guarantee(1.0, 5, 100, 2, DELTA)["per_update"]["eps"] > 0
+    with pytest.raises(TypeError):
+        ss.one_bit_guarantee(1.0, True, 100, 2, DELTA)
+
+
+def test_augcorbin_counts_from_a_run() -> None:
+    """independent / paired given (a run's records) replace floor(gamma n + 1/2)."""
+    prof = ss.augcorbin_profile(1.0, 10, 0.2, independent=4, paired=True)
+    assert [(f.label, f.others) for f in prof.families] == [("independent", 3), ("paired", 4)]
+    alone = ss.augcorbin_profile(1.0, 10, 0.2, independent=10, paired=False)
+    assert [f.label for f in alone.families] == ["independent"]
+    g = ss.augcorbin_guarantee(1.0, 10, 0.2, 100, 1, DELTA, None, independent=0)
+    assert g["theorem3"]["applies"] is False and g["dp"] is False
+
+
 def test_dominating_pld_is_above_the_envelope() -> None:
     prof = ss.one_bit_profile(0.5, 8)
     pld = ss.dominating_pld(prof, stride=16)
