@@ -277,6 +277,13 @@ class Mechanism:
         (integers in ``[0, levels]``) when its server estimate is affine in the sum of the
         clients' symbols, so the server needs only that sum; None: refused with secure
         aggregation. Its aggregator then implements ``from_symbol_sum``.
+    sum_trials : Callable[[RunConfig], int | None] or None
+        The privacy of its symbols in a secure sum (:mod:`corbin_fl.mechanisms.secure_sum`,
+        the run's privacy report against the server): each symbol is ``Binomial(M, p)`` with
+        ``p`` in the range of ``(eps/M)``-randomized response, so that module's exact worst case
+        with ``M`` trials applies; the callable gives ``M`` under ``cfg`` (None: not under these
+        settings). None: no such analysis (the report keeps the local guarantee against the
+        server). The paired mechanisms' analysis comes from their privacy category.
     """
 
     name: str
@@ -300,6 +307,7 @@ class Mechanism:
     own_clip: bool = False
     node_default: bool | None = None
     sum_levels: Callable[[RunConfig], int] | None = None
+    sum_trials: Callable[[RunConfig], int | None] | None = None
 
     def __post_init__(self) -> None:
         if self.encode_device not in ENCODE_DEVICES:
@@ -498,6 +506,22 @@ def _rqm_levels(cfg: RunConfig) -> int:
     return int(cfg.rqm_levels) - 1
 
 
+def _one_trial(cfg: RunConfig) -> int:
+    """One binomial trial: a bit with ``P(1)`` in ``[1/(1+e^eps), e^eps/(1+e^eps)]``."""
+    return 1
+
+
+def _pbm_trials(cfg: RunConfig) -> int:
+    """PBM's symbol is ``Binomial(m, 1/2 + theta x)``, ``theta = tanh(eps/2m)/2``."""
+    return int(cfg.pbm_trials)
+
+
+def _rqm_trials(cfg: RunConfig) -> int | None:
+    """RQM with two levels is LDPQ's bit (``P(top) = (X + x)/(2X)``, ``X = alpha``); three levels
+    are not binomial."""
+    return 1 if int(cfg.rqm_levels) == 2 else None
+
+
 def _pbm_bits(cfg: RunConfig) -> int:
     from corbin_fl.mechanisms.baselines.levels import symbol_bits
 
@@ -585,6 +609,7 @@ register(
         _BITS_AGGREGATOR,
         privacy=Privacy("pure", randomized_response=True),
         sum_levels=_one_level,
+        sum_trials=_one_trial,
     )
 )
 register(
@@ -763,6 +788,7 @@ register(
         symbol_bits=_pbm_bits,
         finite=_pbm,
         sum_levels=_pbm_levels,
+        sum_trials=_pbm_trials,
     )
 )
 register(
@@ -792,6 +818,7 @@ register(
         symbol_bits=_rqm_bits,
         finite=_rqm,
         sum_levels=_rqm_levels,
+        sum_trials=_rqm_trials,
     )
 )
 register(

@@ -37,8 +37,16 @@ pair's ``z`` (SECURITY.md, threat model 4) and keeps only the per-parameter (per
 ``fedcad``) guarantee of the mechanisms whose noise is drawn on the client. Every entry has a
 ``dp`` flag; an entry without DP has no ``delta``.
 
+With secure aggregation (``secure=`` a :class:`~corbin_fl.mechanisms.secure_sum.SumView` of the
+run) the server sees only the sum of the clients' symbols, and (B) is the guarantee against that
+sum, computed by :mod:`corbin_fl.mechanisms.secure_sum` from what the run did (the fewest clients
+in an unmasked sum, the parameters, the rounds): :func:`_secure_threat_models`. (A) does not
+change; (C) and (D) say what the sum does not give them. A run without it gets the report it
+always had.
+
 All functions are float64 and SciPy-free; ``dp_accounting`` is used only by
-:func:`pair_joint_delta` with ``method="dp_accounting"`` (lazy import) and by the tests.
+:func:`pair_joint_delta` with ``method="dp_accounting"`` (lazy import), by the secure-aggregation
+view (through :mod:`~corbin_fl.mechanisms.secure_sum`, imported only for it) and by the tests.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -71,6 +79,9 @@ from corbin_fl.mechanisms.theory import (
     theorem3_mse_bound,
 )
 from corbin_fl.mechanisms.validate import integer, positive, probability, real
+
+if TYPE_CHECKING:
+    from corbin_fl.mechanisms.secure_sum import SumView
 
 logger = logging.getLogger(__name__)
 
@@ -1399,6 +1410,323 @@ def _threat_models(
     return tm, notes
 
 
+# ============================================================================ secure aggregation
+
+_SUM_NAME = "server, sees only the sum"
+"""Threat model B's name in a report with secure aggregation (the server sees only sums)."""
+
+
+def _sum_who(s: SumView) -> str:
+    """Who is in the sum the server sees, in the words every (B) sentence starts with."""
+    if s.source == "rounds":
+        where = (
+            f"at least n = {s.n} clients in each of the {s.rounds} round(s) whose sum it unmasked "
+            "(the fewest survivors of any round"
+            + (f"; {s.abandoned} round(s) abandoned, nothing unmasked" if s.abandoned else "")
+            + ")"
+        )
+    else:
+        where = f"the configured n = {s.n} clients (no round of this run unmasked a sum)"
+    return (
+        "With secure aggregation (SecAgg+) the server learns, per parameter and round, only the "
+        f"sum of the symbols of {where}"
+    )
+
+
+_SUM_ASSUMES = (
+    " This holds against a server that follows the protocol (honest-but-curious; D says what "
+    "a deviating one can do) and colludes with no client: a client knows its own symbols, so "
+    "against the server and c colluding clients these figures hold at n - c."
+)
+
+
+def _secagg_deviation(s: SumView) -> str:
+    """What secure aggregation leaves against a malicious server (the code's checks, exactly)."""
+    params = (
+        f" This run: Shamir threshold t >= {s.threshold} of k >= {s.neighbours} neighbours."
+        if s.threshold is not None and s.neighbours is not None
+        else ""
+    )
+    return (
+        " Secure aggregation does not bind a deviating server. It relays the SecAgg+ public keys, "
+        "which are not authenticated end to end either, so it can substitute its own, open every "
+        "share ciphertext and unmask any client's input. Relaying them honestly, it can still lie "
+        "about dropouts: an honest client refuses an unmask request that names one client both "
+        "survivor and dropped, answers one unmask request per round, and refuses a threshold "
+        "t <= k/2 of its k neighbours, but no round checks that every client got the same "
+        "survivor list, so a server that names a victim a survivor to the victim's neighbours "
+        "and each of those neighbours dropped to t of theirs recovers the victim's self mask and "
+        "every mask key of its pairwise masks, hence its symbols (tested: 10 clients, t = 5, no "
+        f"colluding client).{params}"
+    )
+
+
+def _secure_blocks(
+    sum_view: Mapping[str, Any], view_a: Mapping[str, Any] | None, m: int, rounds: int
+) -> tuple[dict[str, Any], bool]:
+    """``per_parameter`` / ``per_update`` / ``all_rounds`` blocks of one ``secure_sum`` result.
+
+    A composed ``eps`` above threat model A's at the same ``delta`` (both hold; only at a tiny
+    ``n``, where the PLD grid costs more than the sum gains) is replaced by A's. Returns the
+    blocks and whether one was.
+    """
+    pp = sum_view["per_parameter"]
+    out: dict[str, Any] = {"per_parameter": {"eps": pp["eps"], "delta": pp["delta"]}}
+    took_a = False
+    for part, k in (("per_update", m), ("all_rounds", m * rounds)):
+        eps = float(sum_view[part]["eps"])
+        a_block = view_a.get(part) if isinstance(view_a, Mapping) else None
+        same_delta = isinstance(a_block, Mapping) and a_block["delta"] == sum_view[part]["delta"]
+        if same_delta and not eps <= float(a_block["eps"]):  # type: ignore[index]
+            eps, took_a = float(a_block["eps"]), True  # type: ignore[index]
+        out[part] = {"k": k, "eps": eps, "delta": sum_view[part]["delta"]}
+    return out, took_a
+
+
+def _secure_threat_models(
+    report: dict[str, Any],
+    cat: Privacy,
+    eps_p: float | None,
+    view_a: Mapping[str, Any] | None,
+    d: int | None,
+    gamma: float | None,
+    r: float | None,
+    s: SumView,
+) -> None:
+    """Threat models B, C and D of a run with secure aggregation (``report`` is changed in place).
+
+    (B) is computed by :mod:`corbin_fl.mechanisms.secure_sum` from ``s`` (the fewest clients in
+    an unmasked sum), the report's ``m`` and rounds, at the report's ``delta``:
+
+    - independent mechanisms whose symbols are binomial (``s.trials``: one bit, or PBM's
+      trials): the exact worst case over all inputs, composed (``dp`` true);
+    - AugCorBin-FL: Theorem 3 with its condition on ``n`` checked, at the independent clients of
+      the worst round, and the exact worst case; ``dp`` where either is finite;
+    - CorBin-FL: no DP (a pair's sum is nearly deterministic), with the lower bound on ``delta``;
+    - a mechanism without DP: no DP (the sum carries no noise);
+    - any other local-DP mechanism: A's guarantee, which the sum can only improve (not computed).
+
+    (A) does not change. (C): a client knows its own symbols, so B's sum figures do not carry
+    over to it as they are; its entry says so where it quoted B. (D) keeps its guarantee and
+    says what secure aggregation leaves against a deviating server (:func:`_secagg_deviation`).
+    The exact profile is computed at ``min(n, secure_sum.REPORT_MAX_N)``, which bounds any larger
+    ``n``.
+    """
+    from corbin_fl.mechanisms import secure_sum as ss
+
+    tm: dict[str, dict[str, Any]] = report["threat_models"]
+    m, rounds = int(report["m"]), int(report["rounds"])
+    delta = float(report["delta"]) if "delta" in report else 0.0  # none without DP
+    notes = [n for n in report["notes"] if not n.startswith("(B)")]
+    n_eff = min(s.n, ss.REPORT_MAX_N)
+    capped = (
+        f" (computed at n = {n_eff}, which bounds every larger n: the guarantee never gets worse "
+        "as n grows)"
+        if n_eff < s.n
+        else ""
+    )
+    block = {**s.as_dict(), "computed_at_n": n_eff}
+    b: dict[str, Any] = {"name": _SUM_NAME, "dp": False}
+    who = _sum_who(s)
+    b_note = ""
+    if cat.no_dp is not None:
+        b["headline"] = "no DP (the sum carries no noise)"
+        b["guarantee"] = (
+            f"No DP. {who}; the symbols carry no noise, so their sum is a deterministic function "
+            "of the clients' updates and no eps holds."
+        )
+    elif cat.paired and not cat.independent_share:
+        if d is None:
+            b["headline"] = "no DP (a pair's sum is nearly deterministic)"
+            b["guarantee"] = (
+                f"No DP, even with secure aggregation. {who}; a pair's bits sum to the randomized "
+                "rounding of q1 + q2 (nearly deterministic), so a neighbouring input makes an "
+                "impossible sum possible (d not given: no numbers)."
+            )
+        else:
+            c = ss.corbin_against_sum(float(eps_p or 0.0), int(d), m, rounds)
+            b["headline"] = "no DP (a pair's sum is nearly deterministic)"
+            b["guarantee"] = f"{c['guarantee']} {who}: that does not help."
+            b["sum"] = {
+                "per_parameter": {"inf_mass": c["per_parameter"]["inf_mass"]},
+                "per_update": {"k": m, "delta_lower_bound": c["per_update"]["delta_lower_bound"]},
+                "all_rounds": {
+                    "k": m * rounds,
+                    "delta_lower_bound": c["all_rounds"]["delta_lower_bound"],
+                },
+            }
+            b_note = (
+                "(B) secure aggregation: CorBin-FL's pair sum is the randomized rounding of "
+                f"q1 + q2; an outcome impossible under a neighbouring input has mass p_inf = "
+                f"{_g(c['per_parameter']['inf_mass'])} per parameter (mechanisms/secure_sum.py, "
+                "corbin_against_sum)"
+            )
+    elif cat.paired:  # AugCorBin-FL
+        ep = float(eps_p or 0.0)
+        g_eff = gamma if gamma is not None else (s.independent or 0) / s.n
+        ac = ss.augcorbin_guarantee(
+            ep,
+            s.n,
+            g_eff,
+            m,
+            rounds,
+            delta,
+            r,
+            independent=s.independent,
+            paired=s.paired,
+            max_exact_n=ss.REPORT_MAX_N,
+        )
+        n_ind = int(ac["independent"])
+        t3 = ac["theorem3"]
+        exact = ac.get("exact")
+        exact_ok = isinstance(exact, Mapping) and math.isfinite(exact["all_rounds"]["eps"])
+        b["dp"] = bool(ac["dp"])
+        who_ind = (
+            f"{who}, of which {n_ind} quantized independently (the fewest in any unmasked sum)"
+        )
+        t3_text = (
+            "Theorem 3 of arXiv 2409.13133 applies against the sum (its condition on n "
+            f"{t3['reason']}): each round is ({_g(t3['eps_u'])}, {t3['delta']:g})-DP at the "
+            "user level"
+            + (
+                f", all {rounds} rounds ({_g(t3['all_rounds']['eps'])}, "
+                f"{t3['all_rounds']['delta']:g})-DP"
+                if "all_rounds" in t3
+                else ""
+            )
+            + "."
+            if t3.get("applies")
+            else "Theorem 3 of arXiv 2409.13133 does not apply: "
+            + str(t3["reason"]).replace("Theorem 3 condition ", "its condition ", 1)
+            + "."
+        )
+        b["ucdp_theorem3"] = (
+            dict(t3) if t3.get("applies") else {"applies": False, "reason": t3["reason"]}
+        )
+        if b["dp"]:
+            parts = [who_ind + "."]
+            if exact_ok:
+                assert isinstance(exact, Mapping)
+                blocks, took_a = _secure_blocks(exact, view_a, m, rounds)
+                b.update(blocks)
+                run = blocks["all_rounds"]
+                b["headline"] = f"({_g(run['eps'])}, {delta:g}) over the run, n >= {s.n}"
+                parts.append(
+                    "The exact worst case (an independent client's bit among the other "
+                    "independent ones, or a paired client's bit, which given its partner's can be "
+                    "a point mass, over the independent clients' bits) gives per parameter "
+                    f"({_g(blocks['per_parameter']['eps'])}, {delta:g})-DP; composed, one update "
+                    f"of m = {m:,} parameters is ({_g(blocks['per_update']['eps'])}, "
+                    f"{delta:g})-DP and all {rounds} rounds are ({_g(run['eps'])}, "
+                    f"{delta:g})-DP{capped}."
+                )
+            else:
+                b["headline"] = f"({_g(t3['eps_u'])}, {t3['delta']:g}) per round (Thm 3)"
+            parts.append(t3_text)
+            b["guarantee"] = " ".join(parts) + _SUM_ASSUMES
+        else:
+            b["headline"] = "no DP (too few independent clients)"
+            b["guarantee"] = (
+                f"No DP. {who_ind}. A paired client's bit, given its partner's, can be a point "
+                "mass, so only the independent clients' bits hide it, and with so few of them "
+                "a sum impossible under a neighbouring input keeps a mass that, composed over "
+                f"the run, exceeds delta = {delta:g}. {t3_text}"
+            )
+        b_note = (
+            "(B) secure aggregation: AugCorBin-FL against the sum: Theorem 3 at n gamma = the "
+            "fewest independent clients in an unmasked sum, and the exact worst case of "
+            "mechanisms/secure_sum.py (augcorbin_profile), composed with dp_accounting's PLD"
+        )
+    elif s.trials is not None:
+        ep = float(eps_p or 0.0)
+        if s.trials == 1:
+            g = ss.one_bit_guarantee(ep, n_eff, m, rounds, delta)
+            what = "each symbol is one bit with P(1) in [1/(1+e^eps_p), e^eps_p/(1+e^eps_p)]"
+        else:
+            g = ss.pbm_guarantee(ep, s.trials, n_eff, m, rounds, delta)
+            what = (
+                f"each symbol counts the successes of {s.trials} trials with P in the range of "
+                "(eps_p/M)-randomized response (PBM's native setting, arXiv 2108.09449)"
+            )
+        blocks, took_a = _secure_blocks(g, view_a, m, rounds)
+        b.update(blocks)
+        b["dp"] = True
+        run = blocks["all_rounds"]
+        b["headline"] = f"({_g(run['eps'])}, {delta:g}) over the run, n >= {s.n}"
+        a_run = (view_a or {}).get("all_rounds", {}).get("eps")
+        b["guarantee"] = (
+            f"{who}; {what}. The exact worst case over every input of this client and of the "
+            f"other n - 1 gives per parameter ({_g(blocks['per_parameter']['eps'])}, "
+            f"{delta:g})-DP; composed with a dominating privacy-loss distribution, one update of "
+            f"m = {m:,} parameters is ({_g(blocks['per_update']['eps'])}, {delta:g})-DP and all "
+            f"{rounds} rounds are ({_g(run['eps'])}, {delta:g})-DP{capped}"
+            + (f" (A's, the uploads one by one: {_g(a_run)})" if a_run is not None else "")
+            + "."
+            + _SUM_ASSUMES
+        )
+        b_note = (
+            "(B) secure aggregation: exact worst case of one client's symbols in the sum over "
+            "every input of it and of the others (vertices of the probability box, both "
+            "directions; mechanisms/secure_sum.py), composed over m parameters and T rounds "
+            "with a dominating connect-the-dots PLD (dp_accounting), one chain of FFT "
+            "compositions for the update and the run"
+            + ("; a composed eps above A's is replaced by A's (both hold)" if took_a else "")
+        )
+    else:  # local DP whose sum this report does not analyse: at least A's
+        b["dp"] = True
+        b.update(_blocks(view_a, "per_parameter", "per_update", "all_rounds"))
+        b["headline"] = "at least A's (the sum is not analysed)"
+        b["guarantee"] = (
+            f"At least A's. {who}, a function of the uploads, so each client keeps A's "
+            "guarantee; how much the sum adds is not computed for this mechanism and settings "
+            "(only binomial symbols have the exact worst case of mechanisms/secure_sum.py)."
+            + _SUM_ASSUMES
+        )
+        b_note = "(B) secure aggregation: the sum is not analysed for these settings; A's numbers"
+    tm["B"] = b
+    if b_note:
+        notes.append(b_note)
+
+    # (C): a client knows its own symbols; the entries that quoted B or the pair-joint view
+    c = tm["C"]
+    if not cat.paired and c.get("dp") and cat.no_dp is None:
+        c["headline"] = "at least A's (it sees only the global model)"
+        c["guarantee"] = (
+            "At least A's guarantee (these numbers): a client receives only the global model, a "
+            "function of the uploads. B's figures for the sum do not carry over as they are: a "
+            "client knows its own symbols, so for it they hold at n - 1 (n - c for c colluding "
+            "clients), which this report does not compute."
+        )
+    elif cat.paired and not c.get("dp"):
+        reason = (c.get("ucdp_theorem3") or {}).get("reason") if cat.independent_share else None
+        c["guarantee"] = (
+            "No DP. A client receives the global model, a function of the sum the server sees, "
+            "but a paired client also knows its partner's common randomness z, which the "
+            "analysis against the server (B) assumes secret, and its own bits; no accounting "
+            "here bounds what the global model reveals to it."
+            + (
+                f" The user-level guarantee of arXiv 2409.13133 Theorem 3 does not apply "
+                f"({reason})."
+                if reason
+                else ""
+            )
+        )
+
+    # (D): its guarantee stays; what secure aggregation leaves against a deviating server
+    if cat.no_dp is not None:
+        tm["D"]["guarantee"] = (
+            "No DP: the uploads carry no noise, and a deviating server can unmask each of them."
+        )
+    tm["D"]["guarantee"] = str(tm["D"].get("guarantee", "")) + _secagg_deviation(s)
+    notes.append(
+        "(D) secure aggregation protects against an honest-but-curious server only: the "
+        "SecAgg+ keys it relays are not authenticated, and no round checks that all clients got "
+        "the same survivor list (SECURITY.md, Secure aggregation)"
+    )
+    report["notes"] = notes
+    report["secure_aggregation"] = block
+
+
 def privacy_report(
     mechanism: str,
     eps_p: float | None,
@@ -1413,6 +1741,7 @@ def privacy_report(
     delta_p: float | None = None,
     fedcad_delta: float | None = None,
     planned_rounds: int | None = None,
+    secure: SumView | None = None,
 ) -> dict[str, Any]:
     """JSON-ready privacy summary of a run, per threat model (the server calls this once).
 
@@ -1445,6 +1774,11 @@ def privacy_report(
     planned_rounds : int, optional
         ``central-gaussian``: the rounds its noise was calibrated for (``num-rounds``; default
         ``rounds``); ``eps_p`` is then the central ``epsilon`` of those rounds.
+    secure : SumView, optional
+        The run had secure aggregation (:class:`corbin_fl.mechanisms.secure_sum.SumView`: the
+        fewest clients in an unmasked sum, ...): (B) is then the guarantee against a server that
+        sees only the sum, and the report gets a ``secure_aggregation`` block
+        (:func:`_secure_threat_models`). None (the default): the report of a run without it.
 
     Returns
     -------
@@ -1462,7 +1796,8 @@ def privacy_report(
         1/(1+e^eps_p))``), Gaussian ones as one Gaussian with ``mu sqrt(k)``; one update is
         ``k = m``, the run ``k = m T`` (``T`` updates for ``fedcad``). Against (B), paired
         bits have a privacy loss with an atom at ``+infinity`` of mass ``p_inf`` per parameter,
-        hence ``delta >= 1 - (1 - p_inf)^k`` for every ``eps``: no DP.
+        hence ``delta >= 1 - (1 - p_inf)^k`` for every ``eps``: no DP (with ``secure``: see
+        :func:`_secure_threat_models`).
     """
     mech = _canonical_mechanism(mechanism)
     cat = category(mech)
@@ -1484,8 +1819,12 @@ def privacy_report(
         report["threat_models"], report["notes"] = _threat_models(
             mech, cat, None, m, rounds, None, None, None, None, gamma
         )
+        if secure is not None:
+            _secure_threat_models(report, cat, None, None, d, gamma, r, secure)
         return report
     if cat.family == "central":
+        if secure is not None:
+            raise ValueError(f"{mech}: the server adds the noise, so it cannot sum masked inputs")
         target = positive(eps_p, "eps_p")
         planned = rounds if planned_rounds is None else integer(planned_rounds, "rounds", 1)
         report["delta"] = delta
@@ -1533,7 +1872,9 @@ def privacy_report(
         }
     pair: dict[str, Any] | None = None
     pair_reason: str | None = None
-    if cat.paired:
+    if cat.paired and secure is not None:
+        pair_reason = "secure aggregation: the server sees no pair's two bits"
+    elif cat.paired:
         if d is None:
             pair_reason = "d not given"
         elif isinstance(d, bool) or not isinstance(d, int | np.integer):
@@ -1573,4 +1914,6 @@ def privacy_report(
             "corbin_theorem2": float(theorem2_bound(r, ep, n)),
             "alpha": float(alpha64(ep)),
         }
+    if secure is not None:
+        _secure_threat_models(report, cat, ep, view_a, d, gamma, r, secure)
     return report

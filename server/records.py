@@ -20,6 +20,7 @@ from corbin_fl.server.metrics import client_device, client_devices
 from corbin_fl.server.stages import RoundState
 
 if TYPE_CHECKING:
+    from corbin_fl.mechanisms.secure_sum import SumView
     from corbin_fl.server.checkpoint import TrainingState
 
 logger = logging.getLogger(__name__)
@@ -138,10 +139,15 @@ def build_summary(
     }
     clients = max(participation, default=0)
     r_max = max((float(r["max_radius"]) for r in history), default=None)
+    secure = sum_view(cfg, history, clients or None)
     if train is not None:
-        summary["privacy"] = ledger_privacy(cfg, train.ledger, num_params, clients, r_max)
+        summary["privacy"] = ledger_privacy(
+            cfg, train.ledger, num_params, clients, r_max, secure=secure
+        )
     else:
-        summary["privacy"] = privacy_summary(cfg, len(history), num_params, clients, r_max)
+        summary["privacy"] = privacy_summary(
+            cfg, len(history), num_params, clients, r_max, secure=secure
+        )
     if train is not None:
         from corbin_fl.server.checkpoint import ledger_counts
 
@@ -166,7 +172,13 @@ def clip_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ledger_privacy(
-    cfg: RunConfig, ledger: Any, num_params: int, clients: int | None, r_max: float | None
+    cfg: RunConfig,
+    ledger: Any,
+    num_params: int,
+    clients: int | None,
+    r_max: float | None,
+    *,
+    secure: SumView | None = None,
 ) -> dict[str, Any]:
     """The run's privacy report from its privacy ledger (one typed event per released update).
 
@@ -174,12 +186,14 @@ def ledger_privacy(
     (including the releases of rounds a crash aborted), and ``eps_p``, ``m``, ``d`` come from
     those events, not from the configuration; a run that released nothing falls back to the
     configured worst case of zero rounds. ``ledger`` in the report says what was counted.
+    ``secure``: :func:`sum_view` of the run (secure aggregation), passed on to
+    :func:`privacy_summary`.
     """
     from collections import Counter
 
     events = list(ledger)
     if not events:
-        report = privacy_summary(cfg, 0, num_params, clients, r_max)
+        report = privacy_summary(cfg, 0, num_params, clients, r_max, secure=secure)
         report["ledger"] = {"releases": 0, "nodes": 0, "max_releases_per_node": 0}
         return report
     per_node = Counter(e.node for e in events)
@@ -195,7 +209,9 @@ def ledger_privacy(
         epsilon=max(released) if released else cfg.epsilon,
         d=max(paired_d) if paired_d else cfg.d,
     )
-    report = privacy_summary(view, max(per_node.values()), max(e.m for e in events), clients, r_max)
+    report = privacy_summary(
+        view, max(per_node.values()), max(e.m for e in events), clients, r_max, secure=secure
+    )
     report["ledger"] = {
         "releases": len(events),
         "nodes": len(per_node),
@@ -206,7 +222,13 @@ def ledger_privacy(
 
 
 def privacy_summary(
-    cfg: RunConfig, rounds: int, num_params: int, clients: int | None, r_max: float | None
+    cfg: RunConfig,
+    rounds: int,
+    num_params: int,
+    clients: int | None,
+    r_max: float | None,
+    *,
+    secure: SumView | None = None,
 ) -> dict[str, Any]:
     """The run's privacy report, from ``mechanisms.accounting.privacy_report``.
 
@@ -217,10 +239,32 @@ def privacy_summary(
     "no DP" against the server for the paired mechanisms (with the pair-joint lower bounds on
     delta), and no ``delta`` anywhere for a mechanism without DP. On a failure the report is
     ``{"mechanism", "eps_p", "error"}`` and the failure is logged.
+
+    With secure aggregation (``cfg.secure_aggregation``) the server sees only sums, and (B) is
+    the guarantee against that sum, from ``secure`` (:func:`sum_view` of the run's rounds) or,
+    when it is None, from the configuration alone (``clients``, else ``min-clients``, as ``n``).
+    Without it the report is the one runs always had.
     """
     from corbin_fl.mechanisms.accounting import privacy_report
 
+    view = None
+    if cfg.secure_aggregation:
+        view = secure if secure is not None else sum_view(cfg, [], clients)
     try:
+        if view is not None:
+            return privacy_report(
+                cfg.mechanism,
+                cfg.epsilon,
+                cfg.delta,
+                num_params,
+                max(rounds, 1),
+                d=cfg.d if cfg.paired else None,
+                gamma=cfg.gamma if registry.get(cfg.mechanism).independent_share else None,
+                n=clients or None,
+                r=r_max,
+                planned_rounds=cfg.num_rounds,
+                secure=view,
+            )
         return privacy_report(
             cfg.mechanism,
             cfg.epsilon,
@@ -236,3 +280,62 @@ def privacy_summary(
     except (ValueError, TypeError, ArithmeticError) as exc:
         logger.exception("privacy report failed")
         return {"mechanism": cfg.mechanism, "eps_p": cfg.epsilon, "error": str(exc)}
+
+
+def sum_view(cfg: RunConfig, history: list[dict[str, Any]], clients: int | None) -> SumView | None:
+    """What secure aggregation showed the server over the run (None without it).
+
+    From the rounds' ``secure_aggregation`` records (:mod:`corbin_fl.server.secure_round`):
+    ``n`` is the FEWEST survivors of a round whose sum the server unmasked (the worst round; an
+    abandoned round unmasked nothing), the independent clients are the fewest in such a sum
+    (every assignment but ``paired``; for a record without ``assignments``, the lower bound
+    ``independent + unpaired - (sampled - survivors)`` of its row), ``t`` and ``k`` the smallest
+    and ``b`` the largest of those rounds. When no round unmasked a sum, ``n`` is ``clients``
+    (else ``min-clients``, at least 2) and the source says ``configuration``. ``trials``: the
+    registry entry's ``sum_trials`` under ``cfg``.
+    """
+    if not cfg.secure_aggregation:
+        return None
+    from corbin_fl.mechanisms.secure_sum import SumView
+
+    entry = registry.get(cfg.mechanism)
+    trials = entry.sum_trials(cfg) if entry.sum_trials is not None else None
+    unmasked: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    abandoned = 0
+    for row in history:
+        sa = row.get("secure_aggregation")
+        if not isinstance(sa, dict):
+            continue
+        if sa.get("abandoned") is not None or int(sa.get("survivors") or 0) < 1:
+            abandoned += 1
+            continue
+        unmasked.append((row, sa))
+    if not unmasked:
+        n = max(2, int(clients or cfg.min_clients))
+        return SumView(n, trials=trials, abandoned=abandoned, source="configuration")
+    survivors = [int(sa["survivors"]) for _, sa in unmasked]
+    independent: list[int] = []
+    paired: list[int] = []
+    for (row, sa), n_r in zip(unmasked, survivors, strict=True):
+        kinds = sa.get("assignments")
+        if isinstance(kinds, dict):
+            p = int(kinds.get(wire.PAIRED, 0))
+            independent.append(n_r - p)
+            paired.append(p)
+        else:  # a record written before assignments were recorded: a lower bound
+            lost = int(sa.get("sampled", n_r)) - n_r
+            solo = int(row.get("independent", 0)) + int(row.get("unpaired", 0))
+            independent.append(min(n_r, max(0, solo - lost)))
+            paired.append(min(n_r, 2 * int(row.get("pairs", 0))))
+    return SumView(
+        min(survivors),
+        independent=min(independent) if entry.pairs else None,
+        paired=any(paired) if entry.pairs else None,
+        trials=trials,
+        rounds=len(unmasked),
+        abandoned=abandoned,
+        threshold=min((int(sa["t"]) for _, sa in unmasked if "t" in sa), default=None),
+        neighbours=min((int(sa["k"]) for _, sa in unmasked if "k" in sa), default=None),
+        bits=max((int(sa["b"]) for _, sa in unmasked if "b" in sa), default=None),
+        source="rounds",
+    )

@@ -30,6 +30,7 @@ counted, the global model stays).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any, Final
 
 import numpy as np
@@ -279,6 +280,10 @@ class SecureRound:
             rt.secagg_keys = (state.round + 1, dict(outcome.next_keys))
             feed(aggregator, outcome.total, len(outcome.survivors), rt.cfg)
             self.record["sum_max"] = int(outcome.total.max()) if outcome.total.size else 0
+            # who is in the sum, by assignment (the privacy report's count of the clients that
+            # quantized independently: every assignment but "paired")
+            kinds = Counter(self.assignment.get(nid, "?") for nid in outcome.survivors)
+            self.record["assignments"] = dict(sorted(kinds.items()))
             for nid in outcome.survivors:
                 paired = self.assignment.get(nid) == wire.PAIRED
                 state.client_metrics[nid] = {wire.M_PAIRED: float(paired)}

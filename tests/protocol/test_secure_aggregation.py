@@ -18,7 +18,7 @@ import pytest
 import torch
 from flwr.app import Error, Message
 from flwr.serverapp.strategy import FedAvg
-from harness import InProcessGrid, capture_metrics, make_cfg
+from harness import InProcessGrid, capture_metrics, make_cfg, run
 from wire_helpers import message_stage
 
 from corbin_fl import secure, wire
@@ -367,3 +367,28 @@ def test_unmask_asking_for_both_shares_is_refused_and_outvoted() -> None:
     assert "both survivor and dropped" in sa["faulty"][str(liar_target)]
     refused = [m for m in grid.received if m.has_error() and m.metadata.src_node_id == liar_target]
     assert refused and isinstance(refused[0].error, Error)
+
+
+# ============================================================================ the privacy report
+def test_summary_reports_the_guarantee_against_the_sum_of_the_fewest_survivors() -> None:
+    """summary.json's privacy (issue 29 item 3): n is the fewest survivors of an unmasked round
+    (round 2 lost one node at the mask stage), ldpfl's (B) is dp with secure_sum's figures; the
+    records count who was in each sum by assignment."""
+    from corbin_fl.mechanisms import secure_sum
+    from corbin_fl.server.metrics import RunFiles
+
+    grid = InProcessGrid(make_cfg(mechanism="ldpfl", num_rounds=2, **SECURE), 5)
+    grid.hooks.append(_drop(wire.UPDATE, {grid.node_ids[0]}, {2}))
+    rows: list[dict[str, Any]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RunFiles, "metrics", lambda self, rec: rows.append(rec))
+        summary = run(grid)
+    assert [r["secure_aggregation"]["survivors"] for r in rows] == [5, 4]
+    assert [r["secure_aggregation"]["assignments"] for r in rows] == [{"solo": 5}, {"solo": 4}]
+    priv = summary["privacy"]
+    view = priv["secure_aggregation"]
+    assert (view["n"], view["rounds"], view["source"], view["trials"]) == (4, 2, "rounds", 1)
+    b = priv["threat_models"]["B"]
+    g = secure_sum.one_bit_guarantee(priv["eps_p"], 4, priv["m"], priv["rounds"], priv["delta"])
+    assert b["dp"] is True and b["all_rounds"]["eps"] == g["all_rounds"]["eps"]
+    assert "at least n = 4 clients" in b["guarantee"]
