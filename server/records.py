@@ -251,20 +251,6 @@ def privacy_summary(
     if cfg.secure_aggregation:
         view = secure if secure is not None else sum_view(cfg, [], clients)
     try:
-        if view is not None:
-            return privacy_report(
-                cfg.mechanism,
-                cfg.epsilon,
-                cfg.delta,
-                num_params,
-                max(rounds, 1),
-                d=cfg.d if cfg.paired else None,
-                gamma=cfg.gamma if registry.get(cfg.mechanism).independent_share else None,
-                n=clients or None,
-                r=r_max,
-                planned_rounds=cfg.num_rounds,
-                secure=view,
-            )
         return privacy_report(
             cfg.mechanism,
             cfg.epsilon,
@@ -276,6 +262,7 @@ def privacy_summary(
             n=clients or None,
             r=r_max,
             planned_rounds=cfg.num_rounds,
+            secure=view,
         )
     except (ValueError, TypeError, ArithmeticError) as exc:
         logger.exception("privacy report failed")
