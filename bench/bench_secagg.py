@@ -104,7 +104,7 @@ def run_once(
         "bytes_up_per_client": up,
         "bytes_per_param": None if up is None else up / m,
         "b": _median([(r.get("secure_aggregation") or {}).get("b") for r in steady]),
-        "accuracy": rows[-1].get("test_acc") if rows else None,
+        "accuracy": rows[-1].get("test_accuracy") if rows else None,
     }
 
 
