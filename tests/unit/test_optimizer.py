@@ -8,20 +8,10 @@ import textwrap
 
 import pytest
 import torch
+from device_params import DEVICES
 from torch import nn
 
 from corbin_fl.app.optimizer import LocalOptimizer
-
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.device,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-        ],
-    ),
-]
 
 CASES = [
     ("adam", {"lr": 1e-3, "weight_decay": 3e-3}),

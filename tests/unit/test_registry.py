@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from device_params import DEVICES
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -89,17 +90,6 @@ def mech_pairs(name: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- a new mechanism
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.device,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-        ],
-    ),
-]
-"""The device the mod picks for the update (``pick_device("auto")``), forced per case."""
 
 seen_devices: list[set[str]] = []
 """Device types of every tensor and generator the toy encoder got, one set per call."""
