@@ -18,33 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from corbin_fl.experiments import plots
+from corbin_fl.experiments import plots, sweep
+from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.report import Target, write_federated_report
-from corbin_fl.experiments.results import (
-    RunResult,
-    group_results,
-    groups_table,
-    load_run,
-    runs_table,
-    varying_keys,
-    write_table,
-)
 from corbin_fl.experiments.spec import ExperimentSpec, SpecError, load_spec
-from corbin_fl.experiments.sweep import (
-    POOL_DIR,
-    Backend,
-    Run,
-    RunFailedError,
-    RunState,
-    check_app_accepts,
-    execute_run,
-    expand_runs,
-    find_app_dir,
-    run_state,
-    simulation_backend,
-)
+from corbin_fl.experiments.sweep import Backend, Run, RunState
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -66,38 +46,26 @@ class Outcome:
     interrupted: bool = False
 
 
-def _progress(enabled: bool, console: object | None) -> Progress:
+def _progress(enabled: bool, console: Any) -> Progress:
     """A :mod:`rich` display of runs done, the current round and the ETA."""
     from rich import progress as rp
 
-    return rp.Progress(
-        rp.TextColumn("[bold]{task.description}"),
-        rp.BarColumn(),
-        rp.MofNCompleteColumn(),
-        rp.TimeElapsedColumn(),
-        rp.TextColumn("ETA"),
-        rp.TimeRemainingColumn(),
-        console=console,  # type: ignore[arg-type]
-        disable=not enabled,
-    )
-
-
-def _command(spec: ExperimentSpec, results_root: Path) -> str:
-    src = spec.source if spec.source is not None else "<spec.toml>"
-    extra = f" --results {results_root}" if Path(results_root) != Path("results") else ""
-    return f"corbin-fl experiment run {src}{extra}"
+    count = (rp.TextColumn("[bold]{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn())
+    times = (rp.TimeElapsedColumn(), rp.TextColumn("ETA"), rp.TimeRemainingColumn())
+    return rp.Progress(*count, *times, console=console, disable=not enabled)
 
 
 def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]:
     """Every run of ``spec`` with its state in the pool."""
-    pool = Path(results_root) / POOL_DIR
-    return [(r, run_state(pool / r.run_id, r)) for r in expand_runs(spec)]
+    pool = Path(results_root) / sweep.POOL_DIR
+    return [(r, sweep.run_state(pool / r.run_id, r)) for r in sweep.expand_runs(spec)]
 
 
-def load_finished(spec: ExperimentSpec, results_root: Path) -> list[RunResult]:
+def load_finished(spec: ExperimentSpec, results_root: Path) -> list[rs.RunResult]:
     """The finished runs of ``spec``, in sweep order."""
-    pool = Path(results_root) / POOL_DIR
-    return [load_run(pool / r.run_id) for r, st in plan(spec, results_root) if st is RunState.DONE]
+    pool = Path(results_root) / sweep.POOL_DIR
+    done = [r for r, state in plan(spec, results_root) if state is RunState.DONE]
+    return [rs.load_run(pool / r.run_id) for r in done]
 
 
 _GROUP_FIGURES = {
@@ -107,39 +75,44 @@ _GROUP_FIGURES = {
 }
 
 
-def finalize_federated(
+def finalize(
     spec: ExperimentSpec, results_root: Path, *, failures: dict[str, str] | None = None
 ) -> tuple[list[Target], Path | None]:
-    """Write ``runs.csv``, ``groups.csv``, the figures and ``report.md`` from the finished runs;
-    return the target checks and the report (``None`` before any run has finished)."""
+    """Write every output of ``spec`` from its finished runs (``runs.csv``, ``groups.csv``, the
+    figures, ``report.md``) or from its saved MSE measurements; return the target checks and
+    the report (``None`` before any run has finished)."""
     root = Path(results_root) / spec.name
-    results = load_finished(spec, results_root)
-    if not results:
+    extra = f" --results {results_root}" if Path(results_root) != Path("results") else ""
+    command = f"corbin-fl experiment run {spec.source or '<spec.toml>'}{extra}"
+    if spec.kind == "mse":
+        from corbin_fl.experiments import mse
+
+        return mse.finalize(spec, root, command)
+    if not (results := load_finished(spec, results_root)):
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
         return [], None
-    groups, keys = group_results(results), varying_keys(results)
-    write_table(root / "runs.csv", runs_table(results, groups))
-    write_table(root / "groups.csv", groups_table(groups, keys))
+    groups, keys = rs.group_results(results), rs.varying_keys(results)
+    rs.write_table(root / "runs.csv", rs.runs_table(results, groups))
+    rs.write_table(root / "groups.csv", rs.groups_table(groups, keys))
     figures: dict[str, Path] = {}
-    title = spec.description or spec.name
     for name in spec.figures:
         if name in _GROUP_FIGURES:
-            fig = _GROUP_FIGURES[name](groups, keys, title=title)
+            fig = _GROUP_FIGURES[name](groups, keys, title=spec.description or spec.name)
         elif (x_key := plots.X_KEY_OF_FIGURE[name]) in keys:
-            fig = plots.accuracy_vs_figure(groups, x_key, keys, title=title)
+            fig = plots.accuracy_vs_figure(groups, x_key, keys, title=spec.description or spec.name)
         else:
             logger.warning("figure %s skipped: %s does not vary in this experiment", name, x_key)
             continue
         figures[name] = plots.save(fig, root / "figures" / f"{name}.png")
+    runs = (len(results), len(sweep.expand_runs(spec)))
     targets = write_federated_report(
         root / "report.md",
         spec,
-        results,
         groups,
         keys,
         figures,
-        command=_command(spec, results_root),
-        expected_runs=len(expand_runs(spec)),
+        command=command,
+        runs=runs,
         failures=failures,
     )
     return targets, root / "report.md"
@@ -150,26 +123,23 @@ def _execute(
 ) -> str | None:
     """Execute ``run`` in ``pool`` up to ``1 + retries`` times until it completes; the last
     error, or ``None``."""
-    for attempt in range(1, 2 + spec.retries):
-        try:
-            execute_run(
-                run,
-                backend,
-                pool / run.run_id,
-                experiment=spec.name,
-                timeout_s=spec.run_timeout_s,
-                on_round=on_round,
-            )
-            return None
-        except RunFailedError as exc:
-            error = str(exc)
-        if attempt <= spec.retries:
+    error = ""
+    for attempt in range(1 + spec.retries):
+        if attempt:
+            first = error.splitlines()[0]
             logger.warning(
                 "run %s failed (%s); attempt %d of %d in %.0f s",
-                *(run.run_id, error.splitlines()[0], attempt + 1, 1 + spec.retries),
-                spec.retry_delay_s,
+                *(run.run_id, first, attempt + 1, 1 + spec.retries, spec.retry_delay_s),
             )
             time.sleep(spec.retry_delay_s)
+        try:
+            sweep.execute_run(
+                run, backend, pool / run.run_id, experiment=spec.name,
+                timeout_s=spec.run_timeout_s, on_round=on_round,
+            )  # fmt: skip
+            return None
+        except sweep.RunFailedError as exc:
+            error = str(exc)
     return error
 
 
@@ -181,7 +151,7 @@ def run_federated(
     backend: Backend | None = None,
     max_runs: int | None = None,
     progress: bool = True,
-    console: object | None = None,
+    console: Any = None,
 ) -> Outcome:
     """Execute the runs of ``spec`` that are not done (at most ``max_runs`` now), then write
     every output. ``app_dir`` defaults to this checkout; ``backend`` replaces the simulation
@@ -190,18 +160,15 @@ def run_federated(
         raise ValueError(f"run_federated needs kind = 'federated', got {spec.kind!r}")
     if max_runs is not None and max_runs < 0:
         raise ValueError(f"max_runs must be >= 0, got {max_runs}")
-    app = Path(app_dir) if app_dir is not None else find_app_dir()
+    app = Path(app_dir) if app_dir is not None else sweep.find_app_dir()
     planned = plan(spec, results_root)
-    check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
-    pool = Path(results_root) / POOL_DIR
+    sweep.check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
+    pool = Path(results_root) / sweep.POOL_DIR
     pool.mkdir(parents=True, exist_ok=True)
-    outcome = Outcome(total=len(planned))
-    be = backend or simulation_backend(app, spec)
+    outcome, be = Outcome(total=len(planned)), backend or sweep.simulation_backend(app, spec)
     todo = sum(1 for _, state in planned if state is not RunState.DONE)
     view = _progress(progress, console)  # counts only the runs executed now (an honest ETA)
-    runs_bar = view.add_task(
-        "runs to do", total=min(todo, max_runs if max_runs is not None else todo)
-    )
+    runs_bar = view.add_task("runs to do", total=min(todo, todo if max_runs is None else max_runs))
     round_bar = view.add_task("round", total=1, visible=False)
     try:
         with view:
@@ -219,8 +186,7 @@ def run_federated(
                 )
                 t0 = time.monotonic()
                 on_round = lambda done: view.update(round_bar, completed=done)  # noqa: E731
-                error = _execute(spec, run, be, pool, on_round)
-                if error is not None:
+                if (error := _execute(spec, run, be, pool, on_round)) is not None:
                     outcome.failed[run.run_id] = error
                     logger.error("%s", error)
                 else:
@@ -230,9 +196,7 @@ def run_federated(
     except KeyboardInterrupt:
         outcome.interrupted = True
         logger.warning("interrupted; run the same command again to resume")
-    outcome.targets, outcome.report = finalize_federated(
-        spec, results_root, failures=outcome.failed
-    )
+    outcome.targets, outcome.report = finalize(spec, results_root, failures=outcome.failed)
     return outcome
 
 
@@ -242,7 +206,7 @@ def run_mse(
     *,
     device: str = "cpu",
     progress: bool = True,
-    console: object | None = None,
+    console: Any = None,
 ) -> Outcome:
     """Measure the quantizer MSE (:func:`experiments.mse.measure`), then write every output."""
     from corbin_fl.experiments import mse
@@ -254,30 +218,18 @@ def run_mse(
     view = _progress(progress, console)
     bar = view.add_task("runs to do", total=1)
     with view:
-        mse.measure(
-            spec,
-            root,
-            device=device,
-            on_step=lambda what, d, t: view.update(bar, description=what, completed=d, total=t),
-        )
+        step = lambda what, d, t: view.update(bar, description=what, completed=d, total=t)  # noqa: E731
+        mse.measure(spec, root, device=device, on_step=step)
     outcome = Outcome(total=1, executed=1)
-    outcome.targets, outcome.report = finalize_mse(spec, results_root)
+    outcome.targets, outcome.report = finalize(spec, results_root)
     return outcome
-
-
-def finalize_mse(spec: ExperimentSpec, results_root: Path) -> tuple[list[Target], Path | None]:
-    """Write the MSE CSVs, figures and report from the saved measurements."""
-    from corbin_fl.experiments import mse
-
-    root = Path(results_root) / spec.name
-    return mse.finalize(spec, root, _command(spec, results_root))
 
 
 def remove_experiment(spec: ExperimentSpec, results_root: Path) -> None:
     """Delete ``<results>/<name>/`` and the pool folders of its runs (``--fresh``)."""
     doomed = [Path(results_root) / spec.name]
     if spec.kind == "federated":
-        doomed += [Path(results_root) / POOL_DIR / run.run_id for run in expand_runs(spec)]
+        doomed += [Path(results_root) / sweep.POOL_DIR / r.run_id for r in sweep.expand_runs(spec)]
     for folder in doomed:
         if folder.exists():
             logger.warning("removing %s (--fresh)", folder)
@@ -293,35 +245,21 @@ def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
+    for name, what in (
+        ("run", "run what is not done yet, then write the outputs"),
+        ("plan", "validate spec(s) and list the runs with their state"),
+        ("report", "rebuild CSV, figures and report from saved results"),
+    ):
+        p = sub.add_parser(name, help=what)
         p.add_argument("spec", type=Path, nargs="+", help="experiment spec(s) (TOML)")
         p.add_argument("--results", type=Path, default=Path("results"), help="(./results)")
         p.add_argument("--app", type=Path, default=None, help="Flower app folder (default: repo)")
-
-    run = sub.add_parser("run", help="run what is not done yet, then write the outputs")
-    common(run)
-    run.add_argument("--fresh", action="store_true", help="delete previous results first")
-    run.add_argument("--max-runs", type=int, default=None, help="execute at most N runs now")
-    run.add_argument("--device", default="cpu", help="mse experiment: cpu, cuda or auto")
-    run.add_argument("--no-progress", action="store_true", help="no live progress display")
-
-    common(sub.add_parser("plan", help="validate spec(s) and list the runs with their state"))
-    common(sub.add_parser("report", help="rebuild CSV, figures and report from saved results"))
+        if name == "run":
+            p.add_argument("--fresh", action="store_true", help="delete previous results first")
+            p.add_argument("--max-runs", type=int, default=None, help="execute at most N runs now")
+            p.add_argument("--device", default="cpu", help="mse experiment: cpu, cuda or auto")
+            p.add_argument("--no-progress", action="store_true", help="no live progress display")
     return parser
-
-
-def _configure_logging(verbose: bool) -> None:
-    root = logging.getLogger()
-    if root.handlers:
-        return
-    from rich.logging import RichHandler
-
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -331,47 +269,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:  # argparse exits on --help (0) and on errors (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
-    _configure_logging(args.verbose)
     from rich.console import Console
+    from rich.logging import RichHandler
 
+    if not logging.getLogger().handlers:
+        handler = RichHandler(show_path=False, rich_tracebacks=False)
+        level = logging.DEBUG if args.verbose else logging.INFO
+        logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
     console, out = Console(stderr=True), Console()
     try:
         if getattr(args, "max_runs", None) is not None and args.max_runs < 0:
             raise SpecError("--max-runs must be >= 0")
-        specs = [load_spec(p) for p in args.spec]
         code = 0
-        for spec in specs:
-            if args.command == "plan" and spec.kind == "mse":
-                out.print(f"{spec.name}: mse experiment (no federated runs)")
-            elif args.command == "plan":
-                planned = plan(spec, args.results)
-                n = {s: sum(1 for _, st in planned if st is s) for s in RunState}
-                out.print(
-                    f"[bold]{spec.name}[/bold]: {len(planned)} runs ({n[RunState.DONE]} done, "
-                    f"{n[RunState.PARTIAL]} partial, {n[RunState.MISSING]} to do)"
-                )
-                for run, state in planned:
-                    out.print(f"  {state.value:8s} {run.run_id}", soft_wrap=True)
-            elif args.command == "report":
-                finalize = finalize_mse if spec.kind == "mse" else finalize_federated
+        for spec in [load_spec(p) for p in args.spec]:
+            if args.command == "plan":
+                _print_plan(out, spec, args.results)
+                continue
+            if args.command == "report":
                 outcome = Outcome()
                 outcome.targets, outcome.report = finalize(spec, args.results)
-                _print(out, spec, outcome, runs=False)
+            elif spec.kind == "mse":
+                outcome = _run(spec, args, console, run_mse, device=args.device)
             else:
-                if args.fresh:
-                    remove_experiment(spec, args.results)
-                view = {"progress": not args.no_progress, "console": console}
-                outcome = (
-                    run_mse(spec, args.results, device=args.device, **view)  # type: ignore[arg-type]
-                    if spec.kind == "mse"
-                    else run_federated(
-                        spec, args.results, app_dir=args.app, max_runs=args.max_runs, **view
-                    )  # type: ignore[arg-type]
+                outcome = _run(
+                    spec, args, console, run_federated, app_dir=args.app, max_runs=args.max_runs
                 )
-                _print(out, spec, outcome, runs=True)
-                if outcome.interrupted:
-                    return 130
-                code = 1 if outcome.failed else code
+            _print(out, spec, outcome, runs=args.command == "run")
+            if outcome.interrupted:
+                return 130
+            code = 1 if outcome.failed else code
         return code
     except (SpecError, ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -381,14 +307,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _run(
+    spec: ExperimentSpec, args: Any, console: Console, run: Callable[..., Outcome], **kw: Any
+) -> Outcome:
+    """``run`` (:func:`run_federated` or :func:`run_mse`) on ``spec`` as ``args`` ask."""
+    if args.fresh:
+        remove_experiment(spec, args.results)
+    return run(spec, args.results, progress=not args.no_progress, console=console, **kw)
+
+
+def _print_plan(out: Console, spec: ExperimentSpec, results_root: Path) -> None:
+    """The runs of ``spec`` with their states."""
+    if spec.kind == "mse":
+        out.print(f"{spec.name}: mse experiment (no federated runs)")
+        return
+    planned = plan(spec, results_root)
+    n = {s: sum(1 for _, st in planned if st is s) for s in RunState}
+    out.print(
+        f"[bold]{spec.name}[/bold]: {len(planned)} runs ({n[RunState.DONE]} done, "
+        f"{n[RunState.PARTIAL]} partial, {n[RunState.MISSING]} to do)"
+    )
+    for run, state in planned:
+        out.print(f"  {state.value:8s} {run.run_id}", soft_wrap=True)
+
+
 def _print(out: Console, spec: ExperimentSpec, outcome: Outcome, *, runs: bool) -> None:
     """What an invocation did to ``spec``: its runs (``runs``), its report and target checks."""
     out.print(f"[bold]{spec.name}[/bold]")
     if runs:
+        interrupted = " (interrupted)" if outcome.interrupted else ""
         out.print(
             f"  runs: {outcome.total} planned, {outcome.skipped} already done, "
-            f"{outcome.executed} executed, {len(outcome.failed)} failed"
-            + (" (interrupted)" if outcome.interrupted else ""),
+            f"{outcome.executed} executed, {len(outcome.failed)} failed{interrupted}",
             markup=False,
         )
     if outcome.report is not None:

@@ -7,8 +7,7 @@ at least ``MIN_Y_SPAN`` points and ``STD_SPAN`` seed stds, so seed noise does no
 trend); a legend entry for every line, each mechanism with its privacy guarantee and the threat
 models of SECURITY.md it holds against (:data:`THREAT_NOTE` keys the letters). Federated figures
 draw the lambda-selected settings (:func:`experiments.results.group_results`); the MSE figures
-are in :mod:`experiments.mse`. ``*_figure`` builds a figure, :func:`save`
-writes it.
+are in :mod:`experiments.mse`. ``*_figure`` builds a figure, :func:`save` writes it.
 """
 
 from __future__ import annotations
@@ -27,14 +26,12 @@ import numpy as np
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS, RunConfig
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
-from corbin_fl.experiments.spec import CLIENTS_KEY
+from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
 from corbin_fl.fsio import atomic_write_bytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-    from corbin_fl.experiments.results import RunValue
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +108,8 @@ SHORT_KIND = {kind: v[2] for kind, v in _KINDS.items()}
 """A line's guarantee in a legend entry."""
 _RANGED_KINDS = frozenset({PAIRED_KIND, LDP_KIND, GAUSSIAN_KIND, CENTRAL_KIND})
 """Classes whose mechanisms encode within a range (``range-mode`` applies)."""
+_SCOPES = {"fedcad": "per update", "central-gaussian": "central, all rounds"}
+"""What eps bounds for the mechanisms whose budget is not per parameter."""
 
 
 @dataclass(frozen=True)
@@ -123,48 +122,40 @@ class Guarantee:
 
 def guarantee_kind(mechanism: str) -> str | None:
     """The guarantee class of ``mechanism`` from its registration (``None`` if unknown)."""
-    mech = registry.REGISTRY.get(mechanism)
-    if mech is None:
+    if (mech := registry.REGISTRY.get(mechanism)) is None:
         return None
     if not mech.local_dp:
         return CENTRAL_KIND if mech.has_delta else NO_DP_KIND
     if mech.pairs:
         return PAIRED_KIND
-    if mech.dp_unit == "update":
-        return UPDATE_KIND
-    return GAUSSIAN_KIND if mech.has_delta else LDP_KIND
+    return (
+        UPDATE_KIND if mech.dp_unit == "update" else GAUSSIAN_KIND if mech.has_delta else LDP_KIND
+    )
 
 
 def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
     """The guarantee of a setting from its ``mechanism``, ``epsilon`` and ``delta``;
     ``ValueError`` without a known mechanism or a finite number its label needs."""
-    mech = setting.get("mechanism")
-    if not isinstance(mech, str):
+    if not isinstance(mech := setting.get("mechanism"), str):
         raise ValueError(f"the setting names no mechanism ({mech!r}); cannot state its guarantee")
-    kind = guarantee_kind(mech)
-    if kind is None:
+    if (kind := guarantee_kind(mech)) is None:
         known = sorted(registry.REGISTRY)
         raise ValueError(f"no privacy guarantee is known for mechanism {mech!r}; known: {known}")
-    label = _KINDS[kind][3]
-    numbers = {}
+    label, numbers = _KINDS[kind][3], {}
     for key, name in (("epsilon", "eps"), ("delta", "delta")):
-        value = setting.get(key)
-        if "{" + name in label and (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise ValueError(
-                f"mechanism {mech!r}: the run config has no finite {key!r} ({value!r}); "
-                "cannot state its privacy guarantee"
-            )
-        numbers[name] = float(value) if "{" + name in label else 0.0  # type: ignore[arg-type]
+        if "{" + name in label:
+            value = setting.get(key)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise ValueError(
+                    f"mechanism {mech!r}: the run config has no finite {key!r} ({value!r}); "
+                    "cannot state its privacy guarantee"
+                )
+            numbers[name] = float(value)
     return Guarantee(kind, label.format(**numbers))
-
-
-def _wrap(text: str, width: int = 70) -> str:
-    """``text`` on lines of at most ``width`` characters (existing line breaks are kept)."""
-    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
 def _mech(g: GroupResult) -> str:
@@ -173,6 +164,13 @@ def _mech(g: GroupResult) -> str:
 
 def _fmt(value: RunValue) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+_TITLE_KEYS = (  # a setting in a figure title: its key and its name
+    ("mechanism", "mechanism"), ("dataset", "dataset"), ("model", "model"),
+    ("partitioner", "partition"), (CLIENTS_KEY, "clients"), ("clients-per-round", "clients/round"),
+    ("num-rounds", "rounds"), ("local-epochs", "local epochs"), ("batch-size", "batch"),
+)  # fmt: skip
 
 
 def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
@@ -184,56 +182,39 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     clients per round when not 0); eps is ``ε_p`` when every private mechanism has a
     per-parameter budget.
     """
-    varying = set(keys)
     mechs = {_mech(g) for g in groups}
     private = {m for m in mechs if guarantee_kind(m) not in (NO_DP_KIND, None)}
 
     def fixed(key: str) -> RunValue | None:
-        if key in varying:
-            return None
         values = {repr(g.setting[key]): g.setting[key] for g in groups if key in g.setting}
-        return next(iter(values.values())) if len(values) == 1 else None
+        return next(iter(values.values())) if len(values) == 1 and key not in keys else None
 
-    parts: list[str] = []
-
-    def add(key: str, name: str, applies: object = True) -> None:
+    def named(key: str, name: str, applies: object = True) -> list[str]:
         value = fixed(key)
         zero = key in ("clients-per-round", "dropout-prob") and value == 0  # left out when 0
-        if value is not None and applies and not zero:
-            parts.append(f"{name}={_fmt(value)}")
+        return [f"{name}={_fmt(value)}"] if value is not None and applies and not zero else []
 
-    for key, name in (
-        *((k, k) for k in ("mechanism", "dataset", "model")),
-        ("partitioner", "partition"),
-        (CLIENTS_KEY, "clients"),
-        ("clients-per-round", "clients/round"),
-        ("num-rounds", "rounds"),
-        ("local-epochs", "local epochs"),
-        ("batch-size", "batch"),
-    ):
-        add(key, name)
-    eps = fixed("epsilon")
-    if eps is not None and private:
-        scopes = {"fedcad": "per update", "central-gaussian": "central, all rounds"}
-        special = sorted(private & set(scopes))
-        if special and private <= set(scopes) and len(special) == 1:
-            parts.append(f"ε={_fmt(eps)} {scopes[special[0]]}")
-        elif special:
-            rest = "; ".join(f"{m}: {scopes[m]}" for m in special)
-            parts.append(f"ε={_fmt(eps)} (per parameter; {rest})")
-        else:
-            parts.append(f"ε_p={_fmt(eps)}")
-    add("delta", "δ", private & {"gaussian", "fedcad", "central-gaussian"})
-    add("d", "d", mechs & PAIRED_MECHANISMS)
-    add("gamma", "γ", "augcorbin" in mechs)
-    add("range-mode", "range-mode", any(guarantee_kind(m) in _RANGED_KINDS for m in mechs))
-    range_mode = fixed("range-mode")
-    radius = fixed("update-radius")  # present only in settings that quantize the update
+    parts = [part for key, name in _TITLE_KEYS for part in named(key, name)]
+    if (eps := fixed("epsilon")) is not None and private:
+        special = sorted(private & set(_SCOPES))
+        rest = "; ".join(f"{m}: {_SCOPES[m]}" for m in special)
+        parts.append(
+            f"ε={_fmt(eps)} {_SCOPES[special[0]]}"
+            if len(private) == 1 and special
+            else f"ε={_fmt(eps)} (per parameter; {rest})"
+            if special
+            else f"ε_p={_fmt(eps)}"
+        )
+    parts += named("delta", "δ", private & {"gaussian", "fedcad", "central-gaussian"})
+    parts += named("d", "d", mechs & PAIRED_MECHANISMS)
+    parts += named("gamma", "γ", "augcorbin" in mechs)
+    ranged = any(guarantee_kind(m) in _RANGED_KINDS for m in mechs)
+    parts += named("range-mode", "range-mode", ranged)
+    range_mode, radius = fixed("range-mode"), fixed("update-radius")  # radius: where quantized
     if radius is not None and range_mode in ("update", None):
         text = "derived" if radius == 0 else _fmt(radius)
         parts.append(f"R={text}" if range_mode == "update" else f"R={text} (update range)")
-    add("dropout-prob", "dropout")
-    return ", ".join(parts)
+    return ", ".join(parts + named("dropout-prob", "dropout"))
 
 
 def figure_title(
@@ -259,6 +240,8 @@ Y_RULE = (
     f"y-axis spans ≥ {MIN_Y_SPAN:g} points and ≥ {STD_SPAN:g} × the largest seed std, "
     "so seed noise does not read as a trend"
 )
+_LINE_NOTE = f"{Y_RULE}; [ ]: the mechanism's guarantee; {THREAT_NOTE}"
+"""The end of a line figure's caption."""
 
 
 def accuracy_ylim(lo: float, hi: float, max_std: float) -> tuple[float, float]:
@@ -268,8 +251,7 @@ def accuracy_ylim(lo: float, hi: float, max_std: float) -> tuple[float, float]:
         raise ValueError(f"accuracy range [{lo}, {hi}] with std {max_std} is not a finite range")
     span = max(1.1 * (hi - lo), MIN_Y_SPAN, STD_SPAN * max(max_std, 0.0))
     span = min(span, 100.0) if lo >= 0.0 and hi <= 100.0 else span
-    mid = (lo + hi) / 2
-    bottom, top = mid - span / 2, mid + span / 2
+    bottom, top = (lo + hi) / 2 - span / 2, (lo + hi) / 2 + span / 2
     if bottom < 0.0 <= lo:
         bottom, top = 0.0, span
     if top > 100.0 >= hi:
@@ -287,13 +269,16 @@ def _ylim(bands: _Bands) -> tuple[float, float]:
     return accuracy_ylim(lo, hi, max(0.0, *(float(np.max(b[2])) for b in bands)))
 
 
-def _percent(stats: Sequence[Stat]) -> tuple[np.ndarray, np.ndarray]:
-    """Means and seed stds (0 for one seed) of accuracy ``stats``, in percent."""
+def _percent(stats: Sequence[Stat], bands: _Bands) -> tuple[np.ndarray, np.ndarray]:
+    """Means and seed stds (0 for one seed) of accuracy ``stats``, in percent; their error bars
+    are added to ``bands``."""
     mean = np.array([100 * s.mean for s in stats])
-    return mean, np.array([100 * (s.std if s.n > 1 else 0.0) for s in stats])
+    std = np.array([100 * (s.std if s.n > 1 else 0.0) for s in stats])
+    bands.append((mean - std, mean + std, std))
+    return mean, std
 
 
-def _figure(
+def new_figure(
     n: int = 1, max_cols: int = 1, *, w: float = 5.0, h: float = 3.6, **kw: Any
 ) -> tuple[Figure, list[Axes]]:
     """A figure of ``n`` panels of ``w`` x ``h`` inches, at most ``max_cols`` per row (``kw``
@@ -302,22 +287,24 @@ def _figure(
     from matplotlib.figure import Figure
 
     ncols = min(max_cols, n)
-    nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
+    fig = Figure(figsize=(w * ncols, h * math.ceil(n / ncols)), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = list(fig.subplots(nrows, ncols, squeeze=False, **kw).flat)
+    axes = list(fig.subplots(math.ceil(n / ncols), ncols, squeeze=False, **kw).flat)
     for ax in axes[n:]:
         ax.set_visible(False)
     return fig, axes[:n]
 
 
-def _annotate(fig: Figure, title: str, caption: str, *, caption_ax: Axes | None = None) -> None:
+def annotate(fig: Figure, title: str, caption: str, *, caption_ax: Axes | None = None) -> None:
     """Title on top, caption under the plot (the x-label of ``caption_ax`` if given), wrapped
     to the figure's width (about 12 characters per inch at 10 pt, 15 at 8 pt); the figure grows
     by their lines."""
-    width_in = fig.get_figwidth()
-    title = _wrap(title, max(40, int(width_in * 12))) if title else ""
-    caption = _wrap(caption, max(50, int(width_in * 15))) if caption else ""
+
+    def wrap(text: str, width: int) -> str:  # existing line breaks are kept
+        return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
+
+    title = wrap(title, max(40, int(fig.get_figwidth() * 12))) if title else ""
+    caption = wrap(caption, max(50, int(fig.get_figwidth() * 15))) if caption else ""
     if title:
         fig.suptitle(title, fontsize=10)
     if caption and caption_ax is not None:
@@ -343,13 +330,13 @@ def save(fig: Figure, path: Path) -> Path:
     return Path(path)
 
 
+def _mech_order(mech: str) -> int:
+    return MECHANISMS.index(mech) if mech in MECHANISMS else len(MECHANISMS)
+
+
 def _color(mechanism: str) -> str | None:
     """One colour per mechanism in every line figure (matplotlib's ``C0``..``C9`` cycle)."""
     return f"C{MECHANISMS.index(mechanism) % 10}" if mechanism in MECHANISMS else None
-
-
-def _mech_order(mech: str) -> int:
-    return MECHANISMS.index(mech) if mech in MECHANISMS else len(MECHANISMS)
 
 
 def _with_kind(label: str, mechanism: str) -> str:
@@ -383,17 +370,15 @@ def accuracy_vs_round_figure(
     facets: dict[str, list[GroupResult]] = {}
     for g in groups:
         facets.setdefault(group_label(g.setting, other) if other else "", []).append(g)
-    n = len(facets)
-    fig, axes = _figure(n, 4, sharey=True)
+    fig, axes = new_figure(len(facets), 4, sharey=True)
     bands: _Bands = []
     for ax, (facet, members) in zip(axes, facets.items(), strict=True):
         for g in members:
             rounds, mean, std = g.curve("test_accuracy")
             if rounds.size == 0:
                 continue
-            mech = _mech(g)
-            label = _with_kind(f"{mech} (λ={g.global_lr:g})", mech)
-            line = ax.plot(rounds, 100 * mean, marker=".", color=_color(mech), label=label)
+            label = _with_kind(f"{_mech(g)} (λ={g.global_lr:g})", _mech(g))
+            line = ax.plot(rounds, 100 * mean, marker=".", color=_color(_mech(g)), label=label)
             low, high = 100 * (mean - std), 100 * (mean + std)
             ax.fill_between(rounds, low, high, alpha=0.2, color=line[0].get_color())
             bands.append((low, high, 100 * std))
@@ -402,17 +387,17 @@ def accuracy_vs_round_figure(
         if facet:
             ax.set_title(facet, fontsize=9)
         ax.grid(alpha=0.3)
-        if n == 1:
+        if len(facets) == 1:
             _legend_above(fig, ax, *ax.get_legend_handles_labels())
         else:
             ax.legend(fontsize=7)
     if bands:
         axes[0].set_ylim(*_ylim(bands))
-    _annotate(
+    annotate(
         fig,
         figure_title("Test accuracy per round", title, groups, keys),
         f"lines: mean test accuracy; {seed_note(groups, 'bands')}; λ: the validation-selected "
-        f"global learning rate; {Y_RULE}; [ ]: the mechanism's guarantee; {THREAT_NOTE}",
+        f"global learning rate; {_LINE_NOTE}",
     )
     return fig
 
@@ -435,17 +420,15 @@ def accuracy_bar_figure(
         "\n".join([*group_label(g.setting, keys).split(", "), gu.label]) for g, gu in pairs
     ]
     x = np.arange(len(groups))
-    fig, (ax,) = _figure(w=max(6.0, 1.25 * len(groups) + 1.5), h=4.2)
-    colors = [GUARANTEE_COLORS[gu.kind] for _, gu in pairs]
-    sel = [g.test for g in groups]
-    fin = [g.final_test for g in groups]
-    width = 0.4
-    style: dict[str, Any] = {"capsize": 3, "color": colors, "edgecolor": "black", "linewidth": 0.5}
+    fig, (ax,) = new_figure(w=max(6.0, 1.25 * len(groups) + 1.5), h=4.2)
+    style: dict[str, Any] = {"capsize": 3, "edgecolor": "black", "linewidth": 0.5}
+    style["color"] = [GUARANTEE_COLORS[gu.kind] for _, gu in pairs]
     hatched: dict[str, Any] = {"alpha": 0.45, "hatch": "//"}
-    for offset, stats, extra in ((-width / 2, sel, {}), (width / 2, fin, hatched)):
-        mean, std = _percent(stats)
-        ax.bar(x + offset, mean, width, yerr=std, **style, **extra)
-    tops = [100 * (s.mean + (s.std if s.n > 1 else 0.0)) for s in (*sel, *fin) if s.n]
+    stats = [g.test for g in groups], [g.final_test for g in groups]
+    for offset, stat, extra in zip((-0.2, 0.2), stats, ({}, hatched), strict=True):
+        mean, std = _percent(stat, [])
+        ax.bar(x + offset, mean, 0.4, yerr=std, **style, **extra)
+    tops = [100 * (s.mean + (s.std if s.n > 1 else 0.0)) for s in (*stats[0], *stats[1]) if s.n]
     ax.set_ylim(0.0, max(100.0, *tops) if tops else 100.0)
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("test accuracy (%)")
@@ -461,14 +444,10 @@ def accuracy_bar_figure(
         handles=handles, loc="outside lower center", ncols=2, title=what, fontsize=7
     )
     legend.get_title().set_fontsize(7)
-    _annotate(
+    shows = "Test accuracy per mechanism at the val-selected and the final round"
+    annotate(
         fig,
-        figure_title(
-            "Test accuracy per mechanism at the val-selected and the final round",
-            title,
-            groups,
-            keys,
-        ),
+        figure_title(shows, title, groups, keys),
         f"bars: mean over seeds; {seed_note(groups)}. ε_p bounds one parameter, ε one whole "
         "update: the numbers under the bars are not one unit and do not rank the mechanisms' "
         f"privacy; {THREAT_NOTE}",
@@ -478,11 +457,7 @@ def accuracy_bar_figure(
 
 
 def accuracy_vs_figure(
-    groups: Sequence[GroupResult],
-    x_key: str,
-    keys: Sequence[str],
-    *,
-    title: str = "",
+    groups: Sequence[GroupResult], x_key: str, keys: Sequence[str], *, title: str = ""
 ) -> Figure:
     """Test accuracy at the selected round against ``x_key``, one line per value of the other
     varying keys; a line of one point (a reference) is a dashed horizontal line with a ± 1 std
@@ -492,15 +467,14 @@ def accuracy_vs_figure(
     def x_of(g: GroupResult) -> float:
         return float(g.setting[x_key])
 
-    line_keys = [k for k in keys if k != x_key]
     lines: dict[str, list[GroupResult]] = {}
     for g in groups:
         if g.setting.get(x_key) is not None:
-            lines.setdefault(group_label(g.setting, line_keys), []).append(g)
+            lines.setdefault(group_label(g.setting, [k for k in keys if k != x_key]), []).append(g)
     if not lines:
         raise ValueError(f"no run sets {x_key!r}; cannot plot accuracy vs {x_key}")
     all_x = sorted({x_of(g) for ms in lines.values() for g in ms})
-    fig, (ax,) = _figure(w=5.5)
+    fig, (ax,) = new_figure(w=5.5)
     mechs_per_line = {label: {_mech(g) for g in ms} for label, ms in lines.items()}
     mechs = [m for ms in mechs_per_line.values() for m in ms]
     one_line_per_mech = len(mechs) == len(set(mechs)) == len(lines)  # each its own mechanism
@@ -511,14 +485,11 @@ def accuracy_vs_figure(
     for label, members in lines.items():
         mech = _mech(members[0])
         color = _color(mech) if one_line_per_mech else None
-        if mechs_per_line[label] == {mech}:
-            label = _with_kind(label, mech)
-        members = [g for g in sorted(members, key=x_of) if g.test.n]
-        if not members:
+        label = _with_kind(label, mech) if mechs_per_line[label] == {mech} else label
+        if not (members := [g for g in sorted(members, key=x_of) if g.test.n]):
             continue
         plotted += members
-        mean, std = _percent([g.test for g in members])
-        bands.append((mean - std, mean + std, std))
+        mean, std = _percent([g.test for g in members], bands)
         if len(members) == 1 and len(all_x) > 1:
             line = ax.axhline(mean[0], linestyle="--", color=color)
             band = ax.axhspan(mean[0] - std[0], mean[0] + std[0], alpha=0.1, color=line.get_color())
@@ -534,23 +505,20 @@ def accuracy_vs_figure(
         _int_ticks(ax)
     if x_key == "epsilon" and len(all_x) > 1 and all_x[-1] / max(all_x[0], 1e-12) > 20:
         ax.set_xscale("log")
-    x_label = _X_LABEL[x_key][0] if x_key in _X_LABEL else x_key
-    plotted_mechs = {_mech(g) for g in plotted}
-    # What eps bounds for mechanisms whose budget is not per parameter.
-    scopes = {"fedcad": "per update", "central-gaussian": "central"}
-    rest = "; ".join(f"{m}: {scopes[m]}" for m in scopes if m in plotted_mechs)
+    x_label, x_title = _X_LABEL.get(x_key, (x_key, x_key))
+    rest = "; ".join(
+        f"{m}: {_SCOPES[m].split(',')[0]}" for m in _SCOPES if m in {_mech(g) for g in plotted}
+    )
     if x_key == "epsilon" and rest:
         x_label = f"privacy budget $\\epsilon$ ($\\epsilon_p$ per parameter; {rest})"
     ax.set(xlabel=x_label, ylabel=_ACC_LABEL, ylim=_ylim(bands))
     ax.grid(alpha=0.3)
     _legend_above(fig, ax, handles, labels)
-    _annotate(
+    annotate(
         fig,
-        figure_title(
-            f"Test accuracy vs {_X_LABEL.get(x_key, (x_key, x_key))[1]}", title, groups, keys
-        ),
+        figure_title(f"Test accuracy vs {x_title}", title, groups, keys),
         f"points: mean test accuracy at each run's validation-selected round; "
-        f"{seed_note(plotted)}; {Y_RULE}; [ ]: the mechanism's guarantee; {THREAT_NOTE}",
+        f"{seed_note(plotted)}; {_LINE_NOTE}",
     )
     return fig
 
@@ -579,32 +547,24 @@ def accuracy_vs_bits_figure(
     panels: dict[float, dict[str, list[tuple[int, GroupResult]]]] = {}
     for g in groups:
         eps, bits = g.setting.get("epsilon"), bits_per_parameter(g.setting)
-        if bits is None or not isinstance(eps, int | float) or not g.test.n:
-            continue
-        panels.setdefault(float(eps), {}).setdefault(_mech(g), []).append((bits, g))
+        if bits is not None and isinstance(eps, int | float) and g.test.n:
+            panels.setdefault(float(eps), {}).setdefault(_mech(g), []).append((bits, g))
     if not panels:
         raise ValueError("no finished run with a mechanism and an epsilon to plot")
-    fig, axes = _figure(len(panels), len(panels), w=3.6, sharey=True)
+    fig, axes = new_figure(len(panels), len(panels), w=3.6, sharey=True)
     bands: _Bands = []
     handles: dict[str, Any] = {}
-    plotted: list[GroupResult] = []
     mechs = sorted({m for panel in panels.values() for m in panel}, key=_mech_order)
-    colors = {m: f"C{i % 10}" for i, m in enumerate(mechs)}  # distinct within this figure
     for ax, eps in zip(axes, sorted(panels), strict=True):
         for mech, points in sorted(panels[eps].items(), key=lambda kv: _mech_order(kv[0])):
             points.sort(key=lambda p: p[0])
-            xs = np.array([b for b, _ in points], dtype=float)
-            mean, std = _percent([g.test for _, g in points])
-            bands.append((mean - std, mean + std, std))
+            mean, std = _percent([g.test for _, g in points], bands)
             marker, size = ("*", 9) if mech in PAIRED_MECHANISMS else ("o", 5)
-            style: dict[str, Any] = {
-                "marker": marker,
-                "markersize": size,
-                "capsize": 3,
-                "color": colors[mech],
-            }
-            handles[mech] = ax.errorbar(xs, mean, yerr=std, **style)
-            plotted += [g for _, g in points]
+            color = f"C{mechs.index(mech) % 10}"  # distinct within this figure
+            xs = np.array([b for b, _ in points], dtype=float)
+            handles[mech] = ax.errorbar(
+                xs, mean, yerr=std, marker=marker, markersize=size, capsize=3, color=color
+            )
         ax.set_title(f"ε_p = {_fmt(eps)}", fontsize=9)
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
@@ -618,17 +578,14 @@ def accuracy_vs_bits_figure(
         _with_kind(f"{m}, 1 bit + shared randomness" if m in PAIRED_MECHANISMS else m, m)
         for m in handles
     ]
-    _annotate(
+    plotted = [g for panel in panels.values() for ps in panel.values() for _, g in ps]
+    shows = "Test accuracy vs uplink bits per parameter, one panel per ε_p"
+    annotate(
         fig,
-        figure_title(
-            "Test accuracy vs uplink bits per parameter, one panel per ε_p",
-            title,
-            groups,
-            [k for k in keys if k != "epsilon"],
-        ),
+        figure_title(shows, title, groups, [k for k in keys if k != "epsilon"]),
         "one panel per eps_p; points: mean test accuracy at each run's validation-selected "
         f"round against the mechanism's uplink bits per parameter; {seed_note(plotted)}; "
-        f"{Y_RULE}; [ ]: the mechanism's guarantee; {THREAT_NOTE}",
+        f"{_LINE_NOTE}",
     )
     # Then the legend beside the panels, once title and caption are wrapped to their width.
     fig.legend(list(handles.values()), labels, fontsize=7, loc="outside right center")

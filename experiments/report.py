@@ -16,15 +16,9 @@ from typing import Any, Literal
 
 from scipy import stats
 
+from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.plots import THREAT_MODELS
-from corbin_fl.experiments.results import (
-    SELECTION_RULE,
-    GroupResult,
-    RunResult,
-    Stat,
-    group_label,
-    privacy_view,
-)
+from corbin_fl.experiments.results import GroupResult, Stat, group_label
 from corbin_fl.experiments.spec import ExperimentSpec
 from corbin_fl.fsio import atomic_write_text
 
@@ -70,7 +64,9 @@ class Difference:
 
     @classmethod
     def welch(cls, a: Stat, b: Stat, *, scale: float = 100.0) -> Difference:
-        """``scale * (a.mean - b.mean)`` with Welch's t interval (none below two values)."""
+        """``scale * (a.mean - b.mean)`` with Welch's t interval: ``se = sqrt(va + vb)``,
+        ``v = (scale s)^2 / n``, ``df = (va + vb)^2 / (va^2 / (n_a - 1) + vb^2 / (n_b - 1))``
+        (none below two values)."""
         value = scale * (a.mean - b.mean)
         if a.n < 2 or b.n < 2 or not (math.isfinite(a.std) and math.isfinite(b.std)):
             return cls(value, math.nan, math.nan, math.nan, math.nan)
@@ -96,25 +92,95 @@ class Difference:
             return "no interval (one seed)"
         se = f"{self.se:.{digits}f}" if self.se >= 10.0**-digits else f"{self.se:.2g}"
         df = "" if math.isinf(self.df) else f", df {self.df:.1f}"
-        return (
-            f"SE {se}, {100 * CONFIDENCE:g}% CI "
-            f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}]{df}"
-        )
+        ci = f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+        return f"SE {se}, {100 * CONFIDENCE:g}% CI {ci}{df}"
 
 
 def verdict(diff: Difference, threshold: float, claim: Literal["above", "below"]) -> Status:
     """PASS if ``diff``'s whole interval is ``claim`` ``threshold``, MISS if wholly on the other
     side, else "not resolved" (:data:`TARGET_RULE`)."""
-    low, high = diff.low, diff.high
+    low, high = (diff.low, diff.high) if claim == "above" else (-diff.high, -diff.low)
+    threshold = threshold if claim == "above" else -threshold
     if math.isnan(low) or math.isnan(high):
         return "not resolved"
-    if claim == "above":
-        return "PASS" if low > threshold else "MISS" if high < threshold else "not resolved"
-    return "PASS" if high < threshold else "MISS" if low > threshold else "not resolved"
+    return "PASS" if low > threshold else "MISS" if high < threshold else "not resolved"
 
 
-def _pct(x: float) -> str:
-    return "—" if not math.isfinite(x) else f"{100 * x:.2f}"
+def combine(name: str, checks: Sequence[tuple[Status, str]], missing: str = "") -> Target:
+    """The target from its ``(status, numbers)`` checks: MISS if one misses, else not resolved
+    if one is, else PASS; ``N/A`` (why: ``missing``) without any."""
+    if not checks:
+        return Target(name, "N/A", missing)
+    found = {status for status, _ in checks}
+    status: Status = next(s for s in ("MISS", "not resolved", "N/A", "PASS") if s in found)
+    detail = "; ".join(f"{text}: {st}" for st, text in checks) if len(checks) > 1 else checks[0][1]
+    return Target(name, status, detail)
+
+
+def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
+    """The three accuracy targets on lambda-selected mean test accuracy: CorBin-FL and LDP-FL
+    matched on every key but the mechanism, FedAvg on every key but mechanism and epsilon."""
+
+    def key(g: GroupResult, *drop: str) -> str:
+        return json.dumps({k: v for k, v in g.setting.items() if k not in drop}, sort_keys=True)
+
+    def eps(g: GroupResult) -> float:
+        return float(g.setting["epsilon"])
+
+    def of(mech: str) -> list[GroupResult]:
+        return [g for g in groups if g.setting.get("mechanism") == mech]
+
+    ldpfl = {key(g, "mechanism"): g for g in of("ldpfl")}
+    fedavg = {key(g, "mechanism", "epsilon"): g for g in of("fedavg")}
+    corbin = sorted(
+        (g for g in of("corbin") if isinstance(g.setting.get("epsilon"), int | float)), key=eps
+    )
+    # The other keys that tell CorBin settings apart (dropout-prob, range-mode, ...) name
+    # each comparison, so that two at one eps_p can be told apart.
+    keys = sorted({k for c in corbin for k in c.setting} - {"epsilon"})
+    other = [k for k in keys if len({repr(c.setting[k]) for c in corbin if k in c.setting}) > 1]
+
+    def gap(
+        c: GroupResult, a: str, b: str, groups: dict[str, GroupResult], threshold: float
+    ) -> tuple[Status, str]:
+        """The verdict on ``groups[a]``'s minus ``groups[b]``'s mean test accuracy being above
+        ``threshold`` points (below for FedAvg's), in words, named by CorBin ``c``'s setting."""
+        diff = Difference.welch(groups[a].test, groups[b].test)
+        text = f"{a} {groups[a].test.fmt()} - {b} {groups[b].test.fmt()} = {diff.value:+.2f} points"
+        named = [f"eps={eps(c):g}"] * (threshold == 0.0)  # the eps_p <= 1 target names eps_p
+        label = ", ".join(named + [f"{k}={c.setting[k]}" for k in other if k in c.setting])
+        text = f"{label}: {text} ({diff.fmt()})" if label else f"{text} ({diff.fmt()})"
+        return verdict(diff, threshold, "below" if a == "FedAvg" else "above"), text
+
+    pairs = [(c, lo) for c in corbin if (lo := ldpfl.get(key(c, "mechanism"))) is not None]
+    low = [
+        gap(c, "CorBin", "LDP-FL", {"CorBin": c, "LDP-FL": lo}, 0.0)
+        for c, lo in pairs
+        if eps(c) <= 1.0
+    ]
+    half = [
+        gap(c, "CorBin", "LDP-FL", {"CorBin": c, "LDP-FL": lo}, 5.0)
+        for c, lo in pairs
+        if math.isclose(eps(c), 0.5)
+    ]
+    at_one = [
+        gap(c, "FedAvg", "CorBin", {"FedAvg": f, "CorBin": c}, 5.0)
+        for c in corbin
+        if math.isclose(eps(c), 1.0) and (f := fedavg.get(key(c, "mechanism", "epsilon")))
+    ]
+    low_name, half_name = (
+        "CorBin-FL > LDP-FL at every eps_p <= 1",
+        "CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5",
+    )
+    return [
+        combine(low_name, low, "no CorBin/LDP-FL pair with eps_p <= 1"),
+        combine(half_name, half, "no pair at eps_p = 0.5"),
+        combine(
+            "CorBin-FL at eps_p = 1 within 5 points of FedAvg",
+            at_one,
+            "no CorBin eps_p = 1 / FedAvg pair",
+        ),
+    ]
 
 
 def _num(x: Any, digits: int = 4) -> str:
@@ -128,111 +194,39 @@ def _num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits - 1}e}" if scientific else f"{x:.{digits}g}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table (``|`` in a cell escaped)."""
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(out)
 
 
-def _without(setting: Mapping[str, Any], *keys: str) -> str:
-    return json.dumps({k: v for k, v in setting.items() if k not in keys}, sort_keys=True)
+def header(spec: ExperimentSpec, command: str) -> list[str]:
+    """The report's title, the spec's description, its source and how to regenerate it."""
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    source = f"- spec: `{spec.source}`" if spec.source else "- spec: (inline)"
+    description = [spec.description, ""] if spec.description else []
+    head = [f"# Experiment `{spec.name}`", "", *description, source]
+    return [*head, f"- generated: {now}", f"- regenerate: `{command}`", ""]
 
 
-def _check(name: str, checks: Sequence[tuple[Status, str]], missing: str) -> Target:
-    """The target from its ``(status, numbers)`` checks: MISS if one misses, else not resolved
-    if one is, else PASS; ``N/A`` (why: ``missing``) without any."""
-    if not checks:
-        return Target(name, "N/A", missing)
-    found = {status for status, _ in checks}
-    status: Status = next(s for s in ("MISS", "not resolved", "N/A", "PASS") if s in found)
-    if len(checks) == 1:
-        return Target(name, status, checks[0][1])
-    return Target(name, status, "; ".join(f"{text}: {st}" for st, text in checks))
+def figures_section(figures: Mapping[str, Path], base: Path) -> list[str]:
+    """The ``## Figures`` section (each PNG linked relative to ``base``); none without figures."""
+    lines = ["", "## Figures", ""] if figures else []
+    for name, fig in figures.items():
+        try:
+            rel = str(Path(fig).resolve().relative_to(Path(base).resolve()))
+        except ValueError:
+            rel = str(fig)
+        lines += [f"### {name}", "", f"![{name}]({rel})", ""]
+    return lines
 
 
-def _gap(
-    name_a: str,
-    a: GroupResult,
-    name_b: str,
-    b: GroupResult,
-    threshold: float,
-    claim: Literal["above", "below"],
-) -> tuple[Status, str]:
-    """The verdict on ``a``'s minus ``b``'s mean test accuracy being ``claim`` ``threshold``
-    points, and its numbers in words."""
-    diff = Difference.welch(a.test, b.test)
-    text = (
-        f"{name_a} {a.test.fmt()} - {name_b} {b.test.fmt()} = {diff.value:+.2f} points "
-        f"({diff.fmt()})"
-    )
-    return verdict(diff, threshold, claim), text
-
-
-def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
-    """The three accuracy targets on lambda-selected mean test accuracy: CorBin-FL and LDP-FL
-    matched on every key but the mechanism, FedAvg on every key but mechanism and epsilon."""
-
-    def eps(g: GroupResult) -> float:
-        return float(g.setting["epsilon"])
-
-    def of(mech: str, *drop: str) -> dict[str, GroupResult]:
-        """The groups of ``mech`` by their setting without the mechanism and ``drop``."""
-        mine = (g for g in groups if g.setting.get("mechanism") == mech)
-        return {_without(g.setting, "mechanism", *drop): g for g in mine}
-
-    ldpfl, fedavg = of("ldpfl"), of("fedavg", "epsilon")
-    corbin = [g for g in of("corbin").values() if isinstance(g.setting.get("epsilon"), int | float)]
-    pairs = sorted(
-        ((c, ldpfl[k]) for c in corbin if (k := _without(c.setting, "mechanism")) in ldpfl),
-        key=lambda p: eps(p[0]),
-    )
-    # The other keys that tell CorBin settings apart (dropout-prob, range-mode, ...) name
-    # each comparison, so that two at one eps_p can be told apart.
-    keys = {k for c in corbin for k in c.setting} - {"epsilon"}
-    other = sorted(
-        k for k in keys if len({repr(c.setting[k]) for c in corbin if k in c.setting}) > 1
-    )
-
-    def named(c: GroupResult, check: tuple[Status, str], with_eps: bool) -> tuple[Status, str]:
-        parts = [f"eps={eps(c):g}"] if with_eps else []
-        label = ", ".join(parts + [f"{k}={c.setting[k]}" for k in other if k in c.setting])
-        return (check[0], f"{label}: {check[1]}" if label else check[1])
-
-    low = [
-        named(c, _gap("CorBin", c, "LDP-FL", lo, 0.0, "above"), True)
-        for c, lo in pairs
-        if eps(c) <= 1.0
-    ]
-    half = [
-        named(c, _gap("CorBin", c, "LDP-FL", lo, 5.0, "above"), False)
-        for c, lo in pairs
-        if math.isclose(eps(c), 0.5)
-    ]
-    at_one = [
-        named(c, _gap("FedAvg", fedavg[k], "CorBin", c, 5.0, "below"), False)
-        for c in corbin
-        if math.isclose(eps(c), 1.0)
-        and (k := _without(c.setting, "mechanism", "epsilon")) in fedavg
-    ]
-    return [
-        _check(
-            "CorBin-FL > LDP-FL at every eps_p <= 1", low, "no CorBin/LDP-FL pair with eps_p <= 1"
-        ),
-        _check("CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5", half, "no pair at eps_p = 0.5"),
-        _check(
-            "CorBin-FL at eps_p = 1 within 5 points of FedAvg",
-            at_one,
-            "no CorBin eps_p = 1 / FedAvg pair",
-        ),
-    ]
-
-
-def render_targets(targets: Sequence[Target]) -> str:
-    """Markdown table of target checks."""
-    return _table(
-        ["target (quick scale, reported, not asserted)", "status", "numbers"],
-        [[t.name, f"**{t.status}**", t.detail] for t in targets],
-    )
+def targets_section(rule: str, targets: Sequence[Target]) -> list[str]:
+    """The ``## Quick-scale targets`` section: the ``rule``, then a table of the checks."""
+    head = ["target (quick scale, reported, not asserted)", "status", "numbers"]
+    rows = [[t.name, f"**{t.status}**", t.detail] for t in targets]
+    return ["## Quick-scale targets", "", rule, "", table(head, rows), ""]
 
 
 _PRIVACY_INTRO = (
@@ -257,8 +251,7 @@ def _threat_model_cell(key: str, entry: Any) -> str:
         return "—"
     headline = str(entry.get("headline", ""))
     if entry.get("dp") is not True:
-        rest = headline[len("no DP") :].strip() if headline.startswith("no DP") else headline
-        cell = f"**no DP** {rest}".strip()
+        cell = f"**no DP** {headline.removeprefix('no DP').strip()}".strip()
         pu = entry.get("pair_joint", {}).get("per_update") if key == "B" else None
         if isinstance(pu, Mapping) and pu.get("delta_lower_bound") is not None:
             cell += f"; one update: δ ≥ {_num(pu['delta_lower_bound'])} for every eps"
@@ -266,11 +259,7 @@ def _threat_model_cell(key: str, entry: Any) -> str:
     parts = [headline]
     for label, part in (("update", "per_update"), ("run", "all_rounds")):
         block = entry.get(part)
-        if (
-            key == "A"
-            and isinstance(block, Mapping)
-            and not (label == "update" and block.get("k") == 1)
-        ):
+        if key == "A" and isinstance(block, Mapping) and (label == "run" or block.get("k") != 1):
             eps, delta = block.get("eps"), block.get("delta")
             parts.append(f"{label} " + ("—" if eps is None else f"({_num(eps)}, {_num(delta)})"))
     return "; ".join(parts)
@@ -284,63 +273,37 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     words: dict[str, list[str]] = {}
     for g in groups:
         run = next((r for r in g.runs if r.summary.get("privacy")), None)
-        report = privacy_view(run.summary) if run is not None else None
+        report = rs.privacy_view(run.summary) if run is not None else None
         label = group_label(g.setting, keys)
-        if not isinstance(report, Mapping):
-            rows.append([label, "—", "no privacy report in summary.json", "", "", ""])
-            continue
-        if report.get("error"):
-            rows.append([label, _num(report.get("eps_p")), f"error: {report['error']}", "", "", ""])
+        if not isinstance(report, Mapping) or report.get("error"):
+            why = f"error: {report['error']}" if report else "no privacy report in summary.json"
+            rows.append([label, _num(report.get("eps_p")) if report else "—", why, "", "", ""])
             continue
         mech = str(report.get("mechanism", "?"))
         notes.update(dict.fromkeys(f"{mech}: {note}" for note in report.get("notes", []) or []))
         tm = report.get("threat_models")
         tm = tm if isinstance(tm, Mapping) else {}
-        if mech not in words:
-            words[mech] = [f"- **{mech}**" + (f" ({label}):" if label != mech else ":")] + [
+        words.setdefault(
+            mech,
+            [f"- **{mech}**" + (f" ({label}):" if label != mech else ":")]
+            + [
                 f"  - {key}, {name}: {tm[key].get('guarantee', '')}"
                 for key, name in THREAT_MODELS.items()
                 if isinstance(tm.get(key), Mapping)
-            ]
-        eps_p = report.get("eps_p")
-        rows.append(
-            [label, _num(eps_p) if eps_p is not None else "— (no DP)"]
-            + [_threat_model_cell(key, tm.get(key)) for key in THREAT_MODELS]
+            ],
         )
-    header = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in THREAT_MODELS.items()]
-    lines = [_PRIVACY_INTRO, "", _table(header, rows)]
+        eps_p = _num(report["eps_p"]) if report.get("eps_p") is not None else "— (no DP)"
+        rows.append(
+            [label, eps_p, *(_threat_model_cell(key, tm.get(key)) for key in THREAT_MODELS)]
+        )
+    head = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in THREAT_MODELS.items()]
+    lines = [_PRIVACY_INTRO, "", table(head, rows)]
     if words:
         lines += ["", "The guarantees in words (first setting of each mechanism):", ""]
         lines += [line for block in words.values() for line in block]
     if notes:
         lines += ["", "Notes from the accountant:", "", *(f"- {n}" for n in notes)]
     return "\n".join(lines)
-
-
-def _header(spec: ExperimentSpec, command: str) -> list[str]:
-    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# Experiment `{spec.name}`", ""]
-    if spec.description:
-        lines += [spec.description, ""]
-    lines += [
-        f"- spec: `{spec.source}`" if spec.source else "- spec: (inline)",
-        f"- generated: {now}",
-        f"- regenerate: `{command}`",
-        "",
-    ]
-    return lines
-
-
-def _figures(figures: Mapping[str, Path], base: Path) -> list[str]:
-    """The ``## Figures`` section (each PNG linked relative to ``base``); none without figures."""
-    lines = ["", "## Figures", ""] if figures else []
-    for name, fig in figures.items():
-        try:
-            rel = str(Path(fig).resolve().relative_to(Path(base).resolve()))
-        except ValueError:
-            rel = str(fig)
-        lines += [f"### {name}", "", f"![{name}]({rel})", ""]
-    return lines
 
 
 DISCUSSION_FILE = "discussion.md"
@@ -364,63 +327,66 @@ _RESULT_COLUMNS: tuple[tuple[str, Callable[[GroupResult], str]], ...] = (
 def write_federated_report(
     path: Path,
     spec: ExperimentSpec,
-    results: Sequence[RunResult],
     groups: Sequence[GroupResult],
     keys: Sequence[str],
     figures: Mapping[str, Path],
     *,
     command: str,
-    expected_runs: int,
+    runs: tuple[int, int],
     failures: Mapping[str, str] | None = None,
 ) -> list[Target]:
     """Write a federated experiment's ``report.md`` and return its target checks; ``figures``
-    maps names to PNGs, ``failures`` run ids to why they failed in this invocation."""
-    base = Path(path).parent
-    done = len(results)
-    status = "complete" if done == expected_runs else f"INCOMPLETE ({done}/{expected_runs} runs)"
+    maps names to PNGs, ``runs`` is (finished, expected), ``failures`` maps run ids to why they
+    failed in this invocation."""
+    base, (done, expected) = Path(path).parent, runs
+    status = "complete" if done == expected else f"INCOMPLETE ({done}/{expected} runs)"
+    base_config = ", ".join(f"`{k}={v}`" for k, v in sorted(spec.base.items()))
+    clients = f", `clients={spec.clients}`" if spec.clients is not None else ""
+    rows = [[group_label(g.setting, keys), *(f(g) for _, f in _RESULT_COLUMNS)] for g in groups]
     lines = [
-        *_header(spec, command),
+        *header(spec, command),
         "## Setup",
         "",
-        f"- runs: {done} of {expected_runs} finished ({status}); backend: simulation",
+        f"- runs: {done} of {expected} finished ({status}); backend: simulation",
         f"- seeds: {list(spec.seeds)}; lambda grid: {list(spec.lambda_grid)}",
         f"- swept: {', '.join(keys) if keys else '(nothing)'}",
-        "- base run config: "
-        + ", ".join(f"`{k}={v}`" for k, v in sorted(spec.base.items()))
-        + (f", `clients={spec.clients}`" if spec.clients is not None else ""),
+        f"- base run config: {base_config}{clients}",
         "",
         "## Model selection",
         "",
-        SELECTION_RULE,
+        rs.SELECTION_RULE,
         "",
         "## Results",
         "",
         "Accuracies in percent, mean ± sample std over seeds, at each setting's chosen lambda.",
         "",
-        _table(
-            ["setting", *(header for header, _ in _RESULT_COLUMNS)],
-            [[group_label(g.setting, keys), *(f(g) for _, f in _RESULT_COLUMNS)] for g in groups],
-        ),
+        table(["setting", *(head for head, _ in _RESULT_COLUMNS)], rows),
     ]
     if len(spec.lambda_grid) > 1:
         lines += ["", "### Lambda selection (mean validation accuracy at the checkpoints)", ""]
 
         def cell(g: GroupResult, lam: float) -> str:
-            s = g.lambda_scores.get(float(lam))
-            mark = " ✓" if math.isclose(lam, g.global_lr) else ""
-            return f"{_pct(s.mean)}{mark}" if s is not None else "—"
+            if (s := g.lambda_scores.get(float(lam))) is None:
+                return "—"
+            mean = "—" if not math.isfinite(s.mean) else f"{100 * s.mean:.2f}"
+            return f"{mean} ✓" if math.isclose(lam, g.global_lr) else mean
 
-        lam_rows = [
+        rows = [
             [group_label(g.setting, keys), *(cell(g, lam) for lam in spec.lambda_grid)]
             for g in groups
         ]
-        lines.append(_table(["setting", *(f"λ={lam:g}" for lam in spec.lambda_grid)], lam_rows))
-    lines += _figures(figures, base)
-    lines += ["", "## Privacy", "", privacy_section(groups, keys), ""]
+        lines.append(table(["setting", *(f"λ={lam:g}" for lam in spec.lambda_grid)], rows))
     targets = federated_targets(groups)
-    lines += ["## Quick-scale targets", "", TARGET_RULE, "", render_targets(targets), ""]
-    discussion = base / DISCUSSION_FILE
-    if discussion.is_file():
+    lines += [
+        *figures_section(figures, base),
+        "",
+        "## Privacy",
+        "",
+        privacy_section(groups, keys),
+        "",
+    ]
+    lines += targets_section(TARGET_RULE, targets)
+    if (discussion := base / DISCUSSION_FILE).is_file():
         lines += [
             "## Discussion",
             "",

@@ -18,14 +18,8 @@ import numpy as np
 import pandas as pd
 
 from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.experiments import sweep
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
-from corbin_fl.experiments.sweep import (
-    METRICS_FILE,
-    RUN_RECORD_KEY,
-    SUMMARY_FILE,
-    canonical_json,
-    read_metrics,
-)
 from corbin_fl.fsio import atomic_write_text
 from corbin_fl.registry import REGISTRY
 
@@ -53,10 +47,8 @@ RUNS_CSV_COLUMNS: tuple[str, ...] = (
 """Fixed columns of ``runs.csv``; other swept run-config keys are appended after them."""
 
 _COLUMN_OF_KEY = {"dropout-prob": "dropout", CLIENTS_KEY: "clients"}
-_SETTING_COLUMNS = tuple(
-    (k, _COLUMN_OF_KEY.get(k, k))
-    for k in ("mechanism", "epsilon", "d", "dropout-prob", CLIENTS_KEY, "gamma")
-)
+_SETTING_KEYS = ("mechanism", "epsilon", "d", "dropout-prob", CLIENTS_KEY, "gamma")
+"""The setting keys with a fixed column in ``runs.csv`` (:data:`_COLUMN_OF_KEY` names two)."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +103,7 @@ def select_round(rows: Sequence[Mapping[str, Any]]) -> Selection:
     if vals.isna().all():
         raise ValueError("no row has a finite val_accuracy")
     best = rows[int(vals.idxmax())]  # the first maximum, NaN skipped
-    rnd = best.get("round")
-    if not isinstance(rnd, int) or isinstance(rnd, bool):
+    if not isinstance(rnd := best.get("round"), int) or isinstance(rnd, bool):
         raise ValueError(f"metrics row has no integer 'round': {dict(best)!r}")
     return Selection(rnd, float(vals.max()), _or_nan(best.get("test_accuracy")))
 
@@ -120,8 +111,7 @@ def select_round(rows: Sequence[Mapping[str, Any]]) -> Selection:
 def privacy_view(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     """``summary["privacy"]`` (one entry per threat model, or an ``error``), or ``None``
     (logged) if it has neither."""
-    raw = summary.get("privacy")
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw := summary.get("privacy"), Mapping):
         return None
     if "threat_models" in raw or "error" in raw:
         return dict(raw)
@@ -160,14 +150,6 @@ def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
     }
 
 
-def _bytes(value: Any) -> float:
-    """Bytes of a metrics entry: a number, or a per-stage dict with a ``total``."""
-    if isinstance(value, Mapping):
-        value = value.get("total")
-    v = _finite(value)
-    return 0.0 if v is None else v
-
-
 @dataclass(frozen=True)
 class RunResult:
     """A finished run, read back from ``runs/<run-id>/``. Its ``setting`` is the result config
@@ -190,36 +172,33 @@ class RunResult:
     @property
     def setting_key(self) -> str:
         """Canonical JSON of the setting (the group key)."""
-        return canonical_json(dict(self.setting))
+        return sweep.canonical_json(dict(self.setting))
 
 
 def load_run(run_dir: Path) -> RunResult:
     """Read a finished run folder (``summary.json`` with the runner record, ``metrics.jsonl``);
     ``ValueError`` if it is not a complete run."""
-    run_dir = Path(run_dir)
     try:
-        summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
-        record = summary[RUN_RECORD_KEY]
+        summary = json.loads((Path(run_dir) / sweep.SUMMARY_FILE).read_text(encoding="utf-8"))
+        record = summary[sweep.RUN_RECORD_KEY]
         run_config = dict(record["run_config"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{run_dir}: not a finished run ({exc})") from exc
     if record.get("complete") is not True:
         raise ValueError(f"{run_dir}: the run record is not complete")
-    rows = read_metrics(run_dir / METRICS_FILE)
-    if not rows:
-        raise ValueError(f"{run_dir}: {METRICS_FILE} is empty")
-    config = record.get("config")
-    if not isinstance(config, Mapping):
+    if not (rows := sweep.read_metrics(Path(run_dir) / sweep.METRICS_FILE)):
+        raise ValueError(f"{run_dir}: {sweep.METRICS_FILE} is empty")
+    if not isinstance(config := record.get("config"), Mapping):
         raise ValueError(f"{run_dir}: the run record has no result config")
     try:
         RunConfig.from_flower(config)
     except ConfigError as exc:
         raise ValueError(f"{run_dir}: the recorded result config is not valid ({exc})") from exc
-    setting: dict[str, RunValue] = {
-        k: v for k, v in config.items() if k not in ("seed", "global-lr")
-    }
+    setting = {k: v for k, v in config.items() if k not in ("seed", "global-lr")}
     if record.get("clients") is not None:
         setting[CLIENTS_KEY] = int(record["clients"])
+    uplink = [r.get("bytes_up") for r in rows]  # a number, or a per-stage dict with a total
+    uplink = [b.get("total") if isinstance(b, Mapping) else b for b in uplink]
     return RunResult(
         run_id=str(record["run_id"]),
         setting=setting,
@@ -230,7 +209,7 @@ def load_run(run_dir: Path) -> RunResult:
         selection=select_round(rows),
         final_test_accuracy=_or_nan(rows[-1].get("test_accuracy")),
         final_val_accuracy=_or_nan(rows[-1].get("val_accuracy")),
-        uplink_bytes=sum(_bytes(r.get("bytes_up")) for r in rows),
+        uplink_bytes=sum(_finite(b) or 0.0 for b in uplink),
         seconds=float(record.get("seconds", math.nan)),
         privacy=privacy_fields(summary),
     )
@@ -270,11 +249,8 @@ class GroupResult:
         ).dropna()
         frame = frame[frame["round"].map(lambda t: isinstance(t, int))]
         stats = frame.groupby("round")["value"].apply(Stat.of)
-        return (
-            stats.index.to_numpy(dtype=int),
-            np.array([s.mean for s in stats], dtype=float),
-            np.array([s.std if s.n > 1 else 0.0 for s in stats], dtype=float),
-        )
+        std = [s.std if s.n > 1 else 0.0 for s in stats]
+        return stats.index.to_numpy(dtype=int), np.array([s.mean for s in stats]), np.array(std)
 
 
 def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
@@ -312,12 +288,10 @@ def varying_keys(results: Sequence[RunResult]) -> tuple[str, ...]:
     seen: dict[str, set[str]] = {}
     for res in results:
         for key, value in res.setting.items():
-            seen.setdefault(key, set()).add(canonical_json(value))
-    keys = [k for k, v in seen.items() if len(v) > 1]
-    if all(r.setting.get("min-clients") == r.setting.get(CLIENTS_KEY) for r in results):
-        keys = [k for k in keys if k != "min-clients"]
-    keys.sort(key=lambda k: (k != "mechanism", k))
-    return tuple(keys)
+            seen.setdefault(key, set()).add(sweep.canonical_json(value))
+    same = all(r.setting.get("min-clients") == r.setting.get(CLIENTS_KEY) for r in results)
+    keys = [k for k, v in seen.items() if len(v) > 1 and not (same and k == "min-clients")]
+    return tuple(sorted(keys, key=lambda k: (k != "mechanism", k)))
 
 
 _DEFAULTS = RunConfig().result_config()
@@ -327,26 +301,21 @@ _MECHANISM_PREFIXES = frozenset(name.split("-", 1)[0] for name in REGISTRY)
 def _inert(key: str, setting: Mapping[str, RunValue]) -> bool:
     """``key`` is named for another mechanism than the setting's (``pbm-trials`` in an ``ldpfl``
     setting) and has its default value: the setting's runs do not read it."""
-    prefix = key.split("-", 1)[0]
-    own = str(setting.get("mechanism", "")).split("-", 1)[0]
+    prefix, own = key.split("-", 1)[0], str(setting.get("mechanism", "")).split("-", 1)[0]
     return (
         "-" in key
         and prefix in _MECHANISM_PREFIXES
         and prefix != own
         and key in _DEFAULTS
-        and canonical_json(setting.get(key)) == canonical_json(_DEFAULTS[key])
+        and sweep.canonical_json(setting.get(key)) == sweep.canonical_json(_DEFAULTS[key])
     )
 
 
 def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
     """A label such as ``"corbin, epsilon=0.5"`` from the varying ``keys``, without a key of
     another mechanism at its default (:func:`_inert`)."""
-    parts = []
-    for key in keys:
-        if _inert(key, setting):
-            continue
-        value = setting.get(key, "default")
-        parts.append(str(value) if key == "mechanism" else f"{key}={value}")
+    values = {key: setting.get(key, "default") for key in keys if not _inert(key, setting)}
+    parts = [str(v) if k == "mechanism" else f"{k}={v}" for k, v in values.items()]
     return ", ".join(parts) if parts else str(setting.get("mechanism", "run"))
 
 
@@ -364,31 +333,24 @@ def write_table(path: Path, table: pd.DataFrame) -> None:
     atomic_write_text(path, table.astype(object).map(cell).to_csv(index=False, lineterminator="\n"))
 
 
-# runs.csv columns read as they are off a RunResult and off its Selection
-_RUN_ATTRS = ("run_id", "seed", "global_lr", "final_test_accuracy", "final_val_accuracy")
-_SELECTION_ATTRS = ("test_accuracy", "val_accuracy", "selected_by")
-
-
 def runs_table(results: Sequence[RunResult], groups: Sequence[GroupResult]) -> pd.DataFrame:
     """``runs.csv``: one row per run (all lambdas), :data:`RUNS_CSV_COLUMNS` then the other
     varying setting keys."""
-    chosen = {(g.global_lr, canonical_json(dict(g.setting))) for g in groups}
-    extra = [
-        k
-        for k in varying_keys(results)
-        if _COLUMN_OF_KEY.get(k, k) not in RUNS_CSV_COLUMNS
-        and k not in ("mechanism", "epsilon", "d", "gamma")
-    ]
+    chosen = {(g.global_lr, sweep.canonical_json(dict(g.setting))) for g in groups}
+    extra = [k for k in varying_keys(results) if _COLUMN_OF_KEY.get(k, k) not in RUNS_CSV_COLUMNS]
     rows = [
-        {  # RUNS_CSV_COLUMNS fixes the order
-            **{c: getattr(r, c) for c in _RUN_ATTRS},
-            **{c: getattr(r.selection, c) for c in _SELECTION_ATTRS},
-            **{c: r.setting.get(k) for k, c in _SETTING_COLUMNS},
+        {
+            **{
+                c: getattr(r, c) for c in ("run_id", "seed", "global_lr", "uplink_bytes", "seconds")
+            },
+            **{c: getattr(r, c) for c in ("final_test_accuracy", "final_val_accuracy")},
+            **{
+                c: getattr(r.selection, c) for c in ("test_accuracy", "val_accuracy", "selected_by")
+            },
+            **{_COLUMN_OF_KEY.get(k, k): r.setting.get(k) for k in _SETTING_KEYS},
             "lambda_selected": (r.global_lr, r.setting_key) in chosen,
             "selected_round": r.selection.round,
             "num_rounds": len(r.rows),
-            "uplink_bytes": r.uplink_bytes,
-            "seconds": r.seconds,
             **r.privacy,
             **{k: r.setting.get(k) for k in extra},
         }
@@ -411,8 +373,7 @@ def groups_table(groups: Sequence[GroupResult], keys: Sequence[str]) -> pd.DataF
             {k: g.privacy(k) for k in ("eps_update", "delta_update", "eps_run", "delta_run")}
         )
         row.update(uplink_bytes_mean=g.uplink_bytes.mean, seconds_mean=g.seconds.mean)
-        row["lambda_val_means"] = canonical_json(
-            {repr(lam): round(s.mean, 6) for lam, s in g.lambda_scores.items()}
-        )
+        lam_means = {repr(lam): round(s.mean, 6) for lam, s in g.lambda_scores.items()}
+        row["lambda_val_means"] = sweep.canonical_json(lam_means)
         rows.append(row)
     return pd.DataFrame(rows, dtype=object)

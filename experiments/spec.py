@@ -67,16 +67,14 @@ class _Opt:
             raise SpecError(f"{where}: expected a non-empty string, got {value!r}")
         if self.kind is int and not (number and isinstance(value, int)):
             raise SpecError(f"{where}: expected an integer, got {value!r}")
-        if self.kind is float:
-            if not (number and math.isfinite(value)):
-                raise SpecError(f"{where}: expected a finite number, got {value!r}")
-            value = float(value)
+        if self.kind is float and not (number and math.isfinite(value)):
+            raise SpecError(f"{where}: expected a finite number, got {value!r}")
+        value = float(value) if self.kind is float else value
         if self.choices and value not in self.choices:
             raise SpecError(f"{where}: must be one of {', '.join(self.choices)} (got {value!r})")
         if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
-            raise SpecError(
-                f"{where}: must be {'>' if self.lo_open else '>='} {self.lo} (got {value!r})"
-            )
+            sign = ">" if self.lo_open else ">="
+            raise SpecError(f"{where}: must be {sign} {self.lo} (got {value!r})")
         if self.hi is not None and value > self.hi:
             raise SpecError(f"{where}: must be <= {self.hi} (got {value!r})")
         return value
@@ -99,7 +97,6 @@ _TOP_OPTIONS: Mapping[str, _Opt] = {
     "seeds": _Opt(int, 0, 2**63 - 1, many=True),
     "lambda-grid": _Opt(float, 0, 1, many=True, lo_open=True),
 }
-_CLIENTS = _Opt(int, 2)
 _TABLES = ("experiment", "base", "grid", "extra-grid", "plots", "mse")
 
 
@@ -140,14 +137,14 @@ class ExperimentSpec:
     ``clients`` unless a grid sweeps it), ``grid`` and ``extra_grids`` the sweeps in file order."""
 
     name: str = _opt(str)
-    description: str = _opt(str)
-    kind: Literal["federated", "mse"] = _opt(str, choices=("federated", "mse"))
-    base: Mapping[str, RunValue]
-    grid: SweepGrid
-    extra_grids: tuple[SweepGrid, ...]
-    seeds: tuple[int, ...]
-    lambda_grid: tuple[float, ...]
-    figures: tuple[str, ...]
+    description: str = _opt(str, default="")
+    kind: Literal["federated", "mse"] = _opt(str, choices=("federated", "mse"), default="federated")
+    base: Mapping[str, RunValue] = field(default_factory=lambda: MappingProxyType({}))
+    grid: SweepGrid = ()
+    extra_grids: tuple[SweepGrid, ...] = ()
+    seeds: tuple[int, ...] = (0,)
+    lambda_grid: tuple[float, ...] = (1.0,)
+    figures: tuple[str, ...] = ()
     clients: int | None = None
     run_timeout_s: float = _opt(float, 1, default=3600.0)
     retries: int = _opt(int, 0, 10, default=1)
@@ -164,8 +161,7 @@ def _where(source: str, *parts: str) -> str:
 
 
 def _table(raw: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:
-    value = raw.get(key, {})
-    if not isinstance(value, Mapping):
+    if not isinstance(value := raw.get(key, {}), Mapping):
         raise SpecError(f"{_where(source, key)}: expected a table [{key}], got {value!r}")
     return value
 
@@ -178,11 +174,10 @@ def _options(
     ``tables`` is an error."""
     if is_dataclass(schema):
         schema = {f.name.replace("_", "-"): f.metadata["opt"] for f in fields(schema) if f.metadata}
-    allowed = {*schema, *tables}
-    if unknown := sorted(set(table) - allowed):
+    if unknown := sorted(set(table) - {*schema, *tables}):
         raise SpecError(
             f"{_where(source, name)}: unknown key(s) {', '.join(unknown)}; "
-            f"allowed: {', '.join(sorted(allowed))}"
+            f"allowed: {', '.join(sorted({*schema, *tables}))}"
         )
     return {
         key.replace("-", "_"): opt.coerce(table[key], _where(source, name, key))
@@ -198,7 +193,7 @@ def _run_value(key: str, value: Any, where: str) -> RunValue:
     if key in RESERVED_KEYS:
         raise SpecError(f"{where}: `{key}` cannot be set here; {RESERVED_KEYS[key]}")
     if key == CLIENTS_KEY:
-        return _CLIENTS.coerce(value, where)
+        return _Opt(int, 2).coerce(value, where)
     try:
         return RunConfig.from_flower({key: value}).to_flower()[key]
     except ConfigError as exc:
@@ -223,8 +218,7 @@ def _parse_grid(table: Mapping[str, Any], source: str, name: str) -> SweepGrid:
         where = _where(source, name, key)
         if name == "base" and isinstance(raw_values, list):
             raise SpecError(f"{where}: lists go in [grid], not [base]")
-        values = raw_values if isinstance(raw_values, list) else [raw_values]
-        if not values:
+        if not (values := raw_values if isinstance(raw_values, list) else [raw_values]):
             raise SpecError(f"{where}: the list of values is empty")
         out.append((key, _distinct(tuple(_run_value(key, v, where) for v in values), where)))
     return tuple(out)
@@ -239,9 +233,47 @@ def _parse_mse(table: Mapping[str, Any], source: str) -> MSESpec:
         raise SpecError(f"{source}: mse.heatmap-epsilons: {missing} not in mse.epsilons {eps}")
     if "real-weights" in table:
         rw = _table(table, "real-weights", f"{source}: mse")
-        rw_options = _options(rw, RealWeightsSpec, source, "mse.real-weights")
-        options["real_weights"] = RealWeightsSpec(**rw_options)
+        options["real_weights"] = RealWeightsSpec(
+            **_options(rw, RealWeightsSpec, source, "mse.real-weights")
+        )
     return MSESpec(**options)
+
+
+def _parse_sweep(raw: Mapping[str, Any], source: str, kind: str) -> dict[str, Any]:
+    """``base``, ``grid`` and ``extra_grids`` of a federated spec (checked per key by
+    :func:`_run_value`), or the ``mse`` table of an mse spec."""
+    base_raw, grid_raw = _table(raw, "base", source), _table(raw, "grid", source)
+    extra_raw = raw.get("extra-grid", [])
+    if not isinstance(extra_raw, list) or not all(isinstance(t, Mapping) for t in extra_raw):
+        raise SpecError(f"{source}: extra-grid: expected an array of tables [[extra-grid]]")
+    if kind == "mse":
+        if base_raw or grid_raw or extra_raw:
+            raise SpecError(
+                f'{source}: [base], [grid] and [[extra-grid]] are for kind = "federated"; '
+                "the mse experiment is configured in [mse]"
+            )
+        if "lambda-grid" in raw:
+            raise SpecError(f'{source}: lambda-grid: not used by kind = "mse"')
+        return {"mse": _parse_mse(_table(raw, "mse", source), source)}
+    if "mse" in raw:
+        raise SpecError(f'{source}: [mse]: only used with kind = "mse"')
+    base = {k: v for k, (v,) in _parse_grid(base_raw, source, "base")}
+    grid = _parse_grid(grid_raw, source, "grid")
+    extras = tuple(_parse_grid(t, source, f"extra-grid[{i}]") for i, t in enumerate(extra_raw))
+    if () in extras:
+        raise SpecError(f"{source}: extra-grid[{extras.index(())}]: empty table")
+    swept = {k for g in (grid, *extras) for k, _ in g}
+    if "mechanism" not in base and "mechanism" not in swept:
+        raise SpecError(f"{source}: set `mechanism` in [base] or sweep it in [grid]")
+    if "num-rounds" not in base and "num-rounds" not in swept:
+        raise SpecError(f"{source}: base.num-rounds: missing (rounds of every run)")
+    clients = base.pop(CLIENTS_KEY, None)
+    return {
+        "base": MappingProxyType(base),
+        "grid": grid,
+        "extra_grids": extras,
+        "clients": int(clients) if clients is not None else None,
+    }
 
 
 def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentSpec:
@@ -253,67 +285,31 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
     if "experiment" not in raw:
         raise SpecError(f"{source}: missing the [experiment] table")
     options = _options(_table(raw, "experiment", source), ExperimentSpec, source, "experiment")
-    where = f"{source}: experiment"
-    if (name := options.pop("name", None)) is None:
-        raise SpecError(f"{where}.name: missing (it names results/<name>/)")
+    if (name := options.get("name")) is None:
+        raise SpecError(f"{source}: experiment.name: missing (it names results/<name>/)")
     if not _NAME_RE.match(name):
         raise SpecError(
-            f"{where}.name: {name!r} must be 1-64 characters of letters, digits, '_', '.', '-' "
-            "and start with a letter or digit (it is a folder name)"
+            f"{source}: experiment.name: {name!r} must be 1-64 characters of letters, digits, "
+            "'_', '.', '-' and start with a letter or digit (it is a folder name)"
         )
-    options = {"description": "", "kind": "federated"} | options
-    kind = options["kind"]
+    kind = options.setdefault("kind", "federated")
     plots = _table(raw, "plots", source)
     _options(plots, {}, source, "plots", "figures")
-    allowed_figs = FEDERATED_FIGURES if kind == "federated" else MSE_FIGURES
-    figures = plots.get("figures", sorted(allowed_figs))
+    allowed = FEDERATED_FIGURES if kind == "federated" else MSE_FIGURES
+    figures = plots.get("figures", sorted(allowed))
     if not isinstance(figures, list) or not all(isinstance(f, str) for f in figures):
         raise SpecError(f"{source}: plots.figures: expected a list of strings, got {figures!r}")
-    if bad := [f for f in figures if f not in allowed_figs]:
+    if bad := [f for f in figures if f not in allowed]:
         raise SpecError(
             f"{source}: plots.figures: {bad} not available for kind = {kind!r}; "
-            f"choose from {', '.join(sorted(allowed_figs))}"
+            f"choose from {', '.join(sorted(allowed))}"
         )
-    base_raw, grid_raw = _table(raw, "base", source), _table(raw, "grid", source)
-    extra_raw = raw.get("extra-grid", [])
-    if not isinstance(extra_raw, list) or not all(isinstance(t, Mapping) for t in extra_raw):
-        raise SpecError(f"{source}: extra-grid: expected an array of tables [[extra-grid]]")
-    mse: MSESpec | None = None
-    if kind == "federated":
-        if "mse" in raw:
-            raise SpecError(f'{source}: [mse]: only used with kind = "mse"')
-        base = {k: v for k, (v,) in _parse_grid(base_raw, source, "base")}
-        grid = _parse_grid(grid_raw, source, "grid")
-        extras = tuple(_parse_grid(t, source, f"extra-grid[{i}]") for i, t in enumerate(extra_raw))
-        if () in extras:
-            raise SpecError(f"{source}: extra-grid[{extras.index(())}]: empty table")
-        swept = {k for g in (grid, *extras) for k, _ in g}
-        if "mechanism" not in base and "mechanism" not in swept:
-            raise SpecError(f"{source}: set `mechanism` in [base] or sweep it in [grid]")
-        if "num-rounds" not in base and "num-rounds" not in swept:
-            raise SpecError(f"{source}: base.num-rounds: missing (rounds of every run)")
-    else:
-        if base_raw or grid_raw or extra_raw:
-            raise SpecError(
-                f'{source}: [base], [grid] and [[extra-grid]] are for kind = "federated"; '
-                "the mse experiment is configured in [mse]"
-            )
-        if "lambda-grid" in raw:
-            raise SpecError(f'{source}: lambda-grid: not used by kind = "mse"')
-        mse = _parse_mse(_table(raw, "mse", source), source)
-        base, grid, extras = {}, (), ()
-    clients = base.pop(CLIENTS_KEY, None)
     return ExperimentSpec(
-        name=name,
         **options,
-        base=MappingProxyType(base),
-        grid=grid,
-        extra_grids=extras,
+        **_parse_sweep(raw, source, kind),
         seeds=top.get("seeds", (0,)),
         lambda_grid=top.get("lambda_grid", (1.0,)),
         figures=tuple(figures),
-        clients=int(clients) if clients is not None else None,
-        mse=mse,
         source=Path(source) if source != "<spec>" else None,
     )
 
@@ -321,9 +317,8 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
 def load_spec(path: str | Path) -> ExperimentSpec:
     """Read and validate a TOML spec file (:func:`parse_spec`); :class:`FileNotFoundError` if
     it does not exist, :class:`SpecError` if it is not valid TOML or not a valid spec."""
-    p = Path(path)
     try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        raw = tomllib.loads((p := Path(path)).read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{p}: invalid TOML: {exc}") from exc
     return parse_spec(raw, source=str(p))

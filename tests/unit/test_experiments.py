@@ -667,7 +667,7 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
     assert "## Discussion" not in report
     # a hand-written discussion next to the report is embedded, and kept on regeneration
     (root / "discussion.md").write_text("Why the figure looks like this.\n")
-    ex.finalize_federated(spec, results)
+    ex.finalize(spec, results)
     report = (root / "report.md").read_text()
     assert "## Discussion" in report and "Why the figure looks like this." in report
     assert (root / "discussion.md").read_text() == "Why the figure looks like this.\n"
@@ -1026,13 +1026,13 @@ def test_measured_pair_mse_matches_closed_form_and_report(tmp_path: Path) -> Non
     )  # fmt: skip
     grid = measure_grid(mse_spec, seeds=(0, 1), device="cpu")
     for which in ("corbin", "ldpq"):
-        mean, se = grid.grid_mean(which)
-        closed = getattr(grid, f"{which}_closed").mean(axis=(1, 2))
+        mean, se, closed = grid.averages(which)
+        np.testing.assert_array_equal(closed, getattr(grid, f"{which}_closed").mean(axis=(1, 2)))
         assert np.all(np.abs(mean - closed) <= 5 * se), (which, mean, closed, se)
         z = grid.z_scores(which)
         assert np.mean(np.abs(z) <= 5) == 1.0
     # CorBinQ beats LDPQ on average (Theorem 2), at both budgets
-    assert np.all(grid.grid_mean("corbin")[0] < grid.grid_mean("ldpq")[0])
+    assert np.all(grid.averages("corbin")[0] < grid.averages("ldpq")[0])
     assert grid.corbin_seed_means.shape == (2, 2)
     # same seeds, same numbers
     again = measure_grid(mse_spec, seeds=(0, 1), device="cpu")
@@ -1092,7 +1092,7 @@ repeats = 10
     assert [t.status for t in out.targets][1] == "PASS"
     # the report can be rebuilt from the saved measurements alone
     (root / "report.md").unlink()
-    targets, report_path = ex.finalize_mse(spec, tmp_path)
+    targets, report_path = ex.finalize(spec, tmp_path)
     assert report_path is not None and report_path.exists() and targets
 
 
