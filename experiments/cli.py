@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corbin_fl.experiments import plots, sweep
+from corbin_fl.experiments import report, sweep
 from corbin_fl.experiments import results as rs
-from corbin_fl.experiments.report import Target, write_federated_report
+from corbin_fl.experiments.report import Target
 from corbin_fl.experiments.spec import ExperimentSpec, SpecError, load_spec
 from corbin_fl.experiments.sweep import Backend, Run, RunState
 
@@ -68,13 +68,6 @@ def load_finished(spec: ExperimentSpec, results_root: Path) -> list[rs.RunResult
     return [rs.load_run(pool / r.run_id) for r in done]
 
 
-_GROUP_FIGURES = {
-    "accuracy-vs-round": plots.accuracy_vs_round_figure,
-    "accuracy-bar": plots.accuracy_bar_figure,
-    "accuracy-vs-bits": plots.accuracy_vs_bits_figure,
-}
-
-
 def finalize(
     spec: ExperimentSpec, results_root: Path, *, failures: dict[str, str] | None = None
 ) -> tuple[list[Target], Path | None]:
@@ -91,31 +84,10 @@ def finalize(
     if not (results := load_finished(spec, results_root)):
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
         return [], None
-    groups, keys = rs.group_results(results), rs.varying_keys(results)
-    rs.write_table(root / "runs.csv", rs.runs_table(results, groups))
-    rs.write_table(root / "groups.csv", rs.groups_table(groups, keys))
-    figures: dict[str, Path] = {}
-    for name in spec.figures:
-        if name in _GROUP_FIGURES:
-            fig = _GROUP_FIGURES[name](groups, keys, title=spec.description or spec.name)
-        elif (x_key := plots.X_KEY_OF_FIGURE[name]) in keys:
-            fig = plots.accuracy_vs_figure(groups, x_key, keys, title=spec.description or spec.name)
-        else:
-            logger.warning("figure %s skipped: %s does not vary in this experiment", name, x_key)
-            continue
-        figures[name] = plots.save(fig, root / "figures" / f"{name}.png")
-    runs = (len(results), len(sweep.expand_runs(spec)))
-    targets = write_federated_report(
-        root / "report.md",
-        spec,
-        groups,
-        keys,
-        figures,
-        command=command,
-        runs=runs,
-        failures=failures,
-    )
-    return targets, root / "report.md"
+    expected = len(sweep.expand_runs(spec))
+    return report.finalize_federated(
+        spec, root, results, command, expected, failures
+    ), root / "report.md"
 
 
 def _execute(
@@ -133,10 +105,15 @@ def _execute(
             )
             time.sleep(spec.retry_delay_s)
         try:
+            timeout = spec.run_timeout_s
             sweep.execute_run(
-                run, backend, pool / run.run_id, experiment=spec.name,
-                timeout_s=spec.run_timeout_s, on_round=on_round,
-            )  # fmt: skip
+                run,
+                backend,
+                pool / run.run_id,
+                experiment=spec.name,
+                timeout_s=timeout,
+                on_round=on_round,
+            )
             return None
         except sweep.RunFailedError as exc:
             error = str(exc)

@@ -525,10 +525,7 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
         write_table(root / "mse_real_weights.csv", table(real))
         draw["mse-real-weights"] = lambda: real_weights_figure(real)
     figures = {n: save(draw[n](), root / "figures" / f"{n}.png") for n in spec.figures if n in draw}
-    lines = [
-        *rp.header(spec, command),
-        "## Setup",
-        "",
+    setup = [
         f"- center c = {m.center:g}, radius r = {m.radius:g}, shared bits d = {m.d}",
         f"- grid: {m.grid_points} x {m.grid_points} points (w1, w2) in [c - r, c + r]^2",
         f"- draws: {m.samples} per point per seed; seeds {list(grid.seeds)}",
@@ -536,13 +533,6 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
         "follow rule for w2, one uniform codeword z in [0, 2^d)); LDPQ = two independent Alg. 1",
         "- closed forms: `mechanisms.theory.corbin_pair_mse` (exact, finite d) and "
         "`mechanisms.theory.ldpq_pair_mse`",
-        "",
-        "## Grid-averaged pair MSE",
-        "",
-        "Measured: mean ± std over seeds of the grid average (pooled SE in parentheses); "
-        "z = (measured - closed) / SE; 'points within 3 SE' counts the grid points whose "
-        "measured MSE is within 3 SE of the closed form.",
-        "",
     ]
     avg = {q: grid.averages(q) for q in _NAMES}
     within = {q: np.abs(grid.z_scores(q)) <= 3 for q in _NAMES}
@@ -561,19 +551,25 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
         rows.append(row)
     header = [h for q in _NAMES.values() for h in (f"{q} measured", f"{q} closed", "z")]
     points = "points within 3 SE (CorBinQ / LDPQ)"
-    lines.append(rp.table(["eps_p", *header, "ratio measured (closed)", points], rows))
+    lines = [
+        *rp.header(spec, command),
+        *rp.section("Setup", "\n".join(setup)),
+        *rp.section(
+            "Grid-averaged pair MSE",
+            "Measured: mean ± std over seeds of the grid average (pooled SE in parentheses); "
+            "z = (measured - closed) / SE; 'points within 3 SE' counts the grid points whose "
+            "measured MSE is within 3 SE of the closed form.",
+            rp.table(["eps_p", *header, "ratio measured (closed)", points], rows),
+        ),
+    ]
     if real is not None and (rw := m.real_weights) is not None:
-        lines += [
-            "",
-            "## Pair MSE on real model weights",
-            "",
+        text = (
             f"Two clients trained `{rw.model}` on `{rw.dataset}` for {rw.local_epochs} local "
             f"epoch(s) (batch {rw.batch_size}, IID partitions 0 and 1 of {rw.num_partitions}) "
             "from the same initial weights; per-layer c and r from the layer-wise min/max over "
             f"both clients; {real.repeats} quantizations per eps. Per-parameter pair MSE, "
-            "measured ± SE (closed form):",
-            "",
-        ]
+            "measured ± SE (closed form):"
+        )
         (cm, cs, cc), (lm, _, lc) = real.of("corbin"), real.of("ldpq")
         rows = [
             [name, str(real.sizes[i]), f"{real.radius[i]:.3g}"]
@@ -586,15 +582,13 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
         ]
         header = ["layer", "params", "r (all: max)"]
         header += [f"CorBinQ / LDPQ, eps={e:g}" for e in real.epsilons]
-        lines.append(rp.table(header, rows))
+        lines += rp.section("Pair MSE on real model weights", text, rp.table(header, rows))
     targets = mse_targets(grid, real)
-    lines += [*rp.figures_section(figures, root), "", *rp.targets_section(TARGET_RULE, targets)]
-    lines += [
-        "## Files",
-        "",
+    lines += rp.figures_section(figures, root)
+    lines += rp.section("Quick-scale targets", TARGET_RULE, rp.targets_table(targets))
+    files = [
         "- `mse_grid.csv`: per (eps, w1, w2): measured mean, SE and closed form, both quantizers",
         "- `mse_real_weights.csv`: per (eps, layer): per-parameter pair MSE" if real else "",
-        "",
     ]
-    atomic_write_text(path, "\n".join(lines))
+    atomic_write_text(path, "\n".join(lines + rp.section("Files", "\n".join(files))))
     return targets, path

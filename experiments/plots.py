@@ -72,33 +72,17 @@ CENTRAL_KIND = "(ε, δ)-DP of the released models (C); trusts the server: no DP
 NO_DP_KIND = "no DP vs any threat model (A-D)"
 _KINDS: dict[str, tuple[str, str, str, str]] = {
     # guarantee class: DP against (of A, B), bar colour, legend entry, bar label
-    PAIRED_KIND: (
-        "A",
-        "tab:blue",
-        "ε_p/param. vs A only; no DP vs B",
-        "ε_p={eps:g}/param.\nvs A only;\nno DP vs B",
-    ),
+    PAIRED_KIND: ("A", "tab:blue", "ε_p/param. vs A only; no DP vs B",
+                  "ε_p={eps:g}/param.\nvs A only;\nno DP vs B"),
     LDP_KIND: ("AB", "tab:green", "ε_p-LDP/param. vs A, B", "ε_p={eps:g}/param.\nvs A, B"),
-    GAUSSIAN_KIND: (
-        "AB",
-        "tab:purple",
-        "(ε_p, δ)-LDP/param. vs A, B",
-        "(ε_p={eps:g}, δ={delta:g})\nper param. vs A, B",
-    ),
-    UPDATE_KIND: (
-        "AB",
-        "tab:orange",
-        "(ε, δ)-DP/update vs A, B",
-        "(ε={eps:g}, δ={delta:g})\nper update vs A, B",
-    ),
-    CENTRAL_KIND: (
-        "",
-        "tab:red",
-        "(ε, δ) central vs C; no DP vs A, B",
-        "(ε={eps:g}, δ={delta:g})\ncentral vs C;\nno DP vs A, B",
-    ),
+    GAUSSIAN_KIND: ("AB", "tab:purple", "(ε_p, δ)-LDP/param. vs A, B",
+                    "(ε_p={eps:g}, δ={delta:g})\nper param. vs A, B"),
+    UPDATE_KIND: ("AB", "tab:orange", "(ε, δ)-DP/update vs A, B",
+                  "(ε={eps:g}, δ={delta:g})\nper update vs A, B"),
+    CENTRAL_KIND: ("", "tab:red", "(ε, δ) central vs C; no DP vs A, B",
+                   "(ε={eps:g}, δ={delta:g})\ncentral vs C;\nno DP vs A, B"),
     NO_DP_KIND: ("", "tab:gray", "no DP vs A-D", "no DP vs A-D"),
-}
+}  # fmt: skip
 DP_AGAINST = {kind: frozenset(v[0]) for kind, v in _KINDS.items()}
 """Of A and B, the threat models each class gives DP against, as the accountant reports them
 (``threat_models[key]["dp"]``; a unit test holds them together)."""
@@ -334,9 +318,9 @@ def _mech_order(mech: str) -> int:
     return MECHANISMS.index(mech) if mech in MECHANISMS else len(MECHANISMS)
 
 
-def _color(mechanism: str) -> str | None:
+def _color(mech: str) -> str | None:
     """One colour per mechanism in every line figure (matplotlib's ``C0``..``C9`` cycle)."""
-    return f"C{MECHANISMS.index(mechanism) % 10}" if mechanism in MECHANISMS else None
+    return f"C{_mech_order(mech) % 10}" if mech in MECHANISMS else None
 
 
 def _with_kind(label: str, mechanism: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,11 +17,14 @@ from typing import Any, Literal
 
 from scipy import stats
 
+from corbin_fl.experiments import plots
 from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.plots import THREAT_MODELS
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
 from corbin_fl.experiments.spec import ExperimentSpec
 from corbin_fl.fsio import atomic_write_text
+
+logger = logging.getLogger(__name__)
 
 Status = Literal["PASS", "MISS", "not resolved", "N/A"]
 
@@ -140,47 +144,36 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
     keys = sorted({k for c in corbin for k in c.setting} - {"epsilon"})
     other = [k for k in keys if len({repr(c.setting[k]) for c in corbin if k in c.setting}) > 1]
 
-    def gap(
-        c: GroupResult, a: str, b: str, groups: dict[str, GroupResult], threshold: float
-    ) -> tuple[Status, str]:
-        """The verdict on ``groups[a]``'s minus ``groups[b]``'s mean test accuracy being above
-        ``threshold`` points (below for FedAvg's), in words, named by CorBin ``c``'s setting."""
-        diff = Difference.welch(groups[a].test, groups[b].test)
-        text = f"{a} {groups[a].test.fmt()} - {b} {groups[b].test.fmt()} = {diff.value:+.2f} points"
-        named = [f"eps={eps(c):g}"] * (threshold == 0.0)  # the eps_p <= 1 target names eps_p
-        label = ", ".join(named + [f"{k}={c.setting[k]}" for k in other if k in c.setting])
-        text = f"{label}: {text} ({diff.fmt()})" if label else f"{text} ({diff.fmt()})"
-        return verdict(diff, threshold, "below" if a == "FedAvg" else "above"), text
+    def gap(c: GroupResult, o: GroupResult, threshold: float, eps_p: bool) -> tuple[Status, str]:
+        """The verdict on CorBin ``c``'s minus LDP-FL ``o``'s mean test accuracy being above
+        ``threshold`` points (FedAvg ``o``'s minus ``c``'s below it), in words."""
+        fed = o.setting.get("mechanism") == "fedavg"
+        (na, a), (nb, b) = (("FedAvg", o), ("CorBin", c)) if fed else (("CorBin", c), ("LDP-FL", o))
+        diff = Difference.welch(a.test, b.test)
+        text = f"{na} {a.test.fmt()} - {nb} {b.test.fmt()} = {diff.value:+.2f} points"
+        named = [f"eps={eps(c):g}"] * eps_p + [
+            f"{k}={c.setting[k]}" for k in other if k in c.setting
+        ]
+        text = f"{', '.join(named)}: {text}" if named else text
+        return verdict(diff, threshold, "below" if fed else "above"), f"{text} ({diff.fmt()})"
 
     pairs = [(c, lo) for c in corbin if (lo := ldpfl.get(key(c, "mechanism"))) is not None]
-    low = [
-        gap(c, "CorBin", "LDP-FL", {"CorBin": c, "LDP-FL": lo}, 0.0)
-        for c, lo in pairs
-        if eps(c) <= 1.0
-    ]
-    half = [
-        gap(c, "CorBin", "LDP-FL", {"CorBin": c, "LDP-FL": lo}, 5.0)
-        for c, lo in pairs
-        if math.isclose(eps(c), 0.5)
-    ]
-    at_one = [
-        gap(c, "FedAvg", "CorBin", {"FedAvg": f, "CorBin": c}, 5.0)
-        for c in corbin
-        if math.isclose(eps(c), 1.0) and (f := fedavg.get(key(c, "mechanism", "epsilon")))
-    ]
-    low_name, half_name = (
-        "CorBin-FL > LDP-FL at every eps_p <= 1",
-        "CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5",
-    )
-    return [
-        combine(low_name, low, "no CorBin/LDP-FL pair with eps_p <= 1"),
-        combine(half_name, half, "no pair at eps_p = 0.5"),
-        combine(
-            "CorBin-FL at eps_p = 1 within 5 points of FedAvg",
-            at_one,
+    ref = [(c, f) for c in corbin if (f := fedavg.get(key(c, "mechanism", "epsilon"))) is not None]
+    checks = {  # target: its comparisons, why it has none
+        "CorBin-FL > LDP-FL at every eps_p <= 1": (
+            [gap(c, lo, 0.0, True) for c, lo in pairs if eps(c) <= 1.0],
+            "no CorBin/LDP-FL pair with eps_p <= 1",
+        ),
+        "CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5": (
+            [gap(c, lo, 5.0, False) for c, lo in pairs if math.isclose(eps(c), 0.5)],
+            "no pair at eps_p = 0.5",
+        ),
+        "CorBin-FL at eps_p = 1 within 5 points of FedAvg": (
+            [gap(c, f, 5.0, False) for c, f in ref if math.isclose(eps(c), 1.0)],
             "no CorBin eps_p = 1 / FedAvg pair",
         ),
-    ]
+    }
+    return [combine(name, found, missing) for name, (found, missing) in checks.items()]
 
 
 def _num(x: Any, digits: int = 4) -> str:
@@ -210,23 +203,27 @@ def header(spec: ExperimentSpec, command: str) -> list[str]:
     return [*head, f"- generated: {now}", f"- regenerate: `{command}`", ""]
 
 
+def section(title: str, *blocks: str) -> list[str]:
+    """The lines of a Markdown section: ``## title``, then each block; a blank line after each."""
+    return [f"## {title}", "", *(line for block in blocks for line in (block, ""))]
+
+
 def figures_section(figures: Mapping[str, Path], base: Path) -> list[str]:
     """The ``## Figures`` section (each PNG linked relative to ``base``); none without figures."""
-    lines = ["", "## Figures", ""] if figures else []
+    links = []
     for name, fig in figures.items():
         try:
             rel = str(Path(fig).resolve().relative_to(Path(base).resolve()))
         except ValueError:
             rel = str(fig)
-        lines += [f"### {name}", "", f"![{name}]({rel})", ""]
-    return lines
+        links += [f"### {name}", "", f"![{name}]({rel})", ""]
+    return ["## Figures", "", *links, ""] if figures else []
 
 
-def targets_section(rule: str, targets: Sequence[Target]) -> list[str]:
-    """The ``## Quick-scale targets`` section: the ``rule``, then a table of the checks."""
+def targets_table(targets: Sequence[Target]) -> str:
+    """The target checks as a Markdown table."""
     head = ["target (quick scale, reported, not asserted)", "status", "numbers"]
-    rows = [[t.name, f"**{t.status}**", t.detail] for t in targets]
-    return ["## Quick-scale targets", "", rule, "", table(head, rows), ""]
+    return table(head, [[t.name, f"**{t.status}**", t.detail] for t in targets])
 
 
 _PRIVACY_INTRO = (
@@ -324,46 +321,59 @@ _RESULT_COLUMNS: tuple[tuple[str, Callable[[GroupResult], str]], ...] = (
 """The results table's columns after ``setting``: header and cell of a group."""
 
 
-def write_federated_report(
-    path: Path,
+_GROUP_FIGURES = {
+    "accuracy-vs-round": plots.accuracy_vs_round_figure,
+    "accuracy-bar": plots.accuracy_bar_figure,
+    "accuracy-vs-bits": plots.accuracy_vs_bits_figure,
+}
+
+
+def finalize_federated(
     spec: ExperimentSpec,
-    groups: Sequence[GroupResult],
-    keys: Sequence[str],
-    figures: Mapping[str, Path],
-    *,
+    base: Path,
+    results: Sequence[rs.RunResult],
     command: str,
-    runs: tuple[int, int],
+    expected: int,
     failures: Mapping[str, str] | None = None,
 ) -> list[Target]:
-    """Write a federated experiment's ``report.md`` and return its target checks; ``figures``
-    maps names to PNGs, ``runs`` is (finished, expected), ``failures`` maps run ids to why they
-    failed in this invocation."""
-    base, (done, expected) = Path(path).parent, runs
+    """Write a federated experiment's ``runs.csv``, ``groups.csv``, figures and ``report.md`` in
+    ``base`` from its finished ``results`` (of ``expected`` runs) and return its target checks;
+    ``failures`` maps run ids to why they failed in this invocation."""
+    groups, keys = rs.group_results(results), rs.varying_keys(results)
+    rs.write_table(base / "runs.csv", rs.runs_table(results, groups))
+    rs.write_table(base / "groups.csv", rs.groups_table(groups, keys))
+    figures: dict[str, Path] = {}
+    for name in spec.figures:
+        if name in _GROUP_FIGURES:
+            fig = _GROUP_FIGURES[name](groups, keys, title=spec.description or spec.name)
+        elif (x_key := plots.X_KEY_OF_FIGURE[name]) in keys:
+            fig = plots.accuracy_vs_figure(groups, x_key, keys, title=spec.description or spec.name)
+        else:
+            logger.warning("figure %s skipped: %s does not vary in this experiment", name, x_key)
+            continue
+        figures[name] = plots.save(fig, base / "figures" / f"{name}.png")
+    done = len(results)
     status = "complete" if done == expected else f"INCOMPLETE ({done}/{expected} runs)"
     base_config = ", ".join(f"`{k}={v}`" for k, v in sorted(spec.base.items()))
     clients = f", `clients={spec.clients}`" if spec.clients is not None else ""
-    rows = [[group_label(g.setting, keys), *(f(g) for _, f in _RESULT_COLUMNS)] for g in groups]
-    lines = [
-        *header(spec, command),
-        "## Setup",
-        "",
+    setup = [
         f"- runs: {done} of {expected} finished ({status}); backend: simulation",
         f"- seeds: {list(spec.seeds)}; lambda grid: {list(spec.lambda_grid)}",
         f"- swept: {', '.join(keys) if keys else '(nothing)'}",
         f"- base run config: {base_config}{clients}",
-        "",
-        "## Model selection",
-        "",
-        rs.SELECTION_RULE,
-        "",
-        "## Results",
-        "",
-        "Accuracies in percent, mean ± sample std over seeds, at each setting's chosen lambda.",
-        "",
-        table(["setting", *(head for head, _ in _RESULT_COLUMNS)], rows),
+    ]
+    rows = [[group_label(g.setting, keys), *(f(g) for _, f in _RESULT_COLUMNS)] for g in groups]
+    lines = [
+        *header(spec, command),
+        *section("Setup", "\n".join(setup)),
+        *section("Model selection", rs.SELECTION_RULE),
+        *section(
+            "Results",
+            "Accuracies in percent, mean ± sample std over seeds, at each setting's chosen lambda.",
+            table(["setting", *(head for head, _ in _RESULT_COLUMNS)], rows),
+        ),
     ]
     if len(spec.lambda_grid) > 1:
-        lines += ["", "### Lambda selection (mean validation accuracy at the checkpoints)", ""]
 
         def cell(g: GroupResult, lam: float) -> str:
             if (s := g.lambda_scores.get(float(lam))) is None:
@@ -375,39 +385,28 @@ def write_federated_report(
             [group_label(g.setting, keys), *(cell(g, lam) for lam in spec.lambda_grid)]
             for g in groups
         ]
-        lines.append(table(["setting", *(f"λ={lam:g}" for lam in spec.lambda_grid)], rows))
-    targets = federated_targets(groups)
-    lines += [
-        *figures_section(figures, base),
-        "",
-        "## Privacy",
-        "",
-        privacy_section(groups, keys),
-        "",
-    ]
-    lines += targets_section(TARGET_RULE, targets)
-    if (discussion := base / DISCUSSION_FILE).is_file():
+        lam_table = table(["setting", *(f"λ={lam:g}" for lam in spec.lambda_grid)], rows)
         lines += [
-            "## Discussion",
+            "### Lambda selection (mean validation accuracy at the checkpoints)",
             "",
-            f"(Written by hand in `{DISCUSSION_FILE}` next to this report; kept when the report "
-            "is regenerated.)",
-            "",
-            discussion.read_text(encoding="utf-8").strip(),
+            lam_table,
             "",
         ]
+    targets = federated_targets(groups)
+    lines += figures_section(figures, base) + section("Privacy", privacy_section(groups, keys))
+    lines += section("Quick-scale targets", TARGET_RULE, targets_table(targets))
+    if (discussion := base / DISCUSSION_FILE).is_file():
+        why = f"(Written by hand in `{DISCUSSION_FILE}` next to this report; kept when the report "
+        why += "is regenerated.)"
+        lines += section("Discussion", why, discussion.read_text(encoding="utf-8").strip())
     if failures:
-        lines += ["## Failed runs (redone on the next invocation)", ""]
-        lines += [f"- `{rid}`: {r.splitlines()[0] if r else ''}" for rid, r in failures.items()]
-        lines.append("")
-    lines += [
-        "## Files",
-        "",
+        failed = [f"- `{rid}`: {r.splitlines()[0] if r else ''}" for rid, r in failures.items()]
+        lines += section("Failed runs (redone on the next invocation)", "\n".join(failed))
+    files = [
         "- `runs.csv`: one row per run (all lambdas; `lambda_selected` marks the chosen ones)",
         "- `groups.csv`: one row per setting at its chosen lambda",
         "- `runs/<run-id>/`: `metrics.jsonl`, `summary.json` (with the runner's `run` record), "
         "`app/` (the app's own output)",
-        "",
     ]
-    atomic_write_text(path, "\n".join(lines))
+    atomic_write_text(base / "report.md", "\n".join(lines + section("Files", "\n".join(files))))
     return targets

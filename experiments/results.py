@@ -334,26 +334,17 @@ def write_table(path: Path, table: pd.DataFrame) -> None:
 
 
 def runs_table(results: Sequence[RunResult], groups: Sequence[GroupResult]) -> pd.DataFrame:
-    """``runs.csv``: one row per run (all lambdas), :data:`RUNS_CSV_COLUMNS` then the other
-    varying setting keys."""
+    """``runs.csv``: one row per run (all lambdas), :data:`RUNS_CSV_COLUMNS` (a run's fields, its
+    checkpoint's, its privacy numbers and setting) then the other varying setting keys."""
     chosen = {(g.global_lr, sweep.canonical_json(dict(g.setting))) for g in groups}
     extra = [k for k in varying_keys(results) if _COLUMN_OF_KEY.get(k, k) not in RUNS_CSV_COLUMNS]
     rows = [
-        {
-            **{
-                c: getattr(r, c) for c in ("run_id", "seed", "global_lr", "uplink_bytes", "seconds")
-            },
-            **{c: getattr(r, c) for c in ("final_test_accuracy", "final_val_accuracy")},
-            **{
-                c: getattr(r.selection, c) for c in ("test_accuracy", "val_accuracy", "selected_by")
-            },
-            **{_COLUMN_OF_KEY.get(k, k): r.setting.get(k) for k in _SETTING_KEYS},
-            "lambda_selected": (r.global_lr, r.setting_key) in chosen,
-            "selected_round": r.selection.round,
-            "num_rounds": len(r.rows),
-            **r.privacy,
-            **{k: r.setting.get(k) for k in extra},
-        }
+        {_COLUMN_OF_KEY.get(k, k): v for k, v in r.setting.items()}
+        | vars(r)
+        | vars(r.selection)
+        | dict(r.privacy)
+        | {"selected_round": r.selection.round, "num_rounds": len(r.rows)}
+        | {"lambda_selected": (r.global_lr, r.setting_key) in chosen}
         for r in results
     ]
     return pd.DataFrame(rows, columns=[*RUNS_CSV_COLUMNS, *extra], dtype=object)
@@ -364,16 +355,13 @@ def groups_table(groups: Sequence[GroupResult], keys: Sequence[str]) -> pd.DataF
     ``keys`` (the varying setting keys) are its first columns."""
     rows = []
     for g in groups:
-        row: dict[str, Any] = {_COLUMN_OF_KEY.get(k, k): g.setting.get(k) for k in keys}
-        row.update(global_lr=g.global_lr, seeds=g.test.n)
+        row = {_COLUMN_OF_KEY.get(k, k): g.setting.get(k) for k in keys}
+        row |= {"global_lr": g.global_lr, "seeds": g.test.n}
         for name, stat in (("test", g.test), ("final_test", g.final_test), ("val", g.val)):
-            row.update({f"{name}_mean": stat.mean, f"{name}_std": stat.std})
-        row["selected_round_mean"] = g.selected_round.mean
-        row.update(
-            {k: g.privacy(k) for k in ("eps_update", "delta_update", "eps_run", "delta_run")}
-        )
-        row.update(uplink_bytes_mean=g.uplink_bytes.mean, seconds_mean=g.seconds.mean)
+            row |= {f"{name}_mean": stat.mean, f"{name}_std": stat.std}
+        row |= {"selected_round_mean": g.selected_round.mean}
+        row |= {k: g.privacy(k) for k in ("eps_update", "delta_update", "eps_run", "delta_run")}
+        row |= {"uplink_bytes_mean": g.uplink_bytes.mean, "seconds_mean": g.seconds.mean}
         lam_means = {repr(lam): round(s.mean, 6) for lam, s in g.lambda_scores.items()}
-        row["lambda_val_means"] = sweep.canonical_json(lam_means)
-        rows.append(row)
+        rows.append(row | {"lambda_val_means": sweep.canonical_json(lam_means)})
     return pd.DataFrame(rows, dtype=object)

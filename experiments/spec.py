@@ -189,7 +189,7 @@ def _options(
 def _run_value(key: str, value: Any, where: str) -> RunValue:
     """One run-config value, checked alone by :meth:`RunConfig.from_flower` (and converted as
     it converts it); an error it reports on another key is a combination with that key's
-    default, checked per run by :func:`validate_run_config`."""
+    default, checked per run by :func:`experiments.sweep.expand_runs`."""
     if key in RESERVED_KEYS:
         raise SpecError(f"{where}: `{key}` cannot be set here; {RESERVED_KEYS[key]}")
     if key == CLIENTS_KEY:
@@ -200,15 +200,6 @@ def _run_value(key: str, value: Any, where: str) -> RunValue:
         if key in exc.errors:
             raise SpecError(f"{where}: {exc.errors[key]}") from exc
     return value
-
-
-def validate_run_config(run_config: Mapping[str, RunValue], where: str) -> RunConfig:
-    """The run's :class:`RunConfig` (defaults overridden by ``run_config``), every key checked
-    together; :class:`SpecError` at ``where`` otherwise."""
-    try:
-        return RunConfig.from_flower(dict(run_config))
-    except ConfigError as exc:
-        raise SpecError(f"{where}: {exc}") from exc
 
 
 def _parse_grid(table: Mapping[str, Any], source: str, name: str) -> SweepGrid:

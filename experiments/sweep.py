@@ -28,22 +28,16 @@ import math
 import re
 import shutil
 import time
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.deploy import flower, processes
 from corbin_fl.deploy.run import LocalRunOptions, run_simulation
-from corbin_fl.experiments.spec import (
-    CLIENTS_KEY,
-    ExperimentSpec,
-    RunValue,
-    SpecError,
-    validate_run_config,
-)
+from corbin_fl.experiments.spec import CLIENTS_KEY, ExperimentSpec, RunValue, SpecError
 from corbin_fl.fsio import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -53,6 +47,12 @@ SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 RUN_RECORD_KEY = "run"
 """Key of the runner's record in a run's ``summary.json``."""
+APP_OUT_DIR = "app"
+FAILED_FILE = "failed.json"
+READY_TIMEOUT_S = 120.0
+"""Seconds a simulation SuperLink has to start."""
+PATH_KEYS: tuple[str, ...] = ("data-dir",)
+"""Run-config keys holding a path; a relative one is resolved where the command runs."""
 _ID_PARTS = (
     *(("mechanism", ""), ("epsilon", "eps"), ("d", "d"), ("dropout-prob", "p")),
     *((CLIENTS_KEY, "n"), ("global-lr", "lr"), ("seed", "s")),
@@ -70,14 +70,6 @@ class Run:
     config_hash: str
     config: Mapping[str, RunValue]
 
-    @property
-    def seed(self) -> int:
-        return int(self.run_config["seed"])
-
-    @property
-    def global_lr(self) -> float:
-        return float(self.run_config["global-lr"])
-
 
 def canonical_json(obj: Any) -> str:
     """Canonical JSON (sorted keys, no spaces, floats by ``repr``) used for hashing."""
@@ -90,15 +82,15 @@ def config_hash(config: Mapping[str, RunValue], clients: int) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def _fmt(value: RunValue) -> str:
-    text = repr(value).removesuffix(".0") if isinstance(value, float) else str(value)
-    return re.sub(r"[^A-Za-z0-9.]+", "_", text)
-
-
 def make_run_id(config: Mapping[str, RunValue], clients: int) -> str:
     """The run id of a result config on ``clients`` clients (see the module docstring)."""
+
+    def part(value: RunValue) -> str:
+        text = repr(value).removesuffix(".0") if isinstance(value, float) else str(value)
+        return re.sub(r"[^A-Za-z0-9.]+", "_", text)
+
     merged = {**config, CLIENTS_KEY: clients}
-    parts = [f"{prefix}{_fmt(merged[key])}" for key, prefix in _ID_PARTS if key in merged]
+    parts = [f"{prefix}{part(merged[key])}" for key, prefix in _ID_PARTS if key in merged]
     return "-".join([*parts, config_hash(config, clients)[:10]])
 
 
@@ -111,9 +103,11 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
     seen: set[str] = set()
     runs: list[Run] = []
     for grid in (spec.grid, *spec.extra_grids):
-        keys = [k for k, _ in grid]
         for combo in itertools.product(*(values for _, values in grid)):
-            cfg: dict[str, RunValue] = {**spec.base, **dict(zip(keys, combo, strict=True))}
+            cfg: dict[str, RunValue] = {
+                **spec.base,
+                **dict(zip([k for k, _ in grid], combo, strict=True)),
+            }
             n = cfg.pop(CLIENTS_KEY, spec.clients)
             if (key := canonical_json({"c": cfg, "n": n})) in seen:
                 continue
@@ -123,21 +117,16 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
                     f"{spec.source or spec.name}: base.clients: required (the number of virtual "
                     "SuperNodes), or sweep it in [grid]"
                 )
-            clients = int(n)
-            cfg.setdefault("min-clients", clients)
+            cfg.setdefault("min-clients", n := int(n))
             for lam, seed in itertools.product(spec.lambda_grid, spec.seeds):
                 run_config = {**cfg, "global-lr": float(lam), "seed": int(seed)}
                 where = f"{spec.name}: setting {canonical_json(run_config)}"
-                config = validate_run_config(run_config, where).result_config()
-                runs.append(
-                    Run(
-                        make_run_id(config, clients),
-                        MappingProxyType(run_config),
-                        clients,
-                        config_hash(config, clients),
-                        MappingProxyType(config),
-                    )
-                )
+                try:
+                    config = MappingProxyType(RunConfig.from_flower(run_config).result_config())
+                except ConfigError as exc:
+                    raise SpecError(f"{where}: {exc}") from exc
+                run_id, digest = make_run_id(config, n), config_hash(config, n)
+                runs.append(Run(run_id, MappingProxyType(run_config), n, digest, config))
     return runs
 
 
@@ -190,28 +179,16 @@ def run_state(run_dir: Path, run: Run) -> RunState:
     return RunState.DONE if done else RunState.PARTIAL
 
 
-APP_OUT_DIR = "app"
-FAILED_FILE = "failed.json"
-READY_TIMEOUT_S = 120.0
-"""Seconds a simulation SuperLink has to start."""
-PATH_KEYS: tuple[str, ...] = ("data-dir",)
-"""Run-config keys holding a path; a relative one is resolved where the command runs."""
-
-
 class RunFailedError(RuntimeError):
     """A run ended without complete outputs; the message says why (with a log tail)."""
 
 
 def find_app_dir() -> Path:
-    """This checkout's Flower app (``pyproject.toml`` with ``[tool.flwr.app]``);
+    """This checkout's Flower app (``pyproject.toml`` with ``[tool.flwr.app.config]``);
     ``FileNotFoundError`` outside a source checkout (pass ``--app`` then)."""
     import corbin_fl
 
-    root = Path(corbin_fl.__file__).resolve().parents[1]
-    pyproject = root / "pyproject.toml"
-    if pyproject.is_file() and "app" in tomllib.loads(pyproject.read_text()).get("tool", {}).get(
-        "flwr", {}
-    ):
+    if flower.app_config(root := Path(corbin_fl.__file__).resolve().parents[1]):
         return root
     raise FileNotFoundError(
         f"no Flower app found at {root} (expected pyproject.toml with [tool.flwr.app]); "
@@ -255,22 +232,13 @@ def simulation_backend(app_dir: Path, spec: ExperimentSpec) -> Backend:
         federation["client-resources-num-gpus"] = float(spec.num_gpus_per_client)
 
     def execute(
-        run: Run,
-        run_config: Mapping[str, Any],
-        out_dir: Path,
-        *,
-        timeout_s: float,
-        on_round: Callable[[int], None],
+        run: Run, config: Mapping[str, Any], out: Path, *, timeout_s: float, on_round: Any
     ) -> Submission:
         options = LocalRunOptions(
-            app_dir=Path(app_dir).resolve(),
-            out_dir=Path(out_dir),
-            num_clients=int(run.clients),
-            run_config=dict(run_config),
-            timeout=timeout_s,
-            ready_timeout=READY_TIMEOUT_S,
+            app_dir=Path(app_dir).resolve(), out_dir=Path(out), num_clients=int(run.clients),
+            run_config=dict(config), timeout=timeout_s, ready_timeout=READY_TIMEOUT_S,
             federation_config=federation,
-        )
+        )  # fmt: skip
         result = run_simulation(options, lambda state: on_round(len(state.metrics)))
         return Submission(result.ok, result.reason, result.run_id, result.status)
 
@@ -285,20 +253,9 @@ def app_run_config(run_config: Mapping[str, Any], cwd: Path | None = None) -> di
         if isinstance(value := out.get(key), str) and value:
             path = Path(value).expanduser()
             out[key] = str(
-                path if path.is_absolute() else (Path(cwd or Path.cwd()) / value).resolve()
+                path if path.is_absolute() else (Path(cwd or Path.cwd()) / path).resolve()
             )
     return out
-
-
-def _log_tail(path: Path, lines: int = 15) -> str:
-    """The last non-empty ``lines`` of a log, ANSI colours stripped (``""`` without a log)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(
-        [ln for ln in processes.ANSI_RE.sub("", text).splitlines() if ln.strip()][-lines:]
-    )
 
 
 def execute_run(
@@ -316,22 +273,19 @@ def execute_run(
     run_dir = Path(run_dir).resolve()
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    out_dir = run_dir / APP_OUT_DIR
-    out_dir.mkdir(parents=True)
-    num_rounds = int(run.run_config["num-rounds"])
+    (out_dir := run_dir / APP_OUT_DIR).mkdir(parents=True)
     started, t0 = _dt.datetime.now(_dt.UTC), time.monotonic()
-    sub = backend(
-        run,
-        app_run_config({**run.config, **run.run_config}),
-        out_dir,
-        timeout_s=timeout_s,
-        on_round=on_round or (lambda _rounds: None),
-    )
+    config = app_run_config({**run.config, **run.run_config})
+    sub = backend(run, config, out_dir, timeout_s=timeout_s, on_round=on_round or (lambda _: None))
     seconds = time.monotonic() - t0
 
     def fail(reason: str) -> RunFailedError:
         log = out_dir / "logs" / "flwr-run.log"
-        tail = _log_tail(log)
+        try:  # the last non-empty lines of the log, ANSI colours stripped
+            text = processes.ANSI_RE.sub("", log.read_text(encoding="utf-8", errors="replace"))
+            tail = "\n".join([ln for ln in text.splitlines() if ln.strip()][-15:])
+        except OSError:
+            tail = ""
         atomic_write_json(
             run_dir / FAILED_FILE,
             {"run_id": run.run_id, "reason": reason, "flwr_run_id": sub.flwr_run_id}
@@ -347,26 +301,17 @@ def execute_run(
         app_summary = json.loads((out_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise fail(f"no readable {APP_OUT_DIR}/ outputs: {exc}") from None
-    if len(rows) != num_rounds:
+    if len(rows) != (num_rounds := int(run.run_config["num-rounds"])):
         raise fail(f"{APP_OUT_DIR}/{METRICS_FILE} has {len(rows)} rows, expected {num_rounds}")
     if not isinstance(app_summary, dict):
         raise fail(f"{APP_OUT_DIR}/{SUMMARY_FILE} is not a JSON object")
     shutil.copyfile(out_dir / METRICS_FILE, run_dir / METRICS_FILE)
-    record = {
-        "run_id": run.run_id,
-        "config_hash": run.config_hash,
-        "experiment": experiment,
-        "run_config": dict(run.run_config),
-        "config": dict(run.config),
-        "clients": run.clients,
-        "flwr_run_id": sub.flwr_run_id,
-        "status": sub.status,
-        "started_at": started.isoformat(),
-        "seconds": seconds,
-        "complete": True,
-    }
-    summary = {**app_summary, RUN_RECORD_KEY: record}
-    atomic_write_json(run_dir / SUMMARY_FILE, summary)
+    record: dict[str, Any] = {"run_id": run.run_id, "config_hash": run.config_hash}
+    record |= {"experiment": experiment, "run_config": dict(run.run_config)}
+    record |= {"config": dict(run.config), "clients": run.clients}
+    record |= {"flwr_run_id": sub.flwr_run_id, "status": sub.status}
+    record |= {"started_at": started.isoformat(), "seconds": seconds, "complete": True}
+    atomic_write_json(run_dir / SUMMARY_FILE, summary := {**app_summary, RUN_RECORD_KEY: record})
     with contextlib.suppress(FileNotFoundError):
         (run_dir / FAILED_FILE).unlink()
     return summary

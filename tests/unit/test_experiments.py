@@ -293,7 +293,7 @@ def test_expansion_counts_order_and_dedup() -> None:
         0.5,
         0,
     )
-    assert [r.seed for r in runs[:4]] == [0, 1, 0, 1]
+    assert [r.run_config["seed"] for r in runs[:4]] == [0, 1, 0, 1]
     assert all(r.run_config["min-clients"] == 4 for r in runs)
     assert all("out-dir" not in r.run_config for r in runs)
     # an extra grid that repeats a setting of the main grid adds nothing
