@@ -85,66 +85,64 @@ def finalize(
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
         return [], None
     expected = len(sweep.expand_runs(spec))
-    return report.finalize_federated(
-        spec, root, results, command, expected, failures
-    ), root / "report.md"
+    return report.finalize_federated(spec, root, results, command, expected, failures)
 
 
-def _execute(
-    spec: ExperimentSpec, run: Run, backend: Backend, pool: Path, on_round: Callable[[int], None]
-) -> str | None:
-    """Execute ``run`` in ``pool`` up to ``1 + retries`` times until it completes; the last
-    error, or ``None``."""
-    error = ""
-    for attempt in range(1 + spec.retries):
-        if attempt:
-            first = error.splitlines()[0]
-            logger.warning(
-                "run %s failed (%s); attempt %d of %d in %.0f s",
-                *(run.run_id, first, attempt + 1, 1 + spec.retries, spec.retry_delay_s),
-            )
-            time.sleep(spec.retry_delay_s)
-        try:
-            timeout = spec.run_timeout_s
-            sweep.execute_run(
-                run,
-                backend,
-                pool / run.run_id,
-                experiment=spec.name,
-                timeout_s=timeout,
-                on_round=on_round,
-            )
-            return None
-        except sweep.RunFailedError as exc:
-            error = str(exc)
-    return error
-
-
-def run_federated(
+def run(
     spec: ExperimentSpec,
     results_root: Path,
     *,
     app_dir: Path | None = None,
     backend: Backend | None = None,
     max_runs: int | None = None,
+    device: str = "cpu",
     progress: bool = True,
     console: Any = None,
 ) -> Outcome:
-    """Execute the runs of ``spec`` that are not done (at most ``max_runs`` now), then write
-    every output. ``app_dir`` defaults to this checkout; ``backend`` replaces the simulation
-    (tests). ``ValueError`` if the app does not declare every run-config key the runs use."""
-    if spec.kind != "federated":
-        raise ValueError(f"run_federated needs kind = 'federated', got {spec.kind!r}")
+    """Execute the runs of a federated ``spec`` that are not done (at most ``max_runs`` now, each
+    up to ``1 + retries`` times), or measure an mse spec's quantizer MSE on ``device``
+    (:func:`experiments.mse.measure`), then write every output. ``app_dir`` defaults to this
+    checkout; ``backend`` replaces the simulation (tests). ``ValueError`` if the app does not
+    declare every run-config key the runs use."""
     if max_runs is not None and max_runs < 0:
         raise ValueError(f"max_runs must be >= 0, got {max_runs}")
+    view = _progress(progress, console)  # counts only the runs executed now (an honest ETA)
+    if spec.kind == "mse":
+        from corbin_fl.experiments import mse
+
+        (root := Path(results_root) / spec.name).mkdir(parents=True, exist_ok=True)
+        bar = view.add_task("runs to do", total=1)
+        with view:
+            step = lambda what, d, t: view.update(bar, description=what, completed=d, total=t)  # noqa: E731
+            mse.measure(spec, root, device=device, on_step=step)
+        outcome = Outcome(total=1, executed=1)
+        outcome.targets, outcome.report = finalize(spec, results_root)
+        return outcome
     app = Path(app_dir) if app_dir is not None else sweep.find_app_dir()
     planned = plan(spec, results_root)
     sweep.check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
-    pool = Path(results_root) / sweep.POOL_DIR
-    pool.mkdir(parents=True, exist_ok=True)
+    (pool := Path(results_root) / sweep.POOL_DIR).mkdir(parents=True, exist_ok=True)
     outcome, be = Outcome(total=len(planned)), backend or sweep.simulation_backend(app, spec)
+    how = {"experiment": spec.name, "timeout_s": spec.run_timeout_s}
+
+    def execute(run: Run, on_round: Callable[[int], None]) -> str | None:
+        error = ""
+        for attempt in range(1 + spec.retries):
+            if attempt:
+                logger.warning(
+                    "run %s failed (%s); attempt %d of %d in %.0f s",
+                    *(run.run_id, error.splitlines()[0], attempt + 1, 1 + spec.retries),
+                    spec.retry_delay_s,
+                )
+                time.sleep(spec.retry_delay_s)
+            try:
+                sweep.execute_run(run, be, pool / run.run_id, on_round=on_round, **how)  # type: ignore[arg-type]
+                return None
+            except sweep.RunFailedError as exc:
+                error = str(exc)
+        return error
+
     todo = sum(1 for _, state in planned if state is not RunState.DONE)
-    view = _progress(progress, console)  # counts only the runs executed now (an honest ETA)
     runs_bar = view.add_task("runs to do", total=min(todo, todo if max_runs is None else max_runs))
     round_bar = view.add_task("round", total=1, visible=False)
     try:
@@ -162,43 +160,17 @@ def run_federated(
                     round_bar, description=run.run_id, total=rounds, completed=0, visible=True
                 )
                 t0 = time.monotonic()
-                on_round = lambda done: view.update(round_bar, completed=done)  # noqa: E731
-                if (error := _execute(spec, run, be, pool, on_round)) is not None:
-                    outcome.failed[run.run_id] = error
-                    logger.error("%s", error)
-                else:
+                if (error := execute(run, lambda n: view.update(round_bar, completed=n))) is None:
                     outcome.executed += 1
                     logger.info("run %s done in %.1f s", run.run_id, time.monotonic() - t0)
+                else:
+                    outcome.failed[run.run_id] = error
+                    logger.error("%s", error)
                 view.advance(runs_bar)
     except KeyboardInterrupt:
         outcome.interrupted = True
         logger.warning("interrupted; run the same command again to resume")
     outcome.targets, outcome.report = finalize(spec, results_root, failures=outcome.failed)
-    return outcome
-
-
-def run_mse(
-    spec: ExperimentSpec,
-    results_root: Path,
-    *,
-    device: str = "cpu",
-    progress: bool = True,
-    console: Any = None,
-) -> Outcome:
-    """Measure the quantizer MSE (:func:`experiments.mse.measure`), then write every output."""
-    from corbin_fl.experiments import mse
-
-    if spec.kind != "mse" or spec.mse is None:
-        raise ValueError(f"run_mse needs kind = 'mse', got {spec.kind!r}")
-    root = Path(results_root) / spec.name
-    root.mkdir(parents=True, exist_ok=True)
-    view = _progress(progress, console)
-    bar = view.add_task("runs to do", total=1)
-    with view:
-        step = lambda what, d, t: view.update(bar, description=what, completed=d, total=t)  # noqa: E731
-        mse.measure(spec, root, device=device, on_step=step)
-    outcome = Outcome(total=1, executed=1)
-    outcome.targets, outcome.report = finalize(spec, results_root)
     return outcome
 
 
@@ -259,18 +231,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SpecError("--max-runs must be >= 0")
         code = 0
         for spec in [load_spec(p) for p in args.spec]:
+            if args.command == "plan" and spec.kind == "mse":
+                out.print(f"{spec.name}: mse experiment (no federated runs)")
+                continue
             if args.command == "plan":
-                _print_plan(out, spec, args.results)
+                planned = plan(spec, args.results)
+                n = {s: sum(1 for _, st in planned if st is s) for s in RunState}
+                out.print(
+                    f"[bold]{spec.name}[/bold]: {len(planned)} runs ({n[RunState.DONE]} done, "
+                    f"{n[RunState.PARTIAL]} partial, {n[RunState.MISSING]} to do)"
+                )
+                for r, state in planned:
+                    out.print(f"  {state.value:8s} {r.run_id}", soft_wrap=True)
                 continue
             if args.command == "report":
                 outcome = Outcome()
                 outcome.targets, outcome.report = finalize(spec, args.results)
-            elif spec.kind == "mse":
-                outcome = _run(spec, args, console, run_mse, device=args.device)
             else:
-                outcome = _run(
-                    spec, args, console, run_federated, app_dir=args.app, max_runs=args.max_runs
-                )
+                if args.fresh:
+                    remove_experiment(spec, args.results)
+                how: dict[str, Any] = {"app_dir": args.app, "max_runs": args.max_runs}
+                how |= {"device": args.device, "progress": not args.no_progress, "console": console}
+                outcome = run(spec, args.results, **how)
             _print(out, spec, outcome, runs=args.command == "run")
             if outcome.interrupted:
                 return 130
@@ -282,30 +264,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted; run the same command again to resume")
         return 130
-
-
-def _run(
-    spec: ExperimentSpec, args: Any, console: Console, run: Callable[..., Outcome], **kw: Any
-) -> Outcome:
-    """``run`` (:func:`run_federated` or :func:`run_mse`) on ``spec`` as ``args`` ask."""
-    if args.fresh:
-        remove_experiment(spec, args.results)
-    return run(spec, args.results, progress=not args.no_progress, console=console, **kw)
-
-
-def _print_plan(out: Console, spec: ExperimentSpec, results_root: Path) -> None:
-    """The runs of ``spec`` with their states."""
-    if spec.kind == "mse":
-        out.print(f"{spec.name}: mse experiment (no federated runs)")
-        return
-    planned = plan(spec, results_root)
-    n = {s: sum(1 for _, st in planned if st is s) for s in RunState}
-    out.print(
-        f"[bold]{spec.name}[/bold]: {len(planned)} runs ({n[RunState.DONE]} done, "
-        f"{n[RunState.PARTIAL]} partial, {n[RunState.MISSING]} to do)"
-    )
-    for run, state in planned:
-        out.print(f"  {state.value:8s} {run.run_id}", soft_wrap=True)
 
 
 def _print(out: Console, spec: ExperimentSpec, outcome: Outcome, *, runs: bool) -> None:

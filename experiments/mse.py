@@ -217,20 +217,12 @@ def measure_real_weights(
     dev, step = pick_device(device), on_step or (lambda done, total: None)
     info = dataset_info(rw.dataset)
     init = build_model(rw.model, info.in_channels, info.num_classes, seed=int(seed))
+    part: dict[str, Any] = {"partitioner": "iid", "data_seed": rw.data_seed}
+    how: dict[str, Any] = {"epochs": rw.local_epochs, "batch_size": rw.batch_size, "device": dev}
     w = []
     for k in range(2):
-        data = client_dataset(
-            rw.dataset, k, rw.num_partitions, partitioner="iid", data_seed=rw.data_seed
-        )
-        model = copy.deepcopy(init)
-        train_local(
-            model,
-            data,
-            epochs=rw.local_epochs,
-            batch_size=rw.batch_size,
-            seed=int(seed) + k,
-            device=dev,
-        )
+        data = client_dataset(rw.dataset, k, rw.num_partitions, **part)
+        train_local(model := copy.deepcopy(init), data, seed=int(seed) + k, **how)
         w.append(flatten(model).to(dev))
     layout = layout_of(init)
     sizes = list(layout.sizes)
@@ -346,7 +338,8 @@ def heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
     fig, axes = new_figure(4 * len(rows), 4, w=3.4, h=3.0)
     w = grid.w
     half = (w[1] - w[0]) / 2 if len(w) > 1 else 0.5
-    extent = (w[0] - half, w[-1] + half, w[0] - half, w[-1] + half)
+    heat: dict[str, Any] = {"origin": "lower", "cmap": "viridis", "vmin": 0.0, "aspect": "equal"}
+    heat["extent"] = (w[0] - half, w[-1] + half, w[0] - half, w[-1] + half)
     for r, k in enumerate(rows):
         panels = [
             (getattr(grid, f"{q}_{part}")[k], f"{name} {what}")
@@ -356,15 +349,7 @@ def heatmaps_figure(grid: GridMSE, epsilons: Sequence[float]) -> Figure:
         vmax = float(max(np.max(p) for p, _ in panels))
         row = axes[4 * r : 4 * r + 4]
         for ax, (data, name) in zip(row, panels, strict=True):
-            im = ax.imshow(
-                data.T,
-                vmax=vmax,
-                aspect="equal",
-                origin="lower",
-                extent=extent,
-                cmap="viridis",
-                vmin=0.0,
-            )
+            im = ax.imshow(data.T, vmax=vmax, **heat)
             ax.set(xlabel="$w_1$", ylabel="$w_2$")
             ax.set_title(f"{name}, ε_p={grid.epsilons[k]:g}", fontsize=9)
         fig.colorbar(im, ax=row, shrink=0.8, label="pair MSE")

@@ -335,10 +335,10 @@ def finalize_federated(
     command: str,
     expected: int,
     failures: Mapping[str, str] | None = None,
-) -> list[Target]:
+) -> tuple[list[Target], Path]:
     """Write a federated experiment's ``runs.csv``, ``groups.csv``, figures and ``report.md`` in
-    ``base`` from its finished ``results`` (of ``expected`` runs) and return its target checks;
-    ``failures`` maps run ids to why they failed in this invocation."""
+    ``base`` from its finished ``results`` (of ``expected`` runs) and return its target checks
+    and report; ``failures`` maps run ids to why they failed in this invocation."""
     groups, keys = rs.group_results(results), rs.varying_keys(results)
     rs.write_table(base / "runs.csv", rs.runs_table(results, groups))
     rs.write_table(base / "groups.csv", rs.groups_table(groups, keys))
@@ -408,5 +408,7 @@ def finalize_federated(
         "- `runs/<run-id>/`: `metrics.jsonl`, `summary.json` (with the runner's `run` record), "
         "`app/` (the app's own output)",
     ]
-    atomic_write_text(base / "report.md", "\n".join(lines + section("Files", "\n".join(files))))
-    return targets
+    atomic_write_text(
+        path := base / "report.md", "\n".join(lines + section("Files", "\n".join(files)))
+    )
+    return targets, path

@@ -25,9 +25,6 @@ from corbin_fl.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
-SELECTED_BY = "val_accuracy"
-"""Value of the ``selected_by`` column: the metric that picks the checkpoint round."""
-
 SELECTION_RULE = (
     "Model selection uses validation data only: in every run the checkpoint is the round with "
     "the highest validation accuracy (earliest on ties) and the test accuracy reported is the "
@@ -47,8 +44,6 @@ RUNS_CSV_COLUMNS: tuple[str, ...] = (
 """Fixed columns of ``runs.csv``; other swept run-config keys are appended after them."""
 
 _COLUMN_OF_KEY = {"dropout-prob": "dropout", CLIENTS_KEY: "clients"}
-_SETTING_KEYS = ("mechanism", "epsilon", "d", "dropout-prob", CLIENTS_KEY, "gamma")
-"""The setting keys with a fixed column in ``runs.csv`` (:data:`_COLUMN_OF_KEY` names two)."""
 
 
 @dataclass(frozen=True)
@@ -76,12 +71,12 @@ class Stat:
 
 @dataclass(frozen=True)
 class Selection:
-    """The validation-selected checkpoint of one run."""
+    """The validation-selected checkpoint of one run (``selected_by``: the metric that picks it)."""
 
     round: int
     val_accuracy: float
     test_accuracy: float
-    selected_by: str = SELECTED_BY
+    selected_by: str = "val_accuracy"
 
 
 def _finite(value: Any, default: float | None = None) -> float | None:
@@ -200,19 +195,13 @@ def load_run(run_dir: Path) -> RunResult:
     uplink = [r.get("bytes_up") for r in rows]  # a number, or a per-stage dict with a total
     uplink = [b.get("total") if isinstance(b, Mapping) else b for b in uplink]
     return RunResult(
-        run_id=str(record["run_id"]),
-        setting=setting,
-        seed=int(run_config["seed"]),
-        global_lr=float(run_config["global-lr"]),
-        rows=tuple(rows),
-        summary=summary,
-        selection=select_round(rows),
-        final_test_accuracy=_or_nan(rows[-1].get("test_accuracy")),
+        run_id=str(record["run_id"]), setting=setting, seed=int(run_config["seed"]),
+        global_lr=float(run_config["global-lr"]), rows=tuple(rows), summary=summary,
+        selection=select_round(rows), final_test_accuracy=_or_nan(rows[-1].get("test_accuracy")),
         final_val_accuracy=_or_nan(rows[-1].get("val_accuracy")),
         uplink_bytes=sum(_finite(b) or 0.0 for b in uplink),
-        seconds=float(record.get("seconds", math.nan)),
-        privacy=privacy_fields(summary),
-    )
+        seconds=float(record.get("seconds", math.nan)), privacy=privacy_fields(summary),
+    )  # fmt: skip
 
 
 def _over_seeds(value: Callable[[RunResult], float], doc: str) -> Any:

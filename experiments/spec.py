@@ -296,13 +296,10 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
             f"choose from {', '.join(sorted(allowed))}"
         )
     return ExperimentSpec(
-        **options,
-        **_parse_sweep(raw, source, kind),
-        seeds=top.get("seeds", (0,)),
-        lambda_grid=top.get("lambda_grid", (1.0,)),
-        figures=tuple(figures),
+        **options, **_parse_sweep(raw, source, kind), seeds=top.get("seeds", (0,)),
+        lambda_grid=top.get("lambda_grid", (1.0,)), figures=tuple(figures),
         source=Path(source) if source != "<spec>" else None,
-    )
+    )  # fmt: skip
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

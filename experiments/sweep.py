@@ -8,11 +8,8 @@ setting expanded once. A run is addressed by its result config
 ``<mechanism>-eps<e>-d<d>-p<p>-n<clients>-lr<lambda>-s<seed>-<hash>`` (the first 10 hex digits
 of SHA-256 over their canonical JSON) and it lives in the pool ``<results>/runs/<run-id>/``.
 A run is done when ``summary.json`` carries the runner's complete ``"run"`` record with this id
-and hash (written last, atomically) and ``metrics.jsonl`` has one finite row per round.
-
-A run executes on Flower's simulation runtime and writes into ``runs/<run-id>/``: ``app/`` (the
-ServerApp's ``out-dir``), then a copy of ``metrics.jsonl`` and, last and atomically,
-``summary.json`` with the runner's ``"run"`` record.
+and hash (written last, atomically) and ``metrics.jsonl`` has one finite row per round. A run
+executes on Flower's simulation runtime (:func:`execute_run`).
 """
 
 from __future__ import annotations
@@ -268,8 +265,9 @@ def execute_run(
     on_round: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Execute ``run`` from scratch in ``run_dir`` (the app gets the whole result config and
-    ``out-dir = run_dir/app``) and return its ``summary.json``, written last with the runner's
-    record; ``RunFailedError`` (and ``failed.json``) if it left no complete outputs."""
+    ``out-dir = run_dir/app``), copy its ``metrics.jsonl`` and return its ``summary.json``,
+    written last, atomically, with the runner's ``"run"`` record; ``RunFailedError`` (and
+    ``failed.json``) if it left no complete outputs."""
     run_dir = Path(run_dir).resolve()
     if run_dir.exists():
         shutil.rmtree(run_dir)

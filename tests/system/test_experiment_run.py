@@ -54,7 +54,7 @@ figures = ["accuracy-bar", "accuracy-vs-round"]
 @pytest.mark.timeout(900)
 def test_quick_experiment_on_the_real_app(tmp_path: Path, flwr_home: Path) -> None:
     spec = parse_spec(tomllib.loads(E2E_SPEC), source=str(tmp_path / "e2e.toml"))
-    out = ex.run_federated(spec, tmp_path / "results", progress=False)
+    out = ex.run(spec, tmp_path / "results", progress=False)
     assert out.failed == {}, out.failed
     assert out.executed == 1
     root = tmp_path / "results" / "e2e"
@@ -72,5 +72,5 @@ def test_quick_experiment_on_the_real_app(tmp_path: Path, flwr_home: Path) -> No
     report = (root / "report.md").read_text()
     assert "## Privacy" in report and SELECTION_RULE in report
     # resuming does nothing
-    again = ex.run_federated(spec, tmp_path / "results", progress=False)
+    again = ex.run(spec, tmp_path / "results", progress=False)
     assert again.executed == 0 and again.skipped == 1

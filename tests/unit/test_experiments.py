@@ -345,7 +345,7 @@ def test_a_run_made_for_one_experiment_is_found_by_every_other(tmp_path: Path) -
     app = fake_app_dir(tmp_path)
     results = tmp_path / "results"
     first = spec_from(TINY)
-    ex.run_federated(first, results, app_dir=app, backend=FakeBackend(), progress=False)
+    ex.run(first, results, app_dir=app, backend=FakeBackend(), progress=False)
     # same base spelled otherwise, a wider epsilon grid: only the new epsilon is run
     second = spec_from(
         TINY.replace('name = "tiny"', 'name = "wider"')
@@ -353,7 +353,7 @@ def test_a_run_made_for_one_experiment_is_found_by_every_other(tmp_path: Path) -
         .replace("d = 5\n", "d = 5\ndelta = 1e-5\npoll-interval = 0.5\n")
     )
     backend = FakeBackend()
-    out = ex.run_federated(second, results, app_dir=app, backend=backend, progress=False)
+    out = ex.run(second, results, app_dir=app, backend=backend, progress=False)
     new = {r.run_id for r in expand_runs(second)} - {r.run_id for r in expand_runs(first)}
     assert len(new) == 8 and sorted(backend.calls) == sorted(new)
     assert (out.executed, out.skipped) == (8, 20)
@@ -393,7 +393,7 @@ def test_resume_skips_done_runs_and_redoes_partial_ones(tmp_path: Path) -> None:
     app = fake_app_dir(tmp_path)
     results = tmp_path / "results"
     backend = FakeBackend()
-    out = ex.run_federated(spec, results, app_dir=app, backend=backend, progress=False)
+    out = ex.run(spec, results, app_dir=app, backend=backend, progress=False)
     assert (out.total, out.executed, out.skipped, out.failed) == (20, 20, 0, {})
     assert len(backend.calls) == 20
     states = ex.plan(spec, results)
@@ -401,7 +401,7 @@ def test_resume_skips_done_runs_and_redoes_partial_ones(tmp_path: Path) -> None:
 
     # second invocation: nothing to do
     backend2 = FakeBackend()
-    out2 = ex.run_federated(spec, results, app_dir=app, backend=backend2, progress=False)
+    out2 = ex.run(spec, results, app_dir=app, backend=backend2, progress=False)
     assert backend2.calls == [] and out2.skipped == 20
 
     # make three runs partial in different ways: no summary, a torn summary, missing rounds
@@ -413,7 +413,7 @@ def test_resume_skips_done_runs_and_redoes_partial_ones(tmp_path: Path) -> None:
     metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))
     assert [run_state(pool / r.run_id, r) for r in (r0, r1, r2)] == [RunState.PARTIAL] * 3
     backend3 = FakeBackend()
-    out3 = ex.run_federated(spec, results, app_dir=app, backend=backend3, progress=False)
+    out3 = ex.run(spec, results, app_dir=app, backend=backend3, progress=False)
     assert sorted(backend3.calls) == sorted([r0.run_id, r1.run_id, r2.run_id])
     assert out3.executed == 3 and out3.skipped == 17
     assert all(s is RunState.DONE for _, s in ex.plan(spec, results))
@@ -425,7 +425,7 @@ def test_failed_and_truncated_runs_are_recorded_and_retried(tmp_path: Path) -> N
     results = tmp_path / "results"
     ids = [r.run_id for r in expand_runs(spec)]
     backend = FakeBackend(fail={ids[0]}, truncate={ids[1]}, flaky={ids[2]})
-    out = ex.run_federated(spec, results, app_dir=app, backend=backend, progress=False)
+    out = ex.run(spec, results, app_dir=app, backend=backend, progress=False)
     assert set(out.failed) == {ids[0], ids[1]}
     # retries = 1 (default): each failing run is attempted twice, the flaky one succeeds
     assert backend.calls[:6] == [ids[0], ids[0], ids[1], ids[1], ids[2], ids[2]]
@@ -437,7 +437,7 @@ def test_failed_and_truncated_runs_are_recorded_and_retried(tmp_path: Path) -> N
     assert "INCOMPLETE (18/20 runs)" in (results / "tiny" / "report.md").read_text()
     # the next invocation retries exactly the failed ones
     backend2 = FakeBackend()
-    out2 = ex.run_federated(spec, results, app_dir=app, backend=backend2, progress=False)
+    out2 = ex.run(spec, results, app_dir=app, backend=backend2, progress=False)
     assert sorted(backend2.calls) == sorted(ids[:2]) and not out2.failed
     assert not (run_dir / ids[0] / "failed.json").exists()
 
@@ -471,7 +471,7 @@ def test_interrupt_then_resume(tmp_path: Path) -> None:
     app = fake_app_dir(tmp_path)
     results = tmp_path / "results"
     backend = InterruptingBackend(3)
-    out = ex.run_federated(spec, results, app_dir=app, backend=backend, progress=False)
+    out = ex.run(spec, results, app_dir=app, backend=backend, progress=False)
     assert out.interrupted and out.executed == 2
     states = [s for _, s in ex.plan(spec, results)]
     assert states[:2] == [RunState.DONE] * 2
@@ -479,7 +479,7 @@ def test_interrupt_then_resume(tmp_path: Path) -> None:
     # the report of what is done was still written
     assert "INCOMPLETE (2/20 runs)" in (results / "tiny" / "report.md").read_text()
     backend2 = FakeBackend()
-    out2 = ex.run_federated(spec, results, app_dir=app, backend=backend2, progress=False)
+    out2 = ex.run(spec, results, app_dir=app, backend=backend2, progress=False)
     assert out2.skipped == 2 and out2.executed == 18 and not out2.interrupted
     assert backend2.calls[0] == backend.calls[2]
 
@@ -488,9 +488,7 @@ def test_max_runs_and_app_key_check(tmp_path: Path) -> None:
     spec = spec_from(TINY)
     app = fake_app_dir(tmp_path)
     backend = FakeBackend()
-    out = ex.run_federated(
-        spec, tmp_path / "r", app_dir=app, backend=backend, progress=False, max_runs=3
-    )
+    out = ex.run(spec, tmp_path / "r", app_dir=app, backend=backend, progress=False, max_runs=3)
     assert out.executed == 3 and len(backend.calls) == 3
     narrow = tmp_path / "narrow"
     narrow.mkdir()
@@ -500,7 +498,7 @@ def test_max_runs_and_app_key_check(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"does not declare .*epsilon"):
         check_app_accepts(narrow, {"mechanism", "epsilon"})
     with pytest.raises(ValueError, match="does not declare"):
-        ex.run_federated(spec, tmp_path / "r2", app_dir=narrow, backend=backend, progress=False)
+        ex.run(spec, tmp_path / "r2", app_dir=narrow, backend=backend, progress=False)
 
 
 def test_summary_is_written_atomically_with_the_run_record(tmp_path: Path) -> None:
@@ -609,7 +607,7 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
     spec = spec_from(TINY)
     app = fake_app_dir(tmp_path)
     results = tmp_path / "results"
-    out = ex.run_federated(spec, results, app_dir=app, backend=FakeBackend(), progress=False)
+    out = ex.run(spec, results, app_dir=app, backend=FakeBackend(), progress=False)
     root = results / "tiny"
     with (root / "runs.csv").open() as fh:
         rows = list(csv.DictReader(fh))
@@ -911,7 +909,7 @@ def test_mechanism_bar_chart_marks_each_bars_guarantee(tmp_path: Path) -> None:
 def test_line_figures_state_settings_error_bars_references_and_y_range(tmp_path: Path) -> None:
     spec = spec_from(TINY)
     results = tmp_path / "results"
-    ex.run_federated(spec, results, app_dir=fake_app_dir(tmp_path), backend=FakeBackend(),
+    ex.run(spec, results, app_dir=fake_app_dir(tmp_path), backend=FakeBackend(),
                      progress=False)  # fmt: skip
     runs = ex.load_finished(spec, results)
     groups = group_results(runs)
@@ -1071,7 +1069,7 @@ repeats = 10
     assert spec.mse is not None and spec.mse.real_weights == RealWeightsSpec(
         batch_size=64, num_partitions=50, repeats=10
     )
-    out = ex.run_mse(spec, tmp_path, progress=False)
+    out = ex.run(spec, tmp_path, progress=False)
     root = tmp_path / "mse-small"
     report = (root / "report.md").read_text()
     for name in ("mse-heatmap", "mse-vs-epsilon", "mse-real-weights"):
@@ -1115,7 +1113,7 @@ def test_cli_plan_report_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert ex.main(["run", str(tmp_path / "missing.toml")]) == 2
     assert ex.main(["frobnicate"]) == 2
     assert ex.main(["report", str(spec_path), "--results", str(tmp_path / "r")]) == 0
-    ex.run_federated(
+    ex.run(
         spec_from(TINY), tmp_path / "r", app_dir=fake_app_dir(tmp_path), backend=FakeBackend(),
         progress=False,
     )  # fmt: skip
