@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waits import StartupTiming
 
 from corbin_fl.deploy.flower import flower_executable, superlink_argv
 from corbin_fl.deploy.processes import ProcessRegistry
@@ -43,13 +44,18 @@ def _https_ok(url: str, cafile: Path) -> bool:
         return False
 
 
-def _online_nodes(connection: str) -> list[dict[str, Any]] | None:
-    out = subprocess.run(
-        [flower_executable("flwr"), "supernode", "list", connection, "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def _online_nodes(connection: str, timeout: float) -> list[dict[str, Any]] | None:
+    """The SuperLink's nodes (``flwr supernode list``), or None when the call failed or took
+    longer than ``timeout`` (the caller polls again)."""
+    try:
+        out = subprocess.run(
+            [flower_executable("flwr"), "supernode", "list", connection, "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return None
     start = out.stdout.find("{")
     if out.returncode != 0 or start < 0:
         return None
@@ -74,7 +80,13 @@ def test_unregistered_nodes_are_refused_with_tls_and_node_auth(
     flwr_home: Path,
     free_ports_factory: Callable[[int], list[int]],
     process_registry: ProcessRegistry,
+    flower_startup: StartupTiming,
+    rearm_timeout: Callable[[float], None],
 ) -> None:
+    # Every wait grows with this machine's Flower start-up, measured now (the SuperLink, the four
+    # SuperNodes and a `flwr` call may all start at once), from the 90 s it had before.
+    wait_s = max(90.0, flower_startup.startup_timeout(6))
+    rearm_timeout(120 + 8 * wait_s)  # certificates, registration, the waits below, clean-up
     for tool in ("openssl", "ssh-keygen"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} missing: apt-get install openssl openssh-client")
@@ -101,7 +113,7 @@ def test_unregistered_nodes_are_refused_with_tls_and_node_auth(
     )
     _wait(
         lambda: _https_ok(f"https://{address}/health", certs / "ca" / "ca.crt"),
-        90,
+        wait_s,
         f"the SuperLink on https://{address}:\n{superlink.log_tail()}",
     )
     process_registry.snapshot()
@@ -158,9 +170,9 @@ def test_unregistered_nodes_are_refused_with_tls_and_node_auth(
     plain = supernode("plaintext", node_ports[3], "--insecure")
 
     id_re = re.compile(r"SuperNode ID: (\d+)")
-    _wait(lambda: bool(id_re.search(member.log_text())), 90, "the registered SuperNode's id")
+    _wait(lambda: bool(id_re.search(member.log_text())), wait_s, "the registered SuperNode's id")
     member_id = int(id_re.search(member.log_text()).group(1))  # type: ignore[union-attr]
-    _wait(lambda: not stranger.running(), 90, "the unregistered SuperNode to be refused")
+    _wait(lambda: not stranger.running(), wait_s, "the unregistered SuperNode to be refused")
     assert stranger.popen.returncode != 0
     assert "Failed to activate SuperNode" in stranger.log_text(), stranger.log_tail()
     assert not id_re.search(stranger.log_text())
@@ -173,7 +185,7 @@ def test_unregistered_nodes_are_refused_with_tls_and_node_auth(
     assert member_pem not in refused.replace("\\n", "")
 
     # A node without an authentication key gets an ephemeral one, which is refused too.
-    _wait(lambda: not keyless.running(), 90, "the key-less SuperNode to be refused")
+    _wait(lambda: not keyless.running(), wait_s, "the key-less SuperNode to be refused")
     assert keyless.popen.returncode != 0
     assert "All SuperNodes must be registered" in keyless.log_text(), keyless.log_tail()
     # A plain-text node cannot even speak to the TLS endpoint: it keeps retrying.
@@ -184,10 +196,10 @@ def test_unregistered_nodes_are_refused_with_tls_and_node_auth(
 
     def member_online() -> bool:
         nonlocal nodes
-        nodes = _online_nodes("auth") or []
+        nodes = _online_nodes("auth", wait_s) or []
         return any(str(n.get("status")).lower() == "online" for n in nodes)
 
-    _wait(member_online, 60, "the registered SuperNode to be online")
+    _wait(member_online, 2 * wait_s, "the registered SuperNode to be online")
     # Only the registered node is known to the SuperLink, and it is online.
     assert [int(n["node-id"]) for n in nodes] == [member_id], nodes
     for proc in (stranger, keyless, plain):
