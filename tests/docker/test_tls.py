@@ -26,6 +26,9 @@ import pytest
 from docker_helpers import REPO, BuiltImages, Docker, wait_for
 from waits import ClientAppTiming
 
+# The demo's compose project (`corbin-fl`) with the override: the demo's worker (test_demo.py).
+pytestmark = pytest.mark.xdist_group("compose-project-corbin-fl")
+
 N_CLIENTS = 3
 FILES = ["docker-compose.yml", "docker-compose.tls.yml"]
 MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
