@@ -257,7 +257,7 @@ def _percent(stats: Sequence[Stat], bands: _Bands) -> tuple[np.ndarray, np.ndarr
     """Means and seed stds (0 for one seed) of accuracy ``stats``, in percent; their error bars
     are added to ``bands``."""
     mean = np.array([100 * s.mean for s in stats])
-    std = np.array([100 * (s.std if s.n > 1 else 0.0) for s in stats])
+    std = np.array([100 * s.spread for s in stats])
     bands.append((mean - std, mean + std, std))
     return mean, std
 
@@ -412,7 +412,7 @@ def accuracy_bar_figure(
     for offset, stat, extra in zip((-0.2, 0.2), stats, ({}, hatched), strict=True):
         mean, std = _percent(stat, [])
         ax.bar(x + offset, mean, 0.4, yerr=std, **style, **extra)
-    tops = [100 * (s.mean + (s.std if s.n > 1 else 0.0)) for s in (*stats[0], *stats[1]) if s.n]
+    tops = [100 * (s.mean + s.spread) for s in (*stats[0], *stats[1]) if s.n]
     ax.set_ylim(0.0, max(100.0, *tops) if tops else 100.0)
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("test accuracy (%)")

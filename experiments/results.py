@@ -1,7 +1,7 @@
 """Finished runs -> model selection on validation data only (:data:`SELECTION_RULE`, stated in
-every report) -> ``runs.csv`` and ``groups.csv``. The ServerApp's ``best_val_round`` in
-``summary.json`` follows the same rule but also counts round 0, the initial model; the
-experiments choose among the trained rounds 1..T (no committed run differs).
+every report; :func:`select_round` says how it differs from the ServerApp's ``best_val_round``)
+-> the statistics over seeds, lambda selection and curves as pandas group-bys
+(:func:`group_results`) -> ``runs.csv`` and ``groups.csv``.
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ class Stat:
         mean = f"{self.mean * scale:.{digits}f}"
         return f"{mean} (n=1)" if self.n < 2 else f"{mean} ± {self.std * scale:.{digits}f}"
 
+    @property
+    def spread(self) -> float:
+        """The error bar: the std, 0 for fewer than two values."""
+        return self.std if self.n > 1 else 0.0
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -93,7 +98,14 @@ def _or_nan(value: Any) -> float:
 def select_round(rows: Sequence[Mapping[str, Any]]) -> Selection:
     """The checkpoint of a run from its ``metrics.jsonl`` rows: ``argmax_t val_accuracy[t]``
     (the earliest on ties) and ``test_accuracy[t]``; ``ValueError`` if no row has a finite
-    ``val_accuracy`` or the chosen row no integer ``round``."""
+    ``val_accuracy`` or the chosen row no integer ``round``.
+
+    The ServerApp's ``best_val_round`` in ``summary.json`` (``server.strategy``'s checkpoint
+    rule, strict improvement, so also the earliest on ties) starts from round 0, the initial
+    model evaluated before training; the rows, and so this choice, are the trained rounds 1..T.
+    The two differ only when no trained round beats the initial model (no committed run), so
+    the experiments compute the round here rather than read the server's.
+    """
     vals = pd.Series([_or_nan(row.get("val_accuracy")) for row in rows], dtype=float)
     if vals.isna().all():
         raise ValueError("no row has a finite val_accuracy")
@@ -204,27 +216,46 @@ def load_run(run_dir: Path) -> RunResult:
     )  # fmt: skip
 
 
-def _over_seeds(value: Callable[[RunResult], float], doc: str) -> Any:
-    """A :class:`GroupResult` property: the :class:`Stat` of ``value`` over its runs (seeds)."""
-    return property(lambda group: Stat.of(value(r) for r in group.runs), doc=f"{doc} Over seeds.")
+_OVER_SEEDS: dict[str, Callable[[RunResult], float]] = {  # a GroupResult Stat: a run's value
+    "test": lambda r: r.selection.test_accuracy,
+    "final_test": lambda r: r.final_test_accuracy,
+    "val": lambda r: r.selection.val_accuracy,
+    "selected_round": lambda r: r.selection.round,
+    "uplink_bytes": lambda r: r.uplink_bytes,
+    "seconds": lambda r: r.seconds,
+}
+
+
+def runs_frame(results: Sequence[RunResult]) -> pd.DataFrame:
+    """One row per run: ``setting`` (its key), ``global_lr``, ``seed``, ``run`` (the
+    :class:`RunResult`) and the values of :data:`_OVER_SEEDS`, in the order of ``results``."""
+    return pd.DataFrame(
+        [
+            {"setting": r.setting_key, "global_lr": r.global_lr, "seed": r.seed, "run": r}
+            | {name: value(r) for name, value in _OVER_SEEDS.items()}
+            for r in results
+        ],
+        columns=["setting", "global_lr", "seed", "run", *_OVER_SEEDS],
+    )
 
 
 @dataclass(frozen=True)
 class GroupResult:
-    """One setting at its chosen lambda ``global_lr``: its runs (seeds) at that lambda, and per
-    lambda the :class:`Stat` of the checkpoint validation accuracy over seeds."""
+    """One setting at its chosen lambda ``global_lr``: its runs (seeds) at that lambda, per
+    lambda the :class:`Stat` of the checkpoint validation accuracy over seeds, and the
+    :class:`Stat` over its runs of the test and validation accuracy and the round of the
+    checkpoint, the final-round test accuracy, a run's uplink bytes and wall seconds."""
 
     setting: Mapping[str, RunValue]
     global_lr: float
     lambda_scores: Mapping[float, Stat]
     runs: tuple[RunResult, ...]
-
-    test = _over_seeds(lambda r: r.selection.test_accuracy, "Test accuracy at the checkpoint.")
-    final_test = _over_seeds(lambda r: r.final_test_accuracy, "Final-round test accuracy.")
-    val = _over_seeds(lambda r: r.selection.val_accuracy, "Validation accuracy at the checkpoint.")
-    selected_round = _over_seeds(lambda r: r.selection.round, "Checkpoint round.")
-    uplink_bytes = _over_seeds(lambda r: r.uplink_bytes, "Total uplink bytes of a run.")
-    seconds = _over_seeds(lambda r: r.seconds, "Wall seconds of a run.")
+    test: Stat
+    final_test: Stat
+    val: Stat
+    selected_round: Stat
+    uplink_bytes: Stat
+    seconds: Stat
 
     def privacy(self, key: str) -> float | None:
         """A privacy number of the setting (the same for every seed; the first is returned)."""
@@ -232,14 +263,14 @@ class GroupResult:
 
     def curve(self, metric: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-round ``(rounds, mean, std)`` of ``metric`` over the seeds (std 0 if one seed)."""
-        frame = pd.DataFrame(
-            [(row.get("round"), _finite(row.get(metric))) for r in self.runs for row in r.rows],
-            columns=["round", "value"],
-        ).dropna()
-        frame = frame[frame["round"].map(lambda t: isinstance(t, int))]
-        stats = frame.groupby("round")["value"].apply(Stat.of)
-        std = [s.std if s.n > 1 else 0.0 for s in stats]
-        return stats.index.to_numpy(dtype=int), np.array([s.mean for s in stats]), np.array(std)
+        points = [(row.get("round"), _finite(row.get(metric))) for r in self.runs for row in r.rows]
+        points = [(t, v) for t, v in points if isinstance(t, int) and v is not None]
+        stats = pd.DataFrame(points, columns=["round", "v"]).groupby("round")["v"].agg(Stat.of)
+        return (
+            stats.index.to_numpy(dtype=int),
+            np.array([s.mean for s in stats]),
+            np.array([s.spread for s in stats]),
+        )
 
 
 def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
@@ -248,26 +279,21 @@ def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
     ``ValueError`` without runs."""
     if not runs:
         raise ValueError("no runs to choose lambda from")
-    frame = pd.DataFrame(
-        {"lam": [r.global_lr for r in runs], "val": [r.selection.val_accuracy for r in runs]}
-    )
-    stats = frame.groupby("lam")["val"].apply(Stat.of)  # Stat.of: numpy's sums, as the tables
+    stats = runs_frame(runs).groupby("global_lr")["val"].agg(Stat.of)  # numpy's sums, as tables
     best = stats.map(lambda s: s.mean).iloc[::-1].idxmax()  # the larger lambda on ties
     return float(best), {float(lam): stat for lam, stat in stats.items()}
 
 
 def group_results(results: Sequence[RunResult]) -> list[GroupResult]:
     """Group runs by setting, choose lambda per group and keep its runs at that lambda (by
-    seed); groups in the order of their first run."""
-    if not results:
-        return []
-    frame = pd.DataFrame({"setting": [r.setting_key for r in results], "run": list(results)})
+    seed), with their statistics; groups in the order of their first run."""
     out: list[GroupResult] = []
-    for _, column in frame.groupby("setting", sort=False)["run"]:
-        members: list[RunResult] = column.tolist()
-        lam, scores = choose_lambda(members)
-        chosen = tuple(sorted((r for r in members if r.global_lr == lam), key=lambda r: r.seed))
-        out.append(GroupResult(dict(members[0].setting), lam, scores, chosen))
+    for _, members in runs_frame(results).groupby("setting", sort=False):
+        lam, scores = choose_lambda(members["run"].tolist())
+        chosen = members[members["global_lr"] == lam].sort_values("seed", kind="stable")
+        stats = chosen[list(_OVER_SEEDS)].agg(Stat.of)
+        runs = tuple(chosen["run"])
+        out.append(GroupResult(dict(runs[0].setting), lam, scores, runs, **stats.to_dict()))
     return out
 
 
