@@ -122,37 +122,33 @@ def run(
     planned = plan(spec, results_root)
     sweep.check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
     (pool := Path(results_root) / sweep.POOL_DIR).mkdir(parents=True, exist_ok=True)
-    outcome, be = Outcome(total=len(planned)), backend or sweep.simulation_backend(app, spec)
-    how = {"experiment": spec.name, "timeout_s": spec.run_timeout_s}
+    be = backend or sweep.simulation_backend(app, spec)
+    todo = [(r, state) for r, state in planned if state is not RunState.DONE][:max_runs]
+    outcome = Outcome(total=len(planned), skipped=sum(s is RunState.DONE for _, s in planned))
+    how: dict[str, Any] = {"experiment": spec.name, "timeout_s": spec.run_timeout_s}
 
     def execute(run: Run, on_round: Callable[[int], None]) -> str | None:
-        error = ""
+        """``None`` once ``run`` succeeds, or why its last of ``1 + retries`` attempts failed."""
         for attempt in range(1 + spec.retries):
-            if attempt:
-                logger.warning(
-                    "run %s failed (%s); attempt %d of %d in %.0f s",
-                    *(run.run_id, error.splitlines()[0], attempt + 1, 1 + spec.retries),
-                    spec.retry_delay_s,
-                )
-                time.sleep(spec.retry_delay_s)
             try:
-                sweep.execute_run(run, be, pool / run.run_id, on_round=on_round, **how)  # type: ignore[arg-type]
+                sweep.execute_run(run, be, pool / run.run_id, on_round=on_round, **how)
                 return None
             except sweep.RunFailedError as exc:
                 error = str(exc)
+            if attempt < spec.retries:
+                logger.warning(
+                    "run %s failed (%s); attempt %d of %d in %.0f s",
+                    *(run.run_id, error.splitlines()[0], attempt + 2, 1 + spec.retries),
+                    spec.retry_delay_s,
+                )
+                time.sleep(spec.retry_delay_s)
         return error
 
-    todo = sum(1 for _, state in planned if state is not RunState.DONE)
-    runs_bar = view.add_task("runs to do", total=min(todo, todo if max_runs is None else max_runs))
+    runs_bar = view.add_task("runs to do", total=len(todo))
     round_bar = view.add_task("round", total=1, visible=False)
     try:
         with view:
-            for run, state in planned:
-                if state is RunState.DONE:
-                    outcome.skipped += 1
-                    continue
-                if max_runs is not None and outcome.executed + len(outcome.failed) >= max_runs:
-                    break
+            for run, state in todo:
                 if state is not RunState.MISSING:
                     logger.info("run %s is %s: redoing it", run.run_id, state.value)
                 rounds = int(run.run_config["num-rounds"])

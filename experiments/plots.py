@@ -25,7 +25,7 @@ import numpy as np
 
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS, RunConfig
-from corbin_fl.experiments.results import GroupResult, Stat, group_label
+from corbin_fl.experiments.results import GroupResult, Stat, finite, group_label
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
 from corbin_fl.fsio import atomic_write_bytes
 
@@ -73,14 +73,14 @@ NO_DP_KIND = "no DP vs any threat model (A-D)"
 _KINDS: dict[str, tuple[str, str, str, str]] = {
     # guarantee class: DP against (of A, B), bar colour, legend entry, bar label
     PAIRED_KIND: ("A", "tab:blue", "ε_p/param. vs A only; no DP vs B",
-                  "ε_p={eps:g}/param.\nvs A only;\nno DP vs B"),
-    LDP_KIND: ("AB", "tab:green", "ε_p-LDP/param. vs A, B", "ε_p={eps:g}/param.\nvs A, B"),
+                  "ε_p={epsilon:g}/param.\nvs A only;\nno DP vs B"),
+    LDP_KIND: ("AB", "tab:green", "ε_p-LDP/param. vs A, B", "ε_p={epsilon:g}/param.\nvs A, B"),
     GAUSSIAN_KIND: ("AB", "tab:purple", "(ε_p, δ)-LDP/param. vs A, B",
-                    "(ε_p={eps:g}, δ={delta:g})\nper param. vs A, B"),
+                    "(ε_p={epsilon:g}, δ={delta:g})\nper param. vs A, B"),
     UPDATE_KIND: ("AB", "tab:orange", "(ε, δ)-DP/update vs A, B",
-                  "(ε={eps:g}, δ={delta:g})\nper update vs A, B"),
+                  "(ε={epsilon:g}, δ={delta:g})\nper update vs A, B"),
     CENTRAL_KIND: ("", "tab:red", "(ε, δ) central vs C; no DP vs A, B",
-                   "(ε={eps:g}, δ={delta:g})\ncentral vs C;\nno DP vs A, B"),
+                   "(ε={epsilon:g}, δ={delta:g})\ncentral vs C;\nno DP vs A, B"),
     NO_DP_KIND: ("", "tab:gray", "no DP vs A-D", "no DP vs A-D"),
 }  # fmt: skip
 DP_AGAINST = {kind: frozenset(v[0]) for kind, v in _KINDS.items()}
@@ -125,20 +125,13 @@ def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
     if (kind := guarantee_kind(mech)) is None:
         known = sorted(registry.REGISTRY)
         raise ValueError(f"no privacy guarantee is known for mechanism {mech!r}; known: {known}")
-    label, numbers = _KINDS[kind][3], {}
-    for key, name in (("epsilon", "eps"), ("delta", "delta")):
-        if "{" + name in label:
-            value = setting.get(key)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-            ):
-                raise ValueError(
-                    f"mechanism {mech!r}: the run config has no finite {key!r} ({value!r}); "
-                    "cannot state its privacy guarantee"
-                )
-            numbers[name] = float(value)
+    label = _KINDS[kind][3]
+    numbers = {key: finite(setting.get(key)) for key in ("epsilon", "delta") if "{" + key in label}
+    if (key := next((k for k, v in numbers.items() if v is None), None)) is not None:
+        raise ValueError(
+            f"mechanism {mech!r}: the run config has no finite {key!r} ({setting.get(key)!r}); "
+            "cannot state its privacy guarantee"
+        )
     return Guarantee(kind, label.format(**numbers))
 
 

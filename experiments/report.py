@@ -280,19 +280,12 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         notes.update(dict.fromkeys(f"{mech}: {note}" for note in report.get("notes", []) or []))
         tm = report.get("threat_models")
         tm = tm if isinstance(tm, Mapping) else {}
-        words.setdefault(
-            mech,
-            [f"- **{mech}**" + (f" ({label}):" if label != mech else ":")]
-            + [
-                f"  - {key}, {name}: {tm[key].get('guarantee', '')}"
-                for key, name in THREAT_MODELS.items()
-                if isinstance(tm.get(key), Mapping)
-            ],
-        )
+        if mech not in words:  # the first setting of each mechanism
+            said = [(k, n) for k, n in THREAT_MODELS.items() if isinstance(tm.get(k), Mapping)]
+            words[mech] = [f"- **{mech}**" + (f" ({label}):" if label != mech else ":")]
+            words[mech] += [f"  - {k}, {n}: {tm[k].get('guarantee', '')}" for k, n in said]
         eps_p = _num(report["eps_p"]) if report.get("eps_p") is not None else "— (no DP)"
-        rows.append(
-            [label, eps_p, *(_threat_model_cell(key, tm.get(key)) for key in THREAT_MODELS)]
-        )
+        rows.append([label, eps_p, *(_threat_model_cell(k, tm.get(k)) for k in THREAT_MODELS)])
     head = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in THREAT_MODELS.items()]
     lines = [_PRIVACY_INTRO, "", table(head, rows)]
     if words:
@@ -373,25 +366,18 @@ def finalize_federated(
             table(["setting", *(head for head, _ in _RESULT_COLUMNS)], rows),
         ),
     ]
-    if len(spec.lambda_grid) > 1:
+    if len(spec.lambda_grid) > 1:  # each lambda's mean, the chosen one ticked
 
         def cell(g: GroupResult, lam: float) -> str:
-            if (s := g.lambda_scores.get(float(lam))) is None:
-                return "—"
-            mean = "—" if not math.isfinite(s.mean) else f"{100 * s.mean:.2f}"
-            return f"{mean} ✓" if math.isclose(lam, g.global_lr) else mean
+            mean = g.lambda_scores.get(float(lam), Stat(math.nan, math.nan, 0)).mean
+            text = f"{100 * mean:.2f}" if math.isfinite(mean) else "—"
+            return f"{text} ✓" if math.isclose(lam, g.global_lr) else text
 
-        rows = [
-            [group_label(g.setting, keys), *(cell(g, lam) for lam in spec.lambda_grid)]
-            for g in groups
-        ]
-        lam_table = table(["setting", *(f"λ={lam:g}" for lam in spec.lambda_grid)], rows)
-        lines += [
-            "### Lambda selection (mean validation accuracy at the checkpoints)",
-            "",
-            lam_table,
-            "",
-        ]
+        lams = spec.lambda_grid
+        head = ["setting", *(f"λ={lam:g}" for lam in lams)]
+        rows = [[group_label(g.setting, keys), *(cell(g, lam) for lam in lams)] for g in groups]
+        lines += ["### Lambda selection (mean validation accuracy at the checkpoints)", ""]
+        lines += [table(head, rows), ""]
     targets = federated_targets(groups)
     lines += figures_section(figures, base) + section("Privacy", privacy_section(groups, keys))
     lines += section("Quick-scale targets", TARGET_RULE, targets_table(targets))

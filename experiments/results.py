@@ -84,7 +84,7 @@ class Selection:
     selected_by: str = "val_accuracy"
 
 
-def _finite(value: Any, default: float | None = None) -> float | None:
+def finite(value: Any, default: float | None = None) -> float | None:
     """``value`` as a float if it is a finite number (not a bool), else ``default``."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return default
@@ -92,7 +92,7 @@ def _finite(value: Any, default: float | None = None) -> float | None:
 
 
 def _or_nan(value: Any) -> float:
-    return _finite(value, math.nan)  # type: ignore[return-value]
+    return finite(value, math.nan)  # type: ignore[return-value]
 
 
 def select_round(rows: Sequence[Mapping[str, Any]]) -> Selection:
@@ -152,7 +152,7 @@ def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
         return obj
 
     return {
-        name: _finite(at(path)) if report is not None and (not when or at(when) is True) else None
+        name: finite(at(path)) if report is not None and (not when or at(when) is True) else None
         for name, (path, when) in _PRIVACY_FIELDS.items()
     }
 
@@ -211,7 +211,7 @@ def load_run(run_dir: Path) -> RunResult:
         global_lr=float(run_config["global-lr"]), rows=tuple(rows), summary=summary,
         selection=select_round(rows), final_test_accuracy=_or_nan(rows[-1].get("test_accuracy")),
         final_val_accuracy=_or_nan(rows[-1].get("val_accuracy")),
-        uplink_bytes=sum(_finite(b) or 0.0 for b in uplink),
+        uplink_bytes=sum(finite(b) or 0.0 for b in uplink),
         seconds=float(record.get("seconds", math.nan)), privacy=privacy_fields(summary),
     )  # fmt: skip
 
@@ -263,7 +263,7 @@ class GroupResult:
 
     def curve(self, metric: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-round ``(rounds, mean, std)`` of ``metric`` over the seeds (std 0 if one seed)."""
-        points = [(row.get("round"), _finite(row.get(metric))) for r in self.runs for row in r.rows]
+        points = [(row.get("round"), finite(row.get(metric))) for r in self.runs for row in r.rows]
         points = [(t, v) for t, v in points if isinstance(t, int) and v is not None]
         stats = pd.DataFrame(points, columns=["round", "v"]).groupby("round")["v"].agg(Stat.of)
         return (
