@@ -84,6 +84,8 @@ KILL_DELAY_S: Final[float] = 1.0
 """Seconds after round ``KILL_ROUND - 1``'s metrics row (the start of ``KILL_ROUND``)."""
 POLL_INTERVAL: Final[float] = 0.5
 """How often ``CorBin`` pulls replies by default (a term of the stage bound only)."""
+RAY_START_FAILED: Final[str] = "The current node timed out during startup"
+"""What Ray prints when its node did not start (a fixed 30 s for the raylet to register)."""
 FIRST_ROUND_STAGES, LATER_ROUND_STAGES = 3, 2
 """Relay mode (the default): keygen, pair and update in round 1; a steady round is one update
 stage (the pipelined relay), and a round after a drop adds a pair stage for the nodes that lost
@@ -533,12 +535,25 @@ def _simulate(
     rearm_timeout(ready + run + (refused if refused_too else 0) + 60)
     before = (app / "pyproject.toml").read_bytes()
     sim = Simulation(tmp_path, app)
+    ray_failed = 0  # runs that Ray's own node start-up failed (each listed as finished:failed)
+
+    def attempt(line: str, timeout: float) -> str:
+        """Run ``line``; once more if Ray could not start its node (Ray gives its raylet a
+        hard-coded 30 s to register, which an overloaded machine misses: a failure of the
+        machine, not of the run), with the test's limit moved on by the attempt's bound."""
+        nonlocal ray_failed
+        for _ in range(2):
+            out = sim.bash([export, line], timeout=timeout)
+            if RAY_START_FAILED not in out:
+                return out
+            ray_failed += 1
+            # the attempt again, then at most the rest of this function's waits
+            rearm_timeout(timeout + 2 * ready + (refused if refused_too else 0) + 60)
+        pytest.skip("Ray did not start its node within its fixed 30 s twice (machine overloaded)")
+
     try:
         sim.start_superlink(export, timeout=ready)
-        log = sim.bash([export, run_line], timeout=ready + run)
-        if "The current node timed out during startup" in log:
-            # Ray gives its raylet a hard-coded 30 s to register; an overloaded machine misses it.
-            pytest.skip("Ray could not start its node within its fixed 30 s (machine overloaded)")
+        log = attempt(run_line, ready + run)
         status = sim.bash([ls_line], timeout=ready)
         (superlink,) = sim.superlinks()
         # the README's `kill $(pgrep -f "...")` names this SuperLink (not run: see the docstring)
@@ -547,9 +562,9 @@ def _simulate(
         if refused_too:
             refused_line = run_line.replace("num-server-rounds=", "epsilon=4.0 num-server-rounds=")
             assert refused_line != run_line
-            refusal = sim.bash([export, refused_line], timeout=refused)
+            refusal = attempt(refused_line, refused)
             after = sim.bash([ls_line], timeout=ready)
-            assert after.count("finished:failed") == 1, after[-2000:]
+            assert after.count("finished:failed") == 1 + ray_failed, after[-2000:]
             assert "PolicyRefusedError: round 1: every sampled node" in refusal, refusal[-3000:]
             assert "epsilon 4 is above this node's corbin-max-epsilon 1" in refusal
             assert "corbin-max-epsilon >= 4" in refusal and "round 1: test accuracy" not in refusal
