@@ -21,6 +21,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,10 +184,8 @@ def measure_grid(
         for q, (s, ss) in pooled.items():
             mean = s / n
             var = (ss - n * mean * mean).clamp_min(0.0) / max(n - 1, 1)
-            out[f"{q}_measured"][k], out[f"{q}_se"][k] = (
-                mean.cpu().numpy(),
-                torch.sqrt(var / n).cpu().numpy(),
-            )
+            out[f"{q}_measured"][k] = mean.cpu().numpy()
+            out[f"{q}_se"][k] = torch.sqrt(var / n).cpu().numpy()
         out["corbin_closed"][k] = corbin_pair_mse(w1_f, w2_f, c, r, eps, d)
         out["ldpq_closed"][k] = ldpq_pair_mse(w1_f, w2_f, c, r, eps)
         logger.info(
@@ -476,17 +475,11 @@ def measure(
     ``on_step(what, done, total)`` as it goes."""
     assert spec.mse is not None
     step = on_step or (lambda what, done, total: None)
-    grid = measure_grid(
-        spec.mse, spec.seeds, device=device, on_step=lambda *a: step("grid (eps x seed)", *a)
-    )
-    save_measurement(root / "mse_grid.npz", grid)
+    how: dict[str, Any] = {"device": device, "on_step": partial(step, "grid (eps x seed)")}
+    save_measurement(root / "mse_grid.npz", measure_grid(spec.mse, spec.seeds, **how))
     if spec.mse.real_weights is not None:
-        real = measure_real_weights(
-            spec.mse,
-            spec.seeds[0],
-            device=device,
-            on_step=lambda *a: step("real weights (train, eps)", *a),
-        )
+        how["on_step"] = partial(step, "real weights (train, eps)")
+        real = measure_real_weights(spec.mse, spec.seeds[0], **how)
         save_measurement(root / "mse_real.npz", real)
 
 

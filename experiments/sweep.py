@@ -100,11 +100,9 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
     seen: set[str] = set()
     runs: list[Run] = []
     for grid in (spec.grid, *spec.extra_grids):
+        keys = [k for k, _ in grid]
         for combo in itertools.product(*(values for _, values in grid)):
-            cfg: dict[str, RunValue] = {
-                **spec.base,
-                **dict(zip([k for k, _ in grid], combo, strict=True)),
-            }
+            cfg: dict[str, RunValue] = {**spec.base, **dict(zip(keys, combo, strict=True))}
             n = cfg.pop(CLIENTS_KEY, spec.clients)
             if (key := canonical_json({"c": cfg, "n": n})) in seen:
                 continue
