@@ -295,11 +295,9 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
             f"{source}: plots.figures: {bad} not available for kind = {kind!r}; "
             f"choose from {', '.join(sorted(allowed))}"
         )
-    return ExperimentSpec(
-        **options, **_parse_sweep(raw, source, kind), seeds=top.get("seeds", (0,)),
-        lambda_grid=top.get("lambda_grid", (1.0,)), figures=tuple(figures),
-        source=Path(source) if source != "<spec>" else None,
-    )  # fmt: skip
+    source_path = Path(source) if source != "<spec>" else None
+    sweep = _parse_sweep(raw, source, kind)
+    return ExperimentSpec(**options, **top, **sweep, figures=tuple(figures), source=source_path)
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
