@@ -48,7 +48,9 @@ _COLUMN_OF_KEY = {"dropout-prob": "dropout", CLIENTS_KEY: "clients"}
 
 @dataclass(frozen=True)
 class Stat:
-    """Mean and sample standard deviation (``ddof = 1``) of ``n`` values; std is NaN if n < 2."""
+    """Mean and sample standard deviation (``ddof = 1``) of ``n`` values; std is NaN if n < 2.
+    The group-bys aggregate with :meth:`of` (pandas' Series mean and std, numpy's sums), not
+    with groupby's own mean and std, whose sums differ in the last bits."""
 
     mean: float
     std: float
@@ -266,11 +268,8 @@ class GroupResult:
         points = [(row.get("round"), finite(row.get(metric))) for r in self.runs for row in r.rows]
         points = [(t, v) for t, v in points if isinstance(t, int) and v is not None]
         stats = pd.DataFrame(points, columns=["round", "v"]).groupby("round")["v"].agg(Stat.of)
-        return (
-            stats.index.to_numpy(dtype=int),
-            np.array([s.mean for s in stats]),
-            np.array([s.spread for s in stats]),
-        )
+        means, spreads = [s.mean for s in stats], [s.spread for s in stats]
+        return stats.index.to_numpy(dtype=int), np.array(means), np.array(spreads)
 
 
 def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
@@ -279,7 +278,7 @@ def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
     ``ValueError`` without runs."""
     if not runs:
         raise ValueError("no runs to choose lambda from")
-    stats = runs_frame(runs).groupby("global_lr")["val"].agg(Stat.of)  # numpy's sums, as tables
+    stats = runs_frame(runs).groupby("global_lr")["val"].agg(Stat.of)
     best = stats.map(lambda s: s.mean).iloc[::-1].idxmax()  # the larger lambda on ties
     return float(best), {float(lam): stat for lam, stat in stats.items()}
 
