@@ -64,8 +64,7 @@ def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]
 def load_finished(spec: ExperimentSpec, results_root: Path) -> list[rs.RunResult]:
     """The finished runs of ``spec``, in sweep order."""
     pool = Path(results_root) / sweep.POOL_DIR
-    done = [r for r, state in plan(spec, results_root) if state is RunState.DONE]
-    return [rs.load_run(pool / r.run_id) for r in done]
+    return [rs.load_run(pool / r.run_id) for r, s in plan(spec, results_root) if s is RunState.DONE]
 
 
 def finalize(
@@ -211,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``corbin-fl experiment`` (``argv`` without the ``experiment`` word); returns 0, 1 (failed
     runs), 2 (invalid spec or arguments) or 130 (interrupted)."""
     try:
-        args = build_parser().parse_args(list(argv) if argv is not None else None)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and on errors (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
     from rich.console import Console

@@ -406,7 +406,7 @@ def accuracy_bar_figure(
         mean, std = _percent(stat, [])
         ax.bar(x + offset, mean, 0.4, yerr=std, **style, **extra)
     tops = [100 * (s.mean + s.spread) for s in (*stats[0], *stats[1]) if s.n]
-    ax.set_ylim(0.0, max(100.0, *tops) if tops else 100.0)
+    ax.set_ylim(0.0, max([100.0, *tops]))
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("test accuracy (%)")
     ax.grid(axis="y", alpha=0.3)

@@ -136,9 +136,8 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
 
     ldpfl = {key(g, "mechanism"): g for g in of("ldpfl")}
     fedavg = {key(g, "mechanism", "epsilon"): g for g in of("fedavg")}
-    corbin = sorted(
-        (g for g in of("corbin") if isinstance(g.setting.get("epsilon"), int | float)), key=eps
-    )
+    corbin = [g for g in of("corbin") if isinstance(g.setting.get("epsilon"), int | float)]
+    corbin.sort(key=eps)
     # The other keys that tell CorBin settings apart (dropout-prob, range-mode, ...) name
     # each comparison, so that two at one eps_p can be told apart.
     keys = sorted({k for c in corbin for k in c.setting} - {"epsilon"})
