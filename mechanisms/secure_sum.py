@@ -4,7 +4,9 @@ With secure aggregation (SecAgg+, Bell et al., CCS 2020; Bonawitz et al., CCS 20
 of threat model B learns, per parameter and round, only ``S = sum_i U_i``, the sum of the ``n``
 participating clients' quantized symbols (and who took part). This module is the math of the
 guarantee one client's symbols then get against that server. Pure NumPy / SciPy, plus
-``dp_accounting``'s privacy-loss-distribution (PLD) accountant for composition.
+``dp_accounting``'s privacy-loss-distribution (PLD) accountant for composition; the paper's
+closed forms (``alpha``, Theorem 3's condition and eq. (5)) come from
+:mod:`corbin_fl.mechanisms.theory`.
 
 Papers (public references): CorBin-FL = Salehi et al., "CorBin-FL: a differentially private
 federated learning mechanism using common randomness", arXiv:2409.13133 (Algorithms 1-2,
@@ -165,6 +167,13 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from corbin_fl.mechanisms.theory import (
+    Theorem3ConditionError,
+    alpha64,
+    theorem3_condition,
+    theorem3_epsilon_u,
+)
+
 __all__ = [
     "QUICK",
     "REPORT_MAX_N",
@@ -189,7 +198,6 @@ __all__ = [
     "pbm_range",
     "rr_range",
     "server_table",
-    "theorem3_condition",
 ]
 
 Array = NDArray[np.float64]
@@ -921,52 +929,6 @@ def _report(name: str, prof: SumProfile, m: int, rounds: int, delta: float) -> d
 # =================================================================================== Theorem 3
 
 
-class Theorem3ConditionError(ValueError):
-    """Raised when the condition of Theorem 3 (arXiv:2409.13133) on ``n`` does not hold."""
-
-
-def _alpha(eps_p: float) -> float:
-    return 1.0 / math.tanh(_positive(eps_p, "eps_p") / 2.0)
-
-
-def theorem3_condition(
-    eps_p: float, delta: float, n: int, gamma: float, m: int, r: float
-) -> tuple[bool, str]:
-    r"""``(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha)``: holds?, why."""
-    a = _alpha(eps_p)
-    delta = _probability(delta, "delta")
-    n = _integer(n, "n")
-    m = _integer(m, "m")
-    r = _positive(r, "r")
-    g = float(gamma)
-    if not 0.0 < g <= 1.0:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
-    lhs = (n * g - 1.0) * (0.25 - 0.25 / a**2)
-    t_log = 23.0 * math.log(m / delta)
-    t_r = 2.0 * r * a
-    rhs = max(t_log, t_r)
-    need = math.ceil((1.0 + rhs / (0.25 - 0.25 / a**2)) / g)
-    while (need * g - 1.0) * (0.25 - 0.25 / a**2) < rhs:
-        need += 1
-    if lhs >= rhs:
-        return True, (
-            f"holds: (n*gamma-1)(1/4-1/(4 alpha^2)) = {lhs:.6g} >= max(23 log(m/delta) = "
-            f"{t_log:.6g}, 2 r alpha = {t_r:.6g})"
-        )
-    fail = " and ".join(
-        s
-        for s, bad in (
-            (f"23 log(m/delta) = {t_log:.6g}", lhs < t_log),
-            (f"2 r alpha = {t_r:.6g}", lhs < t_r),
-        )
-        if bad
-    )
-    return False, (
-        f"Theorem 3 condition (n*gamma-1)(1/4-1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha) "
-        f"fails: {lhs:.6g} with n = {n}, gamma = {g} is below {fail}; it needs n >= {need}"
-    )
-
-
 def augcorbin_theorem3(
     eps_p: float,
     delta: float,
@@ -980,39 +942,22 @@ def augcorbin_theorem3(
     r"""Theorem 3 of arXiv:2409.13133 against the sum-seeing server, as stated.
 
     Each round the sum (an affine bijection of the aggregate ``W_g`` the theorem protects) is
-    ``(eps_u, delta)``-UCDP with eq. (5):
-
-    .. math::
-        \frac{\epsilon_u}{r\alpha} = \sqrt{\frac{8 m \log\frac{1.25}{\delta}}{(n\gamma-1) e_p}}
-        + \frac{8(\log\frac{1.25}{\delta} + \log\frac{20m}{\delta}\log\frac{10}{\delta})}
-               {3(n\gamma-1)}
-        + \frac{4 b_p \sqrt{2m}(1.75 + 3.75/\alpha^2)\sqrt{\log\frac{10}{\delta}}}
-               {(n\gamma-1)(1-\frac{\delta}{10}) e_p},
-
-    ``e_p = 1 + 1/alpha^2``, ``b_p = e_p/3 + 1/alpha``, under the condition
-    ``(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha)``. ``rounds`` rounds
-    compose as generic ``(eps_u, delta)``-DP mechanisms (``dp_accounting`` PLD, optimal for
-    that class), reported at ``delta_total = rounds * delta``.
+    ``(eps_u, delta)``-UCDP with ``eps_u`` from eq. (5)
+    (:func:`corbin_fl.mechanisms.theory.theorem3_epsilon_u`), under the theorem's condition on
+    ``n``, ``(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha)``
+    (:func:`corbin_fl.mechanisms.theory.theorem3_condition`, its ``standalone`` wording, which is
+    the ``reason``). ``rounds`` rounds compose as generic ``(eps_u, delta)``-DP mechanisms
+    (``dp_accounting`` PLD, optimal for that class), reported at ``delta_total = rounds * delta``.
 
     Raises
     ------
     Theorem3ConditionError
         If the condition fails; the message names the failing term and the smallest ``n``.
     """
-    ok, reason = theorem3_condition(eps_p, delta, n, gamma, m, r)
+    ok, reason = theorem3_condition(eps_p, delta, n, gamma, m, r, standalone=True)
     if not ok:
         raise Theorem3ConditionError(reason)
-    a = _alpha(eps_p)
-    e_p = 1.0 + 1.0 / a**2
-    b_p = e_p / 3.0 + 1.0 / a
-    big_n = n * float(gamma) - 1.0
-    l125 = math.log(1.25 / delta)
-    l10 = math.log(10.0 / delta)
-    t1 = math.sqrt(8.0 * m * l125 / (big_n * e_p))
-    t2 = 8.0 * (l125 + math.log(20.0 * m / delta) * l10) / (3.0 * big_n)
-    t3 = 4.0 * b_p * math.sqrt(2.0 * m) * (1.75 + 3.75 / a**2) * math.sqrt(l10)
-    t3 /= big_n * (1.0 - delta / 10.0) * e_p
-    eps_u = r * a * (t1 + t2 + t3)
+    eps_u = theorem3_epsilon_u(eps_p, delta, n, gamma, m, r)
     out: dict[str, Any] = {
         "applies": True,
         "reason": reason,
@@ -1051,7 +996,7 @@ def corbin_against_sum(eps_p: float, d: int, m: int, rounds: int) -> dict[str, A
     p_inf = max(0.0, b - q1)
     upd = -math.expm1(m * math.log1p(-p_inf)) if p_inf < 1 else 1.0
     allr = -math.expm1(m * rounds * math.log1p(-p_inf)) if p_inf < 1 else 1.0
-    alpha = _alpha(eps_p)
+    alpha = float(alpha64(eps_p))
     return {
         "mechanism": "corbin",
         "dp": False,

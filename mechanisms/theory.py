@@ -438,9 +438,9 @@ class Theorem3ConditionError(ValueError):
 
 
 def theorem3_condition(
-    eps_p: float, delta: float, n: int, gamma: float, m: int, r: float
+    eps_p: float, delta: float, n: int, gamma: float, m: int, r: float, *, standalone: bool = False
 ) -> tuple[bool, str]:
-    r"""Check the hypothesis of Theorem 3 on the number of clients.
+    r"""Check the hypothesis of Theorem 3 on the number of clients (the condition above eq. (5)).
 
     .. math:: (n\gamma - 1)\Big(\frac14 - \frac{1}{4\alpha^2(\epsilon_p)}\Big) \ge
               \max\Big(23 \log\frac{m}{\delta},\; 2 r \alpha(\epsilon_p)\Big).
@@ -459,6 +459,15 @@ def theorem3_condition(
         Number of model parameters.
     r : float
         ``max_j r_j``.
+    standalone : bool
+        How a failing condition is worded; the figures are the same. ``False``: a clause that
+        follows "Theorem 3 does not apply" (the report's threat model C),
+        ``"fails: (n*gamma-1)(1/4-1/(4 alpha^2)) = L with n = .., gamma = .. is below T; Theorem 3
+        needs n >= N"``. ``True``: a sentence that names the theorem and the whole inequality
+        (:func:`corbin_fl.mechanisms.secure_sum.augcorbin_theorem3`'s error, the report's threat
+        model B and the server table), ``"Theorem 3 condition (n*gamma-1)(1/4-1/(4 alpha^2)) >=
+        max(23 log(m/delta), 2 r alpha) fails: L with n = .., gamma = .. is below T; it needs
+        n >= N"``. A holding condition reads the same either way.
 
     Returns
     -------
@@ -486,9 +495,14 @@ def theorem3_condition(
     if lhs < t_r:
         failing.append(f"2 r alpha = {t_r:.6g}")
     need = theorem3_min_clients(eps_p, delta, gamma, m, r)
+    below = f"with n = {n}, gamma = {gamma} is below {' and '.join(failing)}"
+    if standalone:
+        return False, (
+            "Theorem 3 condition (n*gamma-1)(1/4-1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha) "
+            f"fails: {lhs:.6g} {below}; it needs n >= {need}"
+        )
     return False, (
-        f"fails: (n*gamma-1)(1/4-1/(4 alpha^2)) = {lhs:.6g} with n = {n}, gamma = {gamma} "
-        f"is below {' and '.join(failing)}; Theorem 3 needs n >= {need}"
+        f"fails: (n*gamma-1)(1/4-1/(4 alpha^2)) = {lhs:.6g} {below}; Theorem 3 needs n >= {need}"
     )
 
 
@@ -520,6 +534,8 @@ def theorem3_min_clients(eps_p: float, delta: float, gamma: float, m: int, r: fl
 
 
 def _eq5(eps_p: float, delta: float, n_gamma_minus_1: float, m: int, r: float) -> float:
+    """Eq. (5) of Theorem 3 with ``N = n gamma - 1`` given (:func:`theorem3_epsilon_u` has the
+    formula); Theorem 4 evaluates it at its Chebyshev ``gamma`` and ``delta_1``. No checks."""
     a = float(alpha64(eps_p))
     e_p = 1.0 + 1.0 / a**2
     b_p = e_p / 3.0 + 1.0 / a

@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from corbin_fl.mechanisms import secure_sum as ss
+from corbin_fl.mechanisms.theory import theorem3_condition, theorem3_epsilon_u
 
 DELTA = 1e-5
 
@@ -248,10 +249,14 @@ def test_one_bit_guarantee_is_finite_dp() -> None:
 def test_theorem3_condition_is_checked() -> None:
     with pytest.raises(ss.Theorem3ConditionError, match=r"23 log\(m/delta\).*n >= \d+"):
         ss.augcorbin_theorem3(1.0, DELTA, 100, 0.2, 421_642, 0.01)
-    ok, reason = ss.theorem3_condition(1.0, DELTA, 20_000, 0.5, 1000, 0.01)
+    ok, reason = theorem3_condition(1.0, DELTA, 20_000, 0.5, 1000, 0.01, standalone=True)
     assert ok, reason
     out = ss.augcorbin_theorem3(1.0, DELTA, 20_000, 0.5, 1000, 0.01, rounds=3)
-    assert out["applies"] and out["eps_u"] > 0
+    assert out["applies"] and out["eps_u"] > 0 and out["reason"] == reason
+    # one eq. (5): the server's (B) and a client's (C) Theorem 3 are the same number
+    assert out["eps_u"] == theorem3_epsilon_u(1.0, DELTA, 20_000, 0.5, 1000, 0.01)
+    at_03 = ss.augcorbin_theorem3(0.3, DELTA, 20_000, 0.5, 1000, 0.01)
+    assert at_03["eps_u"] == theorem3_epsilon_u(0.3, DELTA, 20_000, 0.5, 1000, 0.01)
     assert out["all_rounds"]["eps"] <= 3 * out["eps_u"] + 1e-9
 
 

@@ -239,6 +239,28 @@ def test_theorem3_condition_and_epsilon() -> None:
     assert "2 r alpha" in reason
 
 
+def test_theorem3_condition_standalone_wording_carries_the_same_figures() -> None:
+    """The sentence of secure_sum / threat model B and the clause of threat model C: one check."""
+    eps_p, delta, gamma, m, r = 0.3, 1e-5, 0.2, 421_642, 50.0
+    for n in (10, 100_000, 10**7):
+        ok, clause = theorem3_condition(eps_p, delta, n, gamma, m, r)
+        ok2, sentence = theorem3_condition(eps_p, delta, n, gamma, m, r, standalone=True)
+        assert ok == ok2
+        if ok:
+            assert sentence == clause and clause.startswith("holds: ")
+            continue
+        need = theorem3_min_clients(eps_p, delta, gamma, m, r)
+        head = "(n*gamma-1)(1/4-1/(4 alpha^2))"
+        assert clause.startswith(f"fails: {head} = ")
+        assert clause.endswith(f"; Theorem 3 needs n >= {need}")
+        assert sentence.startswith(
+            f"Theorem 3 condition {head} >= max(23 log(m/delta), 2 r alpha) fails: "
+        )
+        assert sentence.endswith(f"; it needs n >= {need}")
+        figures = clause.split(f"{head} = ")[1].split("; ")[0]
+        assert sentence.split(" fails: ")[1].split("; ")[0] == figures
+
+
 def test_theorem3_mse_bound_interpolates() -> None:
     for eps in EPS_GRID:
         assert theorem3_mse_bound(0.2, eps, 10, 0.0) == pytest.approx(theorem2_bound(0.2, eps, 10))
