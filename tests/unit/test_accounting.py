@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from report_keys import keys
 
 from corbin_fl.config import MECHANISMS as CONFIG_MECHANISMS
 from corbin_fl.mechanisms.accounting import (
@@ -306,15 +307,6 @@ def test_privacy_report_is_json_and_fast() -> None:
     assert rep["mse_bounds"]["corbin_theorem2"] < rep["mse_bounds"]["ldpfl"]
 
 
-def _keys(obj: object) -> set[str]:
-    """Every key of a nested JSON object."""
-    if isinstance(obj, dict):
-        return set(obj) | set().union(*(_keys(v) for v in obj.values()))
-    if isinstance(obj, list):
-        return set().union(*(_keys(v) for v in obj))
-    return set()
-
-
 def _reports() -> dict[str, dict]:
     return {
         mech: privacy_report(mech, 1.0, 1e-5, 5_000, 7, d=5, gamma=0.2, n=10, r=0.05)
@@ -354,7 +346,7 @@ def test_every_run_mechanism_has_one_guarantee_per_threat_model() -> None:
             assert entry["headline"].startswith("no DP") is not entry["dp"], (mech, key)
             assert entry["guarantee"].startswith("No DP") is not entry["dp"], (mech, key)
             if not entry["dp"]:
-                assert "delta" not in _keys(entry) and "eps" not in _keys(entry), (mech, key)
+                assert "delta" not in keys(entry) and "eps" not in keys(entry), (mech, key)
             else:
                 assert {"per_parameter", "per_update", "ucdp_theorem3"} & set(entry), (mech, key)
 
@@ -394,7 +386,7 @@ def test_threat_model_numbers_are_the_exact_compositions() -> None:
 def test_no_dp_mechanisms_have_no_delta_anywhere() -> None:
     for mech in ("fedavg", "vanilla", "cq"):
         rep = privacy_report(mech, None, 1e-5, 100, 10)
-        assert "delta" not in _keys(rep), mech
+        assert "delta" not in keys(rep), mech
         assert rep["eps_p"] is None and not any(e["dp"] for e in rep["threat_models"].values())
     assert privacy_report("vanilla", None, 1e-5, 100, 10)["mechanism"] == "fedavg"
 
@@ -489,7 +481,7 @@ def test_every_committed_run_is_in_the_current_layout() -> None:
         no_dp_vs_server = ("corbin", "augcorbin", "fedavg", "cq", "signsgd", "central-gaussian")
         assert tm["B"]["dp"] is (mech not in no_dp_vs_server), path
         if mech in ("fedavg", "cq"):
-            assert "delta" not in _keys(report), path
+            assert "delta" not in keys(report), path
         seen.add(mech)
     assert {"corbin", "ldpfl", "fedavg"} <= seen
 

@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from report_keys import keys
 
 from corbin_fl import registry
 from corbin_fl.config import RunConfig
 from corbin_fl.mechanisms import secure_sum as ss
 from corbin_fl.mechanisms.accounting import privacy_report
 from corbin_fl.mechanisms.secure_sum import SumView
+from corbin_fl.mechanisms.theory import theorem3_condition
 from corbin_fl.server.records import build_summary, privacy_summary, sum_view
 
 DELTA = 1e-5
@@ -46,14 +48,6 @@ FROZEN_CONFIGS: dict[str, dict[str, Any]] = {
     "gaussian": {"mechanism": "gaussian", "epsilon": 1.0},
     "central-gaussian": {"mechanism": "central-gaussian", "epsilon": 2.0, "num_rounds": 7},
 }
-
-
-def _keys(obj: object) -> set[str]:
-    if isinstance(obj, dict):
-        return set(obj) | set().union(*(_keys(v) for v in obj.values()))
-    if isinstance(obj, list):
-        return set().union(*(_keys(v) for v in obj))
-    return set()
 
 
 def _secure(mech: str, view: SumView, **kw: Any) -> dict[str, Any]:
@@ -149,7 +143,7 @@ def test_corbin_has_no_dp_against_the_sum_and_says_why() -> None:
     assert "randomized rounding of q1 + q2" in b["guarantee"]
     assert b["sum"]["per_parameter"]["inf_mass"] == c["per_parameter"]["inf_mass"]
     assert b["sum"]["per_update"]["delta_lower_bound"] == c["per_update"]["delta_lower_bound"]
-    assert "delta" not in _keys(b) and "eps" not in _keys(b)
+    assert "delta" not in keys(b) and "eps" not in keys(b)
     assert "pair_joint" not in b  # the server sees no pair's two bits
 
 
@@ -161,14 +155,14 @@ def test_augcorbin_theorem3_condition_false_is_stated_with_the_n_it_needs() -> N
     assert b["dp"] is False and b["headline"] == "no DP (too few independent clients)"
     assert b["ucdp_theorem3"]["applies"] is False
     assert "does not apply" in b["guarantee"] and "it needs n >=" in b["guarantee"]
-    assert "delta" not in _keys(b["ucdp_theorem3"]) and "eps" not in _keys(b)
+    assert "delta" not in keys(b["ucdp_theorem3"]) and "eps" not in keys(b)
 
 
 def test_augcorbin_theorem3_condition_true_gives_dp(monkeypatch: pytest.MonkeyPatch) -> None:
     """(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha): Theorem 3 holds."""
     monkeypatch.setattr(ss, "REPORT_MAX_N", 40)  # the exact profile at 40 (sound, fast)
     n, ind, m = 4000, 2000, 100
-    ok, _ = ss.theorem3_condition(1.0, DELTA, n, ind / n, m, 0.01)
+    ok, _ = theorem3_condition(1.0, DELTA, n, ind / n, m, 0.01)
     assert ok
     view = SumView(n, independent=ind, paired=True, rounds=2)
     rep = _secure("augcorbin", view, m=m, T=2, d=5, gamma=0.5, r=0.01)
@@ -196,7 +190,7 @@ def test_augcorbin_exact_bound_without_theorem3_is_dp_and_says_the_condition_fai
 def test_signsgd_sum_has_no_dp() -> None:
     rep = _secure("signsgd", SumView(10), eps_p=None)
     b = rep["threat_models"]["B"]
-    assert b["dp"] is False and "delta" not in _keys(rep) and "eps" not in _keys(b)
+    assert b["dp"] is False and "delta" not in keys(rep) and "eps" not in keys(b)
 
 
 # ------------------------------------------------------------------ A, C, D
@@ -234,7 +228,7 @@ def test_a_unchanged_d_keeps_its_guarantee_and_names_the_attacks(
         assert entry["headline"].startswith("no DP") is not entry["dp"], (mech, key)
         assert entry["guarantee"].startswith("No DP") is not entry["dp"], (mech, key)
         if not entry["dp"]:
-            assert "delta" not in _keys(entry) and "eps" not in _keys(entry), (mech, key)
+            assert "delta" not in keys(entry) and "eps" not in keys(entry), (mech, key)
     assert not any("pair-joint" in note for note in rep["notes"])
 
 
