@@ -30,13 +30,6 @@ import pytest
 from docker_helpers import REPO, BuiltImages, Docker, wait_for
 from waits import ClientAppTiming
 
-# The demo and the TLS override (test_tls.py) are one compose project, `corbin-fl`, on the same
-# subnets: on pytest-xdist (.ci/run runs this layer on two workers) one worker runs both, one
-# after the other, while the separate-machines projects (test_machines.py) run on the other.
-# The image test has no compose project: it goes to the machines' worker, which has the shorter
-# tests (two workers, images built: 395 s and 340 s instead of 455 s and 280 s).
-ON_THE_DEMO_WORKER = pytest.mark.xdist_group("compose-project-corbin-fl")
-
 DEMO_MIN_ACCURACY = 0.5
 """Test accuracy floor of the demo run's last round (chance 0.1; the app's defaults reach about
 0.8 with 3 clients in two rounds at eps_p = 1; the 1,000 test digits give a binomial std of
@@ -100,7 +93,6 @@ def _layer_findings(tar: tarfile.TarFile, marker: str) -> Iterator[str]:
             yield f"{member.name}: the build secret's certificate"
 
 
-@pytest.mark.xdist_group("compose-projects-machines")
 def test_images_non_root_without_secrets(docker_cli: Docker, images: BuiltImages) -> None:
     """Every image ends as the non-root user; no layer holds a key, the CA secret or a cert of
     ours; every image's size is printed."""
@@ -180,7 +172,6 @@ def _metrics(compose: Docker, out_dir: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in res.splitlines() if line.strip()]
 
 
-@ON_THE_DEMO_WORKER
 def test_containers_run_as_the_app_user(docker_cli: Docker, demo: Demo) -> None:
     """Every running container of the demo runs its processes as uid 49999."""
     compose = Docker(env={**docker_cli.env, **demo.env})
@@ -189,7 +180,6 @@ def test_containers_run_as_the_app_user(docker_cli: Docker, demo: Demo) -> None:
         assert uid == "49999", f"{service} runs as uid {uid}"
 
 
-@ON_THE_DEMO_WORKER
 def test_documented_run_learns_through_a_kill_and_a_rejoin(
     docker_cli: Docker, demo: Demo, flwr_home_docker: Path
 ) -> None:

@@ -38,9 +38,6 @@ import pytest
 from docker_helpers import N_CLIENTS, REPO, BuiltImages, Docker, wait_for
 from waits import ClientAppTiming
 
-# Projects, subnets (10.213.2-9) and ports of their own: beside the demo on pytest-xdist.
-pytestmark = pytest.mark.xdist_group("compose-projects-machines")
-
 ROUNDS = 3
 """Round 1 before the SuperLink is killed, round 2 across its restart, round 3 after it."""
 ROUND1_MIN_ACCURACY = 0.3

@@ -26,11 +26,16 @@ import pytest
 from docker_helpers import REPO, BuiltImages, Docker, wait_for
 from waits import ClientAppTiming
 
-# The demo's compose project (`corbin-fl`) with the override: the demo's worker (test_demo.py).
-pytestmark = pytest.mark.xdist_group("compose-project-corbin-fl")
-
 N_CLIENTS = 3
 FILES = ["docker-compose.yml", "docker-compose.tls.yml"]
+PROJECT = {
+    "COMPOSE_PROJECT_NAME": "corbin-fl-tls",
+    "CORBIN_FL_SUBNET": "10.213.10.0/24",
+    "CORBIN_EDGE_SUBNET": "10.213.11.0/24",
+}
+"""The deployment's compose project and subnets (the compose files' settable subnets, as
+test_machines.py sets them): the one-host demo (test_demo.py, project `corbin-fl` on
+10.213.0-1) may run at the same time (.ci/run runs this layer on two workers)."""
 MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
 REGISTER = REPO / "docker" / "certs" / "register-nodes.sh"
 
@@ -87,7 +92,7 @@ def tls(
     _make_certs(other, 1)  # another CA and an unregistered node key
     _give_to_containers(certs / "superlink", *certs.glob("node-*"), other / "node-1")
     port = _free_port()
-    env = {**docker_cli.env, "SUPERLINK_PORT": str(port), "CERTS_DIR": str(certs)}
+    env = {**docker_cli.env, **PROJECT, "SUPERLINK_PORT": str(port), "CERTS_DIR": str(certs)}
     compose = Docker(env=env)
     home = base / "flwr-home"
     home.mkdir()
@@ -95,7 +100,8 @@ def tls(
         '[superlink]\ndefault = "docker-tls"\n\n[superlink.docker-tls]\n'
         f'address = "127.0.0.1:{port}"\nroot-certificates = "{certs / "ca" / "ca.crt"}"\n'
     )
-    project_cleanup.append([arg for f in FILES for arg in ("-f", f)])
+    files = [arg for f in FILES for arg in ("-f", f)]
+    project_cleanup.append(["-p", PROJECT["COMPOSE_PROJECT_NAME"], *files])
     probe = clientapp_probe
     services = compose.compose(FILES, "config", "--services").split()
     healthy_wait = probe.startup_timeout(len(services)) * len(services)
@@ -169,7 +175,7 @@ def test_documented_tls_run_completes(tls: Tls) -> None:
 
 def _lone_supernode(tls: Tls, name: str, certs: Path, *extra: str) -> subprocess.Popen[str]:
     """A SuperNode container of the TLS deployment's network with ``certs`` at /certs."""
-    network = "corbin-fl_fl"
+    network = f"{PROJECT['COMPOSE_PROJECT_NAME']}_fl"
     argv = [
         *("docker", "run", "--rm", "--name", name, "--network", network),
         *("-v", f"{certs}:/certs:ro", "corbin-fl/supernode:0.1.0"),
