@@ -26,6 +26,11 @@ SUPERNODE_REPLY_POLL_S: Final[float] = 0.5
 """While a ClientApp runs, its SuperNode checks for the reply every 0.5 s (fixed in Flower)."""
 
 
+RAY_START_FAILED: Final[str] = "The current node timed out during startup"
+"""What a simulation run prints when Ray's own node did not start: Ray gives its raylet a fixed
+30 s to register, which an overloaded machine can miss (a failure of the machine, not the run)."""
+
+
 SUPEREXEC_POLL_S: Final[float] = float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1.0"))
 """The SuperExec that starts each ClientApp process polls for tasks this often (Flower's
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, default 1 s; tests/conftest.py sets 1 s for the suite)."""

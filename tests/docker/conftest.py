@@ -1,7 +1,7 @@
 """The Docker layer: real images built and real containers started on a real Docker engine.
 
 Every test under ``tests/docker/`` is marked ``docker`` and runs only when asked for with
-``-m docker`` (``.ci/run`` runs ``python -m pytest -m docker`` after the main suite). Without a
+``-m docker`` (``.ci/run`` runs ``python -m pytest -m docker`` after the system layer). Without a
 reachable engine the tests skip and say why.
 
 The images are built once per session (or before it, by ``.ci/run``) with the commands
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,8 +65,6 @@ def images(
     take the lock builds and writes the record beside the workers' temp folders, and the others
     read it, so the marker every worker looks for in the layers is the one the build was given.
     """
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is missing (apt-get install openssl)")
     if given := os.environ.get("CORBIN_DOCKER_IMAGES"):
         built = read_record(Path(given))
         for name in built.names:

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,7 +77,10 @@ def marker_bundle(folder: Path, ca: str | None) -> tuple[Path, str]:
     """The builds' CA bundle: ``ca`` (if any) plus a fresh self-signed marker certificate.
 
     Returns the bundle and the marker's base64 body, which must be in no image layer.
+    ``RuntimeError`` if openssl is missing.
     """
+    if shutil.which("openssl") is None:
+        raise RuntimeError("openssl is missing (apt-get install openssl)")
     key, crt = folder / "marker.key", folder / "marker.crt"
     subprocess.run(
         [
@@ -139,7 +143,11 @@ def main(argv: list[str]) -> int:
         sys.exit("error: no Docker engine reachable with a BuildKit-capable docker CLI")
     with tempfile.TemporaryDirectory(prefix="corbin-fl-images-") as tmp:
         docker = docker_on_path(cli, Path(tmp))
-        write_record(build_images(docker, Path(tmp)), Path(argv[0]))
+        try:
+            built = build_images(docker, Path(tmp))
+        except RuntimeError as exc:
+            sys.exit(f"error: {exc}")
+        write_record(built, Path(argv[0]))
     return 0
 
 

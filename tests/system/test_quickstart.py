@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from waits import REPO_ROOT, ClientAppTiming
+from waits import RAY_START_FAILED, REPO_ROOT, ClientAppTiming
 
 from corbin_fl.deploy.flower import (
     FlowerCli,
@@ -84,8 +84,6 @@ KILL_DELAY_S: Final[float] = 1.0
 """Seconds after round ``KILL_ROUND - 1``'s metrics row (the start of ``KILL_ROUND``)."""
 POLL_INTERVAL: Final[float] = 0.5
 """How often ``CorBin`` pulls replies by default (a term of the stage bound only)."""
-RAY_START_FAILED: Final[str] = "The current node timed out during startup"
-"""What Ray prints when its node did not start (a fixed 30 s for the raylet to register)."""
 FIRST_ROUND_STAGES, LATER_ROUND_STAGES = 3, 2
 """Relay mode (the default): keygen, pair and update in round 1; a steady round is one update
 stage (the pipelined relay), and a round after a drop adds a pair stage for the nodes that lost
@@ -538,9 +536,8 @@ def _simulate(
     ray_failed = 0  # runs that Ray's own node start-up failed (each listed as finished:failed)
 
     def attempt(line: str, timeout: float) -> str:
-        """Run ``line``; once more if Ray could not start its node (Ray gives its raylet a
-        hard-coded 30 s to register, which an overloaded machine misses: a failure of the
-        machine, not of the run), with the test's limit moved on by the attempt's bound."""
+        """Run ``line``; once more if Ray could not start its node (:data:`RAY_START_FAILED`),
+        with the test's limit moved on by the attempt's bound."""
         nonlocal ray_failed
         for _ in range(2):
             out = sim.bash([export, line], timeout=timeout)
