@@ -32,7 +32,7 @@ import torch
 from corbin_fl.devices import pick_device
 from corbin_fl.experiments import report as rp
 from corbin_fl.experiments.plots import THREAT_NOTE, annotate, new_figure, save
-from corbin_fl.experiments.results import Stat, write_table
+from corbin_fl.experiments.results import TEXTS, Stat, write_table
 from corbin_fl.experiments.spec import ExperimentSpec, MSESpec
 from corbin_fl.fsio import atomic_write_bytes, atomic_write_text
 
@@ -98,11 +98,9 @@ class GridMSE(_Measurement):
         draw gave one error) scores 0 if the two agree to ``1e-6`` of the largest closed form
         at that eps (the quantizers work in float32), ``inf`` otherwise."""
         meas, se, closed = self.of(q)
-        diff = meas - closed
-        tol = 1e-6 * np.abs(closed).max(axis=(1, 2), keepdims=True)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.where(se > 0, diff / np.where(se > 0, se, 1.0), 0.0)
-        return np.where((se == 0) & (np.abs(diff) > tol), np.inf, z)
+        diff, tol = meas - closed, 1e-6 * np.abs(closed).max(axis=(1, 2), keepdims=True)
+        z = diff / np.where(se > 0, se, 1.0)
+        return np.where(se > 0, z, np.where(np.abs(diff) > tol, np.inf, 0.0))
 
 
 @dataclass(frozen=True)
@@ -188,11 +186,8 @@ def measure_grid(
             out[f"{q}_se"][k] = torch.sqrt(var / n).cpu().numpy()
         out["corbin_closed"][k] = corbin_pair_mse(w1_f, w2_f, c, r, eps, d)
         out["ldpq_closed"][k] = ldpq_pair_mse(w1_f, w2_f, c, r, eps)
-        logger.info(
-            "eps=%g: CorBinQ %.5g (closed %.5g), LDPQ %.5g (closed %.5g)",
-            eps,
-            *(out[f"{q}_{part}"][k].mean() for q in _NAMES for part in ("measured", "closed")),
-        )
+        means = (out[f"{q}_{part}"][k].mean() for q in _NAMES for part in ("measured", "closed"))
+        logger.info("eps=%g: CorBinQ %.5g (closed %.5g), LDPQ %.5g (closed %.5g)", eps, *means)
     out |= {"w": w, "center": c, "radius": r, "samples_per_seed": spec.samples}
     return GridMSE(
         epsilons=tuple(map(float, spec.epsilons)), d=d, seeds=tuple(map(int, seeds)), **out
@@ -210,7 +205,7 @@ def measure_real_weights(
     from corbin_fl.app.data import client_dataset, dataset_info
     from corbin_fl.app.models import build_model
     from corbin_fl.app.training import train_local
-    from corbin_fl.layout import flatten, layout_of
+    from corbin_fl.layout import flatten, layer_ids, layout_of
     from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
 
     dev, step = pick_device(device), on_step or (lambda done, total: None)
@@ -223,12 +218,9 @@ def measure_real_weights(
         data = client_dataset(rw.dataset, k, rw.num_partitions, **part)
         train_local(model := copy.deepcopy(init), data, seed=int(seed) + k, **how)
         w.append(flatten(model).to(dev))
-    layout = layout_of(init)
-    sizes = list(layout.sizes)
     step(1, len(spec.epsilons) + 1)
-    layer_of = torch.repeat_interleave(
-        torch.arange(len(sizes), device=dev), torch.tensor(sizes, device=dev)
-    )
+    layout = layout_of(init)
+    sizes, layer_of = list(layout.sizes), layer_ids(layout, dev)
     c_list, r_list = [], []
     for a, b in zip(w[0].split(sizes), w[1].split(sizes), strict=True):
         lo, hi = float(torch.minimum(a.min(), b.min())), float(torch.maximum(a.max(), b.max()))
@@ -236,7 +228,7 @@ def measure_real_weights(
         r_list.append(max((hi - lo) / 2, 1e-3))
     c, r = (torch.tensor(v, dtype=torch.float32, device=dev)[layer_of] for v in (c_list, r_list))
     res: dict[str, Any] = {name: np.zeros((len(spec.epsilons), len(sizes) + 1)) for name in _ARRAYS}
-    size_np = np.asarray(sizes, dtype=float)
+    size_np, layer_np = np.asarray(sizes, dtype=float), layer_of.cpu().numpy()
 
     def layer_means(sums: np.ndarray) -> np.ndarray:
         """Per-layer means of per-layer sums, then the mean over every parameter (``"all"``)."""
@@ -248,9 +240,8 @@ def measure_real_weights(
         gen.manual_seed(int(seed) * 1_000_003 + 7919 * k + 1)
         per_rep = {q: np.zeros((rw.repeats, len(sizes) + 1)) for q in _NAMES}
         for rep in range(rw.repeats):
-            for q, err in zip(
-                _NAMES, _pair_errors(w[0], w[1], c, r, eps, spec.d, 1, gen), strict=True
-            ):
+            errors = _pair_errors(w[0], w[1], c, r, eps, spec.d, 1, gen)
+            for q, err in zip(_NAMES, errors, strict=True):
                 sums = torch.zeros(len(sizes), dtype=torch.float64, device=dev)
                 per_rep[q][rep] = layer_means(sums.index_add_(0, layer_of, err[0]).cpu().numpy())
         closed = {
@@ -262,9 +253,7 @@ def measure_real_weights(
             res[f"{q}_se"][k] = (
                 arr.std(axis=0, ddof=1) / math.sqrt(rw.repeats) if rw.repeats > 1 else 0.0
             )
-            binned = np.bincount(
-                layer_of.cpu().numpy(), weights=np.asarray(closed[q]), minlength=len(sizes)
-            )
+            binned = np.bincount(layer_np, weights=np.asarray(closed[q]), minlength=len(sizes))
             res[f"{q}_closed"][k] = layer_means(binned)
         step(k + 2, len(spec.epsilons) + 1)
     res |= {"layers": (*layout.names, "all"), "sizes": (*sizes, sum(sizes)), "repeats": rw.repeats}
@@ -420,14 +409,7 @@ def real_weights_figure(real: RealWeightsMSE) -> Figure:
     return fig
 
 
-TARGET_RULE = (
-    "The agreement target passes when every measured average is within 3 standard errors of "
-    "its closed form (|z| <= 3). The ratio target reads the two-sided "
-    f"{100 * rp.CONFIDENCE:g}% normal interval of the measured ratio (delta-method SE from the "
-    "standard errors of the two MSEs): **PASS** when the whole interval lies below 1/2, **MISS** "
-    "when it lies above, **not resolved** when it contains 1/2; with several comparisons a MISS "
-    "if one misses, else not resolved if one is not resolved, else PASS."
-)
+TARGET_RULE = TEXTS["mse-target-rule"].format(confidence=100 * rp.CONFIDENCE)
 """The rule of the MSE target checks, stated above their table in the MSE report."""
 
 
@@ -503,15 +485,6 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
         write_table(root / "mse_real_weights.csv", table(real))
         draw["mse-real-weights"] = lambda: real_weights_figure(real)
     figures = {n: save(draw[n](), root / "figures" / f"{n}.png") for n in spec.figures if n in draw}
-    setup = [
-        f"- center c = {m.center:g}, radius r = {m.radius:g}, shared bits d = {m.d}",
-        f"- grid: {m.grid_points} x {m.grid_points} points (w1, w2) in [c - r, c + r]^2",
-        f"- draws: {m.samples} per point per seed; seeds {list(grid.seeds)}",
-        "- pair MSE = E[(Q1(w1) + Q2(w2) - w1 - w2)^2]; CorBinQ = Alg. 2 (lead rule for w1, "
-        "follow rule for w2, one uniform codeword z in [0, 2^d)); LDPQ = two independent Alg. 1",
-        "- closed forms: `mechanisms.theory.corbin_pair_mse` (exact, finite d) and "
-        "`mechanisms.theory.ldpq_pair_mse`",
-    ]
     avg = {q: grid.averages(q) for q in _NAMES}
     within = {q: np.abs(grid.z_scores(q)) <= 3 for q in _NAMES}
     rows = []
@@ -531,23 +504,15 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
     points = "points within 3 SE (CorBinQ / LDPQ)"
     lines = [
         *rp.header(spec, command),
-        *rp.section("Setup", "\n".join(setup)),
+        *rp.section("Setup", TEXTS["mse-setup"].format(m=m, seeds=list(grid.seeds))),
         *rp.section(
             "Grid-averaged pair MSE",
-            "Measured: mean ± std over seeds of the grid average (pooled SE in parentheses); "
-            "z = (measured - closed) / SE; 'points within 3 SE' counts the grid points whose "
-            "measured MSE is within 3 SE of the closed form.",
+            TEXTS["mse-grid-intro"],
             rp.table(["eps_p", *header, "ratio measured (closed)", points], rows),
         ),
     ]
     if real is not None and (rw := m.real_weights) is not None:
-        text = (
-            f"Two clients trained `{rw.model}` on `{rw.dataset}` for {rw.local_epochs} local "
-            f"epoch(s) (batch {rw.batch_size}, IID partitions 0 and 1 of {rw.num_partitions}) "
-            "from the same initial weights; per-layer c and r from the layer-wise min/max over "
-            f"both clients; {real.repeats} quantizations per eps. Per-parameter pair MSE, "
-            "measured ± SE (closed form):"
-        )
+        text = TEXTS["mse-real-weights"].format(rw=rw, repeats=real.repeats)
         (cm, cs, cc), (lm, _, lc) = real.of("corbin"), real.of("ldpq")
         rows = [
             [name, str(real.sizes[i]), f"{real.radius[i]:.3g}"]
@@ -564,9 +529,6 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
     targets = mse_targets(grid, real)
     lines += rp.figures_section(figures, root)
     lines += rp.section("Quick-scale targets", TARGET_RULE, rp.targets_table(targets))
-    files = [
-        "- `mse_grid.csv`: per (eps, w1, w2): measured mean, SE and closed form, both quantizers",
-        "- `mse_real_weights.csv`: per (eps, layer): per-parameter pair MSE" if real else "",
-    ]
-    atomic_write_text(path, "\n".join(lines + rp.section("Files", "\n".join(files))))
+    files = TEXTS["mse-files"] if real else TEXTS["mse-files"].splitlines()[0]
+    atomic_write_text(path, "\n".join(lines + rp.section("Files", files)))
     return targets, path

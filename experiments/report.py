@@ -31,18 +31,7 @@ Status = Literal["PASS", "MISS", "not resolved", "N/A"]
 CONFIDENCE = 0.95
 """Confidence of the two-sided interval a target check reads (:func:`verdict`)."""
 
-TARGET_RULE = (
-    "Each target claims a difference. Its check reads the two-sided "
-    f"{100 * CONFIDENCE:g}% confidence interval of that difference, Welch's t interval of the "
-    "difference of the two mean test accuracies over seeds (standard error "
-    "sqrt(s_a^2 / n_a + s_b^2 / n_b) from each setting's sample std s and number of seeds n, "
-    "Welch-Satterthwaite degrees of freedom). **PASS**: the whole interval lies on the "
-    "side of the threshold the target claims; **MISS**: the whole interval lies on the other "
-    "side; **not resolved**: the interval contains the threshold, so the seeds cannot tell "
-    "(a setting with one seed has no interval). A target with several comparisons is a MISS if "
-    "one misses, else not resolved if one is not resolved, else PASS. The numbers give each "
-    "difference, its standard error (SE), its interval and the degrees of freedom (df)."
-)
+TARGET_RULE = rs.TEXTS["target-rule"].format(confidence=100 * CONFIDENCE)
 """The rule of the target checks, stated above their table in every federated report."""
 
 
@@ -225,21 +214,6 @@ def targets_table(targets: Sequence[Target]) -> str:
     return table(head, [[t.name, f"**{t.status}**", t.detail] for t in targets])
 
 
-_PRIVACY_INTRO = (
-    "From each run's `summary.json` (`mechanisms.accounting.privacy_report`, evaluated by "
-    "the ServerApp on the run's actual m parameters, T rounds and clients; see SECURITY.md). "
-    "One column per adversary; **no DP** means the report gives no differential-privacy "
-    "guarantee against it. **eps_p**: per-parameter PLDP budget (paper eq. 3). "
-    "**A, eavesdropper on one uplink**: each parameter's guarantee, then the exact "
-    "(eps, δ) of one client update of m parameters and of all T rounds. "
-    "**B, server that sees every bit** (honest but curious): for paired mechanisms the "
-    "lower bound on δ of the pair-joint view shows why there is no DP. "
-    "**C, malicious client**: it receives only the global model (and, when paired, its "
-    "partner's common randomness). **D, malicious server**: it can learn every pair's "
-    "common randomness and sets epsilon and the rounds."
-)
-
-
 def _threat_model_cell(key: str, entry: Any) -> str:
     """A threat model's guarantee in a cell: "**no DP**" first, or the headline with threat
     model A's composed (eps, delta)."""
@@ -286,7 +260,7 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         eps_p = _num(report["eps_p"]) if report.get("eps_p") is not None else "— (no DP)"
         rows.append([label, eps_p, *(_threat_model_cell(k, tm.get(k)) for k in THREAT_MODELS)])
     head = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in THREAT_MODELS.items()]
-    lines = [_PRIVACY_INTRO, "", table(head, rows)]
+    lines = [rs.TEXTS["privacy-intro"], "", table(head, rows)]
     if words:
         lines += ["", "The guarantees in words (first setting of each mechanism):", ""]
         lines += [line for block in words.values() for line in block]
@@ -361,7 +335,7 @@ def finalize_federated(
         *section("Model selection", rs.SELECTION_RULE),
         *section(
             "Results",
-            "Accuracies in percent, mean ± sample std over seeds, at each setting's chosen lambda.",
+            rs.TEXTS["results-intro"],
             table(["setting", *(head for head, _ in _RESULT_COLUMNS)], rows),
         ),
     ]
@@ -381,19 +355,12 @@ def finalize_federated(
     lines += figures_section(figures, base) + section("Privacy", privacy_section(groups, keys))
     lines += section("Quick-scale targets", TARGET_RULE, targets_table(targets))
     if (discussion := base / DISCUSSION_FILE).is_file():
-        why = f"(Written by hand in `{DISCUSSION_FILE}` next to this report; kept when the report "
-        why += "is regenerated.)"
+        why = rs.TEXTS["discussion-note"].format(file=DISCUSSION_FILE)
         lines += section("Discussion", why, discussion.read_text(encoding="utf-8").strip())
     if failures:
         failed = [f"- `{rid}`: {r.splitlines()[0] if r else ''}" for rid, r in failures.items()]
         lines += section("Failed runs (redone on the next invocation)", "\n".join(failed))
-    files = [
-        "- `runs.csv`: one row per run (all lambdas; `lambda_selected` marks the chosen ones)",
-        "- `groups.csv`: one row per setting at its chosen lambda",
-        "- `runs/<run-id>/`: `metrics.jsonl`, `summary.json` (with the runner's `run` record), "
-        "`app/` (the app's own output)",
-    ]
     atomic_write_text(
-        path := base / "report.md", "\n".join(lines + section("Files", "\n".join(files)))
+        path := base / "report.md", "\n".join(lines + section("Files", rs.TEXTS["files"]))
     )
     return targets, path

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +26,12 @@ from corbin_fl.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
-SELECTION_RULE = (
-    "Model selection uses validation data only: in every run the checkpoint is the round with "
-    "the highest validation accuracy (earliest on ties) and the test accuracy reported is the "
-    "one at that round, never the best test value; the global learning rate lambda is chosen "
-    "per setting (everything but seed and lambda) as the one with the highest mean validation "
-    "accuracy at the checkpoints over seeds (ties: larger lambda). The final-round test "
-    "accuracy is reported as well."
+_SECTIONS = re.split(
+    r"^## (\S+)$", Path(__file__).with_name("texts.md").read_text("utf-8"), flags=re.M
 )
+TEXTS = {key: text.strip() for key, text in zip(_SECTIONS[1::2], _SECTIONS[2::2], strict=True)}
+"""The fixed paragraphs of the reports, from the ``## <key>`` sections of ``texts.md``."""
+SELECTION_RULE = TEXTS["selection-rule"]
 
 RUNS_CSV_COLUMNS: tuple[str, ...] = (
     *("run_id", "mechanism", "epsilon", "d", "dropout", "clients", "gamma", "seed", "global_lr"),
