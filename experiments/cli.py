@@ -28,7 +28,6 @@ from corbin_fl.experiments.sweep import Backend, Run, RunState
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +43,6 @@ class Outcome:
     targets: list[Target] = field(default_factory=list)
     report: Path | None = None
     interrupted: bool = False
-
-
-def _progress(enabled: bool, console: Any) -> Progress:
-    """A :mod:`rich` display of runs done, the current round and the ETA."""
-    from rich import progress as rp
-
-    count = (rp.TextColumn("[bold]{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn())
-    times = (rp.TimeElapsedColumn(), rp.TextColumn("ETA"), rp.TimeRemainingColumn())
-    return rp.Progress(*count, *times, console=console, disable=not enabled)
 
 
 def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]:
@@ -103,9 +93,14 @@ def run(
     (:func:`experiments.mse.measure`), then write every output. ``app_dir`` defaults to this
     checkout; ``backend`` replaces the simulation (tests). ``ValueError`` if the app does not
     declare every run-config key the runs use."""
+    from rich import progress as rp
+
     if max_runs is not None and max_runs < 0:
         raise ValueError(f"max_runs must be >= 0, got {max_runs}")
-    view = _progress(progress, console)  # counts only the runs executed now (an honest ETA)
+    # runs done, the current round and the ETA of the runs executed now (an honest ETA)
+    count = (rp.TextColumn("[bold]{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn())
+    times = (rp.TimeElapsedColumn(), rp.TextColumn("ETA"), rp.TimeRemainingColumn())
+    view = rp.Progress(*count, *times, console=console, disable=not progress)
     if spec.kind == "mse":
         from corbin_fl.experiments import mse
 
@@ -180,10 +175,10 @@ def remove_experiment(spec: ExperimentSpec, results_root: Path) -> None:
             shutil.rmtree(folder)
 
 
-def build_parser(prog: str = "corbin-fl experiment") -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``corbin-fl experiment``."""
     parser = argparse.ArgumentParser(
-        prog=prog,
+        prog="corbin-fl experiment",
         description="Run CorBin-FL experiments described by TOML specs "
         "(experiments/quick/*.toml, experiments/paper/*.toml).",
     )

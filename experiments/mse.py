@@ -529,6 +529,6 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
     targets = mse_targets(grid, real)
     lines += rp.figures_section(figures, root)
     lines += rp.section("Quick-scale targets", TARGET_RULE, rp.targets_table(targets))
-    files = TEXTS["mse-files"] if real else TEXTS["mse-files"].splitlines()[0]
-    atomic_write_text(path, "\n".join(lines + rp.section("Files", files)))
+    lines += rp.section("Files", TEXTS["mse-files"] if real else TEXTS["mse-files"].split("\n")[0])
+    atomic_write_text(path, "\n".join(lines))
     return targets, path

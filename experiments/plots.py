@@ -182,7 +182,7 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
             if special
             else f"ε_p={_fmt(eps)}"
         )
-    parts += named("delta", "δ", private & {"gaussian", "fedcad", "central-gaussian"})
+    parts += named("delta", "δ", any(registry.REGISTRY[m].has_delta for m in private))
     parts += named("d", "d", mechs & PAIRED_MECHANISMS)
     parts += named("gamma", "γ", "augcorbin" in mechs)
     ranged = any(guarantee_kind(m) in _RANGED_KINDS for m in mechs)
@@ -284,18 +284,10 @@ def annotate(fig: Figure, title: str, caption: str, *, caption_ax: Axes | None =
     caption = wrap(caption, max(50, int(fig.get_figwidth() * 15))) if caption else ""
     if title:
         fig.suptitle(title, fontsize=10)
-    if caption and caption_ax is not None:
-        caption_ax.set_xlabel(caption, fontsize=8)
-    elif caption:
-        fig.supxlabel(caption, fontsize=8)
+    if caption:
+        (fig.supxlabel if caption_ax is None else caption_ax.set_xlabel)(caption, fontsize=8)
     lines = sum(text.count("\n") + 1 for text in (title, caption) if text)
     fig.set_figheight(fig.get_figheight() + 0.17 * lines)
-
-
-def _int_ticks(ax: Axes) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def save(fig: Figure, path: Path) -> Path:
@@ -342,6 +334,8 @@ def accuracy_vs_round_figure(
 ) -> Figure:
     """Test accuracy (mean ± std over seeds) per round, one line per mechanism, one panel per
     value of the other varying keys (one y-axis); ``ValueError`` if ``groups`` is empty."""
+    from matplotlib.ticker import MaxNLocator
+
     _check_groups(groups)
     other = [k for k in keys if k != "mechanism"]
     facets: dict[str, list[GroupResult]] = {}
@@ -359,7 +353,7 @@ def accuracy_vs_round_figure(
             low, high = 100 * (mean - std), 100 * (mean + std)
             ax.fill_between(rounds, low, high, alpha=0.2, color=line[0].get_color())
             bands.append((low, high, 100 * std))
-        _int_ticks(ax)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="round", ylabel="test accuracy (%)")
         if facet:
             ax.set_title(facet, fontsize=9)
@@ -390,7 +384,7 @@ def accuracy_bar_figure(
     _check_groups(groups)
     order = list(GUARANTEE_COLORS)  # bars of one guarantee class side by side, classes in order
     pairs = sorted(
-        ((g, guarantee(g.setting)) for g in groups), key=lambda p: order.index(p[1].kind)
+        [(g, guarantee(g.setting)) for g in groups], key=lambda p: order.index(p[1].kind)
     )
     groups = [g for g, _ in pairs]
     labels = [  # one varying key per line, then the guarantee
@@ -417,10 +411,10 @@ def accuracy_bar_figure(
         Patch(facecolor="white", edgecolor="black", hatch="//", label="final-round test acc."),
     ]
     what = "colour: privacy guarantee of the mechanism; hatch: which round"
-    legend = fig.legend(
-        handles=handles, loc="outside lower center", ncols=2, title=what, fontsize=7
-    )
-    legend.get_title().set_fontsize(7)
+    fig.legend(
+        handles=handles, loc="outside lower center", ncols=2, title=what, fontsize=7,
+        title_fontsize=7,
+    )  # fmt: skip
     shows = "Test accuracy per mechanism at the val-selected and the final round"
     annotate(
         fig,
@@ -440,6 +434,7 @@ def accuracy_vs_figure(
     varying keys; a line of one point (a reference) is a dashed horizontal line with a ± 1 std
     band. ``ValueError`` if no group sets ``x_key`` or none has a test accuracy."""
     from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
     def x_of(g: GroupResult) -> float:
         return float(g.setting[x_key])
@@ -479,7 +474,7 @@ def accuracy_vs_figure(
     if not plotted:
         raise ValueError(f"no finished test accuracy to plot against {x_key!r}")
     if x_key in ("d", CLIENTS_KEY):
-        _int_ticks(ax)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if x_key == "epsilon" and len(all_x) > 1 and all_x[-1] / max(all_x[0], 1e-12) > 20:
         ax.set_xscale("log")
     x_label, x_title = _X_LABEL.get(x_key, (x_key, x_key))

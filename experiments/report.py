@@ -56,14 +56,14 @@ class Difference:
     high: float
 
     @classmethod
-    def welch(cls, a: Stat, b: Stat, *, scale: float = 100.0) -> Difference:
-        """``scale * (a.mean - b.mean)`` with Welch's t interval: ``se = sqrt(va + vb)``,
-        ``v = (scale s)^2 / n``, ``df = (va + vb)^2 / (va^2 / (n_a - 1) + vb^2 / (n_b - 1))``
-        (none below two values)."""
-        value = scale * (a.mean - b.mean)
+    def welch(cls, a: Stat, b: Stat) -> Difference:
+        """``100 (a.mean - b.mean)`` (percentage points) with Welch's t interval:
+        ``se = sqrt(va + vb)``, ``v = (100 s)^2 / n``,
+        ``df = (va + vb)^2 / (va^2 / (n_a - 1) + vb^2 / (n_b - 1))`` (none below two values)."""
+        value = 100.0 * (a.mean - b.mean)
         if a.n < 2 or b.n < 2 or not (math.isfinite(a.std) and math.isfinite(b.std)):
             return cls(value, math.nan, math.nan, math.nan, math.nan)
-        va, vb = (scale * a.std) ** 2 / a.n, (scale * b.std) ** 2 / b.n
+        va, vb = (100.0 * a.std) ** 2 / a.n, (100.0 * b.std) ** 2 / b.n
         se = math.sqrt(va + vb)
         if se == 0.0:
             return cls(value, 0.0, math.inf, value, value)
@@ -197,14 +197,9 @@ def section(title: str, *blocks: str) -> list[str]:
 
 
 def figures_section(figures: Mapping[str, Path], base: Path) -> list[str]:
-    """The ``## Figures`` section (each PNG linked relative to ``base``); none without figures."""
-    links = []
-    for name, fig in figures.items():
-        try:
-            rel = str(Path(fig).resolve().relative_to(Path(base).resolve()))
-        except ValueError:
-            rel = str(fig)
-        links += [f"### {name}", "", f"![{name}]({rel})", ""]
+    """The ``## Figures`` section (each PNG, saved under ``base``, linked relative to it); none
+    without figures."""
+    links = [f"### {n}\n\n![{n}]({Path(fig).relative_to(base)})\n" for n, fig in figures.items()]
     return ["## Figures", "", *links, ""] if figures else []
 
 
@@ -320,18 +315,16 @@ def finalize_federated(
         figures[name] = plots.save(fig, base / "figures" / f"{name}.png")
     done = len(results)
     status = "complete" if done == expected else f"INCOMPLETE ({done}/{expected} runs)"
-    base_config = ", ".join(f"`{k}={v}`" for k, v in sorted(spec.base.items()))
-    clients = f", `clients={spec.clients}`" if spec.clients is not None else ""
-    setup = [
-        f"- runs: {done} of {expected} finished ({status}); backend: simulation",
-        f"- seeds: {list(spec.seeds)}; lambda grid: {list(spec.lambda_grid)}",
-        f"- swept: {', '.join(keys) if keys else '(nothing)'}",
-        f"- base run config: {base_config}{clients}",
-    ]
+    config = [f"`{k}={v}`" for k, v in sorted(spec.base.items())]
+    config += [f"`clients={spec.clients}`"] if spec.clients is not None else []
+    setup = rs.TEXTS["setup"].format(
+        done=done, expected=expected, status=status, seeds=list(spec.seeds), base=", ".join(config),
+        lambdas=list(spec.lambda_grid), swept=", ".join(keys) or "(nothing)",
+    )  # fmt: skip
     rows = [[group_label(g.setting, keys), *(f(g) for _, f in _RESULT_COLUMNS)] for g in groups]
     lines = [
         *header(spec, command),
-        *section("Setup", "\n".join(setup)),
+        *section("Setup", setup),
         *section("Model selection", rs.SELECTION_RULE),
         *section(
             "Results",
@@ -360,7 +353,6 @@ def finalize_federated(
     if failures:
         failed = [f"- `{rid}`: {r.splitlines()[0] if r else ''}" for rid, r in failures.items()]
         lines += section("Failed runs (redone on the next invocation)", "\n".join(failed))
-    atomic_write_text(
-        path := base / "report.md", "\n".join(lines + section("Files", rs.TEXTS["files"]))
-    )
+    lines += section("Files", rs.TEXTS["files"])
+    atomic_write_text(path := base / "report.md", "\n".join(lines))
     return targets, path
