@@ -253,18 +253,13 @@ def _parse_sweep(raw: Mapping[str, Any], source: str, kind: str) -> dict[str, An
     extras = tuple(_parse_grid(t, source, f"extra-grid[{i}]") for i, t in enumerate(extra_raw))
     if () in extras:
         raise SpecError(f"{source}: extra-grid[{extras.index(())}]: empty table")
-    swept = {k for g in (grid, *extras) for k, _ in g}
-    if "mechanism" not in base and "mechanism" not in swept:
+    keys = {*base, *(k for g in (grid, *extras) for k, _ in g)}
+    if "mechanism" not in keys:
         raise SpecError(f"{source}: set `mechanism` in [base] or sweep it in [grid]")
-    if "num-rounds" not in base and "num-rounds" not in swept:
+    if "num-rounds" not in keys:
         raise SpecError(f"{source}: base.num-rounds: missing (rounds of every run)")
-    clients = base.pop(CLIENTS_KEY, None)
-    return {
-        "base": MappingProxyType(base),
-        "grid": grid,
-        "extra_grids": extras,
-        "clients": int(clients) if clients is not None else None,
-    }
+    clients = base.pop(CLIENTS_KEY, None)  # an int >= 2 (_run_value)
+    return {"base": MappingProxyType(base), "grid": grid, "extra_grids": extras, "clients": clients}
 
 
 def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentSpec:
