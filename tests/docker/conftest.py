@@ -1,7 +1,7 @@
 """The Docker layer: real images built and real containers started on a real Docker engine.
 
 Every test under ``tests/docker/`` is marked ``docker`` and runs only when asked for with
-``-m docker`` (``.ci/run`` runs ``python -m pytest -m docker`` after the system layer). Without a
+``-m docker`` (``.ci/run`` runs ``python -m pytest -m docker`` beside the other layers). Without a
 reachable engine the tests skip and say why.
 
 The images are built once per session (or before it, by ``.ci/run``) with the commands
