@@ -26,6 +26,14 @@ SUPERNODE_REPLY_POLL_S: Final[float] = 0.5
 """While a ClientApp runs, its SuperNode checks for the reply every 0.5 s (fixed in Flower)."""
 
 
+HEALTH_INTERVAL_S: Final[float] = 30.0
+"""The compose files' healthcheck interval (tests/system/test_compose.py checks it): Docker
+Engine < 25 takes a container's first health probe this long after its start (newer engines
+probe every 2 s during the start period), so a service shows ``healthy`` up to this long after it
+is, and one that waits for another's health (``depends_on: service_healthy``) starts that much
+later."""
+
+
 RAY_START_FAILED: Final[str] = "The current node timed out during startup"
 """What a simulation run prints when Ray's own node did not start: Ray gives its raylet a fixed
 30 s to register, which an overloaded machine can miss (a failure of the machine, not the run)."""

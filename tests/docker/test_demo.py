@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from docker_helpers import REPO, BuiltImages, Docker, wait_for
-from waits import ClientAppTiming
+from waits import HEALTH_INTERVAL_S, ClientAppTiming
 
 DEMO_MIN_ACCURACY = 0.5
 """Test accuracy floor of the demo run's last round (chance 0.1; the app's defaults reach about
@@ -150,7 +150,8 @@ def demo(
     services = compose.compose([], "config", "--services").split()
     assert len(services) == 2 + 2 * N_CLIENTS, services
     probe = clientapp_probe
-    healthy_wait = probe.startup_timeout(len(services)) * len(services)
+    # superlink, then the SuperNodes, then their executors: each waits for the one before healthy
+    healthy_wait = probe.startup_timeout(len(services)) * len(services) + 3 * HEALTH_INTERVAL_S
 
     def all_healthy() -> bool:
         rows = [

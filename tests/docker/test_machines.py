@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 from docker_helpers import N_CLIENTS, REPO, BuiltImages, Docker, wait_for
-from waits import ClientAppTiming
+from waits import HEALTH_INTERVAL_S, ClientAppTiming
 
 ROUNDS = 3
 """Round 1 before the SuperLink is killed, round 2 across its restart, round 3 after it."""
@@ -160,7 +160,8 @@ def machines(
     address = _host_address()
     port = _free_port(address)
     probe = clientapp_probe
-    healthy_wait = 2 * probe.startup_timeout(2)  # two services per project
+    # two services per project, the second waits for the first healthy
+    healthy_wait = 2 * probe.startup_timeout(2) + 2 * HEALTH_INTERVAL_S
     docker = docker_cli
 
     # Step 1: the credentials, with the server's public address in its certificate.
@@ -344,7 +345,7 @@ def test_documented_run_learns_through_a_superlink_restart(machines: Machines) -
     m.docker.run(*m.server_up, timeout=900)
     wait_for(
         lambda: _healthy(m.docker, m.server, 2),
-        probe.startup_timeout(1) * 2,
+        probe.startup_timeout(1) * 2 + HEALTH_INTERVAL_S,
         "the SuperLink healthy again",
         2.0,
     )

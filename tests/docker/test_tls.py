@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from docker_helpers import REPO, BuiltImages, Docker, wait_for
-from waits import ClientAppTiming
+from waits import HEALTH_INTERVAL_S, ClientAppTiming
 
 N_CLIENTS = 3
 FILES = ["docker-compose.yml", "docker-compose.tls.yml"]
@@ -104,7 +104,8 @@ def tls(
     project_cleanup.append(["-p", PROJECT["COMPOSE_PROJECT_NAME"], *files])
     probe = clientapp_probe
     services = compose.compose(FILES, "config", "--services").split()
-    healthy_wait = probe.startup_timeout(len(services)) * len(services)
+    # superlink, then the SuperNodes, then their executors: each waits for the one before healthy
+    healthy_wait = probe.startup_timeout(len(services)) * len(services) + 3 * HEALTH_INTERVAL_S
     compose.compose(FILES, "up", "-d", "superlink", "serverapp", timeout=900)
     reg_env = {**env, "FLWR_HOME": str(home)}
     # The Control API answers once the SuperLink is healthy.

@@ -517,11 +517,11 @@ def test_targets_non_root_with_healthcheck(target: str) -> None:
     assert address.startswith("127.0.0.1:"), "the health server must stay inside the container"
     assert ("docker/healthcheck.py", HEALTHCHECK_PY) in stage.copies
     # As the compose files: a probe may take 30 s (starting Python on a loaded machine took more
-    # than 5 s), checked every 10 s; healthcheck.py's own 3 s gRPC deadline catches a mute server.
+    # than 5 s), checked every 30 s; healthcheck.py's own 3 s gRPC deadline catches a mute server.
     assert stage.health_options == {
-        "interval": "10s",
+        "interval": "30s",
         "timeout": "30s",
-        "start-period": "30s",
+        "start-period": "60s",
         "retries": "3",
     }, target
 
