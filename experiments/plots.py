@@ -563,3 +563,56 @@ def accuracy_vs_bits_figure(
     fig.legend(list(handles.values()), labels, fontsize=7, loc="outside right center")
     fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)
     return fig
+
+
+def uplink_bits(g: GroupResult) -> float:
+    """Uplink bits per parameter of a setting as its first run measured them: bytes up (every
+    stage) per client and round, from ``metrics.jsonl``, over the run's ``num_params``."""
+    run = g.runs[0]
+    clients = sum(finite(row.get("participants")) or 0.0 for row in run.rows)
+    return 8 * run.uplink_bytes / (clients * float(run.summary["num_params"]))
+
+
+def accuracy_vs_server_eps_figure(
+    groups: Sequence[GroupResult], keys: Sequence[str], *, title: str = ""
+) -> Figure:
+    """Test accuracy against the eps of the whole run against the server (threat model B, log
+    x), one point per setting; the settings without one in a 'no DP' panel at the right; each
+    point's legend entry gives its uplink bits per parameter (:func:`uplink_bits`) and, with
+    secure aggregation, the width b of its masked symbols (``metrics.jsonl``)."""
+    _check_groups(groups)
+    shown = [g for g in groups if g.test.n]
+    eps = [g.privacy("server_eps_run") for g in shown]
+    fig, axes = new_figure(2, 2, w=3.2, sharey=True, gridspec_kw={"width_ratios": [2.2, 1]})
+    bands: _Bands = []
+    handles: list[Any] = []
+    labels: list[str] = []
+    no_dp: list[str] = []  # the names in the right panel, left to right
+    label_keys = [k for k in keys if k != "secure-aggregation"]
+    for i, (g, e) in enumerate(zip(shown, eps, strict=True)):
+        mean, std = _percent([g.test], bands)
+        name = group_label(g.setting, label_keys)
+        ax, x = (axes[0], e) if e is not None else (axes[1], float(len(no_dp := [*no_dp, name])))
+        style: dict[str, Any] = {"marker": "os^Dv<>p"[i % 8], "color": f"C{i % 10}", "capsize": 3}
+        handles.append(ax.errorbar([x], mean, yerr=std, **style))
+        sa = g.runs[0].rows[0].get("secure_aggregation")  # its b-bit masked symbols
+        name += f" + SecAgg, b = {sa['b']}" if isinstance(sa, Mapping) else ""
+        labels.append(f"{name}: {uplink_bits(g):.3g} bits/param")
+    delta = _fmt(shown[0].setting.get("delta", "?")) if shown else "?"
+    axes[0].set(xscale="log", xlabel=f"ε against the server (B) over the run, δ = {delta}")
+    axes[0].set_ylabel(_ACC_LABEL)
+    axes[1].set(xlim=(0.5, len(no_dp) + 0.5), xlabel="no (ε, δ) against the server")
+    axes[1].set_xticks(range(1, len(no_dp) + 1), no_dp, rotation=30, fontsize=7, ha="right")
+    axes[0].set_ylim(*_ylim(bands))
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    annotate(
+        fig,
+        figure_title("Test accuracy vs the guarantee against the server (B)", title, shown, keys),
+        "points: mean test accuracy at each run's validation-selected round against the run's "
+        f"ε vs the server (SECURITY.md threat model B; with SecAgg it sees only the sum); "
+        f"{seed_note(shown)}; bits/param: uplink bytes per client and round (all stages) × 8 / m",
+    )
+    fig.legend(handles, labels, fontsize=7, loc="outside right center")
+    fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)
+    return fig

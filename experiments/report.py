@@ -264,6 +264,24 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
+    """The guarantees against the sum-seeing server at n = 10, 100, 1,000 clients
+    (``mechanisms.secure_sum.server_table``, one call per AugCorBin gamma) at the settings of
+    the ``secure`` groups' runs (eps_p, m, rounds, delta, d, R): its text and its table."""
+    from corbin_fl.mechanisms import secure_sum as ss
+
+    s, report = secure[0].setting, rs.privacy_view(secure[0].runs[0].summary) or {}
+    kw: dict[str, Any] = {"eps_p": float(s["epsilon"]), "m": int(report["m"])}
+    kw |= {"rounds": int(report["rounds"])}
+    kw |= {"delta": float(s["delta"]), "d": int(s["d"]), "r": float(s["update-radius"])}
+    aug = [g for g in secure if g.setting.get("mechanism") == "augcorbin"]
+    gammas = sorted({float(g.setting["gamma"]) for g in aug}) or [0.2]
+    rows = {(r["mechanism"], r["n"]): r for gm in gammas for r in ss.server_table(gamma=gm, **kw)}
+    table = ss.format_table(sorted(rows.values(), key=lambda r: r["n"]))
+    text = rs.TEXTS["server-scaling"].format(**kw, gammas=", ".join(f"{g:g}" for g in gammas))
+    return text, f"```\n{table}\n```"
+
+
 DISCUSSION_FILE = "discussion.md"
 """Hand-written analysis next to ``report.md`` (why a target is missed, what a figure shows):
 embedded in the report, never overwritten by it."""
@@ -286,6 +304,7 @@ _GROUP_FIGURES = {
     "accuracy-vs-round": plots.accuracy_vs_round_figure,
     "accuracy-bar": plots.accuracy_bar_figure,
     "accuracy-vs-bits": plots.accuracy_vs_bits_figure,
+    "accuracy-vs-server-eps": plots.accuracy_vs_server_eps_figure,
 }
 
 
@@ -346,6 +365,8 @@ def finalize_federated(
         lines += [table(head, rows), ""]
     targets = federated_targets(groups)
     lines += figures_section(figures, base) + section("Privacy", privacy_section(groups, keys))
+    if secure := [g for g in groups if g.setting.get("secure-aggregation") is True]:
+        lines += section("Against the server at n = 10, 100, 1,000", *server_scaling(secure))
     lines += section("Quick-scale targets", TARGET_RULE, targets_table(targets))
     if (discussion := base / DISCUSSION_FILE).is_file():
         why = rs.TEXTS["discussion-note"].format(file=DISCUSSION_FILE)

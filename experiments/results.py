@@ -133,6 +133,7 @@ _PRIVACY_FIELDS = {  # field: (its path in the report, the path that must be tru
     "delta_update": ("threat_models.A.per_update.delta", "threat_models.A.dp"),
     "eps_run": ("threat_models.A.all_rounds.eps", "threat_models.A.dp"),
     "delta_run": ("threat_models.A.all_rounds.delta", "threat_models.A.dp"),
+    "server_eps_run": ("threat_models.B.all_rounds.eps", "threat_models.B.dp"),
     "pair_eps_update": ("threat_models.B.pair_joint.per_update.eps", ""),
     "pair_delta_lower_bound": ("threat_models.B.pair_joint.per_update.delta_lower_bound", ""),
     "ucdp_eps": ("threat_models.C.ucdp_theorem3.eps_u", "threat_models.C.ucdp_theorem3.applies"),
@@ -142,8 +143,8 @@ _PRIVACY_FIELDS = {  # field: (its path in the report, the path that must be tru
 
 def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """A run's privacy numbers (``None`` where its report has none): ``eps_p``, threat model
-    A's ``eps``/``delta`` of one update and of the run, B's pair-joint view of one update and
-    C's Theorem 3 (AugCorBin, where it applies)."""
+    A's ``eps``/``delta`` of one update and of the run, B's ``eps`` of the run (where it gives
+    DP), B's pair-joint view of one update and C's Theorem 3 (AugCorBin, where it applies)."""
     report = privacy_view(summary)
 
     def at(path: str) -> Any:
@@ -203,6 +204,7 @@ def load_run(run_dir: Path) -> RunResult:
     except ConfigError as exc:
         raise ValueError(f"{run_dir}: the recorded result config is not valid ({exc})") from exc
     setting = {k: v for k, v in config.items() if k not in ("seed", "global-lr")}
+    setting.setdefault("secure-aggregation", False)  # a run without it has no such key
     if record.get("clients") is not None:
         setting[CLIENTS_KEY] = int(record["clients"])
     uplink = [r.get("bytes_up") for r in rows]  # a number, or a per-stage dict with a total
@@ -313,10 +315,11 @@ _MECHANISM_PREFIXES = frozenset(name.split("-", 1)[0] for name in REGISTRY)
 
 def _inert(key: str, setting: Mapping[str, RunValue]) -> bool:
     """``key`` is named for another mechanism than the setting's (``pbm-trials`` in an ``ldpfl``
-    setting) and has its default value: the setting's runs do not read it."""
+    setting; ``gamma`` is AugCorBin's) and has its default value: its runs do not read it."""
     prefix, own = key.split("-", 1)[0], str(setting.get("mechanism", "")).split("-", 1)[0]
+    prefix = "augcorbin" if key == "gamma" else prefix
     return (
-        "-" in key
+        ("-" in key or key == "gamma")
         and prefix in _MECHANISM_PREFIXES
         and prefix != own
         and key in _DEFAULTS

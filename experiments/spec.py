@@ -34,7 +34,7 @@ RESERVED_KEYS: Mapping[str, str] = MappingProxyType(
 )
 FEDERATED_FIGURES = frozenset(
     {"accuracy-vs-round", "accuracy-bar", "accuracy-vs-epsilon", "accuracy-vs-d"}
-    | {"accuracy-vs-dropout", "accuracy-vs-clients", "accuracy-vs-bits"}
+    | {"accuracy-vs-dropout", "accuracy-vs-clients", "accuracy-vs-bits", "accuracy-vs-server-eps"}
 )
 MSE_FIGURES = frozenset({"mse-heatmap", "mse-vs-epsilon", "mse-real-weights"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -1182,6 +1182,77 @@ def test_accuracy_vs_bits_puts_each_mechanism_at_its_uplink_bits(tmp_path: Path)
         plots.accuracy_vs_bits_figure([], [])
 
 
+def _server_groups(tmp_path: Path) -> list[Any]:
+    """Two seeds of ldpfl and augcorbin (gamma 0.6) with secure aggregation, B's run eps in
+    their summaries, and of fedavg without it (no DP vs B); 8 parameters, 10 clients a round."""
+    runs = []
+    for i, (mech, extra, eps, up) in enumerate(
+        [
+            ("ldpfl", {"secure-aggregation": True}, 300.0, 40),
+            ("augcorbin", {"secure-aggregation": True, "gamma": 0.6}, 3e4, 41),
+            ("fedavg", {}, None, 320),
+        ]
+    ):
+        for seed in (0, 1):
+            d = tmp_path / f"{mech}-s{seed}"
+            cfg = {"mechanism": mech, "num-rounds": 2, "global-lr": 1.0, "seed": seed, **extra}
+            acc = 0.6 + 0.1 * i + 0.02 * seed
+            sa = {"secure_aggregation": {"b": 4}} if extra else {}
+            rows = [r | {"bytes_up": {"total": up}, "participants": 10} | sa for r in rows_of(
+                [(acc - 0.1, acc - 0.1), (acc, acc)])]  # fmt: skip
+            write_run(d, cfg, rows, clients=10)
+            summary = json.loads((d / "summary.json").read_text())
+            b = {"dp": True, "all_rounds": {"eps": eps}} if eps else {"dp": False}
+            tm = {"threat_models": {"B": b}, "m": 8, "rounds": 2, "mechanism": mech}
+            summary |= {"num_params": 8, "privacy": tm}
+            (d / "summary.json").write_text(json.dumps(summary))
+            runs.append(load_run(d))
+    return group_results(runs)
+
+
+def test_accuracy_vs_server_eps_puts_no_dp_settings_in_their_own_panel(tmp_path: Path) -> None:
+    groups = _server_groups(tmp_path)
+    keys = ["mechanism", "gamma", "secure-aggregation"]
+    assert [plots.uplink_bits(g) for g in groups] == [4.0, 4.1, 32.0]  # 8 bits x bytes / (10 x 8)
+    fig = plots.accuracy_vs_server_eps_figure(groups, keys, title="Server")
+    left, right = fig.axes
+    assert left.get_xscale() == "log"
+    assert [c.lines[0].get_xdata()[0] for c in left.containers] == [300.0, 3e4]
+    assert [c.lines[0].get_xdata()[0] for c in right.containers] == [1.0]
+    assert _legend_texts(fig) == [
+        "ldpfl + SecAgg, b = 4: 4 bits/param",
+        "augcorbin, gamma=0.6 + SecAgg, b = 4: 4.1 bits/param",
+        "fedavg: 32 bits/param",
+    ]
+    title, caption = _texts(fig)
+    assert title.startswith("Test accuracy vs the guarantee against the server (B)\n")
+    assert "± 1 sample std (ddof=1) over 2 seeds" in _flat(caption)
+    fig.savefig(tmp_path / "server.png")
+
+
+def test_server_scaling_calls_the_accountant_per_gamma_at_the_runs_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corbin_fl.experiments.report import server_scaling
+    from corbin_fl.mechanisms import secure_sum as ss
+
+    calls: list[dict[str, Any]] = []
+
+    def table(**kw: Any) -> list[dict[str, Any]]:
+        calls.append(kw)
+        row = {"n": 10, "bits": 1, "dp": True, "delta": 1e-5, "note": ""}
+        row |= dict.fromkeys(("per_parameter_eps", "per_update_eps", "all_rounds_eps"), 1.0)
+        return [row | {"mechanism": "ldpfl"}, row | {"mechanism": f"aug {kw['gamma']}"}]
+
+    monkeypatch.setattr(ss, "server_table", table)
+    groups = _server_groups(tmp_path)
+    text, block = server_scaling([g for g in groups if g.setting.get("secure-aggregation")])
+    run = {"eps_p": 1.0, "m": 8, "rounds": 2, "delta": 1e-5, "d": 5, "r": 0.0}  # RunConfig's
+    assert calls == [run | {"gamma": 0.6}]
+    assert "m = 8 parameters, T = 2 rounds" in text and "gamma = 0.6" in text
+    assert block == f"```\n{ss.format_table(table(**run, gamma=0.6))}\n```"
+
+
 def test_group_label_leaves_out_other_mechanisms_keys_at_their_default() -> None:
     keys = ["mechanism", "epsilon", "imvu-bits", "pbm-trials", "rqm-levels"]
     defaults = {"imvu-bits": 1, "pbm-trials": 1, "rqm-levels": 2}
@@ -1202,3 +1273,14 @@ def test_group_label_leaves_out_other_mechanisms_keys_at_their_default() -> None
         {"mechanism": "central-gaussian", "central-clip": 1.0, "cr-mode": "relay"},
         ["mechanism", "central-clip", "cr-mode"],
     ) == ("central-gaussian, central-clip=1.0, cr-mode=relay")
+    # gamma is AugCorBin's
+    keys = ["mechanism", "gamma", "secure-aggregation"]
+    assert group_label({"mechanism": "ldpfl", "gamma": 0.2, "secure-aggregation": False}, keys) == (
+        "ldpfl, secure-aggregation=False"
+    )
+    assert group_label({"mechanism": "augcorbin", "gamma": 0.2}, keys) == (
+        "augcorbin, gamma=0.2, secure-aggregation=default"
+    )
+    assert group_label({"mechanism": "pbm", "gamma": 0.6, "secure-aggregation": True}, keys) == (
+        "pbm, gamma=0.6, secure-aggregation=True"
+    )
