@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from scipy import stats
 
+from corbin_fl.config import RunConfig
 from corbin_fl.experiments import plots
 from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.plots import THREAT_MODELS
@@ -275,7 +276,7 @@ def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
     kw |= {"rounds": int(report["rounds"])}
     kw |= {"delta": float(s["delta"]), "d": int(s["d"]), "r": float(s["update-radius"])}
     aug = [g for g in secure if g.setting.get("mechanism") == "augcorbin"]
-    gammas = sorted({float(g.setting["gamma"]) for g in aug}) or [0.2]
+    gammas = sorted({float(g.setting["gamma"]) for g in aug}) or [RunConfig().gamma]
     rows = {(r["mechanism"], r["n"]): r for gm in gammas for r in ss.server_table(gamma=gm, **kw)}
     table = ss.format_table(sorted(rows.values(), key=lambda r: r["n"]))
     text = rs.TEXTS["server-scaling"].format(**kw, gammas=", ".join(f"{g:g}" for g in gammas))

@@ -7,6 +7,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # image_build.py, a standalone script beside this file, cannot import waits
+    from waits import StartupTiming
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_TAG = "0.1.0"
@@ -74,3 +78,13 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout:.0f} s: {what}")
         time.sleep(interval)
+
+
+def healthy_wait(probe: StartupTiming, services: int, levels: int) -> float:
+    """Seconds for ``services`` containers to be up and healthy when they start in ``levels``
+    waves, each wave waiting for the one before to be healthy (``depends_on: service_healthy``):
+    every start-up as the probe says, and up to one health interval per wave before Docker's
+    first probe (:data:`waits.HEALTH_INTERVAL_S`)."""
+    from waits import HEALTH_INTERVAL_S
+
+    return probe.startup_timeout(services) * services + levels * HEALTH_INTERVAL_S

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_helpers import REPO, BuiltImages, Docker, wait_for
-from waits import HEALTH_INTERVAL_S, ClientAppTiming
+from docker_helpers import REPO, BuiltImages, Docker, healthy_wait, wait_for
+from waits import ClientAppTiming
 
 DEMO_MIN_ACCURACY = 0.5
 """Test accuracy floor of the demo run's last round (chance 0.1; the app's defaults reach about
@@ -150,8 +150,8 @@ def demo(
     services = compose.compose([], "config", "--services").split()
     assert len(services) == 2 + 2 * N_CLIENTS, services
     probe = clientapp_probe
-    # superlink, then the SuperNodes, then their executors: each waits for the one before healthy
-    healthy_wait = probe.startup_timeout(len(services)) * len(services) + 3 * HEALTH_INTERVAL_S
+    # superlink, then the SuperNodes, then their executors
+    wait = healthy_wait(probe, len(services), levels=3)
 
     def all_healthy() -> bool:
         rows = [
@@ -161,7 +161,7 @@ def demo(
         ]
         return len(rows) == len(services) and all(r.get("Health") == "healthy" for r in rows)
 
-    wait_for(all_healthy, healthy_wait, "every demo service healthy", interval=2.0)
+    wait_for(all_healthy, wait, "every demo service healthy", interval=2.0)
     yield Demo(env={"SUPERLINK_PORT": str(port)}, probe=probe)
     compose.compose([], "down", "-v", "--timeout", "5", check=False)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_helpers import N_CLIENTS, REPO, BuiltImages, Docker, wait_for
+from docker_helpers import N_CLIENTS, REPO, BuiltImages, Docker, healthy_wait, wait_for
 from waits import HEALTH_INTERVAL_S, ClientAppTiming
 
 ROUNDS = 3
@@ -161,7 +161,7 @@ def machines(
     port = _free_port(address)
     probe = clientapp_probe
     # two services per project, the second waits for the first healthy
-    healthy_wait = 2 * probe.startup_timeout(2) + 2 * HEALTH_INTERVAL_S
+    wait = healthy_wait(probe, 2, levels=2)
     docker = docker_cli
 
     # Step 1: the credentials, with the server's public address in its certificate.
@@ -189,7 +189,7 @@ def machines(
     server = server_up[:-2]
     project_cleanup.append(server[2:])
     docker.run(*server_up, timeout=900)
-    wait_for(lambda: _healthy(docker, server, 2), healthy_wait, "the server machine healthy", 2.0)
+    wait_for(lambda: _healthy(docker, server, 2), wait, "the server machine healthy", 2.0)
 
     # Step 4: register the nodes through the published port, with the `prod` connection.
     home = base / "flwr-home"
@@ -238,7 +238,7 @@ def machines(
         project_cleanup.append(up[2:-2])
         docker.run(*up, timeout=900)
     for project, compose in clients.items():
-        wait_for(lambda c=compose: _healthy(docker, c, 2), healthy_wait, f"{project} healthy", 2.0)
+        wait_for(lambda c=compose: _healthy(docker, c, 2), wait, f"{project} healthy", 2.0)
     yield Machines(docker, server_up, server, clients, address, port, home, probe)
     for compose in [*clients.values(), server]:
         docker.run(*compose, "down", "-v", "--timeout", "5", check=False)

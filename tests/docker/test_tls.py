@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from docker_helpers import REPO, BuiltImages, Docker, wait_for
-from waits import HEALTH_INTERVAL_S, ClientAppTiming
+from docker_helpers import REPO, BuiltImages, Docker, healthy_wait, wait_for
+from waits import ClientAppTiming
 
 N_CLIENTS = 3
 FILES = ["docker-compose.yml", "docker-compose.tls.yml"]
@@ -35,7 +35,7 @@ PROJECT = {
 }
 """The deployment's compose project and subnets (the compose files' settable subnets, as
 test_machines.py sets them): the one-host demo (test_demo.py, project `corbin-fl` on
-10.213.0-1) may run at the same time (.ci/run runs this layer on two workers)."""
+10.213.0-1) may run at the same time (.ci/run runs this layer on a worker per file)."""
 MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
 REGISTER = REPO / "docker" / "certs" / "register-nodes.sh"
 
@@ -104,14 +104,14 @@ def tls(
     project_cleanup.append(["-p", PROJECT["COMPOSE_PROJECT_NAME"], *files])
     probe = clientapp_probe
     services = compose.compose(FILES, "config", "--services").split()
-    # superlink, then the SuperNodes, then their executors: each waits for the one before healthy
-    healthy_wait = probe.startup_timeout(len(services)) * len(services) + 3 * HEALTH_INTERVAL_S
+    # superlink, then the SuperNodes, then their executors
+    wait = healthy_wait(probe, len(services), levels=3)
     compose.compose(FILES, "up", "-d", "superlink", "serverapp", timeout=900)
     reg_env = {**env, "FLWR_HOME": str(home)}
     # The Control API answers once the SuperLink is healthy.
     wait_for(
         lambda: Docker(env=reg_env).run("flwr", "supernode", "list", check=False).returncode == 0,
-        healthy_wait,
+        wait,
         "the SuperLink's Control API over TLS",
         interval=2.0,
     )
@@ -126,7 +126,7 @@ def tls(
         ]
         return len(rows) == len(services) and all(r.get("Health") == "healthy" for r in rows)
 
-    wait_for(all_healthy, healthy_wait, "every TLS service healthy", interval=2.0)
+    wait_for(all_healthy, wait, "every TLS service healthy", interval=2.0)
     yield Tls(compose, certs, other, home, probe)
     compose.compose(FILES, "down", "-v", "--timeout", "5", check=False)
 
