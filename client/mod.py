@@ -95,7 +95,8 @@ def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         mask = secure_update.take_mask_request(msg, context, cfg)
         plan = handlers.prepare_update(msg, context, cfg, max_params=policy.max_params)
         if mask is not None:  # back in the instruction: the app never sees corbin.* records
-            msg.content[secure.SECAGG_REC] = mask[1]
+            for name, rec in mask.records.items():
+                msg.content[name] = rec
     except PolicyError as exc:
         logger.warning("node %d: refused a train message: %s", nid, exc)
         return error_reply(msg, f"{wire.POLICY_REFUSAL}{exc}", code=wire.ERROR_CODE_POLICY)
@@ -121,7 +122,9 @@ def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     try:
         content = handlers.finish_update(plan, app_reply.content, context, cfg)
         if mask is not None:
-            content = secure_update.masked_reply(content, mask[0], context, cfg, plan.layout.m)
+            content = secure_update.masked_reply(
+                content, mask.request, context, cfg, plan.layout.m, mask.advertise_next
+            )
     except (wire.WireError, SecAggError, ValueError, TypeError) as exc:
         logger.warning("node %d: could not encode round %d: %s", nid, plan.round, exc)
         return error_reply(msg, f"{type(exc).__name__}: {exc}")

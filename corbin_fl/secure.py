@@ -27,7 +27,9 @@ instructions are ``train`` messages whose ``corbin`` record names the stage
 (:data:`ADVERTISE`, :data:`SHARE`, :data:`UNMASK`) and carries the mechanism settings like
 every instruction, plus the SecAgg+ record of :mod:`corbin_fl.secagg.wire` under the name
 :data:`SECAGG_REC`; the update instruction adds the node's mask request (:data:`SECAGG_REC`)
-to CorBin-FL's own records, and the update reply carries ``corbin.reply`` (round, next public
+to CorBin-FL's own records (and, pipelined, :data:`NEXT_REC`: the next round's advertise
+request; the unmask instruction carries the next round's share request there), and the update
+reply carries ``corbin.reply`` (round, next public
 key, pipelined blob: opaque), :data:`SECAGG_REC` (the mask reply head: rejected senders,
 length, layout) and :data:`MASKED_REC` (the ``b``-bit packed masked vector) instead of
 ``corbin.update`` and ``corbin.metrics``; the app's own metric records stay on the node.
@@ -50,6 +52,10 @@ STAGES: Final[tuple[str, ...]] = (ADVERTISE, SHARE, UNMASK)
 """The ``corbin`` stages of the SecAgg+ round (the mask stage is CorBin-FL's ``update``)."""
 SECAGG_REC: Final[str] = "corbin.secagg"
 """ConfigRecord: the SecAgg+ record (:data:`corbin_fl.secagg.wire.RECORD`) under a protocol name."""
+NEXT_REC: Final[str] = "corbin.secagg-next"
+"""ConfigRecord of the next round's SecAgg+ stage riding this round's message (pipelined): the
+update instruction carries round ``t+1``'s advertise request (its reply the keys), the unmask
+instruction round ``t+1``'s share request (its reply the share ciphertexts)."""
 MASKED_REC: Final[str] = "corbin.masked"
 """ArrayRecord of the update reply: the masked vector (``secagg.wire.MASKED_RECORD``)."""
 SYMBOLS_KEY: Final[str] = "symbols"

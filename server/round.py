@@ -104,6 +104,12 @@ class ServerRuntime:
         Pipelined relay: the pairing and blobs the last update stage fixed for the next round.
         Never checkpointed: a resumed run (a new Flower run id, which every blob's AAD binds)
         starts with a fresh bootstrap.
+    secagg_keys : tuple[int, dict[int, KeyAdvert]] or None
+        Secure aggregation: the round and the SecAgg+ keys the nodes sent with the last update
+        reply, while no share stage has used them (server/secure_round.py).
+    secagg_next : SecAggServer or None
+        Secure aggregation: the next round's SecAgg+ server, its share stage done with the last
+        unmask (pipelined). Never checkpointed, as ``pipeline``.
     """
 
     grid: Grid
@@ -119,7 +125,8 @@ class ServerRuntime:
     on_release: Callable[[int, int, dict[str, float]], None] | None = None
     update_radius: float = 0.0
     pipeline: Pipeline | None = None
-    secagg_keys: tuple[int, dict[int, Any]] | None = None  # server/secure_round.py
+    secagg_keys: tuple[int, dict[int, Any]] | None = None
+    secagg_next: Any = None
 
     def rng(self, rnd: int, purpose: int) -> np.random.Generator:
         """Public, reproducible generator for (run seed, round, purpose)."""

@@ -5,26 +5,36 @@
 so every reply passes the round's replay and misdirection checks and is counted in
 ``bytes_up`` / ``round_trips``):
 
-1. ``secagg-advertise`` (only nodes without keys pipelined from the last unmask reply) and
-   ``secagg-share`` over the update stage's participants, before the update stage;
+1. before the update stage, only when the last round's unmask did not already do it
+   (bootstrap, a sample that is not a subset of the pipelined one, a new node):
+   ``secagg-advertise`` (nodes without keys from the last update reply) and ``secagg-share``;
 2. ``update`` (the SecAgg+ mask stage): CorBin-FL's update instruction plus the node's mask
-   request (the share ciphertexts its neighbours addressed to it); the pair's blobs, the next
-   round's pairing and the node's next public key still ride it; the reply carries the masked
-   ``b``-bit symbol vector instead of the packed update (:meth:`accept`);
-3. ``secagg-unmask`` over the survivors; its replies carry each node's SecAgg+ keys for the
-   next round (pipelined advertise);
+   request (the share ciphertexts its neighbours addressed to it) and, below the last round,
+   round ``t+1``'s advertise request (:data:`corbin_fl.secure.NEXT_REC`); the pair's blobs,
+   the next round's pairing and the node's next public key still ride it; the reply carries
+   the masked ``b``-bit symbol vector instead of the packed update (:meth:`accept`) and the
+   node's SecAgg+ keys of round ``t+1``;
+3. ``secagg-unmask`` over the survivors, carrying round ``t+1``'s share request over them (the
+   neighbour graph of round ``t+1`` drawn now over the survivors with keys): its replies carry
+   the unmask shares of round ``t`` and the share ciphertexts of round ``t+1``;
 4. the exact symbol sum is fed to the mechanism's own aggregator (:func:`feed`), which decodes
    it as it decodes the plain counts: ``c + r alpha (2 S / n - 1)`` for the one-bit mechanisms
    (the ``BitCounter``'s counts ARE the symbol sums), so the estimate equals the plain path's
    bit for bit given the same bits.
 
-A steady round (every participant sent keys with the last unmask reply) is 3 round trips:
-``secagg-share`` -> ``update`` -> ``secagg-unmask`` (the plain round is 1). The share stage of
-round t+1 cannot ride round t's unmask: round t+1's participants are the wrapped strategy's
-sample, drawn after round t's aggregate. A round that loses too many nodes (fewer than ``t``
-holders of a needed secret, fewer than 2 masked inputs) is abandoned with its reason in
-``metrics.jsonl`` (``secure_aggregation.abandoned``); nothing of it is applied (no update is
-counted, the global model stays).
+A steady round is 2 round trips, ``update`` -> ``secagg-unmask`` (the plain round is 1). Round
+``t+1`` uses the pipelined share stage when its sample (the wrapped strategy's, drawn after round
+``t``'s aggregate) is a subset of round ``t``'s survivors that shared: a pipelined node not
+sampled counts as dropped before masking (its mask key is recovered, it masked nothing); a
+pipelined node whose share failed is dropped at ``secagg-share`` as in an unpipelined round.
+Otherwise the round re-keys every node (advertise, share: 4 round trips; a node re-keys only
+before it masked, :meth:`corbin_fl.secagg.client.SecAggClient.advertise`). Nothing of the
+pipeline is checkpointed: a resumed run has a new Flower run id, which every SecAgg+ key
+derivation binds, and bootstraps afresh (as the pipelined relay, :class:`server.round.Pipeline`).
+A round that loses too many nodes (fewer than ``t`` holders of a needed secret, fewer than 2
+masked inputs) is abandoned with its reason in ``metrics.jsonl``
+(``secure_aggregation.abandoned``); nothing of it is applied (no update is counted, the global
+model stays).
 """
 
 from __future__ import annotations
@@ -37,15 +47,18 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from corbin_fl import secure, wire
+from corbin_fl.secagg import crypto
 from corbin_fl.secagg import wire as sawire
 from corbin_fl.secagg.messages import (
     ADVERTISE,
     MASK,
     SHARE,
     UNMASK,
+    KeyAdvert,
     MaskReply,
     MaskRequest,
     SecAggError,
+    ShareKeysReply,
 )
 from corbin_fl.secagg.server import SecAggServer
 from corbin_fl.server.round import reply_head
@@ -74,25 +87,56 @@ class SecureRound:
             "sampled": len(participants),
         }
         state.secure = self.record
-        rnd_keys, keys = getattr(rt, "secagg_keys", None) or (-1, {})
+        self.next_keys: dict[int, KeyAdvert] = {}
+        self.advertise_next = state.round < cfg.num_rounds
+        self.not_sampled: set[int] = set()
         self.srv: SecAggServer | None = None
-        try:
-            self.srv = SecAggServer(
-                run_id=rt.run_id,
-                server_round=state.round,
-                node_ids=list(participants),
-                levels=self.levels,
-                num_neighbours=cfg.secagg_neighbours or None,
-                threshold=cfg.secagg_threshold or None,
-                rng=rt.rng(state.round, _PURPOSE_GRAPH),
-                prekeys=keys if rnd_keys == state.round else None,
+        pipe, rt.secagg_next = rt.secagg_next, None
+        if (
+            pipe is not None
+            and pipe.config.server_round == state.round
+            and pipe.abandoned is None
+            and set(participants) <= set(pipe.sampled)
+        ):  # the shares came with the last round's unmask replies
+            self.srv, self.not_sampled = pipe, set(pipe.sampled) - set(participants)
+            self.record["pipelined"] = True
+        else:
+            self.record["pipelined"] = False
+            if pipe is not None:  # its nodes shared with keys of its graph: re-key them all
+                logger.info("round %d: pipelined secure aggregation shares unused", state.round)
+            rnd_keys, keys = rt.secagg_keys or (-1, {})
+            self.srv = self._server(
+                state.round,
+                participants,
+                keys if rnd_keys == state.round and pipe is None else None,
             )
-        except ValueError as exc:  # fewer than 2 nodes, or k / t impossible for this n
-            self._abandon(f"setup: {exc}")
-            return
+            if self.srv is None:
+                return
         self.record.update({"b": self.srv.config.bits, "k": self.srv.k, "t": self.srv.threshold})
         if self.srv.abandoned:
             self._abandon(self.srv.abandoned)
+
+    def _server(
+        self, rnd: int, nodes: list[int], prekeys: dict[int, KeyAdvert] | None
+    ) -> SecAggServer | None:
+        """Round ``rnd``'s SecAgg+ server over ``nodes`` (None, the round abandoned, when ``k``
+        or ``t`` is impossible for this ``n``)."""
+        cfg = self.rt.cfg
+        try:
+            return SecAggServer(
+                run_id=self.rt.run_id,
+                server_round=rnd,
+                node_ids=list(nodes),
+                levels=self.levels,
+                num_neighbours=cfg.secagg_neighbours or None,
+                threshold=cfg.secagg_threshold or None,
+                rng=self.rt.rng(rnd, _PURPOSE_GRAPH),
+                prekeys=prekeys,
+            )
+        except ValueError as exc:  # fewer than 2 nodes, or k / t impossible for this n
+            if rnd == self.state.round:
+                self._abandon(f"setup: {exc}")
+            return None
 
     # ------------------------------------------------------------------ helpers
     def _abandon(self, reason: str) -> None:
@@ -113,23 +157,26 @@ class SecureRound:
             self._abandon(self.srv.abandoned)
 
     def _exchange(
-        self, stage: str, bodies: dict[int, ConfigRecord]
-    ) -> tuple[dict[int, RecordDict], dict[int, str]]:
-        """One secure stage over :func:`exchange`: replies by node, and the failures."""
+        self, stage: str, bodies: dict[int, dict[str, ConfigRecord]]
+    ) -> tuple[dict[int, dict[str, RecordDict]], dict[int, str]]:
+        """One secure stage over :func:`exchange`: each node's records (:data:`secure.SECAGG_REC`,
+        and :data:`secure.NEXT_REC` where the next round's stage rides it); a reply must carry
+        the same record names, each as :mod:`corbin_fl.secagg.wire` reads it (the main one's
+        stage and round checked here). Returns the replies by node and the failures."""
         rt, state = self.rt, self.state
         from corbin_fl.server.round import instruction
 
-        got: dict[int, RecordDict] = {}
+        got: dict[int, dict[str, RecordDict]] = {}
         before = set(state.dropped)
 
         def on_reply(nid: int, reply: Message) -> None:
             content = reply.content
-            wire.check_records(content, {secure.SECAGG_REC: ConfigRecord})
+            wire.check_records(content, dict.fromkeys(bodies[nid], ConfigRecord))
             rec = content.config_records[secure.SECAGG_REC]
             wire.check_round(reply, rec, state.round)
-            inner = RecordDict({sawire.RECORD: rec})
+            inner = {n: RecordDict({sawire.RECORD: content.config_records[n]}) for n in bodies[nid]}
             try:
-                ok = sawire.stage_of(inner) == (_INNER[stage], state.round)
+                ok = sawire.stage_of(inner[secure.SECAGG_REC]) == (_INNER[stage], state.round)
             except SecAggError as exc:
                 raise wire.WireError(str(exc)) from exc
             if not ok:
@@ -140,8 +187,8 @@ class SecureRound:
             rt.grid,
             state,
             {
-                nid: instruction(rt, stage, nid, state.round, {}, **{secure.SECAGG_REC: body})
-                for nid, body in bodies.items()
+                nid: instruction(rt, stage, nid, state.round, {}, **records)
+                for nid, records in bodies.items()
             },
             on_reply,
             timeout=rt.timeout(stage) if bodies else 0.0,
@@ -153,42 +200,58 @@ class SecureRound:
         return got, failed
 
     @staticmethod
-    def _decode(got: dict[int, RecordDict], failed: dict[int, str], fn: Any) -> dict[int, Any]:
+    def _decode(
+        got: dict[int, dict[str, RecordDict]],
+        failed: dict[int, str],
+        fn: Any,
+        name: str = secure.SECAGG_REC,
+    ) -> dict[int, Any]:
+        """``fn`` of each reply's record ``name``; a reply that does not decode goes to
+        ``failed``."""
         out = {}
-        for nid, inner in got.items():
+        for nid, records in got.items():
+            if name not in records:
+                continue
             try:
-                out[nid] = fn(inner)
+                out[nid] = fn(records[name])
             except (SecAggError, KeyError, TypeError, ValueError) as exc:
                 failed[nid] = f"malformed reply: {exc}"
         return out
 
+    @staticmethod
+    def _body(request: RecordDict) -> dict[str, ConfigRecord]:
+        return {secure.SECAGG_REC: request.config_records[sawire.RECORD]}
+
     # ------------------------------------------------------------------ 1. before the update
     def begin(self) -> list[int]:
-        """Advertise (where keys are missing) and share; the nodes that mask in the update."""
+        """Advertise (where keys are missing) and share, unless the last round's unmask did;
+        the nodes that mask in the update."""
         srv, state = self.srv, self.state
         if srv is None or self.abandoned:
             return []
-        if srv.stage == ADVERTISE:
+        if srv.stage == MASK:  # pipelined: its share stage's drops are this round's
+            self._sync_drops(secure.SHARE)
+        else:
+            if srv.stage == ADVERTISE:
+                got, failed = self._exchange(
+                    secure.ADVERTISE,
+                    {
+                        u: self._body(sawire.advertise_request(state.round))
+                        for u in srv.advertise_targets()
+                    },
+                )
+                srv.receive_adverts(
+                    self._decode(got, failed, sawire.decode_advertise_reply), failed
+                )
+                self._sync_drops(secure.ADVERTISE)
+                if self.abandoned:
+                    return []
             got, failed = self._exchange(
-                secure.ADVERTISE,
-                {
-                    u: sawire.advertise_request(state.round).config_records[sawire.RECORD]
-                    for u in srv.advertise_targets()
-                },
+                secure.SHARE,
+                {u: self._body(sawire.share_request(r)) for u, r in srv.share_requests().items()},
             )
-            srv.receive_adverts(self._decode(got, failed, sawire.decode_advertise_reply), failed)
-            self._sync_drops(secure.ADVERTISE)
-            if self.abandoned:
-                return []
-        got, failed = self._exchange(
-            secure.SHARE,
-            {
-                u: sawire.share_request(r).config_records[sawire.RECORD]
-                for u, r in srv.share_requests().items()
-            },
-        )
-        srv.receive_shares(self._decode(got, failed, sawire.decode_share_reply), failed)
-        self._sync_drops(secure.SHARE)
+            srv.receive_shares(self._decode(got, failed, sawire.decode_share_reply), failed)
+            self._sync_drops(secure.SHARE)
         if self.abandoned:
             return []
         self.requests = srv.mask_requests()
@@ -200,6 +263,9 @@ class SecureRound:
         for nid, msg in messages.items():
             rec = sawire.mask_request(self.requests[nid], RecordDict())[sawire.RECORD]
             msg.content[secure.SECAGG_REC] = rec
+            if self.advertise_next:  # round t+1's keys ride the reply (pipelined advertise)
+                adv = sawire.advertise_request(self.state.round + 1)
+                msg.content[secure.NEXT_REC] = adv.config_records[sawire.RECORD]
             self.assignment[nid] = str(msg.content.config_records[wire.CFG][wire.ASSIGNMENT])
 
     def accept(self, nid: int, reply: Message) -> None:
@@ -207,14 +273,14 @@ class SecureRound:
         assert self.srv is not None
         cfg, state = self.rt.cfg, self.state
         content = reply.content
-        wire.check_records(
-            content,
-            {
-                wire.REPLY: ConfigRecord,
-                secure.SECAGG_REC: ConfigRecord,
-                secure.MASKED_REC: ArrayRecord,
-            },
-        )
+        expected: dict[str, type] = {
+            wire.REPLY: ConfigRecord,
+            secure.SECAGG_REC: ConfigRecord,
+            secure.MASKED_REC: ArrayRecord,
+        }
+        if self.advertise_next:
+            expected[secure.NEXT_REC] = ConfigRecord
+        wire.check_records(content, expected)
         next_pk, digest, next_blob = reply_head(state, nid, reply, cfg)
         m, bits = self.rt.layout.m, self.srv.config.bits
         arrays = content.array_records[secure.MASKED_REC]
@@ -231,6 +297,8 @@ class SecureRound:
             raise wire.WireError(str(exc)) from exc
         if layout != ((secure.SYMBOLS_KEY, (m,)),):
             raise wire.WireError(f"masked update layout {layout!r:.80}, expected {m} symbols")
+        if self.advertise_next:
+            self.next_keys[nid] = _next_keys(content, state.round + 1)
         self.masked[nid] = rep
         if next_pk is not None:
             state.next_pubkeys[nid] = next_pk
@@ -255,19 +323,25 @@ class SecureRound:
             failed = {
                 nid: state.dropped.get(nid, "no reply") for nid in masking if nid not in self.masked
             }
+            failed.update(dict.fromkeys(self.not_sampled, "not sampled in this round"))
             srv.receive_masked({n: r for n, r in self.masked.items() if n not in failed}, failed)
             self._sync_drops(wire.UPDATE)
+            if self.advertise_next:  # unused until a share stage takes them
+                rt.secagg_keys = (state.round + 1, dict(self.next_keys))
             if self.abandoned:
                 return
-            advertise_next = state.round < rt.cfg.num_rounds
-            got, failed = self._exchange(
-                secure.UNMASK,
-                {
-                    u: sawire.unmask_request(r).config_records[sawire.RECORD]
-                    for u, r in srv.unmask_requests(advertise_next).items()
-                },
-            )
+            nxt = self._next_server() if self.advertise_next else None
+            shares = nxt.share_requests() if nxt is not None else {}
+            bodies = {}
+            for u, r in srv.unmask_requests().items():
+                bodies[u] = self._body(sawire.unmask_request(r))
+                if u in shares:
+                    req = sawire.share_request(shares[u]).config_records[sawire.RECORD]
+                    bodies[u][secure.NEXT_REC] = req
+            got, failed = self._exchange(secure.UNMASK, bodies)
             replies = self._decode(got, failed, sawire.decode_unmask_reply)
+            if nxt is not None:  # round t+1's shares: a bad one drops its sender from t+1 only
+                self._pipeline(nxt, got, failed)
             for nid in failed:  # its masked input is in the sum: it stays a participant
                 if nid in state.dropped and nid in srv.survivors:
                     state.dropped.pop(nid)
@@ -277,7 +351,6 @@ class SecureRound:
             if outcome.total is None:
                 self._abandon(outcome.abandoned or "unmask failed")
                 return
-            rt.secagg_keys = (state.round + 1, dict(outcome.next_keys))
             feed(aggregator, outcome.total, len(outcome.survivors), rt.cfg)
             self.record["sum_max"] = int(outcome.total.max()) if outcome.total.size else 0
             # who is in the sum, by assignment (the privacy report's count of the clients that
@@ -294,6 +367,46 @@ class SecureRound:
             self.record["round_trips"] = state.round_trips - self.trips0
             self.record["bytes_up"] = {s: state.bytes_up[s] for s in _STAGES if s in state.bytes_up}
             self.record.setdefault("abandoned", None)
+
+    # ------------------------------------------------------------------ the next round's share
+    def _next_server(self) -> SecAggServer | None:
+        """Round ``t+1``'s SecAgg+ server over this round's survivors with keys for it (the
+        graph is drawn now, from the same public generator), or None when it cannot run."""
+        assert self.srv is not None
+        nodes = [u for u in self.srv.survivors if u in self.next_keys]
+        nxt = self._server(self.state.round + 1, nodes, self.next_keys)
+        return nxt if nxt is not None and nxt.abandoned is None else None
+
+    def _pipeline(
+        self, nxt: SecAggServer, got: dict[int, dict[str, RecordDict]], failed: dict[int, str]
+    ) -> None:
+        """Take round ``t+1``'s share replies that came with the unmask replies."""
+        rnd, bad = self.state.round + 1, dict(failed)
+
+        def decode(content: RecordDict) -> ShareKeysReply:
+            if sawire.stage_of(content) != (SHARE, rnd):
+                raise SecAggError(f"{secure.NEXT_REC} does not answer the share of round {rnd}")
+            return sawire.decode_share_reply(content)
+
+        shares = self._decode(got, bad, decode, secure.NEXT_REC)
+        nxt.receive_shares(shares, bad)
+        self.rt.secagg_keys = (-1, {})  # the keys are in round t+1's shares now
+        self.rt.secagg_next = nxt
+        self.record["next_shared"] = len(nxt.alive)
+
+
+def _next_keys(content: RecordDict, rnd: int) -> KeyAdvert:
+    """The node's SecAgg+ keys of round ``rnd`` from an update reply (:data:`secure.NEXT_REC`)."""
+    inner = RecordDict({sawire.RECORD: content.config_records[secure.NEXT_REC]})
+    try:
+        if sawire.stage_of(inner) != (ADVERTISE, rnd):
+            raise wire.WireError(f"{secure.NEXT_REC} does not advertise round {rnd}")
+        keys = sawire.decode_advertise_reply(inner)
+        crypto.check_public_key(keys.c_public)
+        crypto.check_public_key(keys.s_public)
+    except (SecAggError, ValueError) as exc:
+        raise wire.WireError(f"{secure.NEXT_REC}: {exc}") from exc
+    return keys
 
 
 _INNER: Final[dict[str, str]] = {

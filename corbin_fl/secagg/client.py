@@ -111,6 +111,11 @@ class ClientState:
     neighbours: dict[int, KeyAdvert] = field(default_factory=dict)
     held: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     """Owner -> (its ``b``-share, its ``s``-share) held by this client."""
+    next_round: int = 0
+    """A later round whose keys this node advertised while its current round awaited its
+    unmask (pipelined, :meth:`SecAggClient.advertise`); 0 when none."""
+    next_c_private: bytes = b""
+    next_s_private: bytes = b""
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of ints, strs, bytes and lists of one type (fits a Flower ConfigRecord)."""
@@ -133,6 +138,9 @@ class ClientState:
             "held-ids": held,
             "held-b": [self.held[v][0] for v in held],
             "held-s": [self.held[v][1] for v in held],
+            "next-round": self.next_round,
+            "next-c-private": self.next_c_private,
+            "next-s-private": self.next_s_private,
         }
 
     @classmethod
@@ -157,6 +165,9 @@ class ClientState:
                 int(v): (bytes(b), bytes(s))
                 for v, b, s in zip(d["held-ids"], d["held-b"], d["held-s"], strict=True)
             },
+            next_round=int(d.get("next-round", 0)),
+            next_c_private=bytes(d.get("next-c-private", b"")),
+            next_s_private=bytes(d.get("next-s-private", b"")),
         )
 
 
@@ -185,29 +196,54 @@ class SecAggClient:
     def advertise(self, server_round: int) -> KeyAdvert:
         """Fresh ``c`` and ``s`` key pairs for ``server_round``; their public halves.
 
-        Allowed for a round after the current one, or to re-key the current round before its
-        share stage; refused for a past round or one already under way (replay).
+        - A later round while this node's round awaits its unmask (stage ``masked``): the keys
+          are kept beside it (pipelined; the round's shares stay held for the unmask) and
+          become the state of ``server_round`` at its share instruction or after the unmask.
+        - A later round otherwise: a fresh state of ``server_round``.
+        - The current round before it masked (``idle``, ``keyed``, ``shared``): re-keyed. A
+          shared seed and key that never masked anything protect nothing; the server re-keys
+          when its pipelined share stage does not fit the round's sample.
+        - A past round, or the current one after masking: refused (replay).
         """
         st = self.state
         if not isinstance(server_round, int) or server_round < 0:
             raise MalformedMessageError(f"bad round {server_round!r}")
         if server_round < st.server_round or (
-            server_round == st.server_round and st.stage not in (IDLE, KEYED)
+            server_round == st.server_round and st.stage not in (IDLE, KEYED, SHARED)
         ):
             raise RefusalError(
                 f"advertise for round {server_round} refused: round {st.server_round} is at "
                 f"stage {st.stage} (replay?)"
             )
         c, s = crypto.KeyPair.generate(), crypto.KeyPair.generate()
-        self.state = ClientState(
-            run_id=st.run_id,
-            node_id=st.node_id,
-            server_round=server_round,
-            stage=KEYED,
-            c_private=c.private,
-            s_private=s.private,
-        )
+        if server_round > st.server_round and st.stage == MASKED:
+            self.state = replace(
+                st, next_round=server_round, next_c_private=c.private, next_s_private=s.private
+            )
+        else:
+            self.state = ClientState(
+                run_id=st.run_id,
+                node_id=st.node_id,
+                server_round=server_round,
+                stage=KEYED,
+                c_private=c.private,
+                s_private=s.private,
+            )
         return KeyAdvert(c.public, s.public)
+
+    def _promote(self, server_round: int) -> None:
+        """Make the keys kept for ``server_round`` (pipelined advertise) the current state;
+        the earlier round's held shares are dropped (the server has moved on)."""
+        st = self.state
+        if st.next_round and st.next_round == server_round > st.server_round:
+            self.state = ClientState(
+                run_id=st.run_id,
+                node_id=st.node_id,
+                server_round=server_round,
+                stage=KEYED,
+                c_private=st.next_c_private,
+                s_private=st.next_s_private,
+            )
 
     def own_keys(self) -> KeyAdvert:
         return KeyAdvert(
@@ -231,7 +267,17 @@ class SecAggClient:
         its holder under AES-GCM (:func:`crypto.encrypt_shares`).
         """
         cfg = req.config
-        self.expect(cfg.server_round, KEYED, "share")
+        before = self.state
+        self._promote(cfg.server_round)
+        try:
+            self.expect(cfg.server_round, KEYED, "share")
+            return self._share_keys(req)
+        except BaseException:
+            self.state = before  # refused: nothing changes
+            raise
+
+    def _share_keys(self, req: ShareKeysRequest) -> ShareKeysReply:
+        cfg = req.config
         if cfg.run_id != self.state.run_id:
             raise RefusalError(
                 f"share for run {cfg.run_id} refused: this is run {self.state.run_id}"
@@ -369,7 +415,16 @@ class SecAggClient:
         y &= np.uint64((1 << bits) - 1)
         # The seed and private keys are no longer needed here: the neighbours hold their shares.
         self.state = replace(
-            st, stage=MASKED, held=held, seed=b"", c_private=b"", s_private=b"", neighbours={}
+            st,
+            stage=MASKED,
+            held=held,
+            seed=b"",
+            c_private=b"",
+            s_private=b"",
+            neighbours={},
+            next_round=0,
+            next_c_private=b"",
+            next_s_private=b"",
         )
         return MaskReply(y, tuple(rejected))
 
@@ -399,11 +454,11 @@ class SecAggClient:
         reply_b = {v: st.held[v][0] for v in surv}
         reply_s = {v: st.held[v][1] for v in drop}
         next_keys = None
+        self.state = replace(st, stage=DONE, held={})
         if req.advertise_next:
-            self.state = replace(st, stage=DONE, held={})
             next_keys = self.advertise(st.server_round + 1)
-        else:
-            self.state = replace(st, stage=DONE, held={})
+        else:  # keys advertised with the mask reply, if any, are the next round's state now
+            self._promote(st.next_round)
         return UnmaskReply(reply_b, reply_s, next_keys)
 
 

@@ -15,6 +15,10 @@ previous round, a round abandoned before unmasking) adds one ``advertise`` round
 nodes only. ``mask`` and ``unmask`` cannot merge (unmasking needs the set of masked inputs
 received), nor ``share`` and ``mask`` (a client must know which neighbours' shares arrived
 before it masks), nor ``advertise`` and ``share`` (shares are encrypted to neighbours' keys).
+Composed with CorBin-FL (``server/secure_round.py``) a steady round is 2: round ``t+1``'s keys
+ride the mask reply and its share stage rides round ``t``'s unmask, drawn over round ``t``'s
+survivors and used when round ``t+1``'s sample is a subset of them; this wrapper does not do
+that yet (the client role supports it: :meth:`~.client.SecAggClient.advertise`).
 """
 
 from __future__ import annotations

@@ -66,10 +66,10 @@ class Recorder:
         monkeypatch.setattr(server_round, "make_aggregator", make_aggregator)
         masked_reply = secure_update.masked_reply
 
-        def record(reply: Any, req: Any, context: Any, cfg: Any, m: int) -> Any:
+        def record(reply: Any, req: Any, context: Any, cfg: Any, m: int, *more: Any) -> Any:
             (key, arr), *_ = list(reply.array_records[wire.UPDATE_REC].items())
             self.plain[(req.server_round, context.node_id)] = (key, arr.numpy().copy())
-            return masked_reply(reply, req, context, cfg, m)
+            return masked_reply(reply, req, context, cfg, m, *more)
 
         monkeypatch.setattr(secure_update, "masked_reply", record)
 
@@ -129,10 +129,11 @@ def test_secure_estimate_equals_plain_bit_for_bit(
         assert np.array_equal(_sum_of(entry), rec.symbol_sum(rnd, grid.node_ids, cfg, m))
         plain = rec.replay_plain(rnd, grid.node_ids)
         assert torch.equal(plain, entry["estimate"])
-    # round trips: round 1 adds keygen/pair (corbin) and advertise; steady rounds are
-    # share -> update -> unmask
-    assert [r["secure_aggregation"]["round_trips"] for r in rows] == [4, 3, 3]
-    assert rows[1]["round_trips"] == 3
+    # round trips: round 1 is advertise -> share -> update -> unmask (plus keygen/pair for
+    # corbin); a steady round is update -> unmask, its share stage done with the last unmask
+    assert [r["secure_aggregation"]["round_trips"] for r in rows] == [4, 2, 2]
+    assert [r["secure_aggregation"]["pipelined"] for r in rows] == [False, True, True]
+    assert rows[1]["round_trips"] == 2
     if mechanism == "corbin":
         assert rows[1]["carried_pairs"] == 2 and rows[1]["paired_updates"] == 4
 
@@ -299,13 +300,18 @@ def test_node_requiring_secure_aggregation_runs_with_it() -> None:
 
 
 def test_update_replies_carry_only_the_masked_vector() -> None:
-    """No per-client metric or app record: corbin.reply (round, next key) and the mask reply."""
+    """No per-client metric or app record: corbin.reply (round, next key), the mask reply and,
+    below the last round, the node's SecAgg+ keys of the next round (two public keys)."""
     grid = InProcessGrid(make_cfg(mechanism="corbin", num_rounds=2, **SECURE), 4)
     capture_metrics(grid)
     updates = [m for m in grid.received if m.has_content() and wire.REPLY in m.content]
     assert len(updates) == 8
     for reply in updates:
-        assert set(reply.content) == {wire.REPLY, secure.SECAGG_REC, secure.MASKED_REC}
+        nxt = {secure.NEXT_REC} if reply.metadata.group_id == "1" else set()
+        assert set(reply.content) == {wire.REPLY, secure.SECAGG_REC, secure.MASKED_REC, *nxt}
+        if nxt:
+            keys = reply.content.config_records[secure.NEXT_REC]
+            assert set(keys) == {"stage", "round", "c-pk", "s-pk"} and keys["round"] == 2
         assert set(reply.content.config_records[wire.REPLY]) <= {
             wire.ROUND,
             wire.NEXT_PUBKEY,

@@ -205,8 +205,8 @@ SECURE_FIRST_ROUND_STAGES: Final[int] = 6
 """Relay mode with secure aggregation: round 1 runs keygen, pair, SecAgg+ advertise and share,
 update (the mask stage) and unmask."""
 SECURE_LATER_ROUND_STAGES: Final[int] = 4
-"""Later rounds: share, update and unmask, and a margin of one stage (advertise for a node
-without keys from the last unmask reply)."""
+"""Later rounds: update and unmask when the last unmask carried the round's shares; advertise,
+share, update and unmask when the sample does not fit them and every node re-keys."""
 
 
 @pytest.mark.timeout(1800)
@@ -257,6 +257,7 @@ def test_secure_aggregation_run_learns_and_survives_a_killed_supernode(
     assert list(dropped) == [str(killed.node_id)], _explain(result)
     assert second["participants"] == NUM_CLIENTS - 1, _explain(result)
     assert sa2["abandoned"] is None and sa2["survivors"] == NUM_CLIENTS - 1, sa2
+    assert sa2["pipelined"] and sa2["round_trips"] == 2, sa2  # shares came with round 1's unmask
     assert second["test_accuracy"] > MIN_ROUND2_ACCURACY, _explain(result)
     assert result.events[-1]["event"] == "run_end"
     _assert_nothing_left(result)

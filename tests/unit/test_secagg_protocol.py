@@ -435,3 +435,105 @@ def test_flower_node_ids_span_the_whole_uint64_range() -> None:
     out, _ = simulate_round(x, 1, run_id=2**64 - 3, rng=rng, drop=drop)
     assert out.abandoned is None
     assert np.array_equal(out.total, sum(x[u] for u in out.survivors))
+
+
+# ============================================================================ pipelined stages
+def _pipelined_next(d: Driver) -> tuple[dict[int, KeyAdvert], SecAggServer]:
+    """After round 1's mask: each client's keys of round 2 (advertised while it holds round 1's
+    shares) and round 2's server over them."""
+    keys = {u: c.advertise(2) for u, c in d.clients.items()}
+    nxt = SecAggServer(
+        run_id=7,
+        server_round=2,
+        node_ids=list(d.clients),
+        levels=1,
+        rng=np.random.default_rng(5),
+        prekeys=keys,
+    )
+    return keys, nxt
+
+
+def test_keys_of_the_next_round_ride_the_mask_stage_and_keep_the_held_shares() -> None:
+    """advertise(t+1) at the mask stage keeps round t's shares for its unmask; the unmask then
+    makes the kept keys round t+1's (keyed); round t+1's share and a second round sum exactly."""
+    d = Driver(n=5)
+    d.advertise()
+    d.share()
+    d.mask()
+    held = {u: dict(c.state.held) for u, c in d.clients.items()}
+    keys, nxt = _pipelined_next(d)
+    for u, c in d.clients.items():
+        assert (c.state.server_round, c.state.stage, c.state.held) == (1, "masked", held[u])
+        assert c.state.next_round == 2 and ClientState.from_dict(c.state.to_dict()) == c.state
+        assert crypto.public_of(c.state.next_s_private) == keys[u].s_public
+    out = d.unmask()
+    assert out.total is not None
+    assert np.array_equal(out.total, plain_sum(d.inputs, out.survivors))
+    for u, c in d.clients.items():
+        assert (c.state.server_round, c.state.stage, c.state.held) == (2, "keyed", {})
+        assert c.own_keys() == keys[u]
+    reps = {u: d.clients[u].share_keys(r) for u, r in nxt.share_requests().items()}
+    nxt.receive_shares(reps)
+    x2 = make_inputs(5, 1, seed=9)
+    masked = {u: d.clients[u].mask(r, x2[u]) for u, r in nxt.mask_requests().items()}
+    nxt.receive_masked(masked)
+    out2 = nxt.receive_unmask({u: d.clients[u].unmask(r) for u, r in nxt.unmask_requests().items()})
+    assert np.array_equal(out2.total, plain_sum(x2, out2.survivors))
+
+
+def test_a_share_of_the_next_round_takes_the_kept_keys_without_an_unmask() -> None:
+    """Round 1 abandoned before its unmask: round 2's share request promotes the kept keys (round
+    1's held shares are dropped; a late unmask of round 1 is then refused)."""
+    d = Driver(n=4)
+    d.advertise()
+    d.share()
+    d.mask()
+    _, nxt = _pipelined_next(d)
+    reqs = nxt.share_requests()
+    for u, c in d.clients.items():
+        c.share_keys(reqs[u])
+        assert (c.state.server_round, c.state.stage, c.state.next_round) == (2, "shared", 0)
+        with pytest.raises(RefusalError, match="round 1"):
+            c.unmask(UnmaskRequest(1, (), ()))
+
+
+def test_a_refused_share_leaves_the_kept_keys_and_round_untouched() -> None:
+    d = Driver(n=4)
+    d.advertise()
+    d.share()
+    d.mask()
+    _, nxt = _pipelined_next(d)
+    u, req = next(iter(nxt.share_requests().items()))
+    before = d.clients[u].state
+    bad = dataclasses.replace(req, config=dataclasses.replace(req.config, threshold=1))
+    with pytest.raises(RefusalError, match="threshold"):
+        d.clients[u].share_keys(bad)
+    assert d.clients[u].state == before
+
+
+def test_rekeying_is_allowed_only_before_masking() -> None:
+    """advertise of the current round re-keys a node that has not masked (keyed or shared: the
+    server re-keys when its pipelined shares do not fit the sample); after masking, it is a
+    replay and is refused, as is any past round."""
+    d = Driver(n=4)
+    d.advertise()
+    d.share()
+    u = sorted(d.clients)[0]
+    c = d.clients[u]
+    old = c.own_keys()
+    new = c.advertise(1)
+    assert new != old and (c.state.stage, c.state.seed, c.state.held) == ("keyed", b"", {})
+    d2 = Driver(n=4)
+    d2.run()
+    for c in d2.clients.values():
+        with pytest.raises(RefusalError, match="replay"):
+            c.advertise(1)
+        with pytest.raises(RefusalError, match="replay"):
+            c.advertise(0)
+    d3 = Driver(n=4)
+    d3.advertise()
+    d3.share()
+    d3.mask()
+    for c in d3.clients.values():
+        with pytest.raises(RefusalError, match="replay"):
+            c.advertise(1)
