@@ -237,6 +237,7 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     rows: list[list[str]] = []
     notes: dict[str, None] = {}
     words: dict[str, list[str]] = {}
+    secure_any = False
     for g in groups:
         run = next((r for r in g.runs if r.summary.get("privacy")), None)
         report = rs.privacy_view(run.summary) if run is not None else None
@@ -249,13 +250,18 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         notes.update(dict.fromkeys(f"{mech}: {note}" for note in report.get("notes", []) or []))
         tm = report.get("threat_models")
         tm = tm if isinstance(tm, Mapping) else {}
+        # each entry's own name (B's, with secure aggregation: the server sees only the sum)
+        said = [(k, str(e.get("name") or n)) for k, n in THREAT_MODELS.items()
+                if isinstance(e := tm.get(k), Mapping)]  # fmt: skip
+        secure_any = secure_any or bool(report.get("secure_aggregation"))
         if mech not in words:  # the first setting of each mechanism
-            said = [(k, n) for k, n in THREAT_MODELS.items() if isinstance(tm.get(k), Mapping)]
             words[mech] = [f"- **{mech}**" + (f" ({label}):" if label != mech else ":")]
             words[mech] += [f"  - {k}, {n}: {tm[k].get('guarantee', '')}" for k, n in said]
         eps_p = _num(report["eps_p"]) if report.get("eps_p") is not None else "— (no DP)"
         rows.append([label, eps_p, *(_threat_model_cell(k, tm.get(k)) for k in THREAT_MODELS)])
     head = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in THREAT_MODELS.items()]
+    if secure_any:
+        head[3] = f"B: {THREAT_MODELS['B']} (only the sum with SecAgg+)"
     lines = [rs.TEXTS["privacy-intro"], "", table(head, rows)]
     if words:
         lines += ["", "The guarantees in words (first setting of each mechanism):", ""]

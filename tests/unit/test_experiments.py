@@ -1253,6 +1253,28 @@ def test_server_scaling_calls_the_accountant_per_gamma_at_the_runs_settings(
     assert block == f"```\n{ss.format_table(table(**run, gamma=0.6))}\n```"
 
 
+def test_privacy_section_names_b_as_each_report_does(tmp_path: Path) -> None:
+    """With a secure-aggregation setting, B's column says the server may see only the sum and
+    each mechanism's words use its report's own B name; without one, the header is unchanged."""
+    from corbin_fl.experiments.report import privacy_section
+
+    groups = _server_groups(tmp_path)
+    for g in groups:
+        for r in g.runs:
+            tm = r.summary["privacy"]
+            tm["eps_p"] = 1.0
+            if g.setting.get("secure-aggregation"):
+                tm["secure_aggregation"] = {"n": 10}
+                tm["threat_models"]["B"] |= {"name": "server, sees only the sum", "guarantee": "g"}
+    keys = ["mechanism", "gamma", "secure-aggregation"]
+    text = privacy_section(groups, keys)
+    assert "| B: server that sees every bit (only the sum with SecAgg+) |" in text
+    assert "  - B, server, sees only the sum: g" in text
+    assert "  - B, server that sees every bit: " in text  # fedavg, no secure aggregation
+    plain = privacy_section([g for g in groups if not g.setting.get("secure-aggregation")], keys)
+    assert "| B: server that sees every bit |" in plain and "SecAgg" not in plain
+
+
 def test_group_label_leaves_out_other_mechanisms_keys_at_their_default() -> None:
     keys = ["mechanism", "epsilon", "imvu-bits", "pbm-trials", "rqm-levels"]
     defaults = {"imvu-bits": 1, "pbm-trials": 1, "rqm-levels": 2}
