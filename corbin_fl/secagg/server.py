@@ -54,14 +54,14 @@ from .messages import (
     UnmaskReply,
     UnmaskRequest,
 )
-from .shamir import MERSENNE_521, ShamirError, ShamirField, decode_share
+from .shamir import MERSENNE_521, LagrangeBasis, ShamirError, decode_share
 
 logger = logging.getLogger(__name__)
 
 MAX_SUBSETS: Final[int] = 256
 """Most ``t``-subsets of shares tried to recover one secret when some shares are wrong."""
 
-_FIELD = ShamirField(MERSENNE_521)
+_PRIME: Final[int] = MERSENNE_521
 
 
 class SecAggServer:
@@ -123,6 +123,7 @@ class SecAggServer:
         self.survivors: tuple[int, ...] = ()
         self.length = 0
         self._requests: dict[int, UnmaskRequest] = {}
+        self._bases: dict[tuple[int, ...], LagrangeBasis] = {}
         if n < self.min_survivors:
             self._abandon(f"{n} sampled client(s), fewer than the minimum {self.min_survivors}")
         elif self.stage == SHARE:
@@ -437,15 +438,21 @@ class SecAggServer:
         if len(holders) < t:
             return None, []
         for subset in itertools.islice(itertools.combinations(holders, t), MAX_SUBSETS):
-            base = [(x, pts[x]) for x in subset]
-            value = _FIELD.interpolate(base, 0)
+            # One basis per holder set (owners whose first t holders coincide share it, as in
+            # the complete graph): its denominators are inverted once, so reading the secret at
+            # 0 and checking each other holder's share cost no modular inverse. Same values as
+            # ShamirField.interpolate (holders are distinct non-zero ids, y below p: decoded).
+            basis = self._bases.get(subset)
+            if basis is None:
+                basis = self._bases[subset] = LagrangeBasis(_PRIME, subset, checked=True)
+            ys = [pts[x] for x in subset]
+            value = basis.evaluate(ys, 0)
             if value >= 2**256:
                 continue
             secret = value.to_bytes(32, "big")
             if verify(secret):
-                bad = [
-                    x for x in holders if x not in subset and _FIELD.interpolate(base, x) != pts[x]
-                ]
+                chosen = set(subset)
+                bad = [x for x in holders if x not in chosen and basis.evaluate(ys, x) != pts[x]]
                 return secret, bad
         return None, []
 
@@ -473,7 +480,10 @@ class SecAggServer:
                         u=w,
                         v=v,
                     )
-                    # w added sign(w, v) * m: take it back.
-                    total = total - m if pair_sign(w, v) > 0 else total + m
+                    # w added sign(w, v) * m: take it back, in place (no temporary vector).
+                    if pair_sign(w, v) > 0:
+                        total -= m
+                    else:
+                        total += m
         total &= np.uint64((1 << cfg.bits) - 1)
         return total

@@ -113,17 +113,10 @@ class ShamirField:
         xs = [x for x, _ in shares]
         self._check_xs(xs, allow_zero=True)
         p = self.prime
-        total = 0
-        for i, (xi, yi) in enumerate(shares):
+        for xi, yi in shares:
             if not 0 <= yi < p:
                 raise ShamirError(f"share value for x={xi} is outside GF(p)")
-            num, den = 1, 1
-            for j, xj in enumerate(xs):
-                if j != i:
-                    num = num * (at - xj) % p
-                    den = den * (xi - xj) % p
-            total = (total + yi * num * pow(den, -1, p)) % p
-        return total
+        return LagrangeBasis(p, xs, checked=True).evaluate([y for _, y in shares], at)
 
     def combine(self, shares: Sequence[tuple[int, int]], threshold: int) -> int:
         """The secret from at least ``threshold`` shares (the first ``threshold`` by ``x``).
@@ -135,10 +128,96 @@ class ShamirField:
         self._check_threshold(threshold, len(shares))
         ordered = sorted(shares)
         base = ordered[:threshold]
-        bad = [x for x, y in ordered[threshold:] if self.interpolate(base, x) != y]
+        for x, y in base:
+            if not 0 <= y < self.prime:
+                raise ShamirError(f"share value for x={x} is outside GF(p)")
+        basis = LagrangeBasis(self.prime, [x for x, _ in base], checked=True)
+        ys = [y for _, y in base]
+        bad = [x for x, y in ordered[threshold:] if basis.evaluate(ys, x) != y]
         if bad:
             raise ShamirError(f"shares at x={bad} are inconsistent with the others")
-        return self.interpolate(base, 0)
+        return basis.evaluate(ys, 0)
+
+
+class LagrangeBasis:
+    """Lagrange interpolation over GF(prime) through a fixed set of x-coordinates.
+
+    For distinct ``xs = (x_1 .. x_t)`` and any point ``a``, the polynomial ``f`` of degree
+    ``< t`` with ``f(x_i) = y_i`` has ``f(a) = sum_i c_i(a) y_i`` with
+
+        c_i(a) = prod_{j != i} (a - x_j) / prod_{j != i} (x_i - x_j)   (mod p).
+
+    The denominators depend on the x's only: they are inverted once here, together (one modular
+    inverse and ``3 t`` products, Montgomery's batch inversion), and every evaluation then costs
+    ``O(t)`` products and no inverse. ``c(0)`` is kept, since secrets are read at ``0``. The
+    results are those of :meth:`ShamirField.interpolate` (the same exact field arithmetic),
+    which uses this class; the SecAgg server reuses one basis per set of share holders.
+
+    Parameters
+    ----------
+    prime
+        The field's modulus (an odd prime, as for :class:`ShamirField`).
+    xs
+        Distinct x-coordinates in ``[0, prime)``; :class:`ShamirError` otherwise (``0`` is
+        allowed, as :meth:`ShamirField.interpolate` allows it).
+    checked
+        The caller has validated ``xs`` already (skips the check).
+    """
+
+    def __init__(self, prime: int, xs: Sequence[int], *, checked: bool = False) -> None:
+        if not checked:
+            ShamirField(prime)._check_xs(xs, allow_zero=True)
+        p = prime
+        self.prime = p
+        self.xs: tuple[int, ...] = tuple(xs)
+        t = len(self.xs)
+        dens = []
+        for i, xi in enumerate(self.xs):
+            den = 1
+            for j, xj in enumerate(self.xs):
+                if j != i:
+                    den = den * (xi - xj) % p
+            dens.append(den)
+        # Batch inversion: prefix[i] = dens[0] .. dens[i-1]; one pow for the whole product.
+        prefix = [1] * (t + 1)
+        for i, den in enumerate(dens):
+            prefix[i + 1] = prefix[i] * den % p
+        inv = pow(prefix[t], -1, p) if t else 1
+        inv_dens = [0] * t
+        for i in range(t - 1, -1, -1):
+            inv_dens[i] = inv * prefix[i] % p
+            inv = inv * dens[i] % p
+        self._inv_dens = inv_dens
+        self._at_zero = self._coefficients(0)
+
+    def coefficients(self, at: int) -> tuple[int, ...]:
+        """``c_i(at)`` for each ``x_i`` (``f(at) = sum_i c_i(at) y_i``); ``c(0)`` is cached."""
+        return self._at_zero if at == 0 else self._coefficients(at)
+
+    def _coefficients(self, at: int) -> tuple[int, ...]:
+        p = self.prime
+        diffs = [(at - x) % p for x in self.xs]
+        t = len(diffs)
+        # prod_{j != i} (at - x_j) as prefix[i] * suffix[i + 1]: no division, so a point
+        # ``at`` equal to some x_i needs no special case (its coefficient vector is e_i).
+        suffix = [1] * (t + 1)
+        for i in range(t - 1, -1, -1):
+            suffix[i] = suffix[i + 1] * diffs[i] % p
+        out = []
+        prefix = 1
+        for i in range(t):
+            out.append(prefix * suffix[i + 1] % p * self._inv_dens[i] % p)
+            prefix = prefix * diffs[i] % p
+        return tuple(out)
+
+    def evaluate(self, ys: Sequence[int], at: int = 0) -> int:
+        """``f(at)`` for the values ``ys`` at ``xs`` (in order; each in ``[0, p)``)."""
+        if len(ys) != len(self.xs):
+            raise ShamirError(f"{len(ys)} value(s) for {len(self.xs)} x-coordinate(s)")
+        total = 0
+        for c, y in zip(self.coefficients(at), ys, strict=True):
+            total += c * y
+        return total % self.prime
 
 
 _FIELD: Final[ShamirField] = ShamirField()
