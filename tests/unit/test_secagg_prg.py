@@ -83,3 +83,17 @@ def test_packing_round_trip_is_b_bits_per_value(bits: int) -> None:
     if (1001 * bits) % 8:
         with pytest.raises(ValueError, match="padding"):
             unpack(data[:-1] + bytes([data[-1] | 1]), 1001, bits)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 5, 7, 8, 9, 16])
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 63, 1001])
+def test_packing_is_the_msb_first_bit_stream(bits: int, count: int) -> None:
+    """Both paths (eight values per ``b`` bytes for ``b <= 8``, bit planes above) write value
+    ``i`` into bits ``[i b, (i + 1) b)`` MSB first, zero-padded: checked against the stream
+    written out as a string of bits."""
+    v = np.random.default_rng(count * 31 + bits).integers(0, 1 << bits, count, dtype=np.uint64)
+    stream = "".join(format(int(x), f"0{bits}b") for x in v)
+    stream += "0" * (-len(stream) % 8)
+    expected = bytes(int(stream[i : i + 8], 2) for i in range(0, len(stream), 8))
+    assert pack(v, bits) == expected
+    assert np.array_equal(unpack(expected, count, bits), v)
