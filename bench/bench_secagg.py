@@ -6,7 +6,9 @@ for the steady rounds (2..R; round 1 carries start-up, key generation and advert
 
 - the round time (median ``round_seconds``) and its ratio secure / plain;
 - round trips per round (the stages that sent a message);
-- the ServerApp's CPU per round for the protocol and aggregation (``server_cpu_seconds``);
+- the ServerApp's CPU per round for the protocol and aggregation (``server_cpu_seconds``, the
+  process; on the simulation runtime the engine's threads share it, so the ServerApp's own
+  thread, ``server_thread_cpu_seconds``, is printed beside it);
 - the CPU of every process of the deployment per round (SuperLink, SuperNodes, every ClientApp
   process and the ServerApp, from this process's reaped children: ``getrusage``), of which the
   ServerApp's part above; on the simulation runtime the Ray workers are included;
@@ -100,6 +102,9 @@ def run_once(
         "round_seconds": _median([r.get("round_seconds") for r in steady]),
         "round_trips": _median([r.get("round_trips") for r in steady]),
         "server_cpu_per_round": _median([r.get("server_cpu_seconds") for r in steady]),
+        "server_thread_cpu_per_round": _median(
+            [r.get("server_thread_cpu_seconds") for r in steady]
+        ),
         "all_cpu_per_round": cpu / max(1, len(rows)),
         "bytes_up_per_client": up,
         "bytes_per_param": None if up is None else up / m,
@@ -129,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if row is not None:
                     rows.append(row)
     plain = {r["n"]: r for r in rows if not r["secure"]}
-    head = ("n", "runtime", "secure", "round s", "ratio", "trips", "server CPU s", "all CPU s",
+    head = ("n", "runtime", "secure", "round s", "ratio", "trips", "server CPU s",
+            "server thread CPU s", "all CPU s",
             "up B/client", "B/param", "vs FedAvg", "b", "test acc")  # fmt: skip
     print(" | ".join(head))
     for r in rows:
@@ -138,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  if base and r["round_seconds"] and base["round_seconds"] else None)  # fmt: skip
         per_param = r["bytes_per_param"]
         cells = (r["n"], r["runtime"], "on" if r["secure"] else "off", r["round_seconds"], ratio,
-                 r["round_trips"], r["server_cpu_per_round"], r["all_cpu_per_round"],
+                 r["round_trips"], r["server_cpu_per_round"], r["server_thread_cpu_per_round"],
+                 r["all_cpu_per_round"],
                  r["bytes_up_per_client"], per_param,
                  None if per_param is None else per_param / FEDAVG_BYTES_PER_PARAM,
                  r["b"], r["accuracy"])  # fmt: skip

@@ -408,9 +408,10 @@ class CorBin(Strategy):
         from corbin_fl.server.records import round_record
 
         run.files.round_start(rnd)
-        t0, cpu0 = time.monotonic(), time.process_time()
+        t0, cpu0, thread0 = time.monotonic(), time.process_time(), time.thread_time()
         state = self._train_round(run.rt, rnd, run.arrays(), train_config, run.result)
         train_cpu = time.process_time() - cpu0  # the protocol and the aggregation, not evaluation
+        thread_cpu = time.thread_time() - thread0
         if state.sampled and set(state.refused) == set(state.sampled):
             raise PolicyRefusedError(policy_refusal_message(rnd, state.refused))
         arrays = run.arrays()
@@ -418,6 +419,7 @@ class CorBin(Strategy):
         evals = run.evaluate(rnd, arrays)
         record = round_record(state, time.monotonic() - t0, evals, run.cfg)
         record["server_cpu_seconds"] = train_cpu
+        record["server_thread_cpu_seconds"] = thread_cpu
         record["checkpoint_reloaded"] = self._select(run, train, rnd, evals)
         self._commit(run, train, rnd, state, record, evals)
 
