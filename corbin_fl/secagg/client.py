@@ -171,6 +171,18 @@ class ClientState:
         )
 
 
+def _keyed(st: ClientState, server_round: int, c_private: bytes, s_private: bytes) -> ClientState:
+    """A fresh state of ``server_round`` at stage ``keyed`` with these private keys."""
+    return ClientState(
+        run_id=st.run_id,
+        node_id=st.node_id,
+        server_round=server_round,
+        stage=KEYED,
+        c_private=c_private,
+        s_private=s_private,
+    )
+
+
 def _ids(values: Iterable[object], what: str) -> list[int]:
     out = []
     for v in values:
@@ -221,14 +233,7 @@ class SecAggClient:
                 st, next_round=server_round, next_c_private=c.private, next_s_private=s.private
             )
         else:
-            self.state = ClientState(
-                run_id=st.run_id,
-                node_id=st.node_id,
-                server_round=server_round,
-                stage=KEYED,
-                c_private=c.private,
-                s_private=s.private,
-            )
+            self.state = _keyed(st, server_round, c.private, s.private)
         return KeyAdvert(c.public, s.public)
 
     def _promote(self, server_round: int) -> None:
@@ -236,14 +241,7 @@ class SecAggClient:
         the earlier round's held shares are dropped (the server has moved on)."""
         st = self.state
         if st.next_round and st.next_round == server_round > st.server_round:
-            self.state = ClientState(
-                run_id=st.run_id,
-                node_id=st.node_id,
-                server_round=server_round,
-                stage=KEYED,
-                c_private=st.next_c_private,
-                s_private=st.next_s_private,
-            )
+            self.state = _keyed(st, server_round, st.next_c_private, st.next_s_private)
 
     def own_keys(self) -> KeyAdvert:
         return KeyAdvert(
