@@ -3,22 +3,41 @@
 :class:`SecAggRound` runs one round's stages with ``grid.send_and_receive`` around the train
 messages a Message-API strategy configured, and returns the exact sum of the survivors' integer
 updates (:class:`~.messages.RoundOutcome`). :class:`SecAggPlus` wraps a strategy like Flower's
-DP wrappers do: ``configure_train`` is the wrapped strategy's plus the ``advertise`` and
-``share`` stages, the returned messages are the ``mask`` stage (the app trains there), and
-``aggregate_train`` runs ``unmask`` and hands the wrapped strategy's ``aggregate_train`` ONE
-reply holding the sum, so ``Strategy.start`` drives it unchanged.
+DP wrappers do: ``configure_train`` is the wrapped strategy's plus whatever of the ``advertise``
+and ``share`` stages the last round did not already do, the returned messages are the ``mask``
+stage (the app trains there), and ``aggregate_train`` runs ``unmask`` and hands the wrapped
+strategy's ``aggregate_train`` ONE reply holding the sum, so ``Strategy.start`` drives it
+unchanged.
 
-Round trips per round: ``share`` -> ``mask`` -> ``unmask`` (3) in the steady state, because each
-``unmask`` reply carries the node's public keys for the next round (pipelined ``advertise``); a
-round where some sampled node has no such keys (round 1, a node new or not sampled in the
-previous round, a round abandoned before unmasking) adds one ``advertise`` round trip, for those
-nodes only. ``mask`` and ``unmask`` cannot merge (unmasking needs the set of masked inputs
-received), nor ``share`` and ``mask`` (a client must know which neighbours' shares arrived
-before it masks), nor ``advertise`` and ``share`` (shares are encrypted to neighbours' keys).
-Composed with CorBin-FL (``server/secure_round.py``) a steady round is 2: round ``t+1``'s keys
-ride the mask reply and its share stage rides round ``t``'s unmask, drawn over round ``t``'s
-survivors and used when round ``t+1``'s sample is a subset of them; this wrapper does not do
-that yet (the client role supports it: :meth:`~.client.SecAggClient.advertise`).
+Round trips per round: ``mask`` -> ``unmask`` (2) in the steady state, pipelined one round
+ahead as the composition with CorBin-FL (``server/secure_round.py``) is:
+
+- the ``mask`` instruction of round ``t`` also carries round ``t+1``'s advertise request
+  (:data:`.wire.NEXT_RECORD`); the mask reply carries the node's keys for ``t+1`` (the client
+  role keeps them beside round ``t``'s held shares, :meth:`~.client.SecAggClient.advertise`);
+- the ``unmask`` instruction of round ``t`` carries round ``t+1``'s share request, built by a
+  round-``t+1`` :class:`~.server.SecAggServer` over round ``t``'s survivors that sent keys (its
+  neighbour graph drawn then); each unmask reply carries round ``t``'s unmask shares and round
+  ``t+1``'s share reply, or the node refuses both (its state unchanged). A node whose share
+  part is missing or bad stays in round ``t``'s sum and is dropped from round ``t+1`` only;
+- round ``t+1`` reuses that server when its sample is a subset of the nodes it was drawn over
+  and every secret its unmask would need keeps ``t`` sampled holders (else the round would be
+  abandoned even if every node answered). A pipelined node not sampled is dropped before masking
+  ("not sampled in this round": its mask key is recovered, it masked nothing); a sampled node
+  whose pipelined share failed is dropped at ``share``. Otherwise (the wrapped strategy samples
+  another set: a new node, a node back after a dropout) the round re-keys every node:
+  ``advertise`` -> ``share`` -> ``mask`` -> ``unmask`` (4), as round 1 does; a node re-keys a
+  round it shared but did not mask. A round whose pipelined share was not sent (round ``t``
+  abandoned before its unmask; fewer than 2 of its survivors with keys, or ``k``/``t``
+  impossible for them) uses the keys of the mask replies and adds the ``share`` trip (3), plus
+  ``advertise`` for nodes without keys; one whose pipelined share was sent but lost too many
+  nodes re-keys (4).
+
+``mask`` and ``unmask`` cannot merge (unmasking needs the set of masked inputs received), nor
+``share`` and ``mask`` of one round (a client must know which neighbours' shares arrived before
+it masks), nor ``advertise`` and ``share`` of one round (shares are encrypted to neighbours'
+keys): each round's stages ride the previous round's instead. The last round of
+``Strategy.start`` asks for nothing ahead.
 """
 
 from __future__ import annotations
@@ -26,15 +45,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
-from . import wire
+from . import crypto, wire
 from .messages import (
     ADVERTISE,
     MASK,
@@ -65,7 +84,15 @@ class SecAggRound:
     levels, num_neighbours, threshold, rng, min_survivors
         As in :class:`~.server.SecAggServer`.
     prekeys
-        Keys the nodes sent for this round with the previous round's unmask replies.
+        Keys the nodes sent for this round with the previous round's mask (or unmask) replies;
+        used only when no ``pipelined`` server is given.
+    pipelined
+        This round's server whose share stage rode the previous round's unmask
+        (:attr:`next_server` of that round): used when it fits this round's sample
+        (module docstring); otherwise every sampled node re-keys.
+    pipeline
+        Pipeline the next round: ask for its keys with the mask instruction and run its share
+        stage with this round's unmask (:attr:`next_keys`, :attr:`next_server`).
     stage_timeout
         Seconds each stage waits for replies (``grid.send_and_receive``'s timeout).
     """
@@ -81,12 +108,20 @@ class SecAggRound:
         threshold: int | None = None,
         rng: np.random.Generator | None = None,
         prekeys: Mapping[int, KeyAdvert] | None = None,
+        pipelined: SecAggServer | None = None,
+        pipeline: bool = False,
         stage_timeout: float = 60.0,
         min_survivors: int = 2,
     ) -> None:
         self.grid = grid
         self.server_round = server_round
         self.stage_timeout = stage_timeout
+        self.levels = levels
+        self.num_neighbours = num_neighbours
+        self.threshold = threshold
+        self.rng = rng
+        self.min_survivors = min_survivors
+        self.pipeline = pipeline
         self.train: dict[int, RecordDict] = {}
         for msg in train_messages:
             if msg.metadata.message_type.split(".")[0] != wire.TRAIN:
@@ -101,23 +136,62 @@ class SecAggRound:
         self._mask_msgs: list[Message] = []
         self.server: SecAggServer | None = None
         self._early: RoundOutcome | None = None
+        self.pipelined = False
+        """Whether this round's share stage rode the previous round's unmask."""
+        self.not_sampled: set[int] = set()
+        self.next_keys: dict[int, KeyAdvert] = {}
+        """Keys for the next round that came with the mask replies (``pipeline``)."""
+        self.next_server: SecAggServer | None = None
+        """The next round's server, its share stage done with this round's unmask."""
+        if pipelined is not None and self._fits(pipelined):
+            self.server, self.pipelined = pipelined, True
+            self.not_sampled = set(pipelined.sampled) - set(self.train)
+            return
+        if pipelined is not None:  # its nodes shared with the keys of its graph: re-key them all
+            logger.info("secagg round %d: pipelined shares unused, re-keying", server_round)
+            prekeys = None
         try:
-            self.server = SecAggServer(
-                run_id=grid.run.run_id,
-                server_round=server_round,
-                node_ids=sorted(self.train),
-                levels=levels,
-                num_neighbours=num_neighbours,
-                threshold=threshold,
-                rng=rng,
-                prekeys=prekeys,
-                min_survivors=min_survivors,
-            )
+            self.server = self._new_server(server_round, sorted(self.train), prekeys)
         except ValueError as exc:  # too few nodes for any k, t
             self._early = RoundOutcome(
                 server_round, tuple(sorted(self.train)), abandoned=f"setup: {exc}"
             )
             logger.warning("secagg round %d abandoned: setup: %s", server_round, exc)
+
+    def _new_server(
+        self, rnd: int, nodes: list[int], prekeys: Mapping[int, KeyAdvert] | None
+    ) -> SecAggServer:
+        return SecAggServer(
+            run_id=self.grid.run.run_id,
+            server_round=rnd,
+            node_ids=nodes,
+            levels=self.levels,
+            num_neighbours=self.num_neighbours,
+            threshold=self.threshold,
+            rng=self.rng,
+            prekeys=prekeys,
+            min_survivors=self.min_survivors,
+        )
+
+    def _fits(self, srv: SecAggServer) -> bool:
+        """``srv`` (shared ahead) serves this round: same round, at ``mask``, drawn over a
+        superset of the sample, and every secret the unmask would need (a sampled node's
+        self-mask seed, the mask key of a node it masks with) has ``t`` sampled holders."""
+        if (
+            srv.config.server_round != self.server_round
+            or srv.abandoned is not None
+            or srv.stage != MASK
+            or not set(self.train) <= set(srv.sampled)
+        ):
+            return False
+        live = set(self.train) & srv.alive
+        if len(live) < srv.min_survivors:
+            return False
+        for u in srv.alive:
+            holders = len(srv.graph[u] & live)
+            if holders < srv.threshold and (u in live or holders > 0):
+                return False
+        return True
 
     # ------------------------------------------------------------------ transport
     def _message(self, node: int, content: RecordDict) -> Message:
@@ -179,9 +253,17 @@ class SecAggRound:
                 bad[node] = f"malformed reply: {exc}"
         return out
 
+    def _next_of(self, content: RecordDict, stage: str) -> RecordDict | None:
+        """The next round's ``stage`` riding a reply (None when absent; malformed: raise)."""
+        _, nxt = wire.split_next(content)
+        if nxt is not None and wire.stage_of(nxt) != (stage, self.server_round + 1):
+            raise MalformedMessageError(f"'{wire.NEXT_RECORD}' does not answer the next {stage}")
+        return nxt
+
     # ------------------------------------------------------------------ stages
     def begin(self) -> list[Message]:
-        """``advertise`` (for nodes without pipelined keys) and ``share``; the ``mask`` messages.
+        """``advertise`` (for nodes without keys) and ``share``, unless the previous round's
+        unmask did them; the ``mask`` messages (with the next round's advertise request).
 
         Returns no message if the round was abandoned (the reason is in :meth:`finish`).
         """
@@ -196,55 +278,123 @@ class SecAggRound:
             srv.receive_adverts(self._decode(good, bad, wire.decode_advertise_reply), bad)
         if srv.abandoned:
             return []
-        good, bad = self._exchange(
-            SHARE, {u: wire.share_request(r) for u, r in srv.share_requests().items()}
-        )
-        srv.receive_shares(self._decode(good, bad, wire.decode_share_reply), bad)
+        if not self.pipelined:
+            good, bad = self._exchange(
+                SHARE, {u: wire.share_request(r) for u, r in srv.share_requests().items()}
+            )
+            srv.receive_shares(self._decode(good, bad, wire.decode_share_reply), bad)
         if srv.abandoned:
             return []
-        self._mask_msgs = [
-            self._message(u, wire.mask_request(r, self.train[u]))
-            for u, r in srv.mask_requests().items()
-        ]
+        ahead = wire.advertise_request(self.server_round + 1)
+        self._mask_msgs = []
+        for u, r in srv.mask_requests().items():
+            if u not in self.train:  # pipelined, not sampled: dropped in finish
+                continue
+            content = wire.mask_request(r, self.train[u])
+            if self.pipeline:
+                content = wire.with_next(content, ahead)
+            self._mask_msgs.append(self._message(u, content))
         self._t_mask = time.perf_counter()
         return list(self._mask_msgs)
 
-    def finish(self, replies: Iterable[Message], advertise_next: bool = True) -> RoundOutcome:
-        """Decode the ``mask`` replies, run ``unmask``: the exact sum or the abandon reason."""
+    def _abandoned(self, srv: SecAggServer) -> RoundOutcome:
+        return RoundOutcome(
+            self.server_round,
+            srv.sampled,
+            dropped=dict(srv.dropped),
+            abandoned=srv.abandoned,
+            next_keys=dict(self.next_keys),
+        )
+
+    def finish(self, replies: Iterable[Message]) -> RoundOutcome:
+        """Decode the ``mask`` replies, run ``unmask`` (with the next round's ``share`` when
+        pipelining): the exact sum or the abandon reason."""
         srv = self.server
         if srv is None:
             assert self._early is not None
             return self._early
         if srv.abandoned:
-            return RoundOutcome(
-                self.server_round, srv.sampled, dropped=dict(srv.dropped), abandoned=srv.abandoned
-            )
+            return self._abandoned(srv)
         self.round_trips += 1
         self.seconds[MASK] = time.perf_counter() - self._t_mask
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._mask_msgs}
         good, bad = self._collect(MASK, sent, replies)
         bits = srv.config.bits
-        decoded = self._decode(good, bad, lambda c: wire.decode_mask_reply(c, bits))
-        layouts = Counter(layout for _, layout in decoded.values())
+
+        def decode_mask(content: RecordDict) -> tuple[Any, wire.Layout, KeyAdvert | None]:
+            main, _ = wire.split_next(content)
+            rep, layout = wire.decode_mask_reply(main, bits)
+            nxt = self._next_of(content, ADVERTISE)
+            if nxt is None:  # no keys ahead (a mod that does not pipeline): re-keyed if sampled
+                return rep, layout, None
+            if not self.pipeline:
+                raise MalformedMessageError("keys for the next round that were not asked for")
+            keys = wire.decode_advertise_reply(nxt)
+            crypto.check_public_key(keys.c_public)
+            crypto.check_public_key(keys.s_public)
+            return rep, layout, keys
+
+        decoded = self._decode(good, bad, decode_mask)
+        layouts = Counter(layout for _, layout, _ in decoded.values())
         if layouts:
             self.layout = max(layouts, key=lambda lay: (layouts[lay], -len(lay)))
         masked = {}
-        for node, (rep, layout) in decoded.items():
+        for node, (rep, layout, keys) in decoded.items():
             if layout != self.layout:
                 bad[node] = "masked update with another layout than the majority's"
-            else:
-                masked[node] = rep
+                continue
+            masked[node] = rep
+            if keys is not None:
+                self.next_keys[node] = keys
+        bad.update(dict.fromkeys(self.not_sampled, "not sampled in this round"))
         srv.receive_masked(masked, bad)
         if srv.abandoned:
-            return RoundOutcome(
-                self.server_round, srv.sampled, dropped=dict(srv.dropped), abandoned=srv.abandoned
-            )
-        good, bad = self._exchange(
-            UNMASK,
-            {u: wire.unmask_request(r) for u, r in srv.unmask_requests(advertise_next).items()},
+            return self._abandoned(srv)
+        nxt_srv = self._next_server() if self.pipeline else None
+        shares = nxt_srv.share_requests() if nxt_srv is not None else {}
+        contents = {}
+        for u, r in srv.unmask_requests().items():
+            contents[u] = wire.unmask_request(r)
+            if u in shares:
+                contents[u] = wire.with_next(contents[u], wire.share_request(shares[u]))
+        good, bad = self._exchange(UNMASK, contents)
+        decoded_unmask = self._decode(
+            good, bad, lambda c: wire.decode_unmask_reply(wire.split_next(c)[0])
         )
-        outcome = srv.receive_unmask(self._decode(good, bad, wire.decode_unmask_reply), bad)
+        if nxt_srv is not None:  # a bad share drops its sender from the next round only
+            bad_next = dict(bad)
+            got_next = {}
+            for node, content in good.items():
+                if node in bad_next:
+                    continue
+                try:
+                    share = self._next_of(content, SHARE)
+                except (MalformedMessageError, KeyError, TypeError, ValueError) as exc:
+                    bad_next[node] = f"malformed reply: {exc}"
+                    continue
+                if share is not None:
+                    got_next[node] = share
+            nxt_srv.receive_shares(
+                self._decode(got_next, bad_next, wire.decode_share_reply), bad_next
+            )
+            self.next_server = nxt_srv if nxt_srv.abandoned is None else None
+        outcome = srv.receive_unmask(decoded_unmask, bad)
+        # keys ahead serve the next round's share stage only if none rode this unmask: a node
+        # that answered it shared with them (its next round re-keys unless the shares are used)
+        outcome.next_keys = dict(self.next_keys) if not shares else {}
         return outcome
+
+    def _next_server(self) -> SecAggServer | None:
+        """The next round's server over this round's survivors that sent keys for it (its
+        graph drawn now), or None when it cannot run."""
+        assert self.server is not None
+        nodes = [u for u in self.server.survivors if u in self.next_keys]
+        try:
+            nxt = self._new_server(self.server_round + 1, nodes, self.next_keys)
+        except ValueError as exc:
+            logger.info("secagg round %d: no pipelined share: %s", self.server_round + 1, exc)
+            return None
+        return nxt if nxt.abandoned is None else None
 
     def run(self, timeout: float | None = None) -> RoundOutcome:
         """All stages: :meth:`begin`, the ``mask`` exchange, :meth:`finish`."""
@@ -274,6 +424,10 @@ class SecAggPlus(Strategy):
     (int64, the app's keys and shapes) over the surviving clients and whose MetricRecord
     ``metrics`` holds ``{weighted_by_key: 1, "secagg-survivors": |U3|}``. An abandoned round
     gives ``(None, None)`` (Flower keeps the model) and its reason in :attr:`outcomes`.
+
+    Each round below the last pipelines the next one (module docstring): a steady round is 2
+    round trips, a round whose sample does not fit the pipelined share re-keys (4);
+    :attr:`round_trips` and :attr:`pipelined` record both per round.
     """
 
     def __init__(
@@ -304,12 +458,46 @@ class SecAggPlus(Strategy):
         self.round_trips: dict[int, int] = {}
         self._round: SecAggRound | None = None
         self._prekeys: tuple[int, dict[int, KeyAdvert]] = (-1, {})
+        self._pipe: SecAggServer | None = None
+        self.pipelined: dict[int, bool] = {}
+        """Per round: whether its share stage rode the previous round's unmask."""
+        self.num_rounds: int | None = None
+        """Set by :meth:`start`: the last round pipelines nothing ahead."""
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """:meth:`Strategy.start`, knowing the last round (it asks for no keys ahead)."""
+        self.num_rounds = num_rounds
+        self._pipe, self._prekeys = None, (-1, {})
+        try:
+            return super().start(
+                grid,
+                initial_arrays,
+                num_rounds,
+                timeout,
+                train_config,
+                evaluate_config,
+                evaluate_fn,
+            )
+        finally:
+            self.num_rounds = None
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         msgs = list(self.strategy.configure_train(server_round, arrays, config, grid))
         rnd, keys = self._prekeys
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None and pipe.config.server_round != server_round:
+            pipe = None
         self._round = SecAggRound(
             grid,
             server_round,
@@ -319,6 +507,8 @@ class SecAggPlus(Strategy):
             threshold=self.threshold,
             rng=self.rng,
             prekeys=keys if rnd == server_round else None,
+            pipelined=pipe,
+            pipeline=self.num_rounds is None or server_round < self.num_rounds,
             stage_timeout=self.stage_timeout,
             min_survivors=self.min_survivors,
         )
@@ -334,6 +524,8 @@ class SecAggPlus(Strategy):
         self._round = None
         self.outcomes[server_round] = outcome
         self.round_trips[server_round] = rnd.round_trips
+        self.pipelined[server_round] = rnd.pipelined
+        self._pipe = rnd.next_server
         self._prekeys = (server_round + 1, dict(outcome.next_keys))
         if outcome.total is None:
             logger.warning("secagg round %d abandoned: %s", server_round, outcome.abandoned)

@@ -14,6 +14,12 @@ the app's train handler. Decoders check the exact key set and every type, and ra
 |           |                                               | y in ArrayRecord ``secagg-masked``  |
 | unmask    | survivors, dropped, advertise-next            | b-ids, b-shares, s-ids, s-shares,   |
 |           |                                               | next-c-pk, next-s-pk (may be empty) |
+
+Pipelined (:class:`~.strategy.SecAggPlus`): the next round's stage may ride an instruction and
+its reply in a second ConfigRecord, ``secagg-next`` (:data:`NEXT_RECORD`), with the keys that
+stage's own ``secagg`` record has (:func:`with_next`, :func:`split_next`): round ``t+1``'s
+advertise on round ``t``'s ``mask`` instruction and reply, round ``t+1``'s share on round
+``t``'s ``unmask`` instruction and reply. Messages without it decode as before.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ MASKED_RECORD: Final[str] = "secagg-masked"
 MASKED_ARRAY: Final[str] = "y"
 STATE_RECORD: Final[str] = "secagg-state"
 """ConfigRecord in the node's ``context.state`` holding :class:`~.client.ClientState`."""
+NEXT_RECORD: Final[str] = "secagg-next"
+"""ConfigRecord of the next round's stage riding a ``mask`` or ``unmask`` message (pipelined)."""
 TRAIN: Final[str] = "train"
 ERROR_CODE_REFUSED: Final[int] = 1100
 """Error code of a reply by which the mod refuses an instruction (reason in the error)."""
@@ -99,9 +107,41 @@ def stage_of(content: RecordDict) -> tuple[str, int]:
     return str(stage), rnd
 
 
+def with_next(content: RecordDict, nxt: RecordDict) -> RecordDict:
+    """``content`` (a copy) with the SecAgg+ message ``nxt`` of the next round's stage under
+    :data:`NEXT_RECORD`."""
+    if NEXT_RECORD in content:
+        raise ValueError(f"the message already has a '{NEXT_RECORD}' record")
+    out = RecordDict(dict(content.items()))
+    out[NEXT_RECORD] = nxt.config_records[RECORD]
+    return out
+
+
+def split_next(content: RecordDict) -> tuple[RecordDict, RecordDict | None]:
+    """``content`` without :data:`NEXT_RECORD`, and that record as a SecAgg+ message of its own
+    (its ``secagg`` record; None when absent). Its stage and round are checked."""
+    if NEXT_RECORD not in content:
+        return content, None
+    rec = content.config_records.get(NEXT_RECORD)
+    if rec is None:
+        raise MalformedMessageError(f"'{NEXT_RECORD}' must be a ConfigRecord")
+    nxt = RecordDict({RECORD: rec})
+    stage_of(nxt)
+    return RecordDict({k: v for k, v in content.items() if k != NEXT_RECORD}), nxt
+
+
 # ---------------------------------------------------------------------- advertise
 def advertise_request(server_round: int) -> RecordDict:
     return RecordDict({RECORD: _record(ADVERTISE, server_round)})
+
+
+def decode_advertise_request(content: RecordDict) -> int:
+    """The round an advertise instruction names (it carries nothing else)."""
+    rec = content.config_records[RECORD]
+    _check(rec, {}, "advertise instruction")
+    if _get(rec, K_STAGE) != ADVERTISE:
+        raise MalformedMessageError(f"advertise instruction names stage {_get(rec, K_STAGE)!r}")
+    return int(_get(rec, K_ROUND))
 
 
 def advertise_reply(server_round: int, adv: KeyAdvert) -> RecordDict:

@@ -3,7 +3,9 @@
 A toy Message-API strategy (sums integer vectors) wrapped by ``SecAggPlus`` and a toy ClientApp
 (``ClientApp(mods=[secagg_mod])`` whose train handler returns integer arrays) run through
 Flower's own ``Strategy.start`` on an in-process grid (the pattern of ``harness.py``, without
-the project's app): every sum is the plain sum, bit for bit, with dropouts at every stage.
+the project's app): every sum is the plain sum, bit for bit, with dropouts at every stage. A
+steady round is 2 round trips (mask with the next round's advertise, unmask with the next round's
+share); a round whose sample does not fit the pipelined share re-keys (4).
 """
 
 from __future__ import annotations
@@ -73,11 +75,16 @@ def train(msg: Message, context: Context) -> Message:
     )
 
 
-class SumStrategy(Strategy):
-    """Sends every node the round's config; aggregates by summing integer arrays."""
+Sample = Callable[[int, list[int]], list[int]]
+"""sample(round, node ids) -> the nodes the strategy trains that round."""
 
-    def __init__(self) -> None:
+
+class SumStrategy(Strategy):
+    """Sends every sampled node (default: all) the round's config; sums integer arrays."""
+
+    def __init__(self, sample: Sample | None = None) -> None:
         self.sums: dict[int, dict[str, np.ndarray]] = {}
+        self.sample = sample
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -87,7 +94,11 @@ class SumStrategy(Strategy):
             Message(
                 RecordDict({"arrays": arrays, "config": cfg}), dst_node_id=n, message_type="train"
             )
-            for n in grid.get_node_ids()
+            for n in (
+                self.sample(server_round, list(grid.get_node_ids()))
+                if self.sample
+                else grid.get_node_ids()
+            )
         ]
 
     def aggregate_train(
@@ -181,6 +192,12 @@ def stage(msg: Message) -> tuple[str, int] | None:
     return (str(rec["stage"]), int(rec["round"])) if rec else None
 
 
+def next_stage(msg: Message) -> tuple[str, int] | None:
+    """The next round's stage riding a message (pipelined), if any."""
+    rec = msg.content.config_records.get(wire.NEXT_RECORD) if msg.has_content() else None
+    return (str(rec["stage"]), int(rec["round"])) if rec else None
+
+
 def drop_at(stage_name: str, nodes: set[int], rnd: int | None = None) -> Hook:
     def hook(node: int, msg: Message, reply: Message | None) -> str | None:
         st = stage(msg)
@@ -196,8 +213,10 @@ def plain(nodes: Iterable[int], rnd: int) -> dict[str, np.ndarray]:
     return {k: np.sum([u[k].astype(np.int64) for u in ups], axis=0) for k in SHAPES}
 
 
-def start(grid: Grid1, rounds: int = 3, **kw: Any) -> tuple[SecAggPlus, SumStrategy]:
-    inner = SumStrategy()
+def start(
+    grid: Grid1, rounds: int = 3, sample: Sample | None = None, **kw: Any
+) -> tuple[SecAggPlus, SumStrategy]:
+    inner = SumStrategy(sample)
     strategy = SecAggPlus(inner, levels=LEVELS, rng=np.random.default_rng(0), **kw)
     init = ArrayRecord({"w": Array(np.zeros(1, dtype=np.int64))})
     strategy.start(grid=grid, initial_arrays=init, num_rounds=rounds, timeout=10)
@@ -220,9 +239,11 @@ def test_strategy_start_sums_exactly_and_pipelines_the_keys() -> None:
     for rnd in (1, 2, 3):
         assert_exact(strategy, inner, rnd)
         assert strategy.outcomes[rnd].survivors == tuple(grid.ids)
-    # Round 1: advertise, share, mask, unmask; later rounds: the keys came with the unmask.
-    assert strategy.round_trips == {1: 4, 2: 3, 3: 3}
-    assert grid.calls == 4 + 3 + 3 + 3  # + Flower's evaluate exchange (empty) each round
+    # Round 1: advertise, share, mask, unmask; later rounds: the next round's keys came with
+    # the mask replies and its shares with the unmask replies.
+    assert strategy.round_trips == {1: 4, 2: 2, 3: 2}
+    assert strategy.pipelined == {1: False, 2: True, 3: True}
+    assert grid.calls == 4 + 2 + 2 + 3  # + Flower's evaluate exchange (empty) each round
 
 
 def test_what_the_server_receives_is_b_bit_packed_and_masked() -> None:
@@ -252,15 +273,24 @@ def test_what_the_server_receives_is_b_bit_packed_and_masked() -> None:
 
 
 @pytest.mark.parametrize(
-    ("stage_name", "nodes", "rnd"),
-    [("advertise", {301}, 1), ("share", {312}, 2), ("mask", {323, 356}, 2), ("unmask", {334}, 2)],
+    ("stage_name", "nodes", "rnd", "trips"),
+    [
+        ("advertise", {301}, 1, {1: 4, 2: 4, 3: 2}),
+        ("share", {312}, 1, {1: 4, 2: 4, 3: 2}),
+        ("mask", {323, 356}, 2, {1: 4, 2: 2, 3: 4}),
+        ("unmask", {334}, 2, {1: 4, 2: 2, 3: 2}),
+    ],
     ids=["advertise", "share", "before-masking", "during-unmasking"],
 )
 def test_dropouts_at_every_stage_keep_the_sum_exact(
-    stage_name: str, nodes: set[int], rnd: int
+    stage_name: str, nodes: set[int], rnd: int, trips: dict[int, int]
 ) -> None:
-    """Round 1 is the only one with an advertise stage for all (later rounds use the keys that
-    came with the unmask replies), so the advertise dropout is in round 1, the others in 2."""
+    """Only round 1 has advertise and share stages of its own (later ones ride the previous
+    round), so those dropouts are in round 1, the others in the pipelined round 2. A node that
+    dropped before its unmask sent no keys ahead or none that were used: the next round's sample
+    (all nodes) is not a subset of the pipelined set and every node re-keys (4 round trips). A
+    node silent at the unmask (and the next round's share riding it) is in the round's sum and
+    is dropped at the next round's share, which stays pipelined."""
     grid = Grid1(7)
     grid.hooks.append(drop_at(stage_name, nodes, rnd=rnd))
     strategy, inner = start(grid)
@@ -269,12 +299,15 @@ def test_dropouts_at_every_stage_keep_the_sum_exact(
     out = strategy.outcomes[rnd]
     if stage_name == "unmask":
         assert set(out.survivors) == set(grid.ids) and set(out.faulty) == nodes
+        nxt = strategy.outcomes[rnd + 1]
+        assert set(nxt.survivors) == set(grid.ids) - nodes
+        assert all(nxt.dropped[n].startswith("share") for n in nodes)
     else:
         assert set(out.survivors) == set(grid.ids) - nodes
         assert all(out.dropped[n].startswith(stage_name) for n in nodes)
-    # The dropped nodes sent no keys for the next round: it has one advertise trip (for them).
-    assert strategy.round_trips[rnd + 1] == 4
-    assert strategy.round_trips == {1: 4, 2: 3, 3: 3, rnd + 1: 4}
+        assert set(strategy.outcomes[rnd + 1].survivors) == set(grid.ids)  # back, re-keyed
+    assert strategy.round_trips == trips
+    assert strategy.pipelined == {r: r > 1 and trips[r] == 2 for r in trips}
 
 
 def test_too_many_dropouts_abandon_the_round_and_keep_the_model() -> None:
@@ -285,6 +318,8 @@ def test_too_many_dropouts_abandon_the_round_and_keep_the_model() -> None:
     assert out.total is None and out.abandoned and out.abandoned.startswith("unmask")
     assert 2 not in inner.sums  # nothing half-applied: the wrapped strategy saw nothing
     assert_exact(strategy, inner, 3)
+    # round 3's pipelined share lost the same nodes (abandoned): every node re-keys
+    assert strategy.round_trips == {1: 4, 2: 2, 3: 4}
 
 
 def test_a_malformed_share_drops_only_its_sender() -> None:
@@ -332,30 +367,43 @@ def test_malformed_replies_drop_only_their_senders() -> None:
 
 
 def test_replays_across_rounds_are_refused() -> None:
-    """Round 1's share instruction replayed to its node in round 2: an error reply (state kept);
-    round 1's mask reply replayed in round 2 is ignored (answers no round-2 instruction)."""
+    """Round 1's share instruction and its unmask instruction (with round 2's share riding it)
+    replayed to their node in round 2: error replies (state kept); round 1's mask reply
+    replayed in round 2 is ignored (answers no round-2 instruction)."""
     grid = Grid1(5)
     captured: dict[str, Message] = {}
 
+    replayed: list[str] = []
+
+    def replay(node: int, old: Message) -> None:
+        replayed.append(str(stage(old)))
+        before = dict(grid.contexts[node].state.config_records[wire.STATE_RECORD])
+        res = toy(old, grid.contexts[node])
+        assert res.has_error() and "refused" in res.error.reason
+        assert dict(grid.contexts[node].state.config_records[wire.STATE_RECORD]) == before
+
     def capture_and_replay(node: int, msg: Message, reply: Message | None) -> Message | None:
         st = stage(msg)
-        if node == 301 and st == ("share", 1):
-            captured["share"] = copy.deepcopy(msg)
+        if node == 301 and st in {("share", 1), ("unmask", 1)}:
+            captured[st[0]] = copy.deepcopy(msg)
         if node == 301 and st == ("mask", 1) and reply is not None:
             captured["mask-reply"] = reply
-        if node == 301 and st == ("share", 2):
-            old = captured["share"]
-            replay = toy(old, grid.contexts[node])
-            assert replay.has_error() and "refused" in replay.error.reason
+        if node == 301 and st == ("mask", 2):
+            replay(node, captured["share"])
+        if node == 301 and st == ("unmask", 2):
+            replay(node, captured["unmask"])
         if node == 312 and st == ("mask", 2):
             return captured["mask-reply"]  # node 301's round-1 reply, as 312's answer
         return None
 
     grid.hooks.append(capture_and_replay)
-    strategy, inner = start(grid, rounds=2)
-    assert_exact(strategy, inner, 1)
-    assert_exact(strategy, inner, 2)
+    strategy, inner = start(grid, rounds=3)
+    assert next_stage(captured["unmask"]) == ("share", 2)
+    assert replayed == ["('share', 1)", "('unmask', 1)"]
+    for rnd in (1, 2, 3):
+        assert_exact(strategy, inner, rnd)
     assert 312 in strategy.outcomes[2].dropped and 301 not in strategy.outcomes[2].dropped
+    assert set(strategy.outcomes[3].survivors) == set(grid.ids)  # 312 re-keyed in round 3
 
 
 def test_the_mod_refuses_an_unmasked_train_message_and_a_both_shares_request() -> None:
@@ -406,3 +454,145 @@ def test_secagg_round_alone_with_a_sparse_graph() -> None:
     expected = plain(out.survivors, 1)
     assert all(np.array_equal(arrays[k].numpy(), expected[k]) for k in SHAPES)
     assert set(out.dropped) == {301, 400}
+
+
+# ---------------------------------------------------------------------- pipelining
+
+
+def test_steady_rounds_take_two_round_trips_with_exact_sums() -> None:
+    """Round t's mask instruction asks for round t+1's keys, its unmask instruction carries
+    round t+1's share request; the last round asks for nothing ahead."""
+    grid = Grid1(6)
+    strategy, inner = start(grid, rounds=5)
+    for rnd in range(1, 6):
+        assert_exact(strategy, inner, rnd)
+        assert strategy.outcomes[rnd].survivors == tuple(grid.ids)
+    assert strategy.round_trips == {1: 4, 2: 2, 3: 2, 4: 2, 5: 2}
+    assert grid.calls == 4 + 4 * 2 + 5
+    by_stage: dict[tuple[str, int], set[tuple[str, int] | None]] = {}
+    for msg in grid.sent:
+        st = stage(msg)
+        if st is not None:
+            by_stage.setdefault(st, set()).add(next_stage(msg))
+    for rnd in range(1, 5):
+        assert by_stage[("mask", rnd)] == {("advertise", rnd + 1)}
+        assert by_stage[("unmask", rnd)] == {("share", rnd + 1)}
+    assert by_stage[("mask", 5)] == {None} and by_stage[("unmask", 5)] == {None}
+    assert not any(st[0] in ("advertise", "share") and st[1] > 1 for st in by_stage)
+
+
+def test_a_sample_that_is_a_strict_subset_of_the_pipelined_set_stays_pipelined() -> None:
+    """Round 2 samples 5 of the 6 nodes that shared ahead: the sixth is dropped before masking
+    (its mask key is recovered; it masked nothing) and the sum is the 5's. Round 3 samples all
+    six again: not a subset of round 2's survivors, so every node re-keys."""
+    grid = Grid1(6)
+    left_out = grid.ids[-1]
+
+    def sample(rnd: int, ids: list[int]) -> list[int]:
+        return [n for n in ids if n != left_out] if rnd == 2 else ids
+
+    strategy, inner = start(grid, rounds=4, sample=sample)
+    for rnd in (1, 2, 3, 4):
+        assert_exact(strategy, inner, rnd)
+    out = strategy.outcomes[2]
+    assert out.survivors == tuple(grid.ids[:-1])
+    assert out.dropped == {left_out: "mask: not sampled in this round"}
+    assert not any(
+        m.metadata.dst_node_id == left_out and stage(m) == ("mask", 2) for m in grid.sent
+    )
+    assert strategy.outcomes[3].survivors == tuple(grid.ids)
+    assert strategy.round_trips == {1: 4, 2: 2, 3: 4, 4: 2}
+    assert strategy.pipelined == {1: False, 2: True, 3: False, 4: True}
+
+
+def test_a_subset_too_small_for_the_pipelined_graph_re_keys() -> None:
+    """3 of 6 sampled (k = 5, t = 3 drawn over 6): each has 2 sampled neighbours, fewer than
+    t, so the pipelined shares would abandon the round; it re-keys the 3 instead."""
+    grid = Grid1(6)
+
+    def sample(rnd: int, ids: list[int]) -> list[int]:
+        return ids[:3] if rnd == 2 else ids
+
+    strategy, inner = start(grid, rounds=3, sample=sample)
+    for rnd in (1, 2, 3):
+        assert_exact(strategy, inner, rnd)
+    assert strategy.outcomes[2].survivors == tuple(grid.ids[:3])
+    assert strategy.round_trips == {1: 4, 2: 4, 3: 4}
+
+
+def test_a_sample_with_a_new_node_re_keys_every_node() -> None:
+    grid = Grid1(7)
+    newcomer = grid.ids[-1]
+
+    def sample(rnd: int, ids: list[int]) -> list[int]:
+        return [n for n in ids if n != newcomer] if rnd == 1 else ids
+
+    strategy, inner = start(grid, rounds=3, sample=sample)
+    for rnd in (1, 2, 3):
+        assert_exact(strategy, inner, rnd)
+    assert strategy.outcomes[1].survivors == tuple(grid.ids[:-1])
+    assert strategy.outcomes[2].survivors == strategy.outcomes[3].survivors == tuple(grid.ids)
+    assert strategy.round_trips == {1: 4, 2: 4, 3: 2}
+    advertised = {m.metadata.dst_node_id for m in grid.sent if stage(m) == ("advertise", 2)}
+    assert advertised == set(grid.ids)
+
+
+def test_a_node_silent_at_the_pipelined_unmask_and_share_rejoins_the_round_after() -> None:
+    """Node 334 masks round 2 (and sends its keys for round 3), then answers neither its unmask
+    nor round 3's share: it is in round 2's sum, dropped at round 3's share (round 3 stays
+    pipelined) and back in round 4, which re-keys."""
+    grid = Grid1(6)
+    grid.hooks.append(drop_at("unmask", {334}, rnd=2))
+    strategy, inner = start(grid, rounds=5)
+    for rnd in range(1, 6):
+        assert_exact(strategy, inner, rnd)
+    assert strategy.outcomes[2].survivors == tuple(grid.ids)
+    assert set(strategy.outcomes[2].faulty) == {334}
+    out3 = strategy.outcomes[3]
+    assert 334 not in out3.survivors and out3.dropped[334] == "share: no reply"
+    assert strategy.outcomes[4].survivors == strategy.outcomes[5].survivors == tuple(grid.ids)
+    assert strategy.round_trips == {1: 4, 2: 2, 3: 2, 4: 4, 5: 2}
+    assert strategy.pipelined == {1: False, 2: True, 3: True, 4: False, 5: True}
+
+
+def test_a_refused_pipelined_share_refuses_the_unmask_too_and_keeps_the_state() -> None:
+    """An unmask instruction whose riding share request names another round, or that also asks
+    for the next round's keys, is refused whole (state unchanged); the honest one then works.
+    A next-round record on a share instruction is refused too."""
+    grid = Grid1(5)
+    node = grid.ids[0]
+    seen: list[str] = []
+
+    def forge(msg: Message, edit: Callable[[RecordDict], None]) -> str:
+        content = copy.deepcopy(msg.content)
+        edit(content)
+        st = stage(msg)
+        assert st is not None
+        forged = Message(content, dst_node_id=node, message_type="train", group_id=str(st[1]))
+        forged.metadata.__dict__["_message_id"] = msg.metadata.message_id
+        before = dict(grid.contexts[node].state.config_records[wire.STATE_RECORD])
+        res = toy(forged, grid.contexts[node])
+        assert res.has_error()
+        assert dict(grid.contexts[node].state.config_records[wire.STATE_RECORD]) == before
+        return res.error.reason
+
+    def evil(n: int, msg: Message) -> None:
+        if n != node:
+            return
+        if stage(msg) == ("unmask", 1):
+            seen.append(forge(msg, lambda c: c[wire.NEXT_RECORD].__setitem__("round", 3)))
+            seen.append(forge(msg, lambda c: c[wire.RECORD].__setitem__("advertise-next", True)))
+        if stage(msg) == ("share", 1):
+            nxt = wire.advertise_request(2)[wire.RECORD]
+            seen.append(forge(msg, lambda c: c.__setitem__(wire.NEXT_RECORD, nxt)))
+        if stage(msg) == ("mask", 1):
+            nxt = wire.advertise_request(3)[wire.RECORD]
+            seen.append(forge(msg, lambda c: c.__setitem__(wire.NEXT_RECORD, nxt)))
+
+    grid.before.append(evil)
+    strategy, inner = start(grid, rounds=2)
+    assert len(seen) == 4 and all("MalformedMessageError" in r for r in seen), seen
+    for rnd in (1, 2):
+        assert_exact(strategy, inner, rnd)
+    assert strategy.outcomes[2].survivors == tuple(grid.ids)
+    assert strategy.round_trips == {1: 4, 2: 2}
