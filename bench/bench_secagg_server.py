@@ -39,8 +39,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from corbin_fl.secagg.client import SecAggClient
-from corbin_fl.secagg.messages import ADVERTISE, MASK, SHARE, UNMASK, SecAggError
+from corbin_fl.secagg.messages import ADVERTISE, MASK, SHARE, UNMASK
 from corbin_fl.secagg.server import SecAggServer
+from corbin_fl.secagg.simulate import answers
 
 CNN_PARAMETERS = 421_642
 """``app.models.SmallCNN()``'s floating-point entries (parameters and buffers)."""
@@ -93,15 +94,7 @@ def run_round(
 
     def answer(stage: str, requests: Mapping[int, Any], call: Callable) -> tuple[dict, dict]:
         gone.update(drop.get(stage, set()))
-        replies, failures = {}, {}
-        for u, req in requests.items():
-            if u in gone:
-                continue
-            try:
-                replies[u] = call(u, req)
-            except (SecAggError, ValueError) as exc:
-                failures[u] = f"error reply: {exc}"
-        return replies, failures
+        return answers(requests, call, gone)
 
     if server.stage == ADVERTISE:
         targets = {u: None for u in server.advertise_targets()}

@@ -8,13 +8,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from .client import SecAggClient
 from .messages import ADVERTISE, MASK, SHARE, UNMASK, KeyAdvert, RoundOutcome, SecAggError
 from .server import SecAggServer
+
+
+def answers(
+    requests: Mapping[int, Any], call: Callable[[int, Any], Any], skip: set[int]
+) -> tuple[dict[int, Any], dict[int, str]]:
+    """Each client's reply ``call(u, request)`` but those in ``skip`` (silent); a refusal or a
+    bad input becomes the node's failure (as the server sees an error reply)."""
+    replies, failures = {}, {}
+    for u, req in requests.items():
+        if u in skip:
+            continue
+        try:
+            replies[u] = call(u, req)
+        except (SecAggError, ValueError) as exc:
+            failures[u] = f"error reply: {exc}"
+    return replies, failures
 
 
 def simulate_round(
@@ -48,17 +65,9 @@ def simulate_round(
         prekeys=prekeys,
     )
 
-    def answer(stage: str, requests: Mapping[int, object], call: object) -> tuple[dict, dict]:
+    def answer(stage: str, requests: Mapping[int, Any], call: Callable) -> tuple[dict, dict]:
         gone.update(drop.get(stage, set()))
-        replies, failures = {}, {}
-        for u, req in requests.items():
-            if u in gone:
-                continue
-            try:
-                replies[u] = call(u, req)  # type: ignore[operator]
-            except (SecAggError, ValueError) as exc:
-                failures[u] = f"error reply: {exc}"
-        return replies, failures
+        return answers(requests, call, gone)
 
     def outcome() -> RoundOutcome:
         return RoundOutcome(
