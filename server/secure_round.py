@@ -24,8 +24,9 @@ so every reply passes the round's replay and misdirection checks and is counted 
 
 A steady round is 2 round trips, ``update`` -> ``secagg-unmask`` (the plain round is 1). Round
 ``t+1`` uses the pipelined share stage when its sample (the wrapped strategy's, drawn after round
-``t``'s aggregate) is a subset of round ``t``'s survivors that shared: a pipelined node not
-sampled counts as dropped before masking (its mask key is recovered, it masked nothing); a
+``t``'s aggregate) is a subset of round ``t``'s survivors that shared and keeps ``t`` sampled
+holders of every secret its unmask would need (:meth:`SecAggServer.serves`): a pipelined node
+not sampled counts as dropped before masking (its mask key is recovered, it masked nothing); a
 pipelined node whose share failed is dropped at ``secagg-share`` as in an unpipelined round.
 Otherwise the round re-keys every node (advertise, share: 4 round trips; a node re-keys only
 before it masked, :meth:`corbin_fl.secagg.client.SecAggClient.advertise`). Nothing of the
@@ -95,9 +96,8 @@ class SecureRound:
         if (
             pipe is not None
             and pipe.config.server_round == state.round
-            and pipe.abandoned is None
-            and set(participants) <= set(pipe.sampled)
-        ):  # the shares came with the last round's unmask replies
+            and pipe.serves(participants)
+        ):  # the shares came with the last round's unmask replies, and they cover the sample
             self.srv, self.not_sampled = pipe, set(pipe.sampled) - set(participants)
             self.record["pipelined"] = True
         else:

@@ -30,7 +30,7 @@ import itertools
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import numpy as np
@@ -249,6 +249,24 @@ class SecAggServer:
                 self._commit[u] = rep.commitment
         self.stage = MASK
         self._prune(SHARE, lambda u: self._view[u])
+
+    def serves(self, nodes: Iterable[int]) -> bool:
+        """Whether this server, its share stage done a round ahead (pipelined), can run its
+        round over ``nodes`` (that round's sample): it is at ``mask``, was drawn over a superset
+        of them, and every secret the unmask would need (a sampled node's self-mask seed, the
+        mask key of an unsampled node that a sampled one masks with) has ``t`` sampled
+        holders; otherwise the round would be abandoned even if every node answered."""
+        sample = set(nodes)
+        if self.abandoned is not None or self.stage != MASK or not sample <= set(self.sampled):
+            return False
+        live = sample & self.alive
+        if len(live) < self.min_survivors:
+            return False
+        for u in self.alive:
+            holders = len(self.graph[u] & live)
+            if holders < self.threshold and (u in live or holders > 0):
+                return False
+        return True
 
     # ------------------------------------------------------------------ stage 2
     def mask_requests(self) -> dict[int, MaskRequest]:

@@ -174,24 +174,8 @@ class SecAggRound:
         )
 
     def _fits(self, srv: SecAggServer) -> bool:
-        """``srv`` (shared ahead) serves this round: same round, at ``mask``, drawn over a
-        superset of the sample, and every secret the unmask would need (a sampled node's
-        self-mask seed, the mask key of a node it masks with) has ``t`` sampled holders."""
-        if (
-            srv.config.server_round != self.server_round
-            or srv.abandoned is not None
-            or srv.stage != MASK
-            or not set(self.train) <= set(srv.sampled)
-        ):
-            return False
-        live = set(self.train) & srv.alive
-        if len(live) < srv.min_survivors:
-            return False
-        for u in srv.alive:
-            holders = len(srv.graph[u] & live)
-            if holders < srv.threshold and (u in live or holders > 0):
-                return False
-        return True
+        """``srv`` (shared ahead) serves this round (:meth:`~.server.SecAggServer.serves`)."""
+        return srv.config.server_round == self.server_round and srv.serves(self.train)
 
     # ------------------------------------------------------------------ transport
     def _message(self, node: int, content: RecordDict) -> Message:

@@ -122,6 +122,20 @@ def test_a_pipelined_node_not_sampled_counts_as_dropped_before_masking(
     sums.assert_exact(third, nodes[:4])
 
 
+def test_a_subset_too_small_for_the_pipelined_graph_rekeys(
+    sums: Sums, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 2 samples 3 of round 1's 7: in round 2's graph (drawn over the 7, t = 4) no node
+    keeps t sampled holders, so the pipelined shares would abandon the round: it re-keys."""
+    grid, rt = _setup(7)
+    nodes = grid.node_ids
+    _round(rt, 1, nodes, monkeypatch)
+    assert rt.secagg_next is not None and not rt.secagg_next.serves(nodes[:3])
+    second = _round(rt, 2, nodes[:3], monkeypatch)
+    assert _trips(second) == (4, False) and second.secure["abandoned"] is None
+    sums.assert_exact(second, nodes[:3])
+
+
 def test_a_sample_outside_the_pipeline_rekeys_every_node(
     sums: Sums, monkeypatch: pytest.MonkeyPatch
 ) -> None:
