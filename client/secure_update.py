@@ -178,9 +178,10 @@ def take_mask_request(msg: Message, context: Context, cfg: RunConfig) -> MaskIns
         rec = msg.content.config_records.get(secure.NEXT_REC)
         if not isinstance(rec, ConfigRecord):
             raise wire.WireError(f"record {secure.NEXT_REC!r} must be a ConfigRecord")
-        nxt = _next(msg, ADVERTISE, rnd)
-        if set(nxt.config_records[sawire.RECORD]) != {sawire.K_STAGE, sawire.K_ROUND}:
-            raise wire.WireError(f"{secure.NEXT_REC}: an advertise request carries nothing else")
+        try:  # round t+1's advertise request, and nothing else
+            sawire.decode_advertise_request(_next(msg, ADVERTISE, rnd))
+        except SecAggError as exc:
+            raise wire.WireError(f"{secure.NEXT_REC}: {exc}") from exc
     load(context).expect(rnd, SHARED, "mask")
     names = [secure.SECAGG_REC, *([secure.NEXT_REC] if advertise_next else [])]
     records = {name: msg.content.config_records[name] for name in names}

@@ -48,7 +48,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from corbin_fl import secure, wire
-from corbin_fl.secagg import crypto
 from corbin_fl.secagg import wire as sawire
 from corbin_fl.secagg.messages import (
     ADVERTISE,
@@ -399,14 +398,9 @@ def _next_keys(content: RecordDict, rnd: int) -> KeyAdvert:
     """The node's SecAgg+ keys of round ``rnd`` from an update reply (:data:`secure.NEXT_REC`)."""
     inner = RecordDict({sawire.RECORD: content.config_records[secure.NEXT_REC]})
     try:
-        if sawire.stage_of(inner) != (ADVERTISE, rnd):
-            raise wire.WireError(f"{secure.NEXT_REC} does not advertise round {rnd}")
-        keys = sawire.decode_advertise_reply(inner)
-        crypto.check_public_key(keys.c_public)
-        crypto.check_public_key(keys.s_public)
-    except (SecAggError, ValueError) as exc:
+        return sawire.decode_next_keys(inner, rnd)
+    except SecAggError as exc:
         raise wire.WireError(f"{secure.NEXT_REC}: {exc}") from exc
-    return keys
 
 
 _INNER: Final[dict[str, str]] = {

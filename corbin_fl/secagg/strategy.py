@@ -53,7 +53,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from . import crypto, wire
+from . import wire
 from .messages import (
     ADVERTISE,
     MASK,
@@ -313,10 +313,7 @@ class SecAggRound:
                 return rep, layout, None
             if not self.pipeline:
                 raise MalformedMessageError("keys for the next round that were not asked for")
-            keys = wire.decode_advertise_reply(nxt)
-            crypto.check_public_key(keys.c_public)
-            crypto.check_public_key(keys.s_public)
-            return rep, layout, keys
+            return rep, layout, wire.decode_next_keys(nxt, self.server_round + 1)
 
         decoded = self._decode(good, bad, decode_mask)
         layouts = Counter(layout for _, layout, _ in decoded.values())

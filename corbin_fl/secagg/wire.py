@@ -30,6 +30,7 @@ from typing import Any, Final
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from . import crypto
 from .messages import (
     ADVERTISE,
     MASK,
@@ -154,6 +155,21 @@ def decode_advertise_reply(content: RecordDict) -> KeyAdvert:
     rec = content.config_records[RECORD]
     _check(rec, {"c-pk": bytes, "s-pk": bytes}, "advertise reply")
     return KeyAdvert(_get(rec, "c-pk"), _get(rec, "s-pk"))
+
+
+def decode_next_keys(content: RecordDict, server_round: int) -> KeyAdvert:
+    """The keys of ``server_round`` that a mask reply carries ahead (pipelined): an advertise
+    reply naming that round, both keys valid X25519 public keys (the server uses them without
+    an advertise stage of their own)."""
+    if stage_of(content) != (ADVERTISE, server_round):
+        raise MalformedMessageError(f"the keys ahead do not advertise round {server_round}")
+    keys = decode_advertise_reply(content)
+    try:
+        crypto.check_public_key(keys.c_public)
+        crypto.check_public_key(keys.s_public)
+    except ValueError as exc:
+        raise MalformedMessageError(f"the keys ahead: {exc}") from exc
+    return keys
 
 
 # ---------------------------------------------------------------------- share

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Message
-from harness import InProcessGrid, make_cfg, runtime
+from harness import InProcessGrid, make_cfg, rebuild, reply_hook, runtime
 from wire_helpers import app_records, message_stage
 
 from corbin_fl import secure, wire
@@ -227,3 +227,21 @@ def test_a_next_record_naming_another_round_is_refused(monkeypatch: pytest.Monke
     reasons = [m.error.reason for m in grid.received if m.has_error()]
     assert any("names ('advertise', 3), expected ('advertise', 2)" in r for r in reasons)
     assert any("names ('share', 2), expected ('share', 3)" in r for r in reasons)
+
+
+def test_keys_ahead_that_are_not_x25519_keys_drop_their_sender(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server uses the keys ahead without an advertise stage of their own, so it checks
+    them as an advertise reply's: a 31-byte key drops its sender from the round (update
+    stage); the other 4 sum."""
+    grid, rt = _setup(5)
+    bad = grid.node_ids[0]
+
+    def short_key(content: Any) -> None:
+        content.config_records[secure.NEXT_REC]["c-pk"] = bytes(31)
+
+    grid.hooks.append(reply_hook(wire.UPDATE, bad, lambda ins, rep: [rebuild(rep, ins, short_key)]))
+    first = _round(rt, 1, grid.node_ids, monkeypatch)
+    assert first.dropped[bad].startswith(wire.UPDATE) and "32 bytes" in first.dropped[bad]
+    assert first.secure["survivors"] == 4 and first.secure["abandoned"] is None
