@@ -555,7 +555,13 @@ def _submit_and_follow(
         )
     status: str | None = None
     if state.run_id is not None and deployment.infrastructure_failure() is None:
-        status, details = deployment.cli.final_status(state.run_id)
+        # A run that ended by itself: its final status can lag `flwr run`'s exit, so poll for it.
+        # A run we stopped: one query says how it ended; nothing waits on it.
+        status, details = (
+            deployment.cli.final_status(state.run_id)
+            if reason is None
+            else deployment.cli.run_status(state.run_id)
+        )
         if status is not None and status != COMPLETED_STATUS:
             logger.warning("run %s ended with status %s (%s)", state.run_id, status, details)
     reason, ok = _verdict(reason, flwr_run, state.run_id, status)

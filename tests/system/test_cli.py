@@ -799,12 +799,22 @@ def test_local_run_with_killed_client(
 
 
 @pytest.mark.e2e
+# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
 @pytest.mark.timeout(240)
 def test_run_timeout_fails_keeps_logs_and_stops_everything(
-    tiny_app: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_app: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flower_startup: StartupTiming,
+    rearm_timeout: Callable[[float], None],
 ) -> None:
     """A ServerApp that hangs: `--timeout` stops the run, exit code 1, logs kept, nothing left."""
     out = tmp_path / "out"
+    ready, _, _ = _tiny_waits(flower_startup, 1)
+    # Start-up, the 20 s, then the stop: `flwr stop`, `flwr ls`, a process start-up each, and
+    # every process's grace period.
+    cli_call = LOAD_HEADROOM * flower_startup.startup
+    rearm_timeout(ready + 20 + 2 * cli_call + 60)
     t0 = time.monotonic()
     code = cli.main(
         [
@@ -819,6 +829,8 @@ def test_run_timeout_fails_keeps_logs_and_stops_everything(
             "hang=true",
             "--timeout",
             "20",
+            "--ready-timeout",
+            str(round(ready)),
             "--out",
             str(out),
         ]
@@ -848,6 +860,7 @@ def _ports_in_logs(logs: Path) -> list[str]:
 
 
 @pytest.mark.e2e
+# Covers the probe; the limit is then moved to the bound derived from it (`rearm_timeout`).
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("inherited", "when"),
@@ -861,8 +874,19 @@ def _ports_in_logs(logs: Path) -> list[str]:
     ids=["default-running", "ignored-running", "ignored-start-up"],
 )
 def test_ctrl_c_stops_every_process(
-    tiny_app: Path, tmp_path: Path, inherited: signal.Handlers, when: str
+    tiny_app: Path,
+    tmp_path: Path,
+    inherited: signal.Handlers,
+    when: str,
+    flower_startup: StartupTiming,
+    rearm_timeout: Callable[[float], None],
 ) -> None:
+    # Up: the SuperLink, the SuperNode, `flwr run` and the ServerApp. Stopped: `flwr stop` (a
+    # process start-up), then every process's grace period. Neither below the fixed waits these
+    # cases had before (150 s, 60 s).
+    up = max(150.0, flower_startup.startup_timeout(4))
+    stop = max(60.0, LOAD_HEADROOM * flower_startup.startup + 30.0)
+    rearm_timeout(up + stop + 60)
     out = tmp_path / "out"
     cmd = ["corbin-fl", "local", "--app", str(tiny_app), "--clients", "1", "-q"]
     cmd += ["--run-config", "hang=true", "--rounds", "1", "--out", str(out)]
@@ -878,13 +902,13 @@ def test_ctrl_c_stops_every_process(
             ready = lambda: (out / "events.jsonl").exists()  # noqa: E731
         else:  # the SuperLink runs (it has logged), the run is not submitted yet
             ready = lambda: _log_lines(out / "logs" / "superlink.log") >= 2  # noqa: E731
-        _wait_for(lambda: ready() or proc.poll() is not None, 150)
+        _wait_for(lambda: ready() or proc.poll() is not None, up)
         assert proc.poll() is None, proc.communicate()[0]
         ports = _ports_in_logs(out / "logs")
         assert len(ports) == 2 if when == "running" else len(ports) >= 1
         assert alive_matching([f"--port {p}" for p in ports])  # running right now
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
+        output, _ = proc.communicate(timeout=stop)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
