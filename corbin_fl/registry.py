@@ -362,6 +362,13 @@ class Mechanism:
         return self.category.independent_share
 
     @property
+    def own_keys(self) -> frozenset[str]:
+        """The run-config keys only some mechanisms read that this one reads: its parameters,
+        and ``gamma`` when a share of the clients quantizes independently."""
+        gamma = {"gamma"} if self.independent_share else set()
+        return frozenset(p.key for p in self.params) | gamma
+
+    @property
     def policy_default(self) -> bool:
         """Whether the node policy admits it by default (:attr:`node_default`, else local DP)."""
         return self.local_dp if self.node_default is None else self.node_default

@@ -310,18 +310,17 @@ def varying_keys(results: Sequence[RunResult]) -> tuple[str, ...]:
 
 
 _DEFAULTS = RunConfig().result_config()
-_MECHANISM_PREFIXES = frozenset(name.split("-", 1)[0] for name in REGISTRY)
+_MECHANISM_KEYS = frozenset().union(*(m.own_keys for m in REGISTRY.values()))
 
 
 def _inert(key: str, setting: Mapping[str, RunValue]) -> bool:
-    """``key`` is named for another mechanism than the setting's (``pbm-trials`` in an ``ldpfl``
-    setting; ``gamma`` is AugCorBin's) and has its default value: its runs do not read it."""
-    prefix, own = key.split("-", 1)[0], str(setting.get("mechanism", "")).split("-", 1)[0]
-    prefix = "augcorbin" if key == "gamma" else prefix
+    """``key`` is read only by other mechanisms than the setting's (``pbm-trials`` in an
+    ``ldpfl`` setting, ``gamma`` outside AugCorBin; ``Mechanism.own_keys``) and has its default
+    value: its runs do not read it."""
+    mechanism = REGISTRY.get(str(setting.get("mechanism", "")))
     return (
-        ("-" in key or key == "gamma")
-        and prefix in _MECHANISM_PREFIXES
-        and prefix != own
+        key in _MECHANISM_KEYS
+        and (mechanism is None or key not in mechanism.own_keys)
         and key in _DEFAULTS
         and sweep.canonical_json(setting.get(key)) == sweep.canonical_json(_DEFAULTS[key])
     )

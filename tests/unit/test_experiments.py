@@ -1295,7 +1295,12 @@ def test_group_label_leaves_out_other_mechanisms_keys_at_their_default() -> None
         {"mechanism": "central-gaussian", "central-clip": 1.0, "cr-mode": "relay"},
         ["mechanism", "central-clip", "cr-mode"],
     ) == ("central-gaussian, central-clip=1.0, cr-mode=relay")
-    # gamma is AugCorBin's
+    # gamma is AugCorBin's: the registry says which keys a mechanism reads
+    from corbin_fl import registry
+
+    assert registry.get("augcorbin").own_keys == {"gamma"}
+    assert "gamma" not in registry.get("corbin").own_keys
+    assert "pbm-trials" in registry.get("pbm").own_keys
     keys = ["mechanism", "gamma", "secure-aggregation"]
     assert group_label({"mechanism": "ldpfl", "gamma": 0.2, "secure-aggregation": False}, keys) == (
         "ldpfl, secure-aggregation=False"
