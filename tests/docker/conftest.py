@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.docker)
             if not wanted:
                 item.add_marker(pytest.mark.skip(reason="Docker layer: run with -m docker"))
+
+
+CONTAINER_LOG_LINES = 25
+"""Lines of each container's log a failed test shows (its compose projects' containers)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test of this folder shows its compose projects' containers (a module's
+    ``COMPOSE_PROJECTS``) while they still run: each one's state and the end of its log, which
+    say why a node did not answer."""
+    report = yield
+    projects = getattr(getattr(item, "module", None), "COMPOSE_PROJECTS", ())
+    if report.when == "call" and report.failed and projects:
+        report.sections.append(("containers at the failure", container_report(projects)))
+    return report
+
+
+def container_report(projects: tuple[str, ...]) -> str:
+    """Every container of ``projects``: name, state, and the last lines of its log."""
+    lines: list[str] = []
+    for project in projects:
+        label = f"label=com.docker.compose.project={project}"
+        listed = subprocess.run(
+            ["docker", "ps", "-a", "--filter", label, "--format", "{{.Names}}\t{{.Status}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        for row in sorted(listed.stdout.splitlines()):
+            name = row.split("\t", 1)[0]
+            logs = subprocess.run(
+                ["docker", "logs", "--timestamps", "--tail", str(CONTAINER_LOG_LINES), name],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            lines += [f"== {row}", *(logs.stdout + logs.stderr).splitlines()]
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="session")

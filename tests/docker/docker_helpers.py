@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,15 @@ IMAGES = (
 N_CLIENTS = 3
 """Clients of every deployment of this layer (the demo, the TLS override, separate machines), as
 docs/DOCKER.md has them: partitions 0, 1, 2 of 3."""
+
+
+def concurrent_clientapps() -> int:
+    """ClientApp processes that may run at once on this host: :data:`N_CLIENTS` for each test
+    file that runs beside this one (``.ci/run`` runs the layer on a pytest-xdist worker per file,
+    each file's deployment in its own compose project): the ``c`` of every stage's wait
+    (``ClientAppTiming.slowdown``)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return N_CLIENTS * max(1, workers)
 
 
 @dataclass(frozen=True)

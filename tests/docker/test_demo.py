@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_helpers import REPO, BuiltImages, Docker, healthy_wait, wait_for
+from docker_helpers import REPO, BuiltImages, Docker, concurrent_clientapps, healthy_wait, wait_for
 from waits import ClientAppTiming
 
 DEMO_MIN_ACCURACY = 0.5
@@ -38,6 +38,8 @@ APP_USER = "49999:49999"
 N_CLIENTS = 3
 ROUNDS = 4
 KILLED = 2
+COMPOSE_PROJECTS = ("corbin-fl",)
+"""docker-compose.yml's project (a failure shows its containers)."""
 """The client killed in round 2 (supernode-2 and clientapp-2), back for a later round."""
 
 
@@ -194,8 +196,8 @@ def test_documented_run_learns_through_a_kill_and_a_rejoin(
     assert set(documented) == {"out-dir", "num-rounds", "stage-timeout"}, argv
     out_dir = documented["out-dir"].strip('"') + f"-{int(time.time())}"
     # A busy machine may need longer stages than the documented 30 s (an execution key).
-    stage = probe.stage_timeout(N_CLIENTS, first=False, poll_interval=1.0)
-    first = probe.stage_timeout(N_CLIENTS, first=True, poll_interval=1.0)
+    stage = probe.stage_timeout(concurrent_clientapps(), first=False, poll_interval=1.0)
+    first = probe.stage_timeout(concurrent_clientapps(), first=True, poll_interval=1.0)
     documented.update(
         {
             "out-dir": json.dumps(out_dir),
@@ -213,7 +215,7 @@ def test_documented_run_learns_through_a_kill_and_a_rejoin(
         rounds=ROUNDS,
         first_round_stages=3,
         later_round_stages=2,
-        concurrent=N_CLIENTS,
+        concurrent=concurrent_clientapps(),
         poll_interval=1.0,
         wait_for_nodes=probe.startup_timeout(2 * N_CLIENTS + 2),
     )

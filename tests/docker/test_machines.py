@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_helpers import N_CLIENTS, REPO, BuiltImages, Docker, healthy_wait, wait_for
+from docker_helpers import (
+    N_CLIENTS,
+    REPO,
+    BuiltImages,
+    Docker,
+    concurrent_clientapps,
+    healthy_wait,
+    wait_for,
+)
 from waits import HEALTH_INTERVAL_S, ClientAppTiming
 
 ROUNDS = 3
@@ -44,6 +52,8 @@ ROUND1_MIN_ACCURACY = 0.3
 """Round 1's test accuracy floor: three times chance (one round of the app's defaults reaches
 about 0.6 on this machine; the 1,000 test digits give a binomial std of 0.016)."""
 SERVER, CLIENT = "docker-compose.server.yml", "docker-compose.client.yml"
+COMPOSE_PROJECTS = ("corbin-fl-server", *(f"corbin-fl-client-{k}" for k in range(1, N_CLIENTS + 1)))
+"""The server machine's project and each client machine's (a failure shows their containers)."""
 SERVER_SUBNETS = {"CORBIN_FL_SUBNET": "10.213.2.0/24", "CORBIN_EDGE_SUBNET": "10.213.3.0/24"}
 
 
@@ -295,8 +305,8 @@ def test_documented_run_learns_through_a_superlink_restart(machines: Machines) -
     documented = dict(kv.split("=", 1) for kv in shlex.split(argv[index]))
     assert set(documented) == {"out-dir", "num-rounds", "stage-timeout"}, argv
     out_dir = documented["out-dir"].strip('"') + f"-{int(time.time())}"
-    stage = probe.stage_timeout(N_CLIENTS, first=False, poll_interval=1.0)
-    first = probe.stage_timeout(N_CLIENTS, first=True, poll_interval=1.0)
+    stage = probe.stage_timeout(concurrent_clientapps(), first=False, poll_interval=1.0)
+    first = probe.stage_timeout(concurrent_clientapps(), first=True, poll_interval=1.0)
     # The SuperLink's restart is inside a stage: its start, and the clients' retries (Flower's
     # back-off reaches 20 s between two tries) come on top of a stage's bound.
     restart = probe.startup_timeout(1) + 2 * 20.0
@@ -314,7 +324,7 @@ def test_documented_run_learns_through_a_superlink_restart(machines: Machines) -
             rounds=ROUNDS,
             first_round_stages=3,
             later_round_stages=2,
-            concurrent=N_CLIENTS,
+            concurrent=concurrent_clientapps(),
             poll_interval=1.0,
             wait_for_nodes=probe.startup_timeout(N_CLIENTS),
         )

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from docker_helpers import REPO, BuiltImages, Docker, healthy_wait, wait_for
+from docker_helpers import REPO, BuiltImages, Docker, concurrent_clientapps, healthy_wait, wait_for
 from waits import ClientAppTiming
 
 N_CLIENTS = 3
@@ -36,6 +36,8 @@ PROJECT = {
 """The deployment's compose project and subnets (the compose files' settable subnets, as
 test_machines.py sets them): the one-host demo (test_demo.py, project `corbin-fl` on
 10.213.0-1) may run at the same time (.ci/run runs this layer on a worker per file)."""
+COMPOSE_PROJECTS = (PROJECT["COMPOSE_PROJECT_NAME"],)
+"""Its project (a failure shows its containers)."""
 MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
 REGISTER = REPO / "docker" / "certs" / "register-nodes.sh"
 
@@ -145,7 +147,7 @@ def test_documented_tls_run_completes(tls: Tls) -> None:
     documented = dict(kv.split("=", 1) for kv in shlex.split(argv[index]))
     out_dir = documented["out-dir"].strip('"') + f"-{int(time.time())}"
     probe = tls.probe
-    first = probe.stage_timeout(N_CLIENTS, first=True, poll_interval=1.0)
+    first = probe.stage_timeout(concurrent_clientapps(), first=True, poll_interval=1.0)
     documented.update(
         {
             "out-dir": json.dumps(out_dir),
@@ -158,7 +160,7 @@ def test_documented_tls_run_completes(tls: Tls) -> None:
         rounds=1,
         first_round_stages=3,
         later_round_stages=2,
-        concurrent=N_CLIENTS,
+        concurrent=concurrent_clientapps(),
         poll_interval=1.0,
         wait_for_nodes=probe.startup_timeout(N_CLIENTS),
     )
