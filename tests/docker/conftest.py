@@ -129,6 +129,13 @@ def clientapp_probe() -> ClientAppTiming:
 
 
 @pytest.fixture(scope="session")
+def round_one_lock(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lock file the layer's workers take turns on for their runs' first rounds
+    (``docker_helpers.first_round_turn``), beside the workers' temp folders."""
+    return tmp_path_factory.getbasetemp().parent / "corbin-fl-round-one.lock"
+
+
+@pytest.fixture(scope="session")
 def flwr_home_docker(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A FLWR_HOME of the session's own (the tests write its config.toml)."""
     return tmp_path_factory.mktemp("flwr-home")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,29 @@ IMAGES = (
 N_CLIENTS = 3
 """Clients of every deployment of this layer (the demo, the TLS override, separate machines), as
 docs/DOCKER.md has them: partitions 0, 1, 2 of 3."""
+
+
+@contextmanager
+def first_round_turn(lock: Path, timeout: float) -> Iterator[Callable[[], None]]:
+    """Hold ``lock`` (shared by the layer's pytest-xdist workers) while a deployment runs its
+    first round; yield the call that gives it up once that round is recorded.
+
+    A first round is the costliest stretch of a run: every ClientApp container installs the app
+    bundle and its processes import torch, the data and the partitioner cold. Three of them at
+    once with the other layers on two cores starved Flower's own clocks: a ClientApp's task
+    heartbeat (every ~20 s, 5 s per call, 2 misses allowed) went unanswered for over 60 s, its
+    SuperNode revoked its task token and the round lost the node. Later rounds still overlap.
+    ``timeout`` bounds the wait for the other files' first rounds.
+    """
+    from filelock import FileLock  # not at module level: image_build.py runs before installs
+
+    held = FileLock(str(lock))
+    held.acquire(timeout=timeout)
+    try:
+        yield held.release
+    finally:
+        if held.is_locked:
+            held.release()
 
 
 def concurrent_clientapps() -> int:

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_helpers import REPO, BuiltImages, Docker, concurrent_clientapps, healthy_wait, wait_for
+from docker_helpers import (
+    REPO,
+    BuiltImages,
+    Docker,
+    concurrent_clientapps,
+    first_round_turn,
+    healthy_wait,
+    wait_for,
+)
 from waits import ClientAppTiming
 
 DEMO_MIN_ACCURACY = 0.5
@@ -176,15 +184,21 @@ def _metrics(compose: Docker, out_dir: str) -> list[dict[str, Any]]:
 
 
 def test_containers_run_as_the_app_user(docker_cli: Docker, demo: Demo) -> None:
-    """Every running container of the demo runs its processes as uid 49999."""
+    """Every running container of the demo runs its processes as uid 49999, and the app
+    containers' home belongs to it whole (the caches the processes write live there)."""
     compose = Docker(env={**docker_cli.env, **demo.env})
     for service in compose.compose([], "config", "--services").split():
         uid = compose.compose([], "exec", "-T", service, "id", "-u").strip()
         assert uid == "49999", f"{service} runs as uid {uid}"
+        if service.startswith(("clientapp", "serverapp")):
+            foreign = compose.compose(
+                [], "exec", "-T", service, "find", "/app", "-not", "-user", "49999", "-print"
+            ).split()
+            assert not foreign, f"{service}: not the app user's in its home: {foreign}"
 
 
 def test_documented_run_learns_through_a_kill_and_a_rejoin(
-    docker_cli: Docker, demo: Demo, flwr_home_docker: Path
+    docker_cli: Docker, demo: Demo, flwr_home_docker: Path, round_one_lock: Path
 ) -> None:
     """DOCKER.md's run command, 4 rounds: client 2 killed in round 2, back in a later round."""
     compose = Docker(env={**docker_cli.env, **demo.env})
@@ -220,7 +234,8 @@ def test_documented_run_learns_through_a_kill_and_a_rejoin(
         wait_for_nodes=probe.startup_timeout(2 * N_CLIENTS + 2),
     )
     log = flwr_home_docker / "run.log"
-    with log.open("w") as sink:
+    turn = first_round_turn(round_one_lock, 2 * run_timeout)
+    with log.open("w") as sink, turn as round_one_done:
         run = subprocess.Popen(
             argv,
             cwd=REPO,
@@ -231,6 +246,7 @@ def test_documented_run_learns_through_a_kill_and_a_rejoin(
         try:
             # Round 1 done: round 2 is running. Kill client 2 (both its containers).
             wait_for(lambda: len(_metrics(compose, out_dir)) >= 1, run_timeout, "round 1")
+            round_one_done()
             killed = [f"corbin-fl-supernode-{KILLED}-1", f"corbin-fl-clientapp-{KILLED}-1"]
             compose.run("docker", "kill", *killed)
             state = compose.run("docker", "inspect", "--format", "{{.State.Status}}", *killed)

@@ -41,6 +41,7 @@ from docker_helpers import (
     BuiltImages,
     Docker,
     concurrent_clientapps,
+    first_round_turn,
     healthy_wait,
     wait_for,
 )
@@ -295,7 +296,9 @@ def _metrics(m: Machines, out_dir: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def test_documented_run_learns_through_a_superlink_restart(machines: Machines) -> None:
+def test_documented_run_learns_through_a_superlink_restart(
+    machines: Machines, round_one_lock: Path
+) -> None:
     """Part C step 7's run on the three client machines; its SuperLink killed once round 1 is
     recorded and started again with its state volume (step 9): the run goes on to the end."""
     m = machines
@@ -332,12 +335,14 @@ def test_documented_run_learns_through_a_superlink_restart(machines: Machines) -
     )
     operator = Docker(env={**m.docker.env, "FLWR_HOME": str(m.home)})
     log = m.home / "run.log"
-    with log.open("w") as sink:
+    turn = first_round_turn(round_one_lock, 2 * run_timeout)
+    with log.open("w") as sink, turn as round_one_done:
         run = subprocess.Popen(
             argv, cwd=REPO, env=dict(operator.env), stdout=sink, stderr=subprocess.STDOUT
         )
         try:
             wait_for(lambda: len(_metrics(m, out_dir)) >= 1, run_timeout, "round 1")
+            round_one_done()
             (kill,) = [c for c in _part_c() if c.startswith("docker kill corbin-fl-server-")]
             m.docker.run(*shlex.split(kill))
             killed_at = time.monotonic()

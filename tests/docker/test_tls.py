@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from docker_helpers import REPO, BuiltImages, Docker, concurrent_clientapps, healthy_wait, wait_for
+from docker_helpers import (
+    REPO,
+    BuiltImages,
+    Docker,
+    concurrent_clientapps,
+    first_round_turn,
+    healthy_wait,
+    wait_for,
+)
 from waits import ClientAppTiming
 
 N_CLIENTS = 3
@@ -133,7 +141,7 @@ def tls(
     compose.compose(FILES, "down", "-v", "--timeout", "5", check=False)
 
 
-def test_documented_tls_run_completes(tls: Tls) -> None:
+def test_documented_tls_run_completes(tls: Tls, round_one_lock: Path) -> None:
     """The guide's Part B run command, one round, all three authenticated clients take part."""
     doc = (REPO / "docs" / "DOCKER.md").read_text(encoding="utf-8").replace("\\\n", " ")
     (command,) = [
@@ -165,7 +173,10 @@ def test_documented_tls_run_completes(tls: Tls) -> None:
         wait_for_nodes=probe.startup_timeout(N_CLIENTS),
     )
     env = {**tls.compose.env, "FLWR_HOME": str(tls.home)}
-    run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    with first_round_turn(round_one_lock, 2 * timeout):  # its one round is its first
+        run = subprocess.run(
+            argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     metrics = tls.compose.compose(
