@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -91,6 +92,13 @@ class Docker:
         for name in files:
             argv += ["-f", name]
         return self.run(*argv, *args, **kwargs).stdout  # type: ignore[arg-type]
+
+    def healthy(self, files: Sequence[str], services: int, *options: str) -> bool:
+        """All ``services`` containers of the compose project (``-f`` each of ``files``, then
+        ``options``, e.g. ``-p NAME``) are up and healthy."""
+        out = self.compose(files, *options, "ps", "--format", "json")
+        rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+        return len(rows) == services and all(r.get("Health") == "healthy" for r in rows)
 
 
 @dataclass(frozen=True)

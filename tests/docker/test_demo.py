@@ -46,9 +46,9 @@ APP_USER = "49999:49999"
 N_CLIENTS = 3
 ROUNDS = 4
 KILLED = 2
+"""The client killed in round 2 (supernode-2 and clientapp-2), back for a later round."""
 COMPOSE_PROJECTS = ("corbin-fl",)
 """docker-compose.yml's project (a failure shows its containers)."""
-"""The client killed in round 2 (supernode-2 and clientapp-2), back for a later round."""
 
 
 def _documented_run_command() -> list[str]:
@@ -162,16 +162,7 @@ def demo(
     probe = clientapp_probe
     # superlink, then the SuperNodes, then their executors
     wait = healthy_wait(probe, len(services), levels=3)
-
-    def all_healthy() -> bool:
-        rows = [
-            json.loads(line)
-            for line in compose.compose([], "ps", "--format", "json").splitlines()
-            if line.strip()
-        ]
-        return len(rows) == len(services) and all(r.get("Health") == "healthy" for r in rows)
-
-    wait_for(all_healthy, wait, "every demo service healthy", interval=2.0)
+    wait_for(lambda: compose.healthy([], len(services)), wait, "every demo service healthy", 2.0)
     yield Demo(env={"SUPERLINK_PORT": str(port)}, probe=probe)
     compose.compose([], "down", "-v", "--timeout", "5", check=False)
 

@@ -145,14 +145,10 @@ class Machines:
     probe: ClientAppTiming
 
 
-def _ps(docker: Docker, compose: list[str]) -> list[dict[str, Any]]:
-    out = docker.run(*compose, "ps", "--format", "json").stdout
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
 def _healthy(docker: Docker, compose: list[str], services: int) -> bool:
-    rows = _ps(docker, compose)
-    return len(rows) == services and all(r.get("Health") == "healthy" for r in rows)
+    """``compose``: a documented ``docker compose <options>`` prefix (Docker.healthy)."""
+    assert compose[:2] == ["docker", "compose"], compose
+    return docker.healthy([], services, *compose[2:])
 
 
 @pytest.fixture(scope="module")

@@ -90,12 +90,7 @@ class Tls:
 
     def healthy(self) -> bool:
         """Every service of the deployment is up and healthy."""
-        rows = [
-            json.loads(line)
-            for line in self.compose.compose(FILES, "ps", "--format", "json").splitlines()
-            if line.strip()
-        ]
-        return len(rows) == self.services and all(r.get("Health") == "healthy" for r in rows)
+        return self.compose.healthy(FILES, self.services)
 
 
 @pytest.fixture(scope="module")
