@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 from corbin_fl import wire
 from corbin_fl.client.mod import corbin_mod
 from corbin_fl.config import ConfigError, RunConfig, configure_app_logging
+from corbin_fl.flower_version import check_flower
 
 
 class SimulatedDropoutError(RuntimeError):
@@ -60,8 +61,10 @@ app = ClientApp(mods=[dropout_mod, corbin_mod])
 
 @app.lifespan()
 def lifespan(context: Context) -> Iterator[None]:
-    """Route this app's log lines (fall-backs, rejections) to the ClientApp's output."""
+    """Route this app's log lines (fall-backs, rejections) to the ClientApp's output, and refuse
+    a Flower of another release than the app's, naming both (:mod:`corbin_fl.flower_version`)."""
     configure_app_logging()
+    check_flower("ClientApp")
     yield
 
 

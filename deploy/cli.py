@@ -7,7 +7,9 @@ drops) from the ServerApp's ``events.jsonl``/``metrics.jsonl``, prints a summary
 every process it started. ``corbin-fl simulate`` runs the same app on Flower's simulation runtime.
 
 Exit codes: 0 the run completed, 1 the run failed (see ``<out>/logs/``), 2 bad arguments
-(an impossible setting or a missing extra, found before anything starts), 130 interrupted
+(an impossible setting, a missing extra, or a Flower of another release than the one CorBin-FL
+runs on, in this environment or in the app's requirement: found before anything starts,
+:mod:`corbin_fl.flower_version`), 130 interrupted
 (SIGINT, SIGTERM or SIGHUP; also when SIGINT was inherited ignored, as by ``corbin-fl local &``
 in a script).
 
@@ -39,10 +41,11 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from corbin_fl.deploy.flower import app_config, parse_config_string
+from corbin_fl.deploy.flower import app_config, check_flower_versions, parse_config_string
 from corbin_fl.deploy.follow import RunProgress, RunResult
 from corbin_fl.deploy.processes import LauncherError
 from corbin_fl.deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
+from corbin_fl.flower_version import FlowerVersionError
 
 logger = logging.getLogger(__name__)
 
@@ -1007,7 +1010,8 @@ def _run_command(args: argparse.Namespace) -> int:
     _configure_logging(args.verbose, err_console)
     try:
         options = options_from_args(args)
-    except (ValueError, TypeError, LauncherError) as exc:
+        check_flower_versions(options.app_dir)
+    except (ValueError, TypeError, LauncherError, FlowerVersionError) as exc:
         sys.stderr.write(usage_error(prog, exc))
         return EXIT_USAGE
     runner = run_simulation if args.command == "simulate" else run_local

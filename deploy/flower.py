@@ -1,7 +1,8 @@
-"""Flower 1.41 as a set of programs: executables, environment, connections, node-config strings,
+"""Flower 1.42 as a set of programs: executables, environment, connections, node-config strings,
 the ``/health`` probe and the JSON of the ``flwr`` CLI.
 
-Flower 1.41 facts this package relies on (checked against the installed ``--help`` and source):
+Flower 1.42 facts this package relies on (checked against the installed ``--help`` and source;
+the ``--help`` of the three server-side programs is the same as 1.41's):
 
 * ``flower-superlink`` serves its Fleet, Control and Runtime (ServerAppIo) APIs over HTTP on ONE
   port (``--host``/``--port``, default 127.0.0.1:8000) and exposes ``GET /health``. The legacy gRPC
@@ -43,6 +44,7 @@ from typing import Any, Final
 import tomli_w
 
 from corbin_fl.deploy.processes import LauncherError, ManagedProcess
+from corbin_fl.flower_version import FLOWER_REQUIREMENT, check_app_requirement, check_flower
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +82,9 @@ def flower_executable(name: str) -> str:
         return str(local)
     found = shutil.which(name)
     if found is None:
-        raise LauncherError(f"`{name}` not found: install flwr 1.41 (pip install 'flwr==1.41.*')")
+        raise LauncherError(
+            f"`{name}` not found: install flwr (pip install '{FLOWER_REQUIREMENT}')"
+        )
     return found
 
 
@@ -89,7 +93,7 @@ def write_connection(
 ) -> Path:
     """Write ``FLWR_HOME/config.toml`` with one SuperLink connection, made the default.
 
-    The file format is Flower 1.41's: ``[superlink] default = name`` and
+    The file format is Flower 1.42's (as 1.41's): ``[superlink] default = name`` and
     ``[superlink.<name>] address = "host:port"`` (``":local:"`` for the managed simulation
     SuperLink) plus ``insecure = true``.
     """
@@ -213,7 +217,7 @@ def _module_available(name: str) -> bool:
 def simulation_extra_missing() -> str | None:
     """Why Flower's simulation runtime cannot start here, or None if it can.
 
-    Flower 1.41's ``run_simulation`` checks ``importlib.util.find_spec("ray")`` in the process
+    Flower 1.42's ``run_simulation`` checks ``importlib.util.find_spec("ray")`` in the process
     it spawns (same interpreter as ours: :func:`flower_executable` prefers its ``bin``) and
     exits with code 701 (``SIMULATION_MISSING_EXTRA``) if Ray is missing; ``flwr run`` then
     only reports an unknown error. The same check, made here, fails before anything starts.
@@ -223,8 +227,33 @@ def simulation_extra_missing() -> str | None:
     return (
         "the simulation runtime needs Ray (the [simulation] extra), which is not installed for "
         f"{sys.executable}: run {SIMULATION_INSTALL_HINT} in the repository "
-        '(or pip install "flwr[simulation]==1.41.*"), or use `corbin-fl local`'
+        '(or pip install "flwr[simulation]==1.42.*"), or use `corbin-fl local`'
     )
+
+
+def check_flower_versions(app_dir: str | Path) -> str:
+    """Check, before anything starts, that this interpreter's flwr is of the series CorBin-FL runs
+    on and that the app's own ``flwr`` requirement (``[project].dependencies`` of its
+    ``pyproject.toml``, which its FAB carries) admits it; return the installed version.
+
+    A mismatch would otherwise surface as a gRPC error or Flower's exit code 606 from a process
+    started later (:mod:`corbin_fl.flower_version`).
+
+    Raises
+    ------
+    FlowerVersionError
+        Naming both versions (and the file, for the app's requirement).
+    """
+    version = check_flower("corbin-fl")
+    path = Path(app_dir) / "pyproject.toml"
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return version  # not an app: `flwr run` says so
+    dependencies = doc.get("project", {}).get("dependencies", [])
+    if isinstance(dependencies, list):
+        check_app_requirement([str(d) for d in dependencies], str(path), version)
+    return version
 
 
 def app_config(app_dir: str | Path, *, strict: bool = False) -> dict[str, Any]:

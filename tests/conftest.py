@@ -47,7 +47,7 @@ os.environ.setdefault(TASK_POLL_ENV, "1.0")
 
 
 def flower_installed() -> bool:
-    """Whether the Flower 1.41 console scripts this project deploys with are on PATH."""
+    """Whether the Flower 1.42 console scripts this project deploys with are on PATH."""
     return all(
         shutil.which(name) is not None for name in ("flower-superlink", "flower-supernode", "flwr")
     )

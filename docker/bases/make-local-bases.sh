@@ -28,7 +28,7 @@ repo="$(cd "${here}/../.." && pwd)"
 # shellcheck disable=SC1091  # followed by the tests with its own shellcheck run
 source "${repo}/docker/buildkit.sh"
 
-FLWR_VERSION="${FLWR_VERSION:-1.41.0}"
+FLWR_VERSION="${FLWR_VERSION:-1.42.0}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON_IMAGE="corbin-fl/base-python:3.11-bookworm"
 FLWR_IMAGE="corbin-fl/base-flwr:${FLWR_VERSION}"

@@ -1,8 +1,10 @@
 """The Docker layer's image build: docs/DOCKER.md's commands with a marker in the build secret.
 
-The tests build every image docker-compose.yml needs with ``docker/build-images.sh`` on the
-official base images or, with ``CORBIN_DOCKER_BASES=local`` (a machine that cannot pull from
-Docker Hub), on the bases of ``docker/bases/make-local-bases.sh``, run first. ``CORBIN_DOCKER_CA``
+The tests build every image docker-compose.yml needs with ``docker/build-images.sh``: on the
+official base images with ``CORBIN_DOCKER_BASES=official``, on the bases of
+``docker/bases/make-local-bases.sh`` (run first) with ``CORBIN_DOCKER_BASES=local`` (a machine
+that cannot pull from Docker Hub), and unset, on whichever the script chooses (as DOCKER.md's
+Part A does). ``CORBIN_DOCKER_CA``
 names a CA bundle that pip must trust during the builds; the build is given that bundle plus one
 fresh self-signed certificate of its own (the marker) as a build secret, so that a test can look
 for the marker in every layer of every image afterwards.
@@ -105,13 +107,18 @@ def build_images(docker: Docker, folder: Path) -> BuiltImages:
     bundle, marker = marker_bundle(folder, os.environ.get("CORBIN_DOCKER_CA") or None)
     t0 = time.monotonic()
     build = ["docker/build-images.sh", "--ca", str(bundle)]
-    if os.environ.get("CORBIN_DOCKER_BASES", "official") == "local":
+    bases = os.environ.get("CORBIN_DOCKER_BASES", "")
+    if bases == "local":
         docker.run("docker/bases/make-local-bases.sh", "-c", str(bundle), timeout=1200)
         build.append("--local-bases")
+    elif bases == "official":
+        build.append("--official-bases")
+    elif bases:
+        raise RuntimeError(f"CORBIN_DOCKER_BASES={bases!r}: must be local, official or unset")
     out = docker.run(*build, timeout=2400)
     seconds = time.monotonic() - t0
     for line in out.stdout.splitlines():
-        if line.startswith("== ") and "built in" in line:
+        if line.startswith("== ") and ("built in" in line or line.startswith("== bases")):
             print(line)
     print(f"images built in {seconds:.0f} s")
     return BuiltImages(names=IMAGES, marker=marker, seconds=seconds)

@@ -1,6 +1,6 @@
 """Tests of ``corbin-fl`` (CLI parsing, run-config merging) and of the launcher's mechanics.
 
-The unit tests are fast. The ``e2e``-marked tests start real Flower 1.41 processes on loopback
+The unit tests are fast. The ``e2e``-marked tests start real Flower 1.42 processes on loopback
 against a tiny throwaway Flower app written into a temporary folder (one ``query.ping`` stage per
 round, the same ``events.jsonl``/``metrics.jsonl``/``summary.json`` contract as the real app), so
 that start-up, readiness, fault injection, failure detection, timeouts, Ctrl-C and cleanup are
@@ -58,7 +58,7 @@ name = "tinyapp"
 version = "0.1.0"
 description = "launcher test app"
 license = "Apache-2.0"
-dependencies = ["flwr==1.41.*"]
+dependencies = ["flwr==1.42.*"]
 
 [tool.flwr.app]
 publisher = "corbin-fl-tests"
@@ -166,7 +166,7 @@ def tiny_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 SEND_AND_RECEIVE_POLL_S: Final[float] = 3.0
-"""Flower 1.41's ``Grid.send_and_receive`` (the tiny ServerApp's loop) pulls replies every 3 s."""
+"""Flower 1.42's ``Grid.send_and_receive`` (the tiny ServerApp's loop) pulls replies every 3 s."""
 
 
 def _tiny_waits(

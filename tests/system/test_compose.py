@@ -463,7 +463,7 @@ def test_every_demo_executor_polls_for_tasks_at_the_tuned_interval() -> None:
 # --------------------------------------------------------------------------- loopback run
 
 SEND_AND_RECEIVE_POLL_S = 3.0
-"""Flower 1.41's ``Grid.send_and_receive`` pulls replies every 3 s (a fixed ``time.sleep(3)``)."""
+"""Flower 1.42's ``Grid.send_and_receive`` pulls replies every 3 s (a fixed ``time.sleep(3)``)."""
 
 TINY_SERVER = """
 import logging
@@ -514,7 +514,7 @@ name = "tls-loopback"
 version = "0.1.0"
 description = "compose TLS command lines on loopback"
 license = "Apache-2.0"
-dependencies = ["flwr==1.41.*"]
+dependencies = ["flwr==1.42.*"]
 
 [tool.flwr.app]
 publisher = "corbin-fl-tests"

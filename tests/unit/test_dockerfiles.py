@@ -4,9 +4,9 @@
   when the linter is absent);
 - every command the Dockerfiles and compose files start is a console script of the pinned flwr,
   and every flag given to it (ENTRYPOINT + CMD, ENTRYPOINT + compose ``command``) is accepted by
-  that command's ``--help`` of the installed flwr 1.41, with valid choices and values;
+  that command's ``--help`` of the installed flwr 1.42, with valid choices and values;
 - pins: flwr version, requirements vs pyproject, base images, non-root users, health checks,
-  .dockerignore;
+  .dockerignore; the two app images on one shared stage with torch, built once;
 - docker/certs/make-certs.sh run into a temp dir: chain verified by ``openssl verify``, SANs,
   ECDSA P-384 keys, file modes; docker/certs/register-nodes.sh argument errors;
 - docker/healthcheck.py against an in-process gRPC health server.
@@ -39,12 +39,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
-DOCKERFILES = ["docker/Dockerfile.server", "docker/Dockerfile.client"]
+DOCKERFILES = ["docker/Dockerfile.server", "docker/Dockerfile.client", "docker/Dockerfile.app"]
 TARGETS = {
     "superlink": "docker/Dockerfile.server",
-    "serverapp": "docker/Dockerfile.server",
+    "serverapp": "docker/Dockerfile.app",
     "supernode": "docker/Dockerfile.client",
-    "clientapp": "docker/Dockerfile.client",
+    "clientapp": "docker/Dockerfile.app",
 }
 SCRIPTS = sorted((REPO / "docker").rglob("*.sh"))
 MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
@@ -493,7 +493,7 @@ def test_base_images_pinned() -> None:
         assert re.search(r"\d+\.\d+", tag), f"{path}:{stage.name}: no version in {base}"
         if image.startswith("flwr/"):
             assert tag == flwr_version, f"{path}:{stage.name}: {base} is not flwr {flwr_version}"
-    client = parse_dockerfile("docker/Dockerfile.client")
+    client = parse_dockerfile("docker/Dockerfile.app")
     cuda = client.global_args["CUDA_BASE"]
     assert re.fullmatch(
         r"pytorch/pytorch:[\w.-]+-cuda12\.\d+-cudnn9-runtime@sha256:[0-9a-f]{64}", cuda
@@ -502,20 +502,55 @@ def test_base_images_pinned() -> None:
     for path, stage in all_stages():
         if "TORCH_VERSION" in stage.args:
             assert stage.args["TORCH_VERSION"] == torch_in_cuda_tag, f"{path}:{stage.name}"
-    assert client.global_args["CLIENT_VARIANT"] == "cuda"
+    assert client.global_args["TORCH_VARIANT"] == "cpu"
     assert {"torch-cuda", "torch-cpu"} <= set(client.stages)
+
+
+def _stage_chain(dockerfile: Dockerfile, name: str) -> list[Stage]:
+    """The stage ``name`` and the stages of the same Dockerfile it is built on, nearest first."""
+    chain = [dockerfile.stages[name]]
+    while chain[-1].base in dockerfile.stages:
+        chain.append(dockerfile.stages[chain[-1].base])
+    return chain
+
+
+def test_app_images_share_one_stage_with_torch() -> None:
+    """Both app images are built on the stage `app` (torch and the requirements), so the torch
+    layer is built and stored once; only that chain installs anything, and build-images.sh
+    builds the shared stage before the app images."""
+    app = parse_dockerfile("docker/Dockerfile.app")
+    assert app.stages["serverapp"].base == "app" and app.stages["clientapp"].base == "app"
+    assert app.stages["app"].base == "torch-cpu"  # torch-${TORCH_VARIANT}, by default
+    text = (REPO / "docker/Dockerfile.app").read_text(encoding="utf-8")
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    installs = {s.split()[2]: s.count("pip install") for s in stages}
+    assert installs == {
+        "torch-cuda": 0,
+        "torch-cpu": 1,
+        "app": 1,
+        "serverapp": 0,
+        "clientapp": 0,
+    }, installs
+    assert "requirements.txt" in stages[2] and '"torch==${TORCH_VERSION}"' in stages[1]
+    for path in ("docker/Dockerfile.server", "docker/Dockerfile.client"):
+        assert "pip install" not in (REPO / path).read_text(encoding="utf-8"), path
+    script = (REPO / "docker/build-images.sh").read_text(encoding="utf-8")
+    first = script.index('build_all "${first[@]}" "${shared[@]}"')
+    assert first < script.index('build_all "${apps[@]}"'), "the shared stage must come first"
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_targets_non_root_with_healthcheck(target: str) -> None:
-    stage = parse_dockerfile(TARGETS[target]).stages[target]
+    dockerfile = parse_dockerfile(TARGETS[target])
+    stage = dockerfile.stages[target]
     assert stage.user == f"{APP_UID}:{APP_UID}", f"{target} must end as the non-root app user"
     assert stage.healthcheck[:2] == ["python3", HEALTHCHECK_PY]
     address = stage.healthcheck[2]
     entry = stage.entrypoint
     assert entry[1:] == ["--health-server-address", address]
     assert address.startswith("127.0.0.1:"), "the health server must stay inside the container"
-    assert ("docker/healthcheck.py", HEALTHCHECK_PY) in stage.copies
+    copies = [c for st in _stage_chain(dockerfile, target) for c in st.copies]
+    assert ("docker/healthcheck.py", HEALTHCHECK_PY) in copies
     # As the compose files: a probe may take 30 s (starting Python on a loaded machine took more
     # than 5 s), checked every 30 s; healthcheck.py's own 3 s gRPC deadline catches a mute server.
     assert stage.health_options == {
