@@ -66,7 +66,6 @@ from corbin_fl.server.stages import RoundState, exchange
 
 logger = logging.getLogger(__name__)
 
-_PURPOSE_GRAPH: Final[int] = 5
 _STAGES: Final[tuple[str, ...]] = (secure.ADVERTISE, secure.SHARE, wire.UPDATE, secure.UNMASK)
 
 
@@ -129,7 +128,6 @@ class SecureRound:
                 levels=self.levels,
                 num_neighbours=cfg.secagg_neighbours or None,
                 threshold=cfg.secagg_threshold or None,
-                rng=self.rt.rng(rnd, _PURPOSE_GRAPH),
                 prekeys=prekeys,
             )
         except ValueError as exc:  # fewer than 2 nodes, or k / t impossible for this n
@@ -194,6 +192,7 @@ class SecureRound:
             poll_interval=rt.cfg.poll_interval,
             max_inflight=rt.cfg.max_inflight,
             files=rt.files,
+            link=rt.link,
         )
         failed = {n: state.dropped[n] for n in set(state.dropped) - before}
         return got, failed
@@ -369,8 +368,8 @@ class SecureRound:
 
     # ------------------------------------------------------------------ the next round's share
     def _next_server(self) -> SecAggServer | None:
-        """Round ``t+1``'s SecAgg+ server over this round's survivors with keys for it (the
-        graph is drawn now, from the same public generator), or None when it cannot run."""
+        """Round ``t+1``'s SecAgg+ server over this round's survivors with keys for it (its
+        graph derived now from their keys), or None when it cannot run."""
         assert self.srv is not None
         nodes = [u for u in self.srv.survivors if u in self.next_keys]
         nxt = self._server(self.state.round + 1, nodes, self.next_keys)

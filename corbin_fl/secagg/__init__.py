@@ -8,7 +8,7 @@ of the surviving clients' inputs in ``[0, levels]``. Pure protocol (no Flower): 
 """
 
 from .client import ClientState, SecAggClient
-from .graph import bit_width, choose_parameters, harary_graph
+from .graph import bit_width, choose_parameters, derived_graph, secagg_parameters
 from .messages import KeyAdvert, MalformedMessageError, RefusalError, RoundOutcome, SecAggError
 from .mod import secagg_mod
 from .server import SecAggServer
@@ -28,7 +28,8 @@ __all__ = [
     "SecAggServer",
     "bit_width",
     "choose_parameters",
-    "harary_graph",
+    "derived_graph",
     "secagg_mod",
+    "secagg_parameters",
     "simulate_round",
 ]

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import crypto, prg
+from .graph import MIN_CLIENTS, derived_graph, graph_from_seed, is_connected
 from .messages import (
     KeyAdvert,
     MalformedMessageError,
@@ -116,6 +117,10 @@ class ClientState:
     unmask (pipelined, :meth:`SecAggClient.advertise`); 0 when none."""
     next_c_private: bytes = b""
     next_s_private: bytes = b""
+    graph_ids: list[int] = field(default_factory=list)
+    """The round's participants (the graph's nodes), kept from the share stage to the unmask."""
+    graph_seed: bytes = b""
+    degree: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of ints, strs, bytes and lists of one type (fits a Flower ConfigRecord)."""
@@ -141,6 +146,9 @@ class ClientState:
             "next-round": self.next_round,
             "next-c-private": self.next_c_private,
             "next-s-private": self.next_s_private,
+            "graph-ids": list(self.graph_ids),
+            "graph-seed": self.graph_seed,
+            "degree": self.degree,
         }
 
     @classmethod
@@ -168,6 +176,9 @@ class ClientState:
             next_round=int(d.get("next-round", 0)),
             next_c_private=bytes(d.get("next-c-private", b"")),
             next_s_private=bytes(d.get("next-s-private", b"")),
+            graph_ids=[int(v) for v in d.get("graph-ids", [])],
+            graph_seed=bytes(d.get("graph-seed", b"")),
+            degree=int(d.get("degree", 0)),
         )
 
 
@@ -261,8 +272,12 @@ class SecAggClient:
     def share_keys(self, req: ShareKeysRequest) -> ShareKeysReply:
         """Shamir-share ``b_u`` (fresh) and ``s_u``'s private key among the neighbours.
 
-        ``t``-out-of-``|N(u)|`` shares, holder ``v`` at ``x = v``; each pair of shares goes to
-        its holder under AES-GCM (:func:`crypto.encrypt_shares`).
+        The neighbours ``N(u)`` are this node's in the graph derived from every participant's
+        keys (:func:`.graph.derived_graph`); the request is refused unless it lists this node
+        with the keys it advertised, names the same neighbour set, has at least 3 participants
+        and ``max(2, |N(u)|/2) < t <= |N(u)|``. ``t``-out-of-``|N(u)|`` shares, holder ``v``
+        at ``x = v``; each pair of shares goes to its holder under AES-GCM
+        (:func:`crypto.encrypt_shares`).
         """
         cfg = req.config
         before = self.state
@@ -286,28 +301,52 @@ class SecAggClient:
             raise MalformedMessageError(str(exc)) from exc
         if not isinstance(cfg.levels, int) or not 1 <= cfg.levels < 2**cfg.bits:
             raise MalformedMessageError(f"levels {cfg.levels!r} does not fit {cfg.bits} bits")
-        nbrs = _ids(req.neighbours, "share")
-        if self.node_id in nbrs:
-            raise MalformedMessageError("share: this node is listed as its own neighbour")
-        t = cfg.threshold
-        # t > |N|/2 holds for every honest server (|N| <= k < 2t); a lower t would let the
-        # server collect both shares of a client from disjoint sets of holders.
-        if not isinstance(t, int) or not 1 <= t <= len(nbrs) or 2 * t <= len(nbrs):
-            raise RefusalError(
-                f"share: threshold {t!r} with {len(nbrs)} neighbour(s) is not |N|/2 < t <= |N|"
-            )
+        everyone = _ids(req.participants, "share")
         own = self.own_keys()
-        seen = {own.c_public, own.s_public}
-        for v in nbrs:
-            adv = req.neighbours[v]
+        if req.participants.get(self.node_id) != own:
+            raise RefusalError(
+                "share: the participant list does not give this node the keys it advertised "
+                "(substituted or misrouted keys)"
+            )
+        if len(everyone) < MIN_CLIENTS:
+            raise RefusalError(
+                f"share: {len(everyone)} participant(s); secure aggregation needs at least "
+                f"{MIN_CLIENTS} (with 2, each input is the sum minus the other's)"
+            )
+        seen: set[bytes] = set()
+        for v in everyone:
+            adv = req.participants[v]
             for pk in (adv.c_public, adv.s_public):
                 try:
                     crypto.check_public_key(pk)
                 except ValueError as exc:
-                    raise MalformedMessageError(f"share: neighbour {v}'s key: {exc}") from exc
+                    raise MalformedMessageError(f"share: participant {v}'s key: {exc}") from exc
                 if pk in seen:
-                    raise RefusalError(f"share: neighbour {v} reuses a public key")
+                    raise RefusalError(f"share: participant {v} reuses a public key")
                 seen.add(pk)
+        try:
+            graph_seed, graph = derived_graph(
+                cfg.run_id, cfg.server_round, cfg.degree, req.participants
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise RefusalError(
+                f"share: no neighbour graph of degree {cfg.degree!r}: {exc}"
+            ) from exc
+        nbrs = sorted(graph[self.node_id])
+        if _ids(req.neighbours, "share") != nbrs:
+            raise RefusalError(
+                f"share: the server names neighbours {sorted(req.neighbours)[:8]}..., not this "
+                f"node's in the graph derived from every participant's keys ({nbrs[:8]}...)"
+            )
+        t = cfg.threshold
+        # t > |N|/2 holds for every honest server (|N| <= k < 2t); a lower t would let the
+        # server collect both shares of a client from disjoint sets of holders; t = 1 would
+        # make each share the secret itself.
+        if not isinstance(t, int) or not 2 <= t <= len(nbrs) or 2 * t <= len(nbrs):
+            raise RefusalError(
+                f"share: threshold {t!r} with {len(nbrs)} neighbour(s) is not "
+                "max(2, |N|/2) < t <= |N|"
+            )
         seed = secrets.token_bytes(SEED_BYTES)
         b_shares = split_secret(seed, t, sorted(nbrs))
         s_shares = split_secret(self.state.s_private, t, sorted(nbrs))
@@ -319,7 +358,7 @@ class SecAggClient:
             cts[v] = crypto.encrypt_shares(
                 plain,
                 c_private=self.state.c_private,
-                peer_c_public=req.neighbours[v].c_public,
+                peer_c_public=req.participants[v].c_public,
                 run_id=cfg.run_id,
                 server_round=cfg.server_round,
                 src=self.node_id,
@@ -333,7 +372,10 @@ class SecAggClient:
             levels=cfg.levels,
             threshold=t,
             seed=seed,
-            neighbours=dict(req.neighbours),
+            neighbours={v: req.participants[v] for v in nbrs},
+            graph_ids=sorted(everyone),
+            graph_seed=graph_seed,
+            degree=cfg.degree,
         )
         return ShareKeysReply(cts, commit)
 
@@ -428,7 +470,13 @@ class SecAggClient:
 
     # ------------------------------------------------------------------ stage 3
     def unmask(self, req: UnmaskRequest) -> UnmaskReply:
-        """Self-mask shares of survivors, mask-key shares of the dropped; never both for one."""
+        """Self-mask shares of survivors, mask-key shares of the dropped; never both for one.
+
+        Refused unless the neighbours named survivors and dropped are exactly this node's
+        accepted neighbours in and out of the round's survivor list, and the survivors' subgraph
+        of the derived graph is connected: a server that splits the survivors by chosen drops
+        into parts with no edge between them could otherwise unmask each part's sum.
+        """
         self.expect(req.server_round, MASKED, "unmask")
         st = self.state
         surv = _ids(req.survivors, "unmask")
@@ -444,6 +492,23 @@ class SecAggClient:
         unknown = sorted((set(surv) | set(drop)) - set(st.held))
         if unknown:
             raise RefusalError(f"unmask: this node holds no shares of {unknown}")
+        everyone = _ids(req.all_survivors, "unmask")
+        survivors = set(everyone)
+        if self.node_id not in survivors or not survivors <= set(st.graph_ids):
+            raise RefusalError(
+                "unmask: the survivor list omits this node or names non-participants"
+            )
+        if set(surv) != set(st.held) & survivors or set(drop) != set(st.held) - survivors:
+            raise RefusalError(
+                "unmask: the neighbours named survivors and dropped do not match the round's "
+                "survivor list"
+            )
+        graph = graph_from_seed(st.graph_seed, st.graph_ids, st.degree)
+        if not is_connected(graph, survivors):
+            raise RefusalError(
+                f"unmask refused: the {len(survivors)} survivors' neighbour graph is "
+                "disconnected, so the server would unmask partial sums"
+            )
         if len(surv) + 1 < st.threshold:
             raise RefusalError(
                 f"unmask: only {len(surv) + 1} survivor(s) named with this node, fewer than "

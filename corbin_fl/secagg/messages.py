@@ -4,11 +4,13 @@ Stages (Bonawitz et al. 2017, rounds 0-3; Bell et al. 2020 restrict them to the 
 graph):
 
 0. ``advertise``: the client answers :class:`KeyAdvert` (its ``c`` and ``s`` public keys).
-1. ``share``: :class:`ShareKeysRequest` (round config, each neighbour's keys) ->
+1. ``share``: :class:`ShareKeysRequest` (round config, every participant's keys, from which
+   the client derives the neighbour graph, and the neighbour set the server derived) ->
    :class:`ShareKeysReply` (one ciphertext per neighbour, the self-mask commitment).
 2. ``mask``: :class:`MaskRequest` (the ciphertexts addressed to it) -> :class:`MaskReply`
    (``y_u`` and the senders whose ciphertexts it rejected).
-3. ``unmask``: :class:`UnmaskRequest` (survivors and dropped among its neighbours) ->
+3. ``unmask``: :class:`UnmaskRequest` (survivors and dropped among its neighbours, and every
+   survivor of the round: the client checks the survivors' graph is connected) ->
    :class:`UnmaskReply` (self-mask shares of survivors, mask-key shares of the dropped, and,
    pipelined, its keys for the next round).
 """
@@ -45,7 +47,8 @@ class RoundConfig:
     """The public parameters of one round, sent to every client with its share instruction.
 
     ``bits`` is the modulus exponent (``y`` lives in ``Z_{2^bits}``), ``levels`` the largest input
-    value (inputs in ``[0, levels]``), ``threshold`` the Shamir ``t``.
+    value (inputs in ``[0, levels]``), ``threshold`` the Shamir ``t``, ``degree`` the graph's
+    ``k`` over the participants (:func:`.graph.derived_graph`; 0 before the graph is drawn).
     """
 
     run_id: int
@@ -53,6 +56,7 @@ class RoundConfig:
     bits: int
     levels: int
     threshold: int
+    degree: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,10 @@ class KeyAdvert:
 @dataclass(frozen=True)
 class ShareKeysRequest:
     config: RoundConfig
-    neighbours: Mapping[int, KeyAdvert]
+    participants: Mapping[int, KeyAdvert]
+    """Every participant's advertised keys (this node's included): the graph's input."""
+    neighbours: tuple[int, ...]
+    """The neighbour set the server derived for this node (checked against the client's)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,8 @@ class UnmaskRequest:
     survivors: tuple[int, ...]
     dropped: tuple[int, ...]
     advertise_next: bool = False
+    all_survivors: tuple[int, ...] = ()
+    """Every node whose masked input is in the sum (the same list for every client)."""
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import itertools
 import logging
-import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Final
 
 import numpy as np
 
 from . import crypto
 from .client import CIPHERTEXT_BYTES, pair_mask, pair_sign, self_mask
-from .graph import bit_width, choose_parameters, harary_graph
+from .graph import MIN_CLIENTS, bit_width, choose_parameters, derived_graph, is_connected
 from .messages import (
     ADVERTISE,
     MASK,
@@ -76,9 +76,9 @@ class SecAggServer:
     levels
         Inputs are integers in ``[0, levels]``; ``bits = bit_width(len(node_ids), levels)``.
     num_neighbours, threshold
-        ``k`` and ``t`` (:func:`graph.choose_parameters`).
-    rng
-        Draws the neighbour graph; default a generator seeded from ``secrets``.
+        ``k`` and ``t`` (:func:`graph.choose_parameters`). The graph is drawn once every
+        participant's keys are known (:func:`graph.derived_graph`): on the advertised nodes,
+        with ``min(k, n' - 1)`` neighbours each for ``n'`` of them.
     prekeys
         Keys the clients advertised for this round in the previous round's unmask replies
         (pipelined); those nodes skip the advertise stage.
@@ -95,7 +95,6 @@ class SecAggServer:
         levels: int,
         num_neighbours: int | None = None,
         threshold: int | None = None,
-        rng: np.random.Generator | None = None,
         prekeys: Mapping[int, KeyAdvert] | None = None,
         min_survivors: int = 2,
     ) -> None:
@@ -103,11 +102,14 @@ class SecAggServer:
         n = len(self.sampled)
         self.k, t = choose_parameters(n, num_neighbours, threshold)
         self.config = RoundConfig(run_id, server_round, bit_width(n, levels), levels, t)
-        rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
-        self.graph = harary_graph(self.sampled, self.k, rng)
+        self.degree = 0
+        """The graph's ``k`` over the participants (0 until every key is known)."""
+        self.participants: tuple[int, ...] = ()
+        self.graph: dict[int, frozenset[int]] = {}
+        self.graph_seed = b""
         self.min_survivors = max(2, min_survivors)
         self.keys: dict[int, KeyAdvert] = {
-            u: adv for u, adv in (prekeys or {}).items() if u in self.graph
+            u: adv for u, adv in (prekeys or {}).items() if u in set(self.sampled)
         }
         self.alive: set[int] = set(self.sampled)
         self.dropped: dict[int, str] = {}
@@ -209,17 +211,42 @@ class SecAggServer:
             adv = self.keys[u]
             if count[adv.c_public] > 1 or count[adv.s_public] > 1 or adv.c_public == adv.s_public:
                 self._drop(u, ADVERTISE, "public key also used by another node")
-        self._prune(ADVERTISE, lambda u: self.graph[u])
+        if self.abandoned is None:
+            self._draw_graph()
+        if self.abandoned is None:
+            self._prune(ADVERTISE, lambda u: self.graph[u])
+
+    def _draw_graph(self) -> None:
+        """The neighbour graph over the nodes with keys, derived from all of their keys (every
+        client recomputes it from its share request and refuses another)."""
+        nodes = sorted(self.alive)
+        degree = min(self.k, len(nodes) - 1)
+        if len(nodes) < MIN_CLIENTS or self.threshold > degree:
+            self._abandon(
+                f"{ADVERTISE}: {len(nodes)} client(s) with keys, too few for t = "
+                f"{self.threshold} (and at least {MIN_CLIENTS})"
+            )
+            return
+        self.participants, self.degree = tuple(nodes), degree
+        self.config = replace(self.config, degree=degree)
+        self.graph_seed, self.graph = derived_graph(
+            self.config.run_id,
+            self.config.server_round,
+            degree,
+            {u: self.keys[u] for u in nodes},
+        )
 
     # ------------------------------------------------------------------ stage 1
     def share_requests(self) -> dict[int, ShareKeysRequest]:
-        """Each live node's request: the round config and its live neighbours' keys."""
+        """Each live node's request: the round config, every participant's keys (the node
+        derives the graph from them) and the neighbour set this server derived."""
         self._enter(SHARE)
         out = {}
+        everyone = {v: self.keys[v] for v in self.participants}
         for u in sorted(self.alive):
             view = frozenset(self.graph[u] & self.alive)
             self._view[u] = view
-            out[u] = ShareKeysRequest(self.config, {v: self.keys[v] for v in sorted(view)})
+            out[u] = ShareKeysRequest(self.config, everyone, tuple(sorted(view)))
         return out
 
     def receive_shares(
@@ -260,7 +287,7 @@ class SecAggServer:
         if self.abandoned is not None or self.stage != MASK or not sample <= set(self.sampled):
             return False
         live = sample & self.alive
-        if len(live) < self.min_survivors:
+        if len(live) < self.min_survivors or not is_connected(self.graph, live):
             return False
         for u in self.alive:
             holders = len(self.graph[u] & live)
@@ -339,6 +366,11 @@ class SecAggServer:
                     f"holder(s), fewer than t = {self.threshold}"
                 )
                 return
+        if not is_connected(self.graph, self.survivors):
+            self._abandon(
+                f"{MASK}: the survivors' neighbour graph is disconnected; its parts' sums would "
+                "be unmasked separately, and every client refuses that"
+            )
 
     def _holders(self) -> dict[int, list[int]]:
         """Owner -> surviving holders of its shares, for every secret the unmask needs."""
@@ -361,6 +393,7 @@ class SecAggServer:
                 tuple(sorted(acc & surv)),
                 tuple(sorted(acc - surv)),
                 advertise_next,
+                self.survivors,
             )
         self._requests = out
         return out

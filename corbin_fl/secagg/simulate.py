@@ -42,7 +42,6 @@ def simulate_round(
     server_round: int = 1,
     num_neighbours: int | None = None,
     threshold: int | None = None,
-    rng: np.random.Generator | None = None,
     drop: Mapping[str, set[int]] | None = None,
     clients: dict[int, SecAggClient] | None = None,
     prekeys: Mapping[int, KeyAdvert] | None = None,
@@ -61,7 +60,6 @@ def simulate_round(
         levels=levels,
         num_neighbours=num_neighbours,
         threshold=threshold,
-        rng=rng,
         prekeys=prekeys,
     )
 

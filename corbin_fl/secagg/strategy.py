@@ -48,7 +48,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -81,7 +80,7 @@ class SecAggRound:
     train_messages
         The wrapped strategy's ``configure_train`` output: one ``train`` message per sampled
         node, whose records reach the app's train handler in the ``mask`` stage.
-    levels, num_neighbours, threshold, rng, min_survivors
+    levels, num_neighbours, threshold, min_survivors
         As in :class:`~.server.SecAggServer`.
     prekeys
         Keys the nodes sent for this round with the previous round's mask (or unmask) replies;
@@ -106,7 +105,6 @@ class SecAggRound:
         levels: int,
         num_neighbours: int | None = None,
         threshold: int | None = None,
-        rng: np.random.Generator | None = None,
         prekeys: Mapping[int, KeyAdvert] | None = None,
         pipelined: SecAggServer | None = None,
         pipeline: bool = False,
@@ -119,7 +117,6 @@ class SecAggRound:
         self.levels = levels
         self.num_neighbours = num_neighbours
         self.threshold = threshold
-        self.rng = rng
         self.min_survivors = min_survivors
         self.pipeline = pipeline
         self.train: dict[int, RecordDict] = {}
@@ -168,7 +165,6 @@ class SecAggRound:
             levels=self.levels,
             num_neighbours=self.num_neighbours,
             threshold=self.threshold,
-            rng=self.rng,
             prekeys=prekeys,
             min_survivors=self.min_survivors,
         )
@@ -420,7 +416,6 @@ class SecAggPlus(Strategy):
         threshold: int | None = None,
         stage_timeout: float = 60.0,
         min_survivors: int = 2,
-        rng: np.random.Generator | None = None,
         arrays_key: str = "arrays",
         weighted_by_key: str | None = None,
     ) -> None:
@@ -430,7 +425,6 @@ class SecAggPlus(Strategy):
         self.threshold = threshold
         self.stage_timeout = stage_timeout
         self.min_survivors = min_survivors
-        self.rng = rng
         self.arrays_key = arrays_key
         self.weighted_by_key: str = str(
             weighted_by_key or getattr(strategy, "weighted_by_key", None) or "num-examples"
@@ -486,7 +480,6 @@ class SecAggPlus(Strategy):
             levels=self.levels,
             num_neighbours=self.num_neighbours,
             threshold=self.threshold,
-            rng=self.rng,
             prekeys=keys if rnd == server_round else None,
             pipelined=pipe,
             pipeline=self.num_rounds is None or server_round < self.num_rounds,

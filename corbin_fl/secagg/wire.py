@@ -9,11 +9,17 @@ the app's train handler. Decoders check the exact key set and every type, and ra
 | stage     | server -> client                              | client -> server                    |
 |-----------|-----------------------------------------------|-------------------------------------|
 | advertise | -                                             | c-pk, s-pk                          |
-| share     | bits, levels, threshold, nbr-ids/-c-pk/-s-pk  | dst-ids, ciphertexts, commitment    |
+| share     | bits, levels, threshold, degree, ids/c-pk/    | dst-ids, ciphertexts, commitment    |
+|           | s-pk (every participant), nbr-ids             |                                     |
 | mask      | src-ids, ciphertexts (+ the app's records)    | rejected, length, layout-*; packed  |
 |           |                                               | y in ArrayRecord ``secagg-masked``  |
-| unmask    | survivors, dropped, advertise-next            | b-ids, b-shares, s-ids, s-shares,   |
+| unmask    | survivors, dropped, advertise-next,           | b-ids, b-shares, s-ids, s-shares,   |
+|           | all-survivors                                 |                                     |
 |           |                                               | next-c-pk, next-s-pk (may be empty) |
+
+Every record carries ``version`` (:data:`VERSION`); a message of another version is malformed.
+Version 2 (issue 38): the share instruction lists every participant's keys (the client derives
+the neighbour graph from them) and the unmask instruction every survivor.
 
 Pipelined (:class:`~.strategy.SecAggPlus`): the next round's stage may ride an instruction and
 its reply in a second ConfigRecord, ``secagg-next`` (:data:`NEXT_RECORD`), with the keys that
@@ -62,8 +68,10 @@ TRAIN: Final[str] = "train"
 ERROR_CODE_REFUSED: Final[int] = 1100
 """Error code of a reply by which the mod refuses an instruction (reason in the error)."""
 
-K_STAGE, K_ROUND = "stage", "round"
-_HEAD = {K_STAGE: str, K_ROUND: int}
+VERSION: Final[int] = 2
+"""The wire version every record carries (1: neighbours' keys only, a server-drawn graph)."""
+K_STAGE, K_ROUND, K_VERSION = "stage", "round", "version"
+_HEAD = {K_STAGE: str, K_ROUND: int, K_VERSION: int}
 
 
 def _check(rec: ConfigRecord, spec: dict[str, type | tuple[type, type]], what: str) -> None:
@@ -88,7 +96,7 @@ def _get(rec: ConfigRecord, key: str) -> Any:
 
 
 def _record(stage: str, server_round: int, **values: Any) -> ConfigRecord:
-    return ConfigRecord({K_STAGE: stage, K_ROUND: server_round, **values})
+    return ConfigRecord({K_STAGE: stage, K_ROUND: server_round, K_VERSION: VERSION, **values})
 
 
 def _zip(ids: Sequence[int], values: Sequence[Any], what: str) -> dict[int, Any]:
@@ -102,6 +110,10 @@ def stage_of(content: RecordDict) -> tuple[str, int]:
     rec = content.config_records.get(RECORD)
     if rec is None:
         raise MalformedMessageError(f"no '{RECORD}' ConfigRecord")
+    if rec.get(K_VERSION) != VERSION:
+        raise MalformedMessageError(
+            f"secagg wire version {rec.get(K_VERSION)!r}; this node speaks version {VERSION}"
+        )
     stage, rnd = rec.get(K_STAGE), rec.get(K_ROUND)
     if stage not in STAGES or not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
         raise MalformedMessageError(f"bad stage {stage!r} or round {rnd!r}")
@@ -174,7 +186,7 @@ def decode_next_keys(content: RecordDict, server_round: int) -> KeyAdvert:
 
 # ---------------------------------------------------------------------- share
 def share_request(req: ShareKeysRequest) -> RecordDict:
-    cfg, ids = req.config, sorted(req.neighbours)
+    cfg, ids = req.config, sorted(req.participants)
     return RecordDict(
         {
             RECORD: _record(
@@ -183,10 +195,12 @@ def share_request(req: ShareKeysRequest) -> RecordDict:
                 bits=cfg.bits,
                 levels=cfg.levels,
                 threshold=cfg.threshold,
+                degree=cfg.degree,
                 **{
-                    "nbr-ids": ids,
-                    "nbr-c-pk": [req.neighbours[v].c_public for v in ids],
-                    "nbr-s-pk": [req.neighbours[v].s_public for v in ids],
+                    "ids": ids,
+                    "c-pk": [req.participants[v].c_public for v in ids],
+                    "s-pk": [req.participants[v].s_public for v in ids],
+                    "nbr-ids": sorted(req.neighbours),
                 },
             )
         }
@@ -201,23 +215,29 @@ def decode_share_request(content: RecordDict, run_id: int) -> ShareKeysRequest:
             "bits": int,
             "levels": int,
             "threshold": int,
+            "degree": int,
+            "ids": (list, int),
+            "c-pk": (list, bytes),
+            "s-pk": (list, bytes),
             "nbr-ids": (list, int),
-            "nbr-c-pk": (list, bytes),
-            "nbr-s-pk": (list, bytes),
         },
         "share instruction",
     )
-    ids = list(_get(rec, "nbr-ids"))
-    cs = _zip(ids, list(_get(rec, "nbr-c-pk")), "share instruction")
-    ss = _zip(ids, list(_get(rec, "nbr-s-pk")), "share instruction")
+    ids = list(_get(rec, "ids"))
+    cs = _zip(ids, list(_get(rec, "c-pk")), "share instruction")
+    ss = _zip(ids, list(_get(rec, "s-pk")), "share instruction")
+    nbrs = list(_get(rec, "nbr-ids"))
+    if len(set(nbrs)) != len(nbrs):
+        raise MalformedMessageError("share instruction: a neighbour is named twice")
     cfg = RoundConfig(
         run_id,
         int(_get(rec, K_ROUND)),
         int(_get(rec, "bits")),
         int(_get(rec, "levels")),
         int(_get(rec, "threshold")),
+        int(_get(rec, "degree")),
     )
-    return ShareKeysRequest(cfg, {v: KeyAdvert(cs[v], ss[v]) for v in ids})
+    return ShareKeysRequest(cfg, {v: KeyAdvert(cs[v], ss[v]) for v in ids}, tuple(nbrs))
 
 
 def share_reply(server_round: int, rep: ShareKeysReply) -> RecordDict:
@@ -367,6 +387,7 @@ def unmask_request(req: UnmaskRequest) -> RecordDict:
                     "survivors": list(req.survivors),
                     "dropped": list(req.dropped),
                     "advertise-next": bool(req.advertise_next),
+                    "all-survivors": list(req.all_survivors),
                 },
             )
         }
@@ -377,7 +398,12 @@ def decode_unmask_request(content: RecordDict) -> UnmaskRequest:
     rec = content.config_records[RECORD]
     _check(
         rec,
-        {"survivors": (list, int), "dropped": (list, int), "advertise-next": bool},
+        {
+            "survivors": (list, int),
+            "dropped": (list, int),
+            "advertise-next": bool,
+            "all-survivors": (list, int),
+        },
         "unmask instruction",
     )
     return UnmaskRequest(
@@ -385,6 +411,7 @@ def decode_unmask_request(content: RecordDict) -> UnmaskRequest:
         tuple(_get(rec, "survivors")),
         tuple(_get(rec, "dropped")),
         bool(_get(rec, "advertise-next")),
+        tuple(_get(rec, "all-survivors")),
     )
 
 

@@ -217,7 +217,7 @@ def start(
     grid: Grid1, rounds: int = 3, sample: Sample | None = None, **kw: Any
 ) -> tuple[SecAggPlus, SumStrategy]:
     inner = SumStrategy(sample)
-    strategy = SecAggPlus(inner, levels=LEVELS, rng=np.random.default_rng(0), **kw)
+    strategy = SecAggPlus(inner, levels=LEVELS, **kw)
     init = ArrayRecord({"w": Array(np.zeros(1, dtype=np.int64))})
     strategy.start(grid=grid, initial_arrays=init, num_rounds=rounds, timeout=10)
     return strategy, inner
@@ -447,7 +447,7 @@ def test_secagg_round_alone_with_a_sparse_graph() -> None:
     grid = Grid1(20)
     msgs = SumStrategy().configure_train(1, ArrayRecord(), ConfigRecord({}), grid)
     grid.hooks.append(drop_at("mask", {301, 400}))
-    rnd = SecAggRound(grid, 1, msgs, levels=LEVELS, num_neighbours=8, rng=np.random.default_rng(2))
+    rnd = SecAggRound(grid, 1, msgs, levels=LEVELS, num_neighbours=8)
     out = rnd.run()
     assert out.abandoned is None and rnd.round_trips == 4
     arrays = rnd.aggregate_arrays(out)

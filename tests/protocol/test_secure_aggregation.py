@@ -311,7 +311,7 @@ def test_update_replies_carry_only_the_masked_vector() -> None:
         assert set(reply.content) == {wire.REPLY, secure.SECAGG_REC, secure.MASKED_REC, *nxt}
         if nxt:
             keys = reply.content.config_records[secure.NEXT_REC]
-            assert set(keys) == {"stage", "round", "c-pk", "s-pk"} and keys["round"] == 2
+            assert set(keys) == {"stage", "round", "version", "c-pk", "s-pk"} and keys["round"] == 2
         assert set(reply.content.config_records[wire.REPLY]) <= {
             wire.ROUND,
             wire.NEXT_PUBKEY,

@@ -12,7 +12,6 @@ from corbin_fl.secagg import crypto
 from corbin_fl.secagg.client import CIPHERTEXT_BYTES, ClientState, SecAggClient
 from corbin_fl.secagg.messages import (
     KeyAdvert,
-    MalformedMessageError,
     MaskReply,
     MaskRequest,
     RefusalError,
@@ -58,7 +57,6 @@ class Driver:
             levels=levels,
             num_neighbours=k,
             threshold=t,
-            rng=np.random.default_rng(seed),
         )
         self.rnd = rnd
 
@@ -109,7 +107,7 @@ class Driver:
 )
 def test_no_dropout_sum_is_exact(n: int, levels: int, k: int | None) -> None:
     x = make_inputs(n, levels, seed=n)
-    out, _ = simulate_round(x, levels, num_neighbours=k, rng=np.random.default_rng(1))
+    out, _ = simulate_round(x, levels, num_neighbours=k)
     assert out.abandoned is None and out.survivors == tuple(sorted(x))
     assert out.total is not None and out.total.dtype == np.int64
     assert np.array_equal(out.total, plain_sum(x, out.survivors))
@@ -128,7 +126,7 @@ def test_no_dropout_sum_is_exact(n: int, levels: int, k: int | None) -> None:
 )
 def test_dropouts_at_every_stage_keep_the_sum_exact(drop: dict[str, set[int]]) -> None:
     x = make_inputs(8, 3, seed=5)
-    out, _ = simulate_round(x, 3, rng=np.random.default_rng(2), drop=drop)
+    out, _ = simulate_round(x, 3, drop=drop)
     assert out.abandoned is None, out.abandoned
     gone = set().union(*drop.values())
     expected_survivors = set(x) - gone - drop.get("unmask", set()) | drop.get("unmask", set())
@@ -140,17 +138,18 @@ def test_dropouts_at_every_stage_keep_the_sum_exact(drop: dict[str, set[int]]) -
 def test_dropouts_in_a_sparse_graph_with_many_clients() -> None:
     x = make_inputs(40, 1, seed=9)
     ids = sorted(x)
-    drop = {"share": {ids[0], ids[1]}, "mask": {ids[5], ids[9], ids[20]}, "unmask": {ids[30]}}
-    out, _ = simulate_round(x, 1, num_neighbours=10, rng=np.random.default_rng(4), drop=drop)
+    # k = 10, t = 6: four losses leave every node t holders, whatever the (key-derived) graph
+    drop = {"share": {ids[0]}, "mask": {ids[5], ids[9]}, "unmask": {ids[30]}}
+    out, _ = simulate_round(x, 1, num_neighbours=10, drop=drop)
     assert out.abandoned is None
     assert np.array_equal(out.total, plain_sum(x, out.survivors))
-    assert len(out.survivors) == 40 - 5
+    assert len(out.survivors) == 40 - 3
 
 
 @pytest.mark.parametrize(
     ("stage", "count", "reason"),
     [
-        ("advertise", 4, "advertise: 0 client(s) left"),  # the 2 left have < t neighbours
+        ("advertise", 4, "2 client(s) with keys, too few for t = 3"),
         ("share", 4, "share: 0 client(s) left"),
         ("mask", 4, "surviving share holder(s), fewer than t = 3"),
         ("unmask", 3, "could not be recovered from 2 share(s) (t = 3)"),
@@ -161,9 +160,7 @@ def test_round_is_abandoned_with_a_reason_when_fewer_than_t_remain(
 ) -> None:
     """n = 6, k = 5, t = 3: losing ``count`` nodes leaves some secret with fewer than t holders."""
     x = make_inputs(6, 1, seed=1)
-    out, _ = simulate_round(
-        x, 1, rng=np.random.default_rng(0), drop={stage: set(sorted(x)[:count])}
-    )
+    out, _ = simulate_round(x, 1, drop={stage: set(sorted(x)[:count])})
     assert out.total is None
     assert out.abandoned is not None and out.abandoned.startswith(stage)
     assert reason in out.abandoned
@@ -206,22 +203,40 @@ def test_client_refuses_a_request_naming_a_node_both_survivor_and_dropped() -> N
 
 
 def test_client_refuses_too_low_threshold_and_unknown_names() -> None:
+    """The share stage's refusals: ``t <= |N|/2`` or ``t < 2``, another run, a participant list
+    without this node's own keys, fewer than 3 participants, a reused key, a neighbour set that is
+    not the derived graph's."""
     c = SecAggClient(5, 1)
-    c.advertise(1)
-    nbrs = {
+    own = c.advertise(1)
+    others = {
         v: KeyAdvert(*(crypto.KeyPair.generate().public for _ in range(2))) for v in (6, 7, 8, 9)
     }
+    everyone = {5: own, **others}
     from corbin_fl.secagg.messages import RoundConfig, ShareKeysRequest
 
+    def request(t: int, run: int = 1, parts: dict = everyone, nbrs: tuple = (6, 7, 8, 9)):
+        return ShareKeysRequest(RoundConfig(run, 1, 4, 1, t, len(parts) - 1), parts, nbrs)
+
     with pytest.raises(RefusalError, match="t <="):  # t = 2 of 4: both shares collectable
-        c.share_keys(ShareKeysRequest(RoundConfig(1, 1, 4, 1, 2), nbrs))
+        c.share_keys(request(2))
     with pytest.raises(RefusalError, match="run"):
-        c.share_keys(ShareKeysRequest(RoundConfig(2, 1, 4, 1, 3), nbrs))
-    with pytest.raises(MalformedMessageError, match="own neighbour"):
-        c.share_keys(ShareKeysRequest(RoundConfig(1, 1, 4, 1, 3), {**nbrs, 5: nbrs[6]}))
+        c.share_keys(request(3, run=2))
+    with pytest.raises(RefusalError, match="keys it advertised"):  # its own entry substituted
+        c.share_keys(request(3, parts={**everyone, 5: others[6]}))
+    with pytest.raises(RefusalError, match="keys it advertised"):  # not listed at all
+        c.share_keys(request(3, parts=others))
     with pytest.raises(RefusalError, match="reuses"):
-        c.share_keys(ShareKeysRequest(RoundConfig(1, 1, 4, 1, 3), {**nbrs, 10: nbrs[6]}))
+        c.share_keys(request(3, parts={**everyone, 10: others[6]}))
+    with pytest.raises(RefusalError, match="derived"):  # the server's graph is not the derived one
+        c.share_keys(request(3, nbrs=(6, 7, 8)))
+    three = {5: own, 6: others[6], 7: others[7]}
+    with pytest.raises(RefusalError, match=r"max\(2"):  # t = 1: the share is the secret
+        c.share_keys(request(1, parts=three, nbrs=(6, 7)))
+    with pytest.raises(RefusalError, match="at least 3"):
+        c.share_keys(request(2, parts={5: own, 6: others[6]}, nbrs=(6,)))
     assert c.state.stage == "keyed"
+    c.share_keys(request(3))  # the derived graph (complete at n = 5), a valid t
+    assert c.state.stage == "shared" and sorted(c.state.neighbours) == [6, 7, 8, 9]
 
 
 def test_inputs_out_of_range_or_not_integers_are_refused() -> None:
@@ -240,9 +255,7 @@ def test_replays_across_rounds_and_runs_are_refused() -> None:
     """Round 1's instructions replayed in round 2 are refused by stage/round checks; round 1's
     ciphertexts relayed into round 2 (or into another run) fail AES-GCM and drop their sender."""
     x = make_inputs(5, 1, seed=3)
-    out1, clients = simulate_round(
-        x, 1, server_round=1, rng=np.random.default_rng(0), advertise_next=True
-    )
+    out1, clients = simulate_round(x, 1, server_round=1, advertise_next=True)
     assert out1.total is not None and set(out1.next_keys) == set(x)
     # Round 2 with the pipelined keys (no advertise stage).
     srv = SecAggServer(
@@ -250,7 +263,6 @@ def test_replays_across_rounds_and_runs_are_refused() -> None:
         server_round=2,
         node_ids=list(x),
         levels=1,
-        rng=np.random.default_rng(0),
         prekeys=out1.next_keys,
     )
     assert srv.advertise_targets() == [] and srv.stage == "share"
@@ -432,7 +444,7 @@ def test_flower_node_ids_span_the_whole_uint64_range() -> None:
     ids = [2**64 - 1 - 7 * i for i in range(5)]
     x = {u: rng.integers(0, 2, 50) for u in ids}
     drop = {"unmask": {ids[2]}}
-    out, _ = simulate_round(x, 1, run_id=2**64 - 3, rng=rng, drop=drop)
+    out, _ = simulate_round(x, 1, run_id=2**64 - 3, drop=drop)
     assert out.abandoned is None
     assert np.array_equal(out.total, sum(x[u] for u in out.survivors))
 
@@ -447,7 +459,6 @@ def _pipelined_next(d: Driver) -> tuple[dict[int, KeyAdvert], SecAggServer]:
         server_round=2,
         node_ids=list(d.clients),
         levels=1,
-        rng=np.random.default_rng(5),
         prekeys=keys,
     )
     return keys, nxt

@@ -38,9 +38,7 @@ def chi2_uniform(cells: np.ndarray, num_cells: int) -> float:
 
 def run_round(inputs: dict[int, np.ndarray], drop_at_mask: set[int]):
     clients = {u: SecAggClient(u, RUN) for u in inputs}
-    srv = SecAggServer(
-        run_id=RUN, server_round=RND, node_ids=list(inputs), levels=1, rng=np.random.default_rng(0)
-    )
+    srv = SecAggServer(run_id=RUN, server_round=RND, node_ids=list(inputs), levels=1)
     srv.receive_adverts({u: clients[u].advertise(RND) for u in srv.advertise_targets()})
     srv.receive_shares({u: clients[u].share_keys(r) for u, r in srv.share_requests().items()})
     masked = {

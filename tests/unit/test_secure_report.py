@@ -3,7 +3,10 @@
 - ``ldpfl`` / ``pbm`` with secure aggregation: (B) has ``dp: true``, finite ``(eps, delta)``,
   falling as ``n`` grows, equal to :mod:`corbin_fl.mechanisms.secure_sum`'s figures;
 - ``corbin``: ``dp: false`` with the reason (a pair's sum is nearly deterministic);
-- ``augcorbin``: Theorem 3 with its condition on ``n`` stated and checked, both ways;
+- ``augcorbin``: the exact worst case only (nothing from the paper's eq. (5), not a valid bound),
+  with the independent share it used and why;
+- B shows the per-parameter figure beside the composed one, and "no meaningful protection" where
+  the run's eps exceeds 10;
 - the report's ``n`` is the fewest survivors of a round whose sum the server unmasked;
 - (A) does not change; (D) keeps its guarantee and says what a deviating server can do, and the
   lying-server attack it describes works on the real SecAgg+ roles;
@@ -26,14 +29,14 @@ from corbin_fl.config import RunConfig
 from corbin_fl.mechanisms import secure_sum as ss
 from corbin_fl.mechanisms.accounting import privacy_report
 from corbin_fl.mechanisms.secure_sum import SumView
-from corbin_fl.mechanisms.theory import theorem3_condition
 from corbin_fl.server.records import build_summary, privacy_summary, sum_view
 
 DELTA = 1e-5
 M, T = 2_000, 3
 
 #: privacy_summary(cfg, 7, 5_000, 10, 0.05) of each config below, computed with the code of
-#: commit c4e3120 (before secure aggregation entered the report) and frozen: a run without
+#: commit c4e3120 (before secure aggregation entered the report) and frozen (augcorbin refrozen
+#: for issue 38: C prints nothing from eq. (5), and mse_bounds has Theorem 3's): a run without
 #: secure aggregation must keep exactly this report (docs/results' summaries are regenerated
 #: against it).
 FROZEN = Path(__file__).with_name("privacy_reports_without_secagg.json")
@@ -93,7 +96,13 @@ def test_ldpfl_against_the_sum_is_dp_equals_secure_sum_and_falls_with_n() -> Non
         assert b["per_update"] == {"k": M, "eps": g["per_update"]["eps"], "delta": DELTA}
         assert b["all_rounds"] == {"k": M * T, "eps": g["all_rounds"]["eps"], "delta": DELTA}
         assert math.isfinite(b["all_rounds"]["eps"]) and 0 < len(b["headline"]) <= 46
-        assert f"n >= {n}" in b["headline"] and "honest-but-curious" in b["guarantee"]
+        assert "honest-but-curious" in b["guarantee"] and f"n = {n} clients" in b["guarantee"]
+        pp = f"per parameter ({g['per_parameter']['eps']:.5g}, {DELTA:g})-DP"
+        assert pp in b["guarantee"]
+        # m = 2,000 parameters, 3 rounds: the run's eps bounds nothing, and B says so
+        assert b["all_rounds"]["eps"] > 10
+        assert b["headline"] == f"no meaningful protection: run eps {b['all_rounds']['eps']:.4g}"
+        assert "formally DP and practically none" in b["guarantee"]
         assert rep["secure_aggregation"]["n"] == n
         runs.append(b)
     for part in ("per_parameter", "per_update", "all_rounds"):
@@ -118,7 +127,7 @@ def test_exact_profile_is_capped_soundly(monkeypatch: pytest.MonkeyPatch) -> Non
     b = rep["threat_models"]["B"]
     assert rep["secure_aggregation"]["computed_at_n"] == 8
     assert b["all_rounds"]["eps"] == ss.one_bit_guarantee(1.0, 8, M, T, DELTA)["all_rounds"]["eps"]
-    assert "computed at n = 8" in b["guarantee"] and "n >= 30" in b["headline"]
+    assert "computed at n = 8" in b["guarantee"] and "n = 30 clients" in b["guarantee"]
 
 
 def test_unanalysed_symbols_keep_the_local_guarantee() -> None:
@@ -147,44 +156,43 @@ def test_corbin_has_no_dp_against_the_sum_and_says_why() -> None:
     assert "pair_joint" not in b  # the server sees no pair's two bits
 
 
-def test_augcorbin_theorem3_condition_false_is_stated_with_the_n_it_needs() -> None:
+def test_augcorbin_too_few_independent_clients_is_no_dp_and_names_the_share() -> None:
     rep = _secure(
         "augcorbin", SumView(10, independent=2, paired=True, rounds=T), d=5, gamma=0.2, r=0.01
     )
     b = rep["threat_models"]["B"]
     assert b["dp"] is False and b["headline"] == "no DP (too few independent clients)"
-    assert b["ucdp_theorem3"]["applies"] is False
-    assert "does not apply" in b["guarantee"] and "it needs n >=" in b["guarantee"]
-    assert "delta" not in keys(b["ucdp_theorem3"]) and "eps" not in keys(b)
+    assert "eps" not in keys(b) and "delta" not in keys(b) and "ucdp_theorem3" not in keys(rep)
+    assert b["independent"] == {"count": 2, "of": 10, "from": "records"}
+    assert "gamma = 0.2 configured" in b["guarantee"] and "is not a valid bound" in b["guarantee"]
 
 
-def test_augcorbin_theorem3_condition_true_gives_dp(monkeypatch: pytest.MonkeyPatch) -> None:
-    """(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha): Theorem 3 holds."""
-    monkeypatch.setattr(ss, "REPORT_MAX_N", 40)  # the exact profile at 40 (sound, fast)
-    n, ind, m = 4000, 2000, 100
-    ok, _ = theorem3_condition(1.0, DELTA, n, ind / n, m, 0.01)
-    assert ok
-    view = SumView(n, independent=ind, paired=True, rounds=2)
-    rep = _secure("augcorbin", view, m=m, T=2, d=5, gamma=0.5, r=0.01)
+def test_augcorbin_small_n_reports_the_configured_gamma_and_the_share_drawn() -> None:
+    """Issue 38: n = 3, gamma = 0.2: the pairing draws floor(0.6 + 1/2) = 1 independent client;
+    the report says gamma = 0.2 (configured) and 1 of 3 (used), never 0.333..."""
+    rep = _secure("augcorbin", SumView(3, rounds=T), d=5, gamma=0.2, r=0.01)
     b = rep["threat_models"]["B"]
-    t3 = ss.augcorbin_theorem3(1.0, DELTA, n, ind / n, m, 0.01, rounds=2)
-    assert b["dp"] is True and b["ucdp_theorem3"]["applies"] is True
-    assert b["ucdp_theorem3"]["eps_u"] == t3["eps_u"]
-    assert "Theorem 3 of arXiv 2409.13133 applies" in b["guarantee"]
-    assert 0 < len(b["headline"]) <= 46
+    assert b["independent"] == {"count": 1, "of": 3, "from": "floor(gamma n + 1/2)"}
+    assert "gamma = 0.2 configured, so 1 of 3" in b["guarantee"]
+    assert "0.333" not in json.dumps(rep)
 
 
-def test_augcorbin_exact_bound_without_theorem3_is_dp_and_says_the_condition_fails() -> None:
-    """Enough independent clients for the exact bound, far too few for Theorem 3."""
+def test_augcorbin_exact_bound_is_b_and_nothing_comes_from_eq5() -> None:
+    """Enough independent clients for the exact bound: B is it, with its per-parameter figure;
+    the paper's eq. (5) gives no figure (tests/unit/test_lower_bounds.py shows why)."""
     view = SumView(300, independent=150, paired=True, rounds=T)
     rep = _secure("augcorbin", view, d=5, gamma=0.5, r=0.01)
     b = rep["threat_models"]["B"]
     ac = ss.augcorbin_guarantee(
-        1.0, 300, 0.5, M, T, DELTA, 0.01, independent=150, paired=True, max_exact_n=1000
+        1.0, 300, 0.5, M, T, DELTA, independent=150, paired=True, max_exact_n=1000
     )
-    assert b["dp"] is True and b["ucdp_theorem3"]["applies"] is False
+    assert b["dp"] is True and "ucdp_theorem3" not in keys(rep)
     assert b["all_rounds"]["eps"] == ac["exact"]["all_rounds"]["eps"]
-    assert "does not apply" in b["guarantee"] and "it needs n >=" in b["guarantee"]
+    assert b["per_parameter"]["eps"] == ac["exact"]["per_parameter"]["eps"]
+    pp = f"per parameter ({ac['exact']['per_parameter']['eps']:.5g}, {DELTA:g})-DP"
+    assert pp in b["guarantee"] and "is not a valid bound" in b["guarantee"]
+    assert "Theorem 3 of arXiv 2409.13133 applies" not in json.dumps(rep)
+    assert 0 < len(b["headline"]) <= 46
 
 
 def test_signsgd_sum_has_no_dp() -> None:
@@ -235,7 +243,9 @@ def test_a_unchanged_d_keeps_its_guarantee_and_names_the_attacks(
 def test_lying_server_unmasks_one_client_without_colluders() -> None:
     """What (D) says: no round checks that every client got the same survivor list, so a server
     that names a victim a survivor to its neighbours and each neighbour dropped to t of theirs
-    recovers the victim's input from honest clients alone (complete graph, n = 10, t = 5)."""
+    recovers the victim's input from honest clients alone (complete graph, n = 10, t = 5). Each
+    client's own checks (its neighbours' split matches the survivor list it is told, that list's
+    graph is connected) pass: the lists differ between clients, and nothing compares them."""
     from corbin_fl.secagg.client import SecAggClient, pair_mask, pair_sign, self_mask
     from corbin_fl.secagg.messages import UnmaskRequest
     from corbin_fl.secagg.server import SecAggServer
@@ -245,7 +255,7 @@ def test_lying_server_unmasks_one_client_without_colluders() -> None:
     ids = [100 + 7 * i for i in range(10)]
     inputs = {u: rng.integers(0, 2, size=64) for u in ids}
     clients = {u: SecAggClient(u, 1) for u in ids}
-    srv = SecAggServer(run_id=1, server_round=1, node_ids=ids, levels=1, rng=rng)
+    srv = SecAggServer(run_id=1, server_round=1, node_ids=ids, levels=1)
     srv.receive_adverts({u: clients[u].advertise(1) for u in srv.advertise_targets()})
     srv.receive_shares({u: clients[u].share_keys(r) for u, r in srv.share_requests().items()})
     srv.receive_masked({u: clients[u].mask(r, inputs[u]) for u, r in srv.mask_requests().items()})
@@ -260,7 +270,10 @@ def test_lying_server_unmasks_one_client_without_colluders() -> None:
         fill = [others[(i + j) % len(others)] for j in range(t - 1 - named)]
         surv = ([victim] if named else []) + fill
         drop = [v for v in others if v not in surv]
-        reply = clients[w].unmask(UnmaskRequest(1, tuple(sorted(surv)), tuple(sorted(drop))))
+        told = tuple(sorted({w, *surv}))  # the survivor list told to w alone (connected)
+        reply = clients[w].unmask(
+            UnmaskRequest(1, tuple(sorted(surv)), tuple(sorted(drop)), all_survivors=told)
+        )
         if victim in reply.self_mask_shares:
             b_shares[w] = reply.self_mask_shares[victim]
         for v, share in reply.key_shares.items():
