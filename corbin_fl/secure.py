@@ -105,7 +105,16 @@ def bit_width(num_clients: int, levels: int) -> int:
 
 
 def config_errors(cfg: RunConfig) -> dict[str, str]:
-    """The run-config errors of the secure-aggregation keys (empty when fine)."""
+    """The run-config errors of the secure-aggregation keys (empty when fine).
+
+    With secure aggregation: a mechanism affine in the symbol sum, at least
+    :data:`~corbin_fl.secagg.graph.MIN_CLIENTS` (3) clients per round when ``clients-per-round``
+    fixes it (``corbin-fl local`` also refuses fewer than 3 SuperNodes before starting; the
+    protocol abandons a round with fewer), an even ``secagg-neighbours`` and
+    ``secagg-threshold`` 0 (default) or at least 2.
+    """
+    from corbin_fl.secagg.graph import MIN_CLIENTS
+
     errors: dict[str, str] = {}
     if cfg.secagg_neighbours < 0:
         errors["secagg-neighbours"] = f"must be >= 0 (0 = default), got {cfg.secagg_neighbours}"
@@ -115,6 +124,16 @@ def config_errors(cfg: RunConfig) -> dict[str, str]:
         why = refusal(cfg.mechanism)
         if why is not None:
             errors["secure-aggregation"] = why
+        if 0 < cfg.clients_per_round < MIN_CLIENTS:
+            errors["clients-per-round"] = (
+                f"secure aggregation needs at least {MIN_CLIENTS} clients per round, got "
+                f"{cfg.clients_per_round} (with 2, each client's update is the sum minus the "
+                f"other's): use clients-per-round = 0 (all) or >= {MIN_CLIENTS}"
+            )
+        if cfg.secagg_threshold == 1:
+            errors["secagg-threshold"] = (
+                "must be >= 2 (0 = default): a 1-out-of-k Shamir share is the secret itself"
+            )
         if cfg.secagg_neighbours % 2 and cfg.secagg_neighbours:
             errors.setdefault(
                 "secagg-neighbours",

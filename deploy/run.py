@@ -207,6 +207,12 @@ class LocalRunOptions:
                 f"for nodes that never come; use {flag} {min_clients} or more, or "
                 f'--run-config "min-clients={n}"'
             )
+        if effective.get("secure-aggregation") is True and n < 3:
+            raise ValueError(
+                f"secure aggregation needs at least 3 clients, got {flag} {n}: with 2, each "
+                f"client's update is the sum minus the other's; use {flag} 3 or more, or "
+                '--run-config "secure-aggregation=false"'
+            )
         per_round = as_int(effective.get("clients-per-round"))
         if per_round is not None and per_round > n:
             raise ValueError(
