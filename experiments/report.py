@@ -274,13 +274,13 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
 def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
     """The guarantees against the sum-seeing server at n = 10, 100, 1,000 clients
     (``mechanisms.secure_sum.server_table``, one call per AugCorBin gamma) at the settings of
-    the ``secure`` groups' runs (eps_p, m, rounds, delta, d, R): its text and its table."""
+    the ``secure`` groups' runs (eps_p, m, rounds, delta, d): its text and its table."""
     from corbin_fl.mechanisms import secure_sum as ss
 
     s, report = secure[0].setting, rs.privacy_view(secure[0].runs[0].summary) or {}
     kw: dict[str, Any] = {"eps_p": float(s["epsilon"]), "m": int(report["m"])}
     kw |= {"rounds": int(report["rounds"])}
-    kw |= {"delta": float(s["delta"]), "d": int(s["d"]), "r": float(s["update-radius"])}
+    kw |= {"delta": float(s["delta"]), "d": int(s["d"])}
     aug = [g for g in secure if g.setting.get("mechanism") == "augcorbin"]
     gammas = sorted({float(g.setting["gamma"]) for g in aug}) or [RunConfig().gamma]
     rows = {(r["mechanism"], r["n"]): r for gm in gammas for r in ss.server_table(gamma=gm, **kw)}

@@ -38,7 +38,7 @@ RUNS_CSV_COLUMNS: tuple[str, ...] = (
     *("lambda_selected", "test_accuracy", "val_accuracy", "selected_round", "selected_by"),
     *("final_test_accuracy", "final_val_accuracy", "num_rounds", "eps_p", "eps_update"),
     *("delta_update", "eps_run", "delta_run", "pair_eps_update", "pair_delta_lower_bound"),
-    *("ucdp_eps", "uplink_bytes", "seconds"),
+    *("server_eps_parameter", "uplink_bytes", "seconds"),
 )
 """Fixed columns of ``runs.csv``; other swept run-config keys are appended after them."""
 
@@ -136,15 +136,15 @@ _PRIVACY_FIELDS = {  # field: (its path in the report, the path that must be tru
     "server_eps_run": ("threat_models.B.all_rounds.eps", "threat_models.B.dp"),
     "pair_eps_update": ("threat_models.B.pair_joint.per_update.eps", ""),
     "pair_delta_lower_bound": ("threat_models.B.pair_joint.per_update.delta_lower_bound", ""),
-    "ucdp_eps": ("threat_models.C.ucdp_theorem3.eps_u", "threat_models.C.ucdp_theorem3.applies"),
-    "ucdp_delta": ("threat_models.C.ucdp_theorem3.delta", "threat_models.C.ucdp_theorem3.applies"),
+    "server_eps_parameter": ("threat_models.B.per_parameter.eps", "threat_models.B.dp"),
 }
 
 
 def privacy_fields(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """A run's privacy numbers (``None`` where its report has none): ``eps_p``, threat model
     A's ``eps``/``delta`` of one update and of the run, B's ``eps`` of the run (where it gives
-    DP), B's pair-joint view of one update and C's Theorem 3 (AugCorBin, where it applies)."""
+    DP) and per parameter beside it, and B's pair-joint view of one update. Nothing from the
+    paper's eq. (5) (Theorem 3), which is not a valid bound (``theory.eq5_as_printed``)."""
     report = privacy_view(summary)
 
     def at(path: str) -> Any:

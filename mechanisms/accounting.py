@@ -31,9 +31,10 @@ Threat models
 
 :func:`privacy_report` states one guarantee per adversary (``threat_models``, keys
 :data:`THREAT_MODELS`): (A) and (B) as above, (C) a malicious client, which receives only the
-global model (post-processing of (B)'s view, plus its partner's ``z`` when paired; AugCorBin-FL's
-user-level Theorem 3 covers the aggregate), and (D) a malicious server, which can learn every
-pair's ``z`` (SECURITY.md, threat model 4) and keeps only the per-parameter (per-update for
+global model (post-processing of (B)'s view, plus its partner's ``z`` when paired; the paper's
+user-level bound for AugCorBin-FL, eq. (5) of Theorem 3, is not a valid bound and is not printed:
+:func:`corbin_fl.mechanisms.theory.eq5_as_printed`), and (D) a malicious server, which can learn
+every pair's ``z`` (SECURITY.md, threat model 4) and keeps only the per-parameter (per-update for
 ``fedcad``) guarantee of the mechanisms whose noise is drawn on the client. Every entry has a
 ``dp`` flag; an entry without DP has no ``delta``.
 
@@ -69,13 +70,12 @@ from corbin_fl.mechanisms.baselines.gaussian import (
     gaussian_epsilon,
 )
 from corbin_fl.mechanisms.categories import Privacy, category, declared
+from corbin_fl.mechanisms.protection import NO_PROTECTION, per_parameter_text, protection
 from corbin_fl.mechanisms.theory import (
     alpha64,
     corbin_pair_joint_from_q,
     ldpfl_mse,
     theorem2_bound,
-    theorem3_condition,
-    theorem3_epsilon_u,
     theorem3_mse_bound,
 )
 from corbin_fl.mechanisms.validate import integer, positive, probability, real
@@ -1115,6 +1115,41 @@ def _g(x: Any) -> str:
     return f"{float(x):.4g}"
 
 
+_EQ5_NOT_A_BOUND = (
+    "The paper's user-level bound for AugCorBin-FL (arXiv 2409.13133, Theorem 3, eq. 5) is not "
+    "a valid bound (it grows with the radius r, which the mechanism's law does not depend on, "
+    "and a realisable configuration beats it: README, \"AugCorBin-FL's eq. (5) is not a "
+    'bound"), so no guarantee is printed from it.'
+)
+"""Why the report prints nothing from Theorem 3 (``theory.eq5_as_printed``)."""
+
+
+def _run_headline(eps: float, delta: float, tail: str) -> str:
+    """``"(eps, delta) <tail>"``, or :data:`NO_PROTECTION` with the ``eps`` when it bounds
+    nothing (``eps > MEANINGFUL_EPS``, :mod:`corbin_fl.mechanisms.protection`)."""
+    if protection(eps):
+        return f"{NO_PROTECTION}: run eps {_g(eps)}"
+    return f"({_g(eps)}, {delta:g}) {tail}"
+
+
+def _per_parameter_sentence(eps: float, delta: float, eps_p: float | None) -> str:
+    """``"per parameter (0.99997, 1e-05)-DP, no better than eps_p = 1"`` (5 digits)."""
+    text = per_parameter_text(eps, eps_p)
+    number, _, rest = text.partition(" (")
+    return f"per parameter ({number}, {delta:g})-DP" + (f", {rest[:-1]}" if rest else "")
+
+
+def _protection_sentence(run_eps: float, rounds: int) -> str:
+    """The plain words when the run's ``eps`` bounds nothing, else ``""``."""
+    if not protection(run_eps):
+        return ""
+    return (
+        f" Over all {rounds} rounds eps = {_g(run_eps)} is formally DP and practically none "
+        f"({NO_PROTECTION}: above eps = 10 a test may tell two inputs apart every time at a "
+        "false-positive rate of 1 in e^10 = 22,026; mechanisms/protection.py)."
+    )
+
+
 def _blocks(view: Mapping[str, Any] | None, *parts: str) -> dict[str, Any]:
     """Copies of the numeric blocks ``parts`` of ``view`` that exist (``None`` ones left out)."""
     out: dict[str, Any] = {}
@@ -1172,7 +1207,6 @@ def _threat_models(
     view_a: Mapping[str, Any] | None,
     pair: Mapping[str, Any] | None,
     pair_reason: str | None,
-    ucdp: Mapping[str, Any] | None,
     gamma: float | None,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The per-threat-model view and the notes of one mechanism.
@@ -1181,12 +1215,14 @@ def _threat_models(
     differential-privacy guarantee against that adversary), ``headline`` (at most 46
     characters, for tables) and ``guarantee`` (one plain-language paragraph); entries with
     ``dp`` true add the numbers (``per_parameter``, ``per_update``, ``all_rounds``: blocks
-    ``{"k", "eps", "delta"}`` as in threat model A, or ``ucdp_theorem3``); entries without DP
+    ``{"k", "eps", "delta"}`` as in threat model A); entries without DP
     carry no ``delta`` anywhere (the paired mechanisms' ``pair_joint`` block holds only the
     lower bounds on ``delta`` that show why).
 
     The inputs are the computed blocks of each view (threat model A's numbers, the pair-joint
-    view of B, Theorem 3's user-level view) before they are arranged per threat model.
+    view of B) before they are arranged per threat model. A headline whose composed ``eps``
+    exceeds :data:`~corbin_fl.mechanisms.protection.MEANINGFUL_EPS` says
+    :data:`~corbin_fl.mechanisms.protection.NO_PROTECTION`.
     """
     tm: dict[str, dict[str, Any]] = {
         key: {"name": name, "dp": False} for key, name in THREAT_MODELS.items()
@@ -1252,7 +1288,7 @@ def _threat_models(
             # Only for tiny models and budgets; reported as what it is.
             b["dp"] = True
             run = joint["all_rounds"]
-            b["headline"] = f"({_g(run_eps)}, {run['delta']:g}) over the run (pair-joint)"
+            b["headline"] = _run_headline(run_eps, run["delta"], "over the run (pair-joint)")
             b["guarantee"] = (
                 "The server receives both bits of every pair; their joint law still gives "
                 f"({_g(run_eps)}, {run['delta']:g})-DP over all {rounds} rounds at this tiny "
@@ -1298,30 +1334,14 @@ def _threat_models(
 
     # ---------------------------------------------------------------- (C) malicious client
     c = tm["C"]
-    if cat.independent_share and isinstance(ucdp, Mapping) and ucdp.get("applies"):
-        c["dp"] = True
-        c["headline"] = f"({_g(ucdp['eps_u'])}, {ucdp['delta']:g}) per round (Thm 3)"
-        c["guarantee"] = (
-            f"Each round's aggregate model, the only thing a client receives, is "
-            f"({_g(ucdp['eps_u'])}, {ucdp['delta']:g})-DP at the user level (central DP of "
-            "arXiv 2409.13133, Theorem 3, eq. 5; its noise comes from the clients that "
-            "quantize independently). Per round only: not composed over the rounds."
-        )
-        c["ucdp_theorem3"] = dict(ucdp)
-    elif paired:
+    if paired:
         c["headline"] = "no DP (nothing bounds the global model)"
         if cat.independent_share:
-            reason = (
-                ucdp.get("reason", "") if isinstance(ucdp, Mapping) else "gamma, n, r not given"
-            )
             c["guarantee"] = (
                 "No DP. A client receives the global model, computed from every bit the server "
-                "sees (no DP there); the user-level guarantee of arXiv 2409.13133 Theorem 3 "
-                f"does not apply ({reason}). A paired client also knows its partner's common "
-                "randomness z."
+                "sees (no DP there), and a paired client also knows its partner's common "
+                "randomness z. " + _EQ5_NOT_A_BOUND
             )
-            if isinstance(ucdp, Mapping):
-                c["ucdp_theorem3"] = dict(ucdp)
         else:
             c["guarantee"] = (
                 "No DP. A client receives the global model, computed from every paired bit, "
@@ -1500,8 +1520,9 @@ def _secure_threat_models(
 
     - independent mechanisms whose symbols are binomial (``s.trials``: one bit, or PBM's
       trials): the exact worst case over all inputs, composed (``dp`` true);
-    - AugCorBin-FL: Theorem 3 with its condition on ``n`` checked, at the independent clients of
-      the worst round, and the exact worst case; ``dp`` where either is finite;
+    - AugCorBin-FL: the exact worst case at the independent clients of the worst round (the
+      entry's ``independent`` block says how many, of how many, and from where); ``dp`` where it
+      is finite; nothing from the paper's eq. (5), which is not a valid bound;
     - CorBin-FL: no DP (a pair's sum is nearly deterministic), with the lower bound on ``delta``;
     - a mechanism without DP: no DP (the sum carries no noise);
     - any other local-DP mechanism: A's guarantee, which the sum can only improve (not computed).
@@ -1571,71 +1592,53 @@ def _secure_threat_models(
             m,
             rounds,
             delta,
-            r,
             independent=s.independent,
             paired=s.paired,
             max_exact_n=ss.REPORT_MAX_N,
         )
         n_ind = int(ac["independent"])
-        t3 = ac["theorem3"]
         exact = ac.get("exact")
-        exact_ok = isinstance(exact, Mapping) and math.isfinite(exact["all_rounds"]["eps"])
         b["dp"] = bool(ac["dp"])
-        who_ind = (
-            f"{who}, of which {n_ind} quantized independently (the fewest in any unmasked sum)"
+        if s.independent is not None:
+            drawn = "the fewest in any unmasked sum"
+        else:
+            drawn = "floor(gamma n + 1/2) as the pairing draws it"
+        configured = (
+            f"; gamma = {gamma:g} configured, so {n_ind} of {s.n} is the share used"
+            if gamma is not None
+            else ""
         )
-        t3_text = (
-            "Theorem 3 of arXiv 2409.13133 applies against the sum (its condition on n "
-            f"{t3['reason']}): each round is ({_g(t3['eps_u'])}, {t3['delta']:g})-DP at the "
-            "user level"
-            + (
-                f", all {rounds} rounds ({_g(t3['all_rounds']['eps'])}, "
-                f"{t3['all_rounds']['delta']:g})-DP"
-                if "all_rounds" in t3
-                else ""
+        who_ind = f"{who}, of which {n_ind} quantized independently ({drawn}{configured})"
+        b["independent"] = {"count": n_ind, "of": s.n, "from": ac["independent_from"]}
+        if b["dp"] and isinstance(exact, Mapping):
+            blocks, took_a = _secure_blocks(exact, view_a, m, rounds)
+            b.update(blocks)
+            run = blocks["all_rounds"]
+            pp = blocks["per_parameter"]
+            b["headline"] = _run_headline(run["eps"], delta, f"over the run, n >= {s.n}")
+            b["guarantee"] = (
+                f"{who_ind}. The exact worst case (an independent client's bit among the other "
+                "independent ones, or a paired client's bit, which given its partner's can be "
+                "a point mass, over the independent clients' bits) gives "
+                f"{_per_parameter_sentence(pp['eps'], delta, ep)}; composed, one update "
+                f"of m = {m:,} parameters is ({_g(blocks['per_update']['eps'])}, "
+                f"{delta:g})-DP and all {rounds} rounds are ({_g(run['eps'])}, "
+                f"{delta:g})-DP{capped}.{_protection_sentence(run['eps'], rounds)} "
+                f"{_EQ5_NOT_A_BOUND}{_SUM_ASSUMES}"
             )
-            + "."
-            if t3.get("applies")
-            else "Theorem 3 of arXiv 2409.13133 does not apply: "
-            + str(t3["reason"]).replace("Theorem 3 condition ", "its condition ", 1)
-            + "."
-        )
-        b["ucdp_theorem3"] = (
-            dict(t3) if t3.get("applies") else {"applies": False, "reason": t3["reason"]}
-        )
-        if b["dp"]:
-            parts = [who_ind + "."]
-            if exact_ok:
-                assert isinstance(exact, Mapping)
-                blocks, took_a = _secure_blocks(exact, view_a, m, rounds)
-                b.update(blocks)
-                run = blocks["all_rounds"]
-                b["headline"] = f"({_g(run['eps'])}, {delta:g}) over the run, n >= {s.n}"
-                parts.append(
-                    "The exact worst case (an independent client's bit among the other "
-                    "independent ones, or a paired client's bit, which given its partner's can be "
-                    "a point mass, over the independent clients' bits) gives per parameter "
-                    f"({_g(blocks['per_parameter']['eps'])}, {delta:g})-DP; composed, one update "
-                    f"of m = {m:,} parameters is ({_g(blocks['per_update']['eps'])}, "
-                    f"{delta:g})-DP and all {rounds} rounds are ({_g(run['eps'])}, "
-                    f"{delta:g})-DP{capped}."
-                )
-            else:
-                b["headline"] = f"({_g(t3['eps_u'])}, {t3['delta']:g}) per round (Thm 3)"
-            parts.append(t3_text)
-            b["guarantee"] = " ".join(parts) + _SUM_ASSUMES
         else:
             b["headline"] = "no DP (too few independent clients)"
             b["guarantee"] = (
                 f"No DP. {who_ind}. A paired client's bit, given its partner's, can be a point "
                 "mass, so only the independent clients' bits hide it, and with so few of them "
                 "a sum impossible under a neighbouring input keeps a mass that, composed over "
-                f"the run, exceeds delta = {delta:g}. {t3_text}"
+                f"the run, exceeds delta = {delta:g}. {_EQ5_NOT_A_BOUND}"
             )
         b_note = (
-            "(B) secure aggregation: AugCorBin-FL against the sum: Theorem 3 at n gamma = the "
-            "fewest independent clients in an unmasked sum, and the exact worst case of "
-            "mechanisms/secure_sum.py (augcorbin_profile), composed with dp_accounting's PLD"
+            "(B) secure aggregation: AugCorBin-FL against the sum: the exact worst case of "
+            "mechanisms/secure_sum.py (augcorbin_profile) at the fewest independent clients in "
+            "an unmasked sum, composed with dp_accounting's PLD; nothing from the paper's eq. (5) "
+            "(not a valid bound)"
         )
     elif s.trials is not None:
         ep = float(eps_p or 0.0)
@@ -1652,16 +1655,18 @@ def _secure_threat_models(
         b.update(blocks)
         b["dp"] = True
         run = blocks["all_rounds"]
-        b["headline"] = f"({_g(run['eps'])}, {delta:g}) over the run, n >= {s.n}"
+        b["headline"] = _run_headline(run["eps"], delta, f"over the run, n >= {s.n}")
         a_run = (view_a or {}).get("all_rounds", {}).get("eps")
+        pp_eps = blocks["per_parameter"]["eps"]
         b["guarantee"] = (
             f"{who}; {what}. The exact worst case over every input of this client and of the "
-            f"other n - 1 gives per parameter ({_g(blocks['per_parameter']['eps'])}, "
-            f"{delta:g})-DP; composed with a dominating privacy-loss distribution, one update of "
+            f"other n - 1 gives {_per_parameter_sentence(pp_eps, delta, ep)}; composed with a "
+            "dominating privacy-loss distribution, one update of "
             f"m = {m:,} parameters is ({_g(blocks['per_update']['eps'])}, {delta:g})-DP and all "
             f"{rounds} rounds are ({_g(run['eps'])}, {delta:g})-DP{capped}"
             + (f" (A's, the uploads one by one: {_g(a_run)})" if a_run is not None else "")
             + "."
+            + _protection_sentence(run["eps"], rounds)
             + _SUM_ASSUMES
         )
         b_note = (
@@ -1698,18 +1703,12 @@ def _secure_threat_models(
             "clients), which this report does not compute."
         )
     elif cat.paired and not c.get("dp"):
-        reason = (c.get("ucdp_theorem3") or {}).get("reason") if cat.independent_share else None
         c["guarantee"] = (
             "No DP. A client receives the global model, a function of the sum the server sees, "
             "but a paired client also knows its partner's common randomness z, which the "
             "analysis against the server (B) assumes secret, and its own bits; no accounting "
             "here bounds what the global model reveals to it."
-            + (
-                f" The user-level guarantee of arXiv 2409.13133 Theorem 3 does not apply "
-                f"({reason})."
-                if reason
-                else ""
-            )
+            + (f" {_EQ5_NOT_A_BOUND}" if cat.independent_share else "")
         )
 
     # (D): its guarantee stays; what secure aggregation leaves against a deviating server
@@ -1761,12 +1760,12 @@ def privacy_report(
     d : int, optional
         Shared bits (``corbin``/``augcorbin``): enables the pair-joint numbers of (B).
     gamma : float, optional
-        AugCorBin LDPQ fraction (Theorem 3; with ``gamma = 1`` no client is paired).
+        AugCorBin LDPQ fraction (with ``gamma = 1`` no client is paired; the MSE bound of
+        Theorem 3).
     n : int, optional
-        Clients per round (Theorem 3 and the MSE bounds).
+        Clients per round (the MSE bounds).
     r : float, optional
-        ``max_j r_j`` (Theorem 3 condition and MSE bounds; the condition's ``2 r alpha`` term is
-        not scale invariant, so pass the real radius).
+        ``max_j r_j`` (the MSE bounds).
     delta_p : float, optional
         Per-parameter ``delta`` of the ``gaussian`` mechanism (default ``delta``).
     fedcad_delta : float, optional
@@ -1789,7 +1788,9 @@ def privacy_report(
         (``A``: eavesdropper on one uplink, ``B``: server that sees every bit, ``C``: malicious
         client, ``D``: malicious server; see :func:`_threat_models` for each entry), ``notes``
         (how the numbers were obtained, about this mechanism only) and, for ``corbin``,
-        ``augcorbin`` and ``ldpfl`` with ``n`` and ``r``, ``mse_bounds``.
+        ``augcorbin`` and ``ldpfl`` with ``n`` and ``r``, ``mse_bounds`` (accuracy, not
+        privacy). No figure comes from the paper's eq. (5), which is not a valid bound
+        (:func:`corbin_fl.mechanisms.theory.eq5_as_printed`).
 
         Against (A), ``k`` released parameters compose exactly: pure ``eps_p``-DP bits as
         ``k``-fold randomized response (``L = eps_p (k - 2J)``, ``J ~ Binomial(k,
@@ -1817,7 +1818,7 @@ def privacy_report(
     }
     if cat.family == "none":
         report["threat_models"], report["notes"] = _threat_models(
-            mech, cat, None, m, rounds, None, None, None, None, gamma
+            mech, cat, None, m, rounds, None, None, None, gamma
         )
         if secure is not None:
             _secure_threat_models(report, cat, None, None, d, gamma, r, secure)
@@ -1892,21 +1893,8 @@ def privacy_report(
                 "per_update": _pair_block(ep, int(d), m, delta),
                 "all_rounds": _pair_block(ep, int(d), k_all, delta),
             }
-    ucdp: dict[str, Any] | None = None
-    if cat.independent_share:
-        ucdp = {"applies": False}
-        if gamma is None or n is None or r is None:
-            ucdp["reason"] = "gamma, n and r are needed for Theorem 3"
-        else:
-            ok, reason = theorem3_condition(ep, delta, n, gamma, m, r)
-            ucdp["reason"] = reason
-            if ok:
-                ucdp["applies"] = True
-                ucdp["eps_u"] = theorem3_epsilon_u(ep, delta, n, gamma, m, r)
-                ucdp["delta"] = delta
-                ucdp["mse_bound"] = float(theorem3_mse_bound(r, ep, n, gamma))
     report["threat_models"], report["notes"] = _threat_models(
-        mech, cat, ep, m, rounds, view_a, pair, pair_reason, ucdp, gamma
+        mech, cat, ep, m, rounds, view_a, pair, pair_reason, gamma
     )
     if n is not None and r is not None and cat.randomized_response:
         report["mse_bounds"] = {
@@ -1914,6 +1902,9 @@ def privacy_report(
             "corbin_theorem2": float(theorem2_bound(r, ep, n)),
             "alpha": float(alpha64(ep)),
         }
+        if cat.independent_share and gamma is not None:
+            # Theorem 3's MSE bound (d -> infinity): accuracy, not privacy
+            report["mse_bounds"]["augcorbin_theorem3"] = float(theorem3_mse_bound(r, ep, n, gamma))
     if secure is not None:
         _secure_threat_models(report, cat, ep, view_a, d, gamma, r, secure)
     return report

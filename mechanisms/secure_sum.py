@@ -4,9 +4,9 @@ With secure aggregation (SecAgg+, Bell et al., CCS 2020; Bonawitz et al., CCS 20
 of threat model B learns, per parameter and round, only ``S = sum_i U_i``, the sum of the ``n``
 participating clients' quantized symbols (and who took part). This module is the math of the
 guarantee one client's symbols then get against that server. Pure NumPy / SciPy, plus
-``dp_accounting``'s privacy-loss-distribution (PLD) accountant for composition; the paper's
-closed forms (``alpha``, Theorem 3's condition and eq. (5)) come from
-:mod:`corbin_fl.mechanisms.theory`.
+``dp_accounting``'s privacy-loss-distribution (PLD) accountant for composition; ``alpha`` comes
+from :mod:`corbin_fl.mechanisms.theory`. No guarantee here comes from the paper's eq. (5)
+(Theorem 3), which is not a valid bound (:func:`corbin_fl.mechanisms.theory.eq5_as_printed`).
 
 Papers (public references): CorBin-FL = Salehi et al., "CorBin-FL: a differentially private
 federated learning mechanism using common randomness", arXiv:2409.13133 (Algorithms 1-2,
@@ -83,23 +83,20 @@ trials (the other clients' and client 1's common ones) of which ``k`` are at ``p
 ``k = 0..N``. :func:`pbm_profile` takes the maximum over all of them (a sound upper bound;
 exact for ``M = 1``), composition as above.
 
-AugCorBin-FL (Theorem 3 of arXiv:2409.13133)
---------------------------------------------
-Theorem 3 bounds the *aggregate* ``W_g = (1/n) sum_i W_i``; with secure aggregation the server's
-view per parameter is ``S``, an affine bijection of ``W_g`` given the public ``n, c, r``. So the
-theorem, as stated, applies to the server: each round is ``(eps_u, delta)``-UCDP, eq. (5), if
-``(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha)``
-(:func:`augcorbin_theorem3`, which raises :class:`Theorem3ConditionError` naming the failing
-term otherwise). Rounds compose as ``T`` generic ``(eps_u, delta)`` mechanisms (optimal
-composition via ``dp_accounting``'s PLD of ``(eps_u, delta)``-DP). The theorem's noise is the
-``gamma n`` clients that quantize independently; its proof (Appendix D) treats a paired client by
-conditioning on its partner's output. :func:`augcorbin_profile` applies this module's exact
-worst-case method to the same decomposition, per parameter: an independent client is the
-one-bit pair above with ``n_ind - 1`` independent others; a paired client, given its partner's
-bit, emits a bit whose conditional law can be a point mass, so its worst case is
-``(1 + Y, 0 + Y)`` with ``Y`` the sum of the ``n_ind`` independent clients (the other pairs' sums
-are independent of it and can be deterministic, so they are dropped: post-processing). Its
-``(eps, delta)`` is the maximum over both cases.
+AugCorBin-FL
+------------
+A fraction ``gamma`` of the clients quantizes independently (LDPQ), the others in CorBinQ pairs
+(arXiv:2409.13133, Section 5). The paper's Theorem 3 bounds the aggregate by eq. (5), which is
+not a valid bound: it grows with the radius ``r`` although the mechanism's law depends only on
+``(w - c)/r``, and a realisable configuration beats it by up to 200 times
+(:func:`corbin_fl.mechanisms.theory.eq5_as_printed`, README). Nothing here uses it.
+:func:`augcorbin_profile` applies this module's exact worst-case method, per parameter and given
+the round's roles (the server draws them and sees them): an independent client is the one-bit
+pair above with ``n_ind - 1`` independent others; a paired client, given its partner's bit,
+emits a bit whose conditional law can be a point mass, so its worst case is ``(1 + Y, 0 + Y)``
+with ``Y`` the sum of the ``n_ind`` independent clients (the other pairs' sums are independent of
+it and can be deterministic, so they are dropped: post-processing). Its ``(eps, delta)`` is the
+maximum over both cases, composed like the others (:func:`augcorbin_guarantee`).
 
 CorBin-FL against the sum: no DP
 --------------------------------
@@ -148,7 +145,7 @@ What does not change (quotable)
   clients in the sum, not the number of participants.
 * Threat model C (a malicious client) receives only the global model, a post-processing of
   ``S``, but it knows its own symbols: this module's numbers hold for it at ``n - 1`` (``n - c``
-  for ``c`` colluding clients), and Theorem 3's per-round UCDP for AugCorBin-FL as stated.
+  for ``c`` colluding clients); for AugCorBin-FL at one independent client fewer.
 * All numbers assume a client takes part in every round (worst case) and count parameters, not
   users.
 """
@@ -167,12 +164,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-from corbin_fl.mechanisms.theory import (
-    Theorem3ConditionError,
-    alpha64,
-    theorem3_condition,
-    theorem3_epsilon_u,
-)
+from corbin_fl.mechanisms.protection import protection
+from corbin_fl.mechanisms.theory import alpha64
 
 __all__ = [
     "QUICK",
@@ -180,11 +173,9 @@ __all__ = [
     "ComposedGuarantee",
     "SumProfile",
     "SumView",
-    "Theorem3ConditionError",
     "VertexFamily",
     "augcorbin_guarantee",
     "augcorbin_profile",
-    "augcorbin_theorem3",
     "compose",
     "compose_run",
     "corbin_against_sum",
@@ -810,26 +801,27 @@ def augcorbin_guarantee(
     m: int,
     rounds: int,
     delta: float,
-    r: float | None,
     *,
     independent: int | None = None,
     paired: bool | None = None,
     max_exact_n: int | None = None,
 ) -> dict[str, Any]:
-    """AugCorBin-FL against the sum: Theorem 3 where its condition holds, and the exact bound.
+    """AugCorBin-FL against the sum: the exact worst case (:func:`augcorbin_profile`), composed.
 
-    ``theorem3``: :func:`augcorbin_theorem3` or ``{"applies": False, "reason": ...}``;
-    ``exact``: this module's per-parameter worst case (:func:`augcorbin_profile`), composed.
-    ``dp`` is true where either is finite (both are sound; the exact bound needs no condition on
-    ``n``, only enough independent clients for its ``+infinity`` atoms to stay below ``delta``).
+    Returns ``{"mechanism", "n", "gamma", "independent", "independent_from", "dp"}`` and, when
+    some client's case exists, ``exact`` (the blocks of :func:`one_bit_guarantee`, plus
+    ``independent``: the count the profile was computed at). ``dp`` is whether the composed run
+    is finite: it needs enough independent clients for the ``+infinity`` atoms of the paired
+    case to stay below ``delta``. The paper's eq. (5) is not used (module docstring).
 
-    ``independent``: the number of clients in the sum that quantize independently, when it is
-    known (a run's records: the fewest in any round); default ``floor(gamma n + 1/2)``, as
-    ``mechanisms/pairing.py`` draws it. Theorem 3 is then applied with ``n gamma`` equal to it
-    (its bound depends on ``n`` and ``gamma`` only through ``n gamma``). ``paired``: whether a
-    paired client is in some sum (default: ``n - independent >= 2``). ``max_exact_n`` caps the
-    independent clients of the exact profile (sound: fewer independent clients is a worse case;
-    :data:`REPORT_MAX_N`). Cached.
+    ``gamma`` is the configured fraction, reported as given. ``independent``: the number of
+    clients in the sum that quantize independently, when it is known (a run's records: the
+    fewest in any round); default ``floor(gamma n + 1/2)``, as ``mechanisms/pairing.py`` draws
+    it. ``independent_from`` says which (``"records"`` or ``"floor(gamma n + 1/2)"``): at small
+    ``n`` the drawn share ``independent / n`` differs from ``gamma`` (``n = 3``,
+    ``gamma = 0.2``: 1 of 3). ``paired``: whether a paired client is in some sum (default:
+    ``n - independent >= 2``). ``max_exact_n`` caps the independent clients of the exact
+    profile (sound: fewer independent clients is a worse case; :data:`REPORT_MAX_N`). Cached.
     """
     g = float(gamma)
     if not 0.0 <= g <= 1.0:
@@ -847,7 +839,6 @@ def augcorbin_guarantee(
         n,
         g,
         *_run_args(m, rounds, delta),
-        None if r is None else _positive(r, "r"),
         independent,
         None if paired is None else bool(paired),
         cap,
@@ -863,7 +854,6 @@ def _augcorbin_cached(
     m: int,
     rounds: int,
     delta: float,
-    r: float | None,
     independent: int | None,
     paired: bool | None,
     cap: int | None,
@@ -874,31 +864,16 @@ def _augcorbin_cached(
         "n": n,
         "gamma": gamma,
         "independent": n_ind,
+        "independent_from": "floor(gamma n + 1/2)" if independent is None else "records",
     }
-    if n_ind == 0:
-        out["theorem3"] = {
-            "applies": False,
-            "reason": "no client in the sum quantizes independently (n gamma = 0)",
-        }
-    elif r is None:
-        out["theorem3"] = {"applies": False, "reason": "its condition needs the radius r"}
-    else:
-        g_eff = gamma if independent is None else n_ind / n
-        try:
-            out["theorem3"] = augcorbin_theorem3(eps_p, delta, n, g_eff, m, r, rounds=rounds)
-        except Theorem3ConditionError as exc:
-            out["theorem3"] = {"applies": False, "reason": str(exc)}
     has_paired = n - n_ind >= 2 if paired is None else paired
     n_exact = n_ind if cap is None else min(n_ind, cap)
     prof = augcorbin_profile(eps_p, n, gamma, independent=n_exact, paired=has_paired)
+    out["dp"] = False
     if prof.families:
         out["exact"] = _report("augcorbin", prof, m, rounds, delta)
         out["exact"]["independent"] = n_exact
-        out["dp"] = bool(out["theorem3"].get("applies")) or math.isfinite(
-            out["exact"]["all_rounds"]["eps"]
-        )
-    else:
-        out["dp"] = bool(out["theorem3"].get("applies"))
+        out["dp"] = math.isfinite(out["exact"]["all_rounds"]["eps"])
     return out
 
 
@@ -924,57 +899,6 @@ def _report(name: str, prof: SumProfile, m: int, rounds: int, delta: float) -> d
             "directions; composed with a connect-the-dots PLD of the envelope (dp_accounting)"
         ),
     }
-
-
-# =================================================================================== Theorem 3
-
-
-def augcorbin_theorem3(
-    eps_p: float,
-    delta: float,
-    n: int,
-    gamma: float,
-    m: int,
-    r: float,
-    *,
-    rounds: int = 1,
-) -> dict[str, Any]:
-    r"""Theorem 3 of arXiv:2409.13133 against the sum-seeing server, as stated.
-
-    Each round the sum (an affine bijection of the aggregate ``W_g`` the theorem protects) is
-    ``(eps_u, delta)``-UCDP with ``eps_u`` from eq. (5)
-    (:func:`corbin_fl.mechanisms.theory.theorem3_epsilon_u`), under the theorem's condition on
-    ``n``, ``(n gamma - 1)(1/4 - 1/(4 alpha^2)) >= max(23 log(m/delta), 2 r alpha)``
-    (:func:`corbin_fl.mechanisms.theory.theorem3_condition`, its ``standalone`` wording, which is
-    the ``reason``). ``rounds`` rounds compose as generic ``(eps_u, delta)``-DP mechanisms
-    (``dp_accounting`` PLD, optimal for that class), reported at ``delta_total = rounds * delta``.
-
-    Raises
-    ------
-    Theorem3ConditionError
-        If the condition fails; the message names the failing term and the smallest ``n``.
-    """
-    ok, reason = theorem3_condition(eps_p, delta, n, gamma, m, r, standalone=True)
-    if not ok:
-        raise Theorem3ConditionError(reason)
-    eps_u = theorem3_epsilon_u(eps_p, delta, n, gamma, m, r)
-    out: dict[str, Any] = {
-        "applies": True,
-        "reason": reason,
-        "eps_u": eps_u,
-        "delta": float(delta),
-        "per_round": {"eps": eps_u, "delta": float(delta)},
-    }
-    t = _integer(rounds, "rounds")
-    if t > 1:
-        from dp_accounting.pld import common as pld_common
-        from dp_accounting.pld import privacy_loss_distribution as pldm
-
-        pld = pldm.from_privacy_parameters(pld_common.DifferentialPrivacyParameters(eps_u, delta))
-        total_delta = min(0.5, t * float(delta))
-        eps_t = float(pld.self_compose(t).get_epsilon_for_delta(total_delta))
-        out["all_rounds"] = {"eps": min(eps_t, t * eps_u), "delta": total_delta, "rounds": t}
-    return out
 
 
 # =================================================================================== CorBin
@@ -1028,14 +952,15 @@ def server_table(
     gamma: float = QUICK["gamma"],
     d: int = QUICK["d"],
     pbm_trials: int = QUICK["pbm_trials"],
-    r: float = QUICK["r"],
 ) -> list[dict[str, Any]]:
     """One row per (mechanism, n): the composed guarantee against the sum-seeing server.
 
     Rows: ``ldpfl`` (= ``pbm`` m=1 = ``rqm`` 2 levels), ``pbm`` with ``pbm_trials`` trials,
-    ``augcorbin`` (exact bound and Theorem 3), ``corbin`` (no DP). Keys: ``mechanism``, ``n``,
-    ``bits``, ``dp``, ``per_parameter_eps``, ``per_update_eps``, ``all_rounds_eps``, ``delta``,
-    ``note``.
+    ``augcorbin`` (the exact bound at ``floor(gamma n + 1/2)`` independent clients),
+    ``corbin`` (no DP). Keys: ``mechanism``, ``n``, ``bits``, ``dp``, ``per_parameter_eps``,
+    ``per_update_eps``, ``all_rounds_eps``, ``delta``, ``note`` (the words of
+    :func:`corbin_fl.mechanisms.protection.protection` for the run's ``eps``, and what the row
+    was computed at).
     """
     rows: list[dict[str, Any]] = []
     for n in ns:
@@ -1043,14 +968,9 @@ def server_table(
         rows.append(_row("ldpfl / pbm m=1 / rqm 2", n, 1, g, ""))
         p = pbm_guarantee(eps_p, pbm_trials, n, m, rounds, delta)
         rows.append(_row(f"pbm m={pbm_trials}", n, p["bits_per_parameter"], p, ""))
-        ac = augcorbin_guarantee(eps_p, n, gamma, m, rounds, delta, r)
-        t3 = ac["theorem3"]
-        note = (
-            f"Thm 3: eps_u = {t3['eps_u']:.4g} per round"
-            if t3.get("applies")
-            else "Thm 3 " + t3["reason"].split("fails: ")[-1]
-        )
+        ac = augcorbin_guarantee(eps_p, n, gamma, m, rounds, delta)
         if "exact" in ac:
+            note = f"{ac['independent']} of {n} independent (floor(gamma n + 1/2))"
             rows.append(_row(f"augcorbin gamma={gamma}", n, 1, ac["exact"], note))
         c = corbin_against_sum(eps_p, d, m, rounds)
         rows.append(
@@ -1070,6 +990,8 @@ def server_table(
 
 
 def _row(name: str, n: int, bits: int, g: dict[str, Any], note: str) -> dict[str, Any]:
+    words = protection(g["all_rounds"]["eps"]) if g["dp"] else ""
+    note = "; ".join(x for x in (words and f"run: {words}", note) if x)
     return {
         "mechanism": name,
         "n": n,

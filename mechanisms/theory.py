@@ -1,5 +1,12 @@
 """Closed forms for CorBin-FL: exact pair laws, MSEs and the bounds of Theorems 1-4.
 
+Privacy claims: none of the functions here is a privacy guarantee the project prints. Theorem 3's
+eq. (5) is kept only as a documented finding (:func:`eq5_as_printed`: it is not a valid bound);
+Theorem 3's condition and MSE bound and Theorem 4's MSE bound are what they say, not privacy
+claims. The guarantees the reports print come from :mod:`corbin_fl.mechanisms.accounting` and
+:mod:`corbin_fl.mechanisms.secure_sum`, each tested against a realisable lower bound
+(:mod:`corbin_fl.mechanisms.lower_bounds`).
+
 Everything here is float64 NumPy and accepts Python scalars or broadcastable arrays. The
 notation follows the CorBin-FL paper (Salehi et al., arXiv:2409.13133):
 
@@ -36,6 +43,7 @@ __all__ = [
     "corbin_pair_joint",
     "corbin_pair_joint_from_q",
     "corbin_pair_mse",
+    "eq5_as_printed",
     "ldpfl_mse",
     "ldpq_pair_mse",
     "optimal_pair_mse",
@@ -43,7 +51,6 @@ __all__ = [
     "theorem1_bound",
     "theorem2_bound",
     "theorem3_condition",
-    "theorem3_epsilon_u",
     "theorem3_min_clients",
     "theorem3_mse_bound",
     "theorem4",
@@ -442,6 +449,10 @@ def theorem3_condition(
 ) -> tuple[bool, str]:
     r"""Check the hypothesis of Theorem 3 on the number of clients (the condition above eq. (5)).
 
+    Not a privacy claim: it is the hypothesis under which the paper states eq. (5), which is not
+    a valid bound whether or not it holds (:func:`eq5_as_printed`); Theorem 4 checks it as its
+    hypothesis.
+
     .. math:: (n\gamma - 1)\Big(\frac14 - \frac{1}{4\alpha^2(\epsilon_p)}\Big) \ge
               \max\Big(23 \log\frac{m}{\delta},\; 2 r \alpha(\epsilon_p)\Big).
 
@@ -461,11 +472,10 @@ def theorem3_condition(
         ``max_j r_j``.
     standalone : bool
         How a failing condition is worded; the figures are the same. ``False``: a clause that
-        follows "Theorem 3 does not apply" (the report's threat model C),
+        follows "Theorem 3 does not apply" (:func:`theorem4`'s error),
         ``"fails: (n*gamma-1)(1/4-1/(4 alpha^2)) = L with n = .., gamma = .. is below T; Theorem 3
-        needs n >= N"``. ``True``: a sentence that names the theorem and the whole inequality
-        (:func:`corbin_fl.mechanisms.secure_sum.augcorbin_theorem3`'s error, the report's threat
-        model B and the server table), ``"Theorem 3 condition (n*gamma-1)(1/4-1/(4 alpha^2)) >=
+        needs n >= N"``. ``True``: a sentence that names the theorem and the whole inequality,
+        ``"Theorem 3 condition (n*gamma-1)(1/4-1/(4 alpha^2)) >=
         max(23 log(m/delta), 2 r alpha) fails: L with n = .., gamma = .. is below T; it needs
         n >= N"``. A holding condition reads the same either way.
 
@@ -533,13 +543,57 @@ def theorem3_min_clients(eps_p: float, delta: float, gamma: float, m: int, r: fl
     return n
 
 
-def _eq5(eps_p: float, delta: float, n_gamma_minus_1: float, m: int, r: float) -> float:
-    """Eq. (5) of Theorem 3 with ``N = n gamma - 1`` given (:func:`theorem3_epsilon_u` has the
-    formula); Theorem 4 evaluates it at its Chebyshev ``gamma`` and ``delta_1``. No checks."""
+def eq5_as_printed(eps_p: float, delta: float, n_gamma_minus_1: float, m: int, r: float) -> float:
+    r"""Eq. (5) of Theorem 3 (arXiv:2409.13133) exactly as printed. NOT a valid privacy bound.
+
+    .. math::
+        \frac{\epsilon_u}{r\alpha} = \sqrt{\frac{8 m \log\frac{1.25}{\delta}}{N e_p}}
+        + \frac{8(\log\frac{1.25}{\delta} + \log\frac{20m}{\delta}\log\frac{10}{\delta})}{3N}
+        + \frac{4 b_p \sqrt{2m}(1.75 + 3.75/\alpha^2)\sqrt{\log\frac{10}{\delta}}}
+               {N (1-\frac{\delta}{10}) e_p},
+
+    with ``N = n gamma - 1``, ``e_p = 1 + 1/alpha^2`` and ``b_p = e_p / 3 + 1/alpha`` (it
+    instantiates cpSGD, Agarwal et al. NeurIPS 2018, Thm. 1, with ``p = 1/2 - 1/(2 alpha)``;
+    ``N p (1 - p) = N (1 - 1/alpha^2) / 4`` is the left side of Theorem 3's condition).
+
+    Why it cannot hold: ``eps_u`` grows linearly with the radius ``r``, but the output law of
+    LDPQ depends on the inputs only through ``(w - c) / r`` (Algorithm 1, line 2), so a valid
+    ``eps`` cannot depend on ``r``; as ``r -> 0`` eq. (5) promises any ``eps_u > 0``. A realisable
+    configuration bounds the true per-round ``eps`` from below
+    (:func:`corbin_fl.mechanisms.lower_bounds.augcorbin_round_lower_bound`), and eq. (5) falls
+    below it: at ``delta = 1e-5``, ``gamma = 0.2`` and the smallest ``n`` of Theorem 3's
+    condition, ``eps_p = 1``, ``m = 1000``, ``r = 0.01``: 0.150 against >= 2.91 per round;
+    ``eps_p = 3``: 0.0300 against >= 6.41, and still 3.00 against 6.41 at ``r = 1`` (README,
+    "AugCorBin-FL's eq. (5) is not a bound"; ``tests/unit/test_lower_bounds.py``). The project
+    prints no guarantee from it; AugCorBin-FL's guarantee against the sum is the exact one of
+    :func:`corbin_fl.mechanisms.secure_sum.augcorbin_guarantee`.
+
+    Parameters
+    ----------
+    eps_p : float
+        Per-parameter budget, ``> 0``.
+    delta : float
+        ``delta`` in ``(0, 1)``.
+    n_gamma_minus_1 : float
+        ``N = n gamma - 1 > 0``.
+    m : int
+        Number of model parameters, ``>= 1``.
+    r : float
+        ``max_j r_j > 0``.
+
+    Returns
+    -------
+    float
+        The number eq. (5) prints (not a guarantee).
+    """
+    eps_p = positive(eps_p, "eps_p")
+    delta = probability(delta, "delta")
+    big_n = positive(n_gamma_minus_1, "n_gamma_minus_1")
+    m = integer(m, "m", 1)
+    r = positive(r, "r")
     a = float(alpha64(eps_p))
     e_p = 1.0 + 1.0 / a**2
     b_p = e_p / 3.0 + 1.0 / a
-    big_n = n_gamma_minus_1
     l125 = math.log(1.25 / delta)
     l10 = math.log(10.0 / delta)
     t1 = math.sqrt(8.0 * m * l125 / (big_n * e_p))
@@ -553,51 +607,6 @@ def _eq5(eps_p: float, delta: float, n_gamma_minus_1: float, m: int, r: float) -
         / (big_n * (1.0 - delta / 10.0) * e_p)
     )
     return r * a * (t1 + t2 + t3)
-
-
-def theorem3_epsilon_u(eps_p: float, delta: float, n: int, gamma: float, m: int, r: float) -> float:
-    r"""User-level central DP ``eps_u`` of AugCorBin-FL, Theorem 3, eq. (5).
-
-    .. math::
-        \frac{\epsilon_u}{r\alpha} = \sqrt{\frac{8 m \log\frac{1.25}{\delta}}{(n\gamma-1) e_p}}
-        + \frac{8(\log\frac{1.25}{\delta} + \log\frac{20m}{\delta}\log\frac{10}{\delta})}
-               {3(n\gamma-1)}
-        + \frac{4 b_p \sqrt{2m}(1.75 + 3.75/\alpha^2)\sqrt{\log\frac{10}{\delta}}}
-               {(n\gamma-1)(1-\frac{\delta}{10}) e_p},
-
-    with ``e_p = 1 + 1/alpha^2`` and ``b_p = e_p / 3 + 1/alpha``, exactly as printed in the paper
-    (it instantiates cpSGD [20, Thm. 1] with ``N = n gamma - 1`` and ``p = 1/2 - 1/(2 alpha)``;
-    note that ``N p (1 - p) = N (1 - 1/alpha^2) / 4``, the left side of the condition).
-
-    Parameters
-    ----------
-    eps_p : float
-        Per-parameter budget.
-    delta : float
-        Target ``delta``.
-    n : int
-        Clients per round.
-    gamma : float
-        Fraction of clients using LDPQ.
-    m : int
-        Number of model parameters.
-    r : float
-        ``max_j r_j``.
-
-    Returns
-    -------
-    float
-        ``eps_u``.
-
-    Raises
-    ------
-    Theorem3ConditionError
-        If the condition of Theorem 3 on ``n`` fails (the message says which term).
-    """
-    ok, reason = theorem3_condition(eps_p, delta, n, gamma, m, r)
-    if not ok:
-        raise Theorem3ConditionError(f"Theorem 3 does not apply: {reason}")
-    return _eq5(float(eps_p), float(delta), n * float(gamma) - 1.0, int(m), float(r))
 
 
 def theorem3_mse_bound(r: ArrayLike, eps: ArrayLike, n: int, gamma: float) -> FloatOrArray:
@@ -635,23 +644,26 @@ def theorem3_mse_bound(r: ArrayLike, eps: ArrayLike, n: int, gamma: float) -> Fl
 
 @dataclass(frozen=True)
 class Theorem4Result:
-    """Guarantees of CorBin-FL under independent client dropout (Theorem 4).
+    """The MSE side of Theorem 4 (CorBin-FL under independent client dropout).
+
+    Theorem 4 also states ``(eps_u, delta)``-UCDP with ``eps_u`` from eq. (5) at
+    ``(gamma, delta_1)``; that is not a valid bound (:func:`eq5_as_printed`), so no epsilon is
+    given here. Against the sum, AugCorBin-FL's and a dropout run's guarantee is the exact one of
+    :func:`corbin_fl.mechanisms.secure_sum.augcorbin_guarantee` at the clients that quantized
+    independently.
 
     Attributes
     ----------
-    eps_u : float
-        UCDP epsilon, eq. (5) evaluated with ``gamma`` below and ``delta_1``.
     delta : float
-        UCDP delta (the target ``delta``; ``delta - delta_1`` pays for the Chebyshev event).
+        The theorem's target ``delta`` (``delta - delta_1`` pays for the Chebyshev event).
     gamma, gamma_prime : float
         Chebyshev bounds on the fraction of pairs with exactly one dropout.
     theta : float
         Chebyshev lower bound of Theorem 4 on the surviving fraction.
     mse_bound : float
-        ``d -> infinity`` MSE bound of the average of the survivors.
+        ``d -> infinity`` MSE bound of the average of the survivors (not a privacy claim).
     """
 
-    eps_u: float
     delta: float
     gamma: float
     gamma_prime: float
@@ -662,7 +674,7 @@ class Theorem4Result:
 def theorem4(
     eps_p: float, delta: float, delta1: float, p: float, n: int, m: int, r: float
 ) -> Theorem4Result:
-    r"""UCDP and MSE of CorBin-FL with i.i.d. client dropout probability ``p`` (Theorem 4).
+    r"""Chebyshev fractions and MSE bound of CorBin-FL with dropout probability ``p`` (Theorem 4).
 
     With ``u = p(1-p)`` and ``v = p(1-p)(1 - 2p(1-p))``:
 
@@ -671,14 +683,16 @@ def theorem4(
         \gamma' = u + \sqrt{\frac{v}{4(\delta-\delta_1)n}},\quad
         \theta = u - \sqrt{\frac{u}{(\delta-\delta_1)n}},
 
-    (``theta`` exactly as printed in the theorem and Appendix E), the condition of Theorem 3 must
-    hold with ``(gamma, delta_1)``; then ``eps_u`` is eq. (5) evaluated at ``(gamma, delta_1)``
-    (the proof conditions on the Chebyshev event and applies Theorem 3's ``(eps_u, delta_1)``
-    bound), the guarantee is ``(eps_u, delta)``-UCDP, and
+    (``theta`` exactly as printed in the theorem and Appendix E); the theorem's hypothesis is
+    Theorem 3's condition at ``(gamma, delta_1)`` (:func:`theorem3_condition`), checked here,
+    and then
 
     .. math:: \mathrm{MSE} \le \frac{\gamma' r^2\alpha^2}{n\theta} + 8 r^2 \alpha^2 \delta_1
               + \frac{1-\gamma}{2 n\theta} r^2 \big((\sqrt2-1)\alpha+1\big)
               \big((\sqrt2+1)\alpha-1\big).
+
+    The theorem's privacy half, ``eps_u`` = eq. (5) at ``(gamma, delta_1)``, is not returned:
+    eq. (5) is not a valid bound (:func:`eq5_as_printed`).
 
     Parameters
     ----------
@@ -700,7 +714,7 @@ def theorem4(
     Returns
     -------
     Theorem4Result
-        ``eps_u``, ``gamma``, ``gamma'``, ``theta`` and the MSE bound.
+        ``gamma``, ``gamma'``, ``theta`` and the MSE bound.
 
     Raises
     ------
@@ -736,7 +750,6 @@ def theorem4(
     ok, reason = theorem3_condition(eps_p, delta1, n, min(gamma, 1.0), m, r)
     if not ok:
         raise Theorem3ConditionError(f"Theorem 4 does not apply: {reason}")
-    eps_u = _eq5(eps_p, delta1, n * gamma - 1.0, m, r)
     a = float(alpha64(eps_p))
     s2 = math.sqrt(2.0)
     mse = (
@@ -745,7 +758,6 @@ def theorem4(
         + (1.0 - gamma) / (2.0 * n * theta) * r**2 * ((s2 - 1.0) * a + 1.0) * ((s2 + 1.0) * a - 1.0)
     )
     return Theorem4Result(
-        eps_u=eps_u,
         delta=delta,
         gamma=gamma,
         gamma_prime=gamma_prime,

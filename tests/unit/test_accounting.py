@@ -30,7 +30,7 @@ from corbin_fl.mechanisms.accounting import (
     rr_epsilon,
 )
 from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
-from corbin_fl.mechanisms.theory import alpha64, corbin_pair_joint_from_q
+from corbin_fl.mechanisms.theory import alpha64, corbin_pair_joint_from_q, theorem3_mse_bound
 
 
 def _hockey(p: np.ndarray, q: np.ndarray, eps: float) -> np.ndarray:
@@ -348,7 +348,7 @@ def test_every_run_mechanism_has_one_guarantee_per_threat_model() -> None:
             if not entry["dp"]:
                 assert "delta" not in keys(entry) and "eps" not in keys(entry), (mech, key)
             else:
-                assert {"per_parameter", "per_update", "ucdp_theorem3"} & set(entry), (mech, key)
+                assert {"per_parameter", "per_update"} & set(entry), (mech, key)
 
 
 def test_threat_model_numbers_are_the_exact_compositions() -> None:
@@ -419,16 +419,19 @@ def test_notes_and_guarantees_speak_of_their_own_mechanism_only() -> None:
                 assert not hits, (mech, name, hits)
 
 
-def test_augcorbin_threat_models_follow_gamma_and_theorem3() -> None:
-    rep = privacy_report("augcorbin", 1.0, 1e-5, 100, 2, d=3, gamma=0.5, n=100_000, r=0.01)
-    c = rep["threat_models"]["C"]
-    assert c["dp"] is True and c["ucdp_theorem3"]["applies"] and c["ucdp_theorem3"]["eps_u"] > 0
-    assert "per round" in c["headline"] and "Theorem 3" in c["guarantee"]
-    assert rep["threat_models"]["B"]["dp"] is False  # the paired half: no DP
-    rep = privacy_report("augcorbin", 1.0, 1e-5, 100, 2, d=3, gamma=0.2, n=50, r=0.01)
-    c = rep["threat_models"]["C"]
-    assert c["dp"] is False and not c["ucdp_theorem3"]["applies"]
-    assert "needs n >=" in c["ucdp_theorem3"]["reason"] and "needs n >=" in c["guarantee"]
+def test_augcorbin_threat_models_follow_gamma_and_print_nothing_from_eq5() -> None:
+    """Issue 38: where Theorem 3's condition holds (n = 100,000) the report used to print eq. (5)
+    as C's guarantee; eq. (5) is not a valid bound, so C gives none, either way."""
+    for n in (100_000, 50):
+        rep = privacy_report("augcorbin", 1.0, 1e-5, 100, 2, d=3, gamma=0.5, n=n, r=0.01)
+        c = rep["threat_models"]["C"]
+        assert c["dp"] is False and "ucdp_theorem3" not in c
+        assert "is not a valid bound" in c["guarantee"] and "Thm 3" not in c["headline"]
+        assert rep["threat_models"]["B"]["dp"] is False  # the paired half: no DP
+        # Theorem 3's MSE bound stays, as what it is (accuracy)
+        assert rep["mse_bounds"]["augcorbin_theorem3"] == pytest.approx(
+            theorem3_mse_bound(0.01, 1.0, n, 0.5)
+        )
     # gamma = 1: nobody is paired, so the server sees independent LDPQ bits only.
     rep = privacy_report("augcorbin", 1.0, 1e-5, 100, 2, d=3, gamma=1.0, n=50, r=0.01)
     assert rep["threat_models"]["B"]["dp"] is True

@@ -1247,7 +1247,7 @@ def test_server_scaling_calls_the_accountant_per_gamma_at_the_runs_settings(
     monkeypatch.setattr(ss, "server_table", table)
     groups = _server_groups(tmp_path)
     text, block = server_scaling([g for g in groups if g.setting.get("secure-aggregation")])
-    run = {"eps_p": 1.0, "m": 8, "rounds": 2, "delta": 1e-5, "d": 5, "r": 0.0}  # RunConfig's
+    run = {"eps_p": 1.0, "m": 8, "rounds": 2, "delta": 1e-5, "d": 5}  # RunConfig's
     assert calls == [run | {"gamma": 0.6}]
     assert "m = 8 parameters, T = 2 rounds" in text and "gamma = 0.6" in text
     assert block == f"```\n{ss.format_table(table(**run, gamma=0.6))}\n```"

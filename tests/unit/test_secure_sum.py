@@ -10,7 +10,6 @@ import pytest
 from scipy import stats
 
 from corbin_fl.mechanisms import secure_sum as ss
-from corbin_fl.mechanisms.theory import theorem3_condition, theorem3_epsilon_u
 
 DELTA = 1e-5
 
@@ -219,8 +218,8 @@ def test_augcorbin_counts_from_a_run() -> None:
     assert [(f.label, f.others) for f in prof.families] == [("independent", 3), ("paired", 4)]
     alone = ss.augcorbin_profile(1.0, 10, 0.2, independent=10, paired=False)
     assert [f.label for f in alone.families] == ["independent"]
-    g = ss.augcorbin_guarantee(1.0, 10, 0.2, 100, 1, DELTA, None, independent=0)
-    assert g["theorem3"]["applies"] is False and g["dp"] is False
+    g = ss.augcorbin_guarantee(1.0, 10, 0.2, 100, 1, DELTA, independent=0)
+    assert g["dp"] is False
 
 
 def test_dominating_pld_is_above_the_envelope() -> None:
@@ -246,18 +245,18 @@ def test_one_bit_guarantee_is_finite_dp() -> None:
 # ------------------------------------------------------------------ AugCorBin-FL, CorBin-FL
 
 
-def test_theorem3_condition_is_checked() -> None:
-    with pytest.raises(ss.Theorem3ConditionError, match=r"23 log\(m/delta\).*n >= \d+"):
-        ss.augcorbin_theorem3(1.0, DELTA, 100, 0.2, 421_642, 0.01)
-    ok, reason = theorem3_condition(1.0, DELTA, 20_000, 0.5, 1000, 0.01, standalone=True)
-    assert ok, reason
-    out = ss.augcorbin_theorem3(1.0, DELTA, 20_000, 0.5, 1000, 0.01, rounds=3)
-    assert out["applies"] and out["eps_u"] > 0 and out["reason"] == reason
-    # one eq. (5): the server's (B) and a client's (C) Theorem 3 are the same number
-    assert out["eps_u"] == theorem3_epsilon_u(1.0, DELTA, 20_000, 0.5, 1000, 0.01)
-    at_03 = ss.augcorbin_theorem3(0.3, DELTA, 20_000, 0.5, 1000, 0.01)
-    assert at_03["eps_u"] == theorem3_epsilon_u(0.3, DELTA, 20_000, 0.5, 1000, 0.01)
-    assert out["all_rounds"]["eps"] <= 3 * out["eps_u"] + 1e-9
+def test_augcorbin_guarantee_is_the_exact_one_and_says_which_share_it_used() -> None:
+    """No eq. (5) anywhere (not a valid bound); the configured gamma is reported as given and
+    the independent count says where it comes from (n = 3, gamma = 0.2: 1 of 3 drawn)."""
+    out = ss.augcorbin_guarantee(1.0, 3, 0.2, 50, 2, DELTA)
+    assert "theorem3" not in out and not hasattr(ss, "augcorbin_theorem3")
+    assert out["gamma"] == 0.2 and out["independent"] == 1
+    assert out["independent_from"] == "floor(gamma n + 1/2)"
+    rec = ss.augcorbin_guarantee(1.0, 40, 0.2, 50, 2, DELTA, independent=10, paired=True)
+    assert rec["independent_from"] == "records" and rec["independent"] == 10
+    prof = ss.augcorbin_profile(1.0, 40, 0.2, independent=10, paired=True)
+    want = ss.compose_run(prof, 50, 2, DELTA)[1].eps
+    assert rec["dp"] is math.isfinite(want) and rec["exact"]["all_rounds"]["eps"] == want
 
 
 def test_augcorbin_exact_paired_case_is_the_worse() -> None:
@@ -299,5 +298,9 @@ def test_table_rows_small() -> None:
     assert by["ldpfl"]["dp"] is True and math.isfinite(by["ldpfl"]["all_rounds_eps"])
     assert by["corbin"]["dp"] is False
     assert by["pbm"]["bits"] == 2
-    assert "n >=" in by["augcorbin"]["note"]
-    assert "mechanism" in ss.format_table(rows)
+    assert by["augcorbin"]["note"].endswith("2 of 10 independent (floor(gamma n + 1/2))")
+    assert "Thm 3" not in ss.format_table(rows) and "mechanism" in ss.format_table(rows)
+    # the plain word where the run's eps bounds nothing (eps > 10), and only there
+    for row in rows:
+        words = "no meaningful protection" in row["note"]
+        assert words is (row["dp"] and row["all_rounds_eps"] > 10), row

@@ -15,6 +15,7 @@ from corbin_fl.mechanisms.theory import (
     corbin_pair_joint,
     corbin_pair_joint_from_q,
     corbin_pair_mse,
+    eq5_as_printed,
     ldpfl_mse,
     ldpq_pair_mse,
     optimal_pair_mse,
@@ -22,7 +23,6 @@ from corbin_fl.mechanisms.theory import (
     theorem1_bound,
     theorem2_bound,
     theorem3_condition,
-    theorem3_epsilon_u,
     theorem3_min_clients,
     theorem3_mse_bound,
     theorem4,
@@ -199,19 +199,23 @@ def test_theorem2_bound_holds_for_d16_pair() -> None:
         assert theorem2_bound(1.0, eps, 2) == pytest.approx((2 * a * a - (a - 1) ** 2) / 4)
 
 
-def test_theorem3_condition_and_epsilon() -> None:
+def test_theorem3_condition_and_eq5_as_printed() -> None:
+    """The condition, and eq. (5) as printed (the documented finding, not a guarantee: its
+    lower-bound counterexample is tests/unit/test_lower_bounds.py)."""
     eps_p, delta, gamma, m, r = 1.0, 1e-5, 0.2, 1000, 0.05
     ok, reason = theorem3_condition(eps_p, delta, 50, gamma, m, r)
     assert not ok
     assert "23 log(m/delta)" in reason
-    with pytest.raises(Theorem3ConditionError, match="23 log"):
-        theorem3_epsilon_u(eps_p, delta, 50, gamma, m, r)
     n_min = theorem3_min_clients(eps_p, delta, gamma, m, r)
     assert theorem3_condition(eps_p, delta, n_min, gamma, m, r)[0]
     assert not theorem3_condition(eps_p, delta, n_min - 1, gamma, m, r)[0]
-    e1 = theorem3_epsilon_u(eps_p, delta, n_min, gamma, m, r)
-    e2 = theorem3_epsilon_u(eps_p, delta, 4 * n_min, gamma, m, r)
+    e1 = eq5_as_printed(eps_p, delta, n_min * gamma - 1, m, r)
+    e2 = eq5_as_printed(eps_p, delta, 4 * n_min * gamma - 1, m, r)
     assert 0 < e2 < e1
+    # linear in r: the reason it cannot be a bound (the law depends only on (w - c) / r)
+    assert eq5_as_printed(eps_p, delta, n_min * gamma - 1, m, 2 * r) == pytest.approx(2 * e1)
+    with pytest.raises(ValueError, match="n_gamma_minus_1"):
+        eq5_as_printed(eps_p, delta, 0.0, m, r)
     # eq. (5) evaluated independently
     a = alpha64(eps_p)
     e_p, n1 = 1 + 1 / a**2, n_min * gamma - 1
@@ -240,7 +244,7 @@ def test_theorem3_condition_and_epsilon() -> None:
 
 
 def test_theorem3_condition_standalone_wording_carries_the_same_figures() -> None:
-    """The sentence of secure_sum / threat model B and the clause of threat model C: one check."""
+    """The two wordings of the condition (standalone, and the clause of Theorem 4's error)."""
     eps_p, delta, gamma, m, r = 0.3, 1e-5, 0.2, 421_642, 50.0
     for n in (10, 100_000, 10**7):
         ok, clause = theorem3_condition(eps_p, delta, n, gamma, m, r)
@@ -272,10 +276,8 @@ def test_theorem4() -> None:
     u = 0.25
     assert res.gamma < u < res.gamma_prime
     assert 0 < res.theta < u
-    assert res.eps_u > 0 and res.mse_bound > 0
-    assert res.eps_u == pytest.approx(
-        theorem3_epsilon_u(1.0, 5e-4, 2_000_000, res.gamma, 100, 0.01), rel=1e-12
-    )
+    assert res.mse_bound > 0
+    assert not hasattr(res, "eps_u")  # eq. (5) is not a bound: Theorem 4 reuses it, so no eps
     with pytest.raises(Theorem3ConditionError):
         theorem4(1.0, 1e-3, 5e-4, 0.5, 100, 100, 0.01)
     with pytest.raises(ValueError, match="delta1"):
