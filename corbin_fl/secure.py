@@ -79,9 +79,36 @@ def refusal(mechanism: str) -> str | None:
         return None
     return (
         f"secure aggregation gives the server only the sum of the clients' symbols, and "
-        f"{mechanism!r} has no estimate affine in that sum; use one of "
-        f"{', '.join(secure_mechanisms())}, or secure-aggregation = false"
+        f"{mechanism!r} has no estimate affine in that sum; use {_by_server_guarantee()}, or "
+        "secure-aggregation = false"
     )
+
+
+def _by_server_guarantee() -> str:
+    """The secure mechanisms grouped by what they give against the server (their privacy
+    category, :mod:`corbin_fl.mechanisms.categories`): local noise on every client first, then a
+    share of independent clients (AugCorBin-FL), then those with no DP against it."""
+    from corbin_fl.mechanisms.categories import category
+
+    local, share, none = [], [], []
+    for name in secure_mechanisms():
+        cat = category(name)
+        if cat.no_dp is not None or (cat.paired and not cat.independent_share):
+            none.append(name)
+        elif cat.paired:
+            share.append(name)
+        else:
+            local.append(name)
+    parts = []
+    if local:
+        parts.append(f"{', '.join(local)} (DP against the server: each client's own noise)")
+    if share:
+        parts.append(
+            f"{', '.join(share)} (DP against the server only with enough independent clients)"
+        )
+    if none:
+        parts.append(f"{', '.join(none)} (they run, but give no DP against the server)")
+    return "; ".join(parts)
 
 
 def levels_of(cfg: RunConfig) -> int:

@@ -360,6 +360,20 @@ def test_the_reports_n_is_the_fewest_survivors_of_an_unmasked_round() -> None:
     assert "at least n = 4 clients" in b["guarantee"] and "1 round(s) abandoned" in b["guarantee"]
 
 
+def test_the_report_prints_k_t_and_their_worst_bounds() -> None:
+    """``privacy -> secure_aggregation`` holds the smallest t, k and the largest bounds of the
+    unmasked rounds (issue 38: k, t printed with their failure probabilities)."""
+    cfg = RunConfig(mechanism="ldpfl", num_rounds=3, secure_aggregation=True)
+    rows = [
+        _row(1, 6, _sa(6, p_security=0.0, p_abandon=0.03)),
+        _row(2, 5, _sa(5, p_security=1e-13, p_abandon=0.01)),
+        _row(3, 0, _sa(0, abandoned="mask: ...", p_security=0.5, p_abandon=0.9)),  # not counted
+    ]
+    block = build_summary(cfg, rows, {"round": 2}, M)["privacy"]["secure_aggregation"]
+    assert (block["threshold"], block["neighbours"]) == (3, 5)
+    assert (block["p_security"], block["p_abandon"]) == (1e-13, 0.03)
+
+
 def test_augcorbin_independent_clients_come_from_the_assignments() -> None:
     cfg = RunConfig(mechanism="augcorbin", gamma=0.4, num_rounds=2, secure_aggregation=True)
     rows = [
@@ -401,3 +415,17 @@ def test_registry_trials_of_the_secure_mechanisms() -> None:
     }
     assert registry.get("pbm").sum_trials(RunConfig(mechanism="pbm", pbm_trials=3)) == 3  # type: ignore[misc]
     assert registry.get("rqm").sum_trials(RunConfig(mechanism="rqm", rqm_levels=3)) is None  # type: ignore[misc]
+
+
+def test_refusal_lists_mechanisms_by_what_they_give_against_the_server() -> None:
+    """Issue 38 item 4: refusing fedavg / gaussian names the mechanisms with DP against the
+    server first, corbin and signsgd last, said to give none."""
+    from corbin_fl.secure import refusal
+
+    for mech in ("fedavg", "gaussian"):
+        why = refusal(mech)
+        assert why is not None
+        use = why.split("; use ", 1)[1]
+        assert use.index("ldpfl") < use.index("augcorbin") < use.index("corbin, signsgd")
+        assert use.index("corbin, signsgd") < use.index("give no DP against the server")
+        assert "each client's own noise" in use.split("augcorbin")[0]
