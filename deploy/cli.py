@@ -46,6 +46,7 @@ from corbin_fl.deploy.follow import RunProgress, RunResult
 from corbin_fl.deploy.processes import LauncherError
 from corbin_fl.deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 from corbin_fl.flower_version import FlowerVersionError
+from corbin_fl.mechanisms.protection import per_parameter_text, protection
 
 logger = logging.getLogger(__name__)
 
@@ -651,7 +652,13 @@ def privacy_table(report: Mapping[str, Any]) -> Table:
                 block = entry.get(part)
                 numbers = _eps_delta_text(block)
                 if numbers is not None and not (part == "per_update" and block.get("k") == 1):
-                    cell.append(f"\n{label}: {numbers}")
+                    words = protection(float(block["eps"]))
+                    cell.append(f"\n{label}: {numbers}" + (f", {words}" if words else ""))
+        pp = entry.get("per_parameter") if entry.get("dp") and key == "B" else None
+        if isinstance(pp, Mapping) and pp.get("eps") is not None:  # beside B's composed figure
+            eps_p = report.get("eps_p")
+            text = per_parameter_text(float(pp["eps"]), None if eps_p is None else float(eps_p))
+            cell.append(f"\nper parameter: {text}, delta {float(pp.get('delta') or 0.0):g}")
         table.add_row(str(key), str(entry.get("name", "")), cell)
     return table
 
