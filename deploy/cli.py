@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import logging
 import math
+import re
 import signal
 import sys
 import threading
@@ -208,7 +209,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dataset",
         default=None,
-        help="dataset: mnist (embedded), cifar10, femnist or shakespeare (data-dir or the hub)",
+        help="dataset: mnist (5,000 digits embedded), fashion-mnist (IDX files; data-dir "
+        "default /usr/share/datasets/fashion-mnist: apt-get install dataset-fashion-mnist), "
+        "mnist-idx (your own IDX files in MNIST's format, in data-dir), cifar10 (python "
+        "batches, in data-dir), femnist or shakespeare (data-dir or the hub), hf:<hub-id> "
+        f"(default: {app['dataset']})",
     )
     parser.add_argument(
         "--out",
@@ -228,9 +233,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=_positive_float,
-        default=1800.0,
+        default=None,
         help="seconds the whole run (all rounds) may take once submitted; start-up has "
-        "--ready-timeout (default: 1800)",
+        "--ready-timeout (default: none fixed: once a round has ended, the rounds left may "
+        "take 3 x the slowest round each, plus 600 s; before that, the run's stage timeouts)",
     )
     parser.add_argument(
         "--ready-timeout",
@@ -355,15 +361,34 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
     if app_dir.resolve() != repo_root():
         return  # another app: Flower itself validates its keys
     try:
-        from corbin_fl.config import DATASETS_NEEDING_DIR, LEAF_DATASETS, RunConfig
+        from corbin_fl.config import (
+            DATASETS_NEEDING_DIR,
+            DATASETS_WITH_DEFAULT_DIR,
+            LEAF_DATASETS,
+            RunConfig,
+        )
     except ImportError:  # pragma: no cover - the package ships config.py
         return
     cfg = RunConfig.from_flower({**run_config, "out-dir": "/validate"})
     readers = (
-        f"{', '.join(DATASETS_NEEDING_DIR)}, {', '.join(LEAF_DATASETS)} (a local copy of the "
-        "hub files) and hf:<hub-id> (as its download cache)"
+        f"{', '.join(DATASETS_WITH_DEFAULT_DIR)}, {', '.join(DATASETS_NEEDING_DIR)}, "
+        f"{', '.join(LEAF_DATASETS)} (a local copy of the hub files) and hf:<hub-id> (as its "
+        "download cache)"
     )
-    reads_dir = cfg.dataset in DATASETS_NEEDING_DIR or cfg.dataset in LEAF_DATASETS
+    if cfg.dataset in DATASETS_WITH_DEFAULT_DIR and run_config.get("use-official-test") is False:
+        raise ValueError(
+            f'dataset "{cfg.dataset}" is tested on its official test split, as its literature '
+            "is: remove use-official-test = false"
+        )
+    if cfg.dataset in DATASETS_WITH_DEFAULT_DIR:  # every missing file, before anything starts
+        from corbin_fl.app.sources import check_dataset_files
+
+        check_dataset_files(cfg.dataset, cfg.data_dir or None)
+    reads_dir = (
+        cfg.dataset in DATASETS_NEEDING_DIR
+        or cfg.dataset in LEAF_DATASETS
+        or cfg.dataset in DATASETS_WITH_DEFAULT_DIR
+    )
     if cfg.data_dir and not reads_dir and ":" not in cfg.dataset:
         raise ValueError(
             f'data-dir = "{cfg.data_dir}" would be ignored: dataset "{cfg.dataset}" is embedded '
@@ -382,6 +407,25 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
             f'data-dir "{cfg.data_dir}" of dataset "{cfg.dataset}" is not a folder on this '
             f"machine: give the folder that holds {DATASETS_NEEDING_DIR[cfg.dataset]}"
         )
+    if cfg.dataset == "mnist-idx":  # every missing file, before anything starts
+        from corbin_fl.app.sources import check_dataset_files
+
+        check_dataset_files(cfg.dataset, cfg.data_dir)
+
+
+def data_label(app_dir: Path, run_config: Mapping[str, Any]) -> str:
+    """The run's data set for the console header: this app's name for it and which split its
+    test accuracy is measured on (``Fashion-MNIST (fashion-mnist; test: official split)``);
+    another app's ``dataset`` value as given."""
+    dataset = run_config.get("dataset", "?")
+    if Path(app_dir).resolve() != repo_root():
+        return f"dataset {dataset}"
+    from corbin_fl.app.sources import dataset_title
+    from corbin_fl.config import RunConfig
+
+    cfg = RunConfig.from_flower({k: v for k, v in run_config.items() if k != "out-dir"})
+    split = "official split" if cfg.use_official_test else "pooled 80/20 split"
+    return f"{dataset_title(cfg.dataset)} ({cfg.dataset}; test: {split})"
 
 
 def default_out_dir() -> Path:
@@ -559,7 +603,10 @@ def _flatten_summary(obj: Mapping[str, Any], prefix: str = "", depth: int = 0) -
     for key, value in obj.items():
         name = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, Mapping):
-            if depth < 2:
+            per_client = _per_client_text(value)
+            if per_client is not None:
+                rows.append((name, per_client))
+            elif depth < 2:
                 rows.extend(_flatten_summary(value, name, depth + 1))
         elif isinstance(value, list):
             if value and all(not isinstance(v, Mapping | list) for v in value) and len(value) <= 8:
@@ -567,6 +614,34 @@ def _flatten_summary(obj: Mapping[str, Any], prefix: str = "", depth: int = 0) -
         else:
             rows.append((name, _fmt(value)))
     return rows
+
+
+_NODE_ID = re.compile(r"-?\d+")
+
+
+def _per_client_text(value: Mapping[Any, Any]) -> str | None:
+    """One cell for a per-client mapping of ``summary.json`` (node id -> a scalar, e.g.
+    ``client_devices`` or ``privacy_ledger.per_node``), or ``None`` if ``value`` is not one.
+
+    Numbers are summarised as ``N clients: min a, median m, max b``; anything else as the count
+    of each value, most frequent first (``N clients: cpu x47, cuda x3``). A row per client would
+    make 100 rows at 50 clients, with node ids cut; ``summary.json`` keeps every client's value.
+    """
+    if not value or not all(_NODE_ID.fullmatch(str(k)) for k in value):
+        return None
+    items = list(value.values())
+    if any(isinstance(v, Mapping | list) for v in items):
+        return None
+    n = len(items)
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+        nums = sorted(float(v) for v in items)
+        mid = nums[n // 2] if n % 2 else (nums[n // 2 - 1] + nums[n // 2]) / 2
+        return f"{n} clients: min {_fmt(nums[0])}, median {_fmt(mid)}, max {_fmt(nums[-1])}"
+    counts: dict[str, int] = {}
+    for v in items:
+        counts[_fmt(v)] = counts.get(_fmt(v), 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return f"{n} clients: " + ", ".join(f"{v} x{c}" for v, c in ranked)
 
 
 def _is_privacy_report(value: Any) -> bool:
@@ -680,6 +755,16 @@ def _clip(text: str, limit: int) -> str:
 def _one_line(text: str, style: str | None = None) -> Text:
     """A line that never wraps: cut to the console width with an ellipsis."""
     return Text(text, style=style or "", no_wrap=True, overflow="ellipsis", end="\n")
+
+
+def print_line(console: Console, line: RenderableType) -> None:
+    """Print an event line: one made by :func:`_one_line` cut to the console width with its
+    ellipsis (``console.print`` joins a :class:`~rich.text.Text` into its own and would wrap it,
+    ``... in round`` / ``2``), anything else as it is."""
+    if isinstance(line, Text) and line.no_wrap:
+        console.print(line, highlight=False, no_wrap=True, overflow=line.overflow or "ellipsis")
+    else:
+        console.print(line, highlight=False)
 
 
 def _wrapped(text: str, style: str | None = None, indent: int = 0) -> RenderableType:
@@ -914,7 +999,7 @@ class ProgressView:
         about four times a second, and at each step of start-up."""
         self.state = state
         for line in self.new_lines(state):
-            self.console.print(line, highlight=False)
+            print_line(self.console, line)
         if self.live is not None and not self.auto_refresh:
             self.live.refresh()
 
@@ -932,20 +1017,24 @@ def print_report(console: Console, result: RunResult) -> None:
             except (TypeError, ValueError) as exc:
                 logger.warning("cannot show the privacy report: %s", exc)
     for kill in result.killed:
-        console.print(
-            f"[red]killed[/red] SuperNode partition {kill.partition} (node {kill.node_id}) "
+        text = (
+            f"killed SuperNode partition {kill.partition} (node {kill.node_id}) "
             f"in round {kill.round}"
         )
+        print_line(console, _one_line(text, "red"))
     style = "bold green" if result.ok else "bold red"
+    # The outcome and the paths are never broken by rich (a terminal wraps them, a pipe or a
+    # log file keeps them on one line).
     console.print(
         Text(
             f"{'OK' if result.ok else 'FAILED'}: {result.reason} "
             f"({result.wall_seconds:.1f} s, out {result.out_dir})",
             style=style,
-        )
+        ),
+        soft_wrap=True,
     )
     if result.logs_dir is not None:
-        console.print(f"process logs: {result.logs_dir}")
+        console.print(f"process logs: {result.logs_dir}", soft_wrap=True, markup=False)
 
 
 # ====================================================================== entry point
@@ -1027,8 +1116,9 @@ def _run_command(args: argparse.Namespace) -> int:
         console.print(
             f"{prog}: {options.nodes(simulation=args.command == 'simulate')} clients, "
             f"{effective.get('num-rounds', '?')} rounds, {effective.get('mechanism', '?')}, "
-            f"out {options.out_dir}",
+            f"{data_label(options.app_dir, effective)}, out {options.out_dir}",
             markup=False,
+            soft_wrap=True,  # one line, the out dir whole: a terminal wraps it, a pipe keeps it
         )
     t0 = time.monotonic()
     try:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shutil
@@ -103,9 +104,11 @@ class LocalRunOptions:
         Faults to inject (deployment only).
     kill_delay : float
         Seconds after a ``round_start`` event before the kill.
-    timeout : float
+    timeout : float or None
         Seconds the run may take from ``flwr run`` to its end (all rounds); after that it is
-        stopped (``flwr stop``) and counted as failed.
+        stopped (``flwr stop``) and counted as failed. ``None`` (the default): no fixed limit;
+        once a round has ended the limit derives from the run's own pace
+        (:func:`derived_deadline`), and before that the ServerApp's stage timeouts apply.
     ready_timeout : float
         Seconds for start-up (SuperLink health, all SuperNodes online), on top of ``timeout``.
     keep_logs : bool
@@ -128,7 +131,7 @@ class LocalRunOptions:
     run_config: Mapping[str, Any] = field(default_factory=dict)
     kills: tuple[KillSpec, ...] = ()
     kill_delay: float = 1.0
-    timeout: float = 1800.0
+    timeout: float | None = None
     ready_timeout: float = 120.0
     keep_logs: bool = False
     node_config: Mapping[str, Any] = field(default_factory=dict)
@@ -146,8 +149,9 @@ class LocalRunOptions:
         if self.num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {self.num_clients}")
         for name in ("timeout", "ready_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (value is None and name == "timeout") and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
         if self.kill_delay < 0:
             raise ValueError(f"kill_delay must be >= 0, got {self.kill_delay}")
         for kill in self.kills:
@@ -481,15 +485,38 @@ class _RunFiles:
         state.add_rows(self.metrics.read_new())
 
 
+PACE_FACTOR = 3.0
+"""A run without ``--timeout`` may take this many times its slowest round per round left."""
+PACE_SLACK_S = 600.0
+"""... plus these seconds (the last evaluation, the summary, a slow checkpoint)."""
+
+
+def derived_deadline(
+    now: float, rounds: Sequence[Mapping[str, Any]], num_rounds: int | None
+) -> float:
+    """The limit of a run without a fixed ``timeout``: ``now + (R - r) * 3 * max_i t_i + 600``
+    seconds, with ``t_i`` the ``round_seconds`` of the ``r`` rounds ended so far (the rows of
+    ``metrics.jsonl``) and ``R`` the run's rounds; ``inf`` before a round has ended or when
+    ``R`` is unknown (the ServerApp's own stage timeouts stop a run whose nodes do not answer).
+    """
+    times = [float(t) for row in rounds if isinstance(t := row.get("round_seconds"), int | float)]
+    if not times or num_rounds is None:
+        return math.inf
+    left = max(num_rounds - len(rounds), 0)
+    return now + left * PACE_FACTOR * max(times) + PACE_SLACK_S
+
+
 def _follow(
     deployment: LocalDeployment,
     flwr_run: ManagedProcess,
     files: _RunFiles,
     notify: Callable[[], None],
-    timeout: float,
+    timeout: float | None,
 ) -> str | None:
     """Follow ``flwr run`` until it exits (None) or why following stopped early."""
-    state, deadline, last_snapshot = files.state, time.monotonic() + timeout, 0.0
+    state, last_snapshot = files.state, 0.0
+    deadline = time.monotonic() + timeout if timeout is not None else math.inf
+    rows_seen = 0
     while True:
         rc = flwr_run.popen.poll()
         if state.run_id is None and (m := RUN_ID_RE.search(flwr_run.log_text())):
@@ -507,8 +534,17 @@ def _follow(
             return None
         if (failure := deployment.infrastructure_failure()) is not None:
             return failure
+        if timeout is None and len(state.metrics) != rows_seen:
+            rows_seen = len(state.metrics)
+            deadline = derived_deadline(time.monotonic(), state.metrics, state.num_rounds)
         if time.monotonic() > deadline:
-            return f"timed out after {timeout:.0f} s"
+            if timeout is not None:
+                return f"timed out after {timeout:.0f} s"
+            return (
+                f"timed out: {len(state.metrics)} of {state.num_rounds} rounds ended, and the "
+                f"rest took over {PACE_FACTOR:g} x the slowest round each plus "
+                f"{PACE_SLACK_S:.0f} s (set --timeout to fix the limit)"
+            )
         time.sleep(0.25)
 
 

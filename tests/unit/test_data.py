@@ -127,7 +127,8 @@ def test_mnist_idx_source(tmp_path: Path, gz: bool) -> None:
     assert src.labels.dtype == torch.int64
     assert (src.num_classes, src.in_channels, src.official_test_start) == (10, 1, 30)
     raw = np.concatenate([trx, tex]).astype(np.float32)[:, None]
-    expected = (raw / 255.0 - MNIST_MEAN) / MNIST_STD
+    own = trx.astype(np.float64) / 255.0  # the files' own training statistics
+    expected = (raw / 255.0 - own.mean()) / own.std()
     np.testing.assert_allclose(src.images.numpy(), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(src.labels.numpy(), np.concatenate([try_, tey]))
     info = data.dataset_info("mnist-idx", tmp_path / "mnist")
@@ -136,12 +137,12 @@ def test_mnist_idx_source(tmp_path: Path, gz: bool) -> None:
 
 def test_mnist_idx_source_errors(tmp_path: Path) -> None:
     rng = np.random.default_rng(8)
-    with pytest.raises(ValueError, match="needs data_dir"):
+    with pytest.raises(ValueError, match="data-dir, which is empty"):
         data.load_source("mnist-idx")
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ValueError, match="does not exist"):
         data.load_source("mnist-idx", tmp_path / "absent")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="not found"):
+    with pytest.raises(ValueError, match="lacks 4 of 4 files"):
         data.load_source("mnist-idx", tmp_path / "empty")
     # label count mismatch
     folder = tmp_path / "mismatch"
@@ -167,6 +168,125 @@ def test_mnist_idx_source_errors(tmp_path: Path) -> None:
     write_idx(folder / "t10k-images-idx3-ubyte", np.zeros((10, 28, 28), np.int32), type_code=0x0C)
     with pytest.raises(ValueError, match="expected uint8 images"):
         data.load_source("mnist-idx", folder)
+
+
+def test_mnist_idx_is_normalised_with_its_own_training_statistics(tmp_path: Path) -> None:
+    """Any IDX files are normalised with the mean and std of their own training images (not
+    MNIST's constants), so a data set brighter than MNIST gets its own."""
+    rng = np.random.default_rng(11)
+    folder = tmp_path / "bright"
+    folder.mkdir()
+    trx = rng.integers(100, 256, size=(20, 28, 28), dtype=np.uint8)
+    tex = rng.integers(0, 50, size=(5, 28, 28), dtype=np.uint8)  # the test rows must not count
+    write_idx(folder / "train-images-idx3-ubyte", trx)
+    write_idx(folder / "train-labels-idx1-ubyte", rng.integers(0, 10, 20, dtype=np.uint8))
+    write_idx(folder / "t10k-images-idx3-ubyte", tex)
+    write_idx(folder / "t10k-labels-idx1-ubyte", rng.integers(0, 10, 5, dtype=np.uint8))
+    info = data.dataset_info("mnist-idx", folder)
+    pixels = trx.astype(np.float64) / 255.0
+    assert info.mean == pytest.approx((pixels.mean(),), abs=1e-12)
+    assert info.std == pytest.approx((pixels.std(),), abs=1e-12)
+    src = data.load_source("mnist-idx", folder)
+    train = src.images[:20].double()
+    assert float(train.mean()) == pytest.approx(0.0, abs=1e-5)
+    assert float(train.std(unbiased=False)) == pytest.approx(1.0, abs=1e-5)
+    assert info.title == "IDX files (MNIST format)"
+
+
+# --------------------------------------------------------------------------- Fashion-MNIST
+FASHION_CLASSES = (
+    *("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"),
+    *("Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
+)
+FASHION_PACKAGE = Path("/usr/share/datasets/fashion-mnist")
+
+
+def test_fashion_mnist_source(tmp_path: Path) -> None:
+    """``fashion-mnist`` reads the four IDX files (gzipped, as the Debian package ships them)
+    from data_dir, under its own name, class names and normalisation constants."""
+    rng = np.random.default_rng(21)
+    folder = tmp_path / "fashion"
+    trx, try_, tex, tey = write_mnist_dir(folder, rng, n_train=40, n_test=10, gz=True)
+    src = data.load_source("fashion-mnist", folder)
+    assert src.name == "fashion-mnist"
+    assert (src.num_classes, src.in_channels, src.official_test_start) == (10, 1, 40)
+    raw = np.concatenate([trx, tex]).astype(np.float32)[:, None]
+    expected = (raw / 255.0 - 0.2860) / 0.3530
+    np.testing.assert_allclose(src.images.numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(src.labels.numpy(), np.concatenate([try_, tey]))
+    info = data.dataset_info("fashion-mnist", folder)
+    assert info.title == "Fashion-MNIST"
+    assert info.class_names == FASHION_CLASSES
+    assert (info.mean, info.std) == ((0.2860,), (0.3530,))
+    assert data.dataset_title("fashion-mnist") == "Fashion-MNIST"
+    # its reported test part is the official t10k rows, validation drawn from the training rows
+    split = data.split_indices(50, 0, official_test_start=40)
+    val, test = data.server_datasets("fashion-mnist", data_dir=folder, use_official_test=True)
+    assert len(test) == 10 and len(val) == split.val.size == 8
+    np.testing.assert_array_equal(test.tensors[1].numpy(), tey)
+    assert "official test set (10,000 images)" in data.test_split_text("fashion-mnist", True)
+    assert "pooled" in data.test_split_text("mnist", False)
+
+
+def test_fashion_mnist_missing_files_are_all_named(tmp_path: Path) -> None:
+    """A missing folder or any missing file fails before reading, naming every missing file and
+    the package that installs them."""
+    rng = np.random.default_rng(22)
+    folder = tmp_path / "half"
+    write_mnist_dir(folder, rng)
+    for f in [*folder.glob("t10k-images-*"), *folder.glob("train-labels-*")]:
+        f.unlink()
+    with pytest.raises(data.DatasetUnavailableError) as err:
+        data.check_dataset_files("fashion-mnist", folder)
+    text = str(err.value)
+    assert "lacks 2 of 4 files" in text
+    assert "train-labels-idx1-ubyte" in text and "t10k-images-idx3-ubyte" in text
+    assert "train-images-idx3-ubyte" not in text.split("missing:")[1]
+    assert "apt-get install dataset-fashion-mnist" in text
+    with pytest.raises(data.DatasetUnavailableError, match="t10k-images-idx3-ubyte"):
+        data.load_source("fashion-mnist", folder)
+    with pytest.raises(data.DatasetUnavailableError, match="does not exist") as err:
+        data.check_dataset_files("fashion-mnist", tmp_path / "absent")
+    assert all(name in str(err.value) for name in readers.IDX_FILES)
+    with pytest.raises(data.DatasetUnavailableError, match="data-dir, which is empty"):
+        data.check_dataset_files("mnist-idx", None)
+    data.check_dataset_files("mnist", None)  # embedded: nothing to check
+
+
+def test_fashion_mnist_reads_the_package_folder_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without data_dir, ``fashion-mnist`` reads the Debian package's folder."""
+    from corbin_fl.app import sources
+
+    rng = np.random.default_rng(23)
+    write_mnist_dir(tmp_path / "pkg", rng, gz=True)
+    monkeypatch.setitem(
+        sources.IDX_SOURCES,
+        "fashion-mnist",
+        sources.IDX_SOURCES["fashion-mnist"].__class__(
+            **{**vars(sources.IDX_SOURCES["fashion-mnist"]), "default_dir": str(tmp_path / "pkg")}
+        ),
+    )
+    assert data.dataset_info("fashion-mnist").num_examples == 40
+    assert sources.FASHION_MNIST_DIR == "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.skipif(
+    not (FASHION_PACKAGE / "train-images-idx3-ubyte.gz").is_file(),
+    reason="Debian's package is absent (apt-get install dataset-fashion-mnist)",
+)
+def test_fashion_mnist_constants_match_the_package_files() -> None:
+    """The normalisation constants are the mean and std of the 60,000 official training
+    images to 4 decimals (|error| <= 5e-5, the rounding), and the files are the data set."""
+    images, labels, n_train = readers.read_mnist_idx_dir(FASHION_PACKAGE)
+    assert (images.shape, n_train) == ((70_000, 1, 28, 28), 60_000)
+    pixels = images[:n_train].astype(np.float64) / 255.0
+    (mean,), (std,) = data.FASHION_MNIST_STATS
+    assert abs(pixels.mean() - mean) <= 5e-5
+    assert abs(pixels.std() - std) <= 5e-5
+    assert np.bincount(labels[:n_train]).tolist() == [6000] * 10
+    assert np.bincount(labels[n_train:]).tolist() == [1000] * 10
 
 
 # --------------------------------------------------------------------------- CIFAR-10
