@@ -21,8 +21,11 @@
 #                                      SAN: supernode, supernode-K, localhost, 127.0.0.1
 #     superexec.secret                 shared secret of the SuperNode and its ClientApp executor
 #
-# The containers run as uid 49999 (the `app` user of Flower's images): give them the files with
-# `-u 49999:49999` (needs root) or `sudo chown -R 49999:49999 OUT/...` after copying.
+# The containers run as uid 49999 (the `app` user of Flower's images). On the machine that made
+# the files, give them through the group (`sudo chgrp -R 49999 ...; chmod -R g+rX ...`, as
+# docs/DOCKER.md Part B does: you keep reading the node keys, which register-nodes.sh needs); on a
+# client machine of Part C, which only its containers read from, `sudo chown -R 49999:49999` the
+# copied node folder. `-u UID:GID` (needs root) chowns OUT's server and node folders here.
 set -euo pipefail
 
 readonly ALWAYS_DNS=(superlink localhost)
@@ -205,9 +208,17 @@ fi
 
 echo "Wrote CA, SuperLink and $num_nodes SuperNode credentials to $out_dir"
 echo "SuperLink certificate subjectAltName: $(san_list "${server_sans[@]}")"
-echo "Next: docker compose -f docker-compose.yml -f docker-compose.tls.yml up -d, then"
-echo "      docker/certs/register-nodes.sh <connection> $out_dir"
+# What to do next, as docs/DOCKER.md Part B does it (tests/unit/test_dockerfiles.py checks that
+# every command printed here is one of the guide's).
+echo "Next (docs/DOCKER.md, Part B):"
 if [[ -z "$owner" ]]; then
-    echo "The containers run as uid 49999:"
-    echo "      sudo chown -R 49999:49999 $out_dir/superlink $out_dir/node-*"
+    echo "  give the containers' user (gid 49999) the files through the group; they stay yours,"
+    echo "  and register-nodes.sh reads the node keys (do not chown them to 49999):"
+    echo "      sudo chgrp -R 49999 $out_dir/superlink $out_dir/node-*"
+    echo "      chmod -R g+rX $out_dir/superlink $out_dir/node-*"
 fi
+echo "  start the SuperLink and its ServerApp executor, register the nodes, then start the clients:"
+echo "      docker compose -f docker-compose.yml -f docker-compose.tls.yml up -d superlink serverapp"
+echo "      docker/certs/register-nodes.sh <connection> $out_dir"
+echo "      docker compose -f docker-compose.yml -f docker-compose.tls.yml up -d"
+echo "On separate machines (Part C), copy $out_dir/node-K to client machine K instead."

@@ -62,6 +62,19 @@ def _documented_run_command() -> list[str]:
     return shlex.split(command)
 
 
+def _guide_commands() -> list[str]:
+    """The command lines of DOCKER.md's ``bash`` blocks (continuations joined, comments
+    dropped), as tests/unit/test_documented_commands.py reads them."""
+    doc = (REPO / "docs" / "DOCKER.md").read_text(encoding="utf-8")
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", doc, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                lines.append(" ".join(line.split()))
+    return lines
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -281,5 +294,16 @@ def test_documented_run_learns_through_a_kill_and_a_rejoin(
     assert summary["config"]["range-mode"] == "update" and summary["config"]["epsilon"] == 1.0
     assert summary["update_radius"]["value"] == pytest.approx(17 * 1e-3), summary["update_radius"]
     assert summary["clip_fraction"]["max"] < 0.01, summary["clip_fraction"]
+    # The run's log ends on its outcome (the ServerApp's last line), and step 3's listing of the
+    # rounds that dropped a client, as the guide writes it, lists those and only those.
+    assert f"CorBin-FL run completed: {ROUNDS}/{ROUNDS} rounds, test accuracy" in output, output[
+        -4000:
+    ]
+    (grep,) = [c for c in _guide_commands() if c.startswith("docker compose exec serverapp grep ")]
+    argv = [a.replace("/app/runs/demo", out_dir) for a in shlex.split(grep)]
+    listed = compose.compose([], "exec", "-T", *argv[3:])
+    dropped_rounds = [json.loads(line)["round"] for line in listed.splitlines() if line.strip()]
+    assert dropped_rounds == [r["round"] for r in rows if r["dropped"]], listed
+    assert 2 in dropped_rounds, listed
     print(f"rounds: {[(r['round'], r['participants'], r['dropped']) for r in rows]}")
     print(f"rejoined in round(s) {rejoined}; last test accuracy {rows[-1]['test_accuracy']}")

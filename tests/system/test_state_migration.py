@@ -7,8 +7,10 @@ Flower 1.42 adds migrations to that database and applies them forward when the S
 Flower 1.41's SuperLink wrote with one finished run in it (tests/fixtures/superlink-1.41-state.db,
 made by tests/fixtures/make_superlink_state.py, whose docstring gives the command) and checks
 that it starts, serves the Control API (``flwr ls``) with the 1.41 run and its status, and that the
-database is now at the installed Flower's newest revision: docs/DOCKER.md's "Upgrading Flower"
-needs no step for the volume.
+database is now at the installed Flower's newest revision: docs/DOCKER.md's "Upgrading from 1.41"
+needs no step for the volume. On the way, the status commands the guides show are checked at 80
+columns: ``flwr ls``'s table cuts the status (``finished…``), ``--run-id`` and ``--format json``
+show it whole.
 """
 
 from __future__ import annotations
@@ -82,18 +84,28 @@ def test_superlink_opens_a_1_41_state(tmp_path: Path, flower_startup: StartupTim
             assert proc.poll() is None, f"the SuperLink exited:\n{log.read_text()}"
             time.sleep(0.5)
         assert http_ok(f"http://127.0.0.1:{port}/health"), log.read_text()
-        listed = subprocess.run(
-            [flower_executable("flwr"), "ls", "--format", "json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=flower_startup.startup_timeout(1),
-        )
-        assert listed.returncode == 0, listed.stdout + listed.stderr
-        runs = json.loads(listed.stdout)["runs"]
+        narrow = {**env, "COLUMNS": "80"}  # a terminal of 80 columns, or a pipe
+
+        def flwr_ls(*args: str) -> str:
+            done = subprocess.run(
+                [flower_executable("flwr"), "ls", *args],
+                env=narrow,
+                capture_output=True,
+                text=True,
+                timeout=flower_startup.startup_timeout(1),
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+
+        runs = json.loads(flwr_ls("--format", "json"))["runs"]
         assert [(r["fab-id"], r["fab-version"], r["status"]) for r in runs] == [
             ("corbin-fl-tests/stateapp", "1.0.0", "finished:completed")
         ], runs
+        # The guides' status commands at 80 columns (README, RUNNING.md, the quickstart): the
+        # table cuts the status, one run's view and the JSON show it whole.
+        table = flwr_ls()
+        assert "finished…" in table and "finished:completed" not in table, table
+        assert "finished:completed" in flwr_ls("--run-id", runs[0]["run-id"])
         assert revision(db) == newest_revision()
         assert not re.search(r"(?i)migration.*(failed|error)", log.read_text())
     finally:

@@ -613,6 +613,32 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def test_make_certs_next_steps_are_the_guides(tmp_path: Path) -> None:
+    """What make-certs.sh prints as its next steps are docs/DOCKER.md Part B's commands: the
+    group, not a chown to 49999 (which would lock register-nodes.sh out of the node keys), and
+    register the nodes before the clients start."""
+    for tool in ("openssl", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} missing: apt-get install openssl openssh-client")
+    out = tmp_path / "out"
+    run = _run(["bash", str(MAKE_CERTS), "-o", str(out), "-n", "1"])
+    assert run.returncode == 0, run.stderr
+    printed = [
+        line.strip().replace(str(out), "docker/certs/out").replace("<connection>", "docker-tls")
+        for line in run.stdout.splitlines()
+        if line.startswith("      ")
+    ]
+    doc = (REPO / "docs" / "DOCKER.md").read_text(encoding="utf-8")
+    part_b = doc.split("## Part B", 1)[1].split("\n## ", 1)[0]
+    commands = [" ".join(c.split()) for c in re.findall(r"^ +(\S.*)$", part_b, flags=re.M)]
+    assert len(printed) == 5, run.stdout
+    for command in printed:
+        assert command in commands, f"make-certs.sh prints {command!r}, not in Part B"
+    assert not [c for c in printed if "chown" in c], printed
+    register = printed.index("docker/certs/register-nodes.sh docker-tls docker/certs/out")
+    assert printed[register + 1].endswith("docker-compose.tls.yml up -d"), printed
+
+
 def test_make_certs_layout_and_modes(certs: Path) -> None:
     expected = {
         "ca": {"ca.crt", "ca.key"},

@@ -62,8 +62,13 @@ COVERAGE: Final[list[tuple[str, str, str]]] = [
     ),
     (
         "docs/RUNNING.md",
-        r"pip install -e \"\.\[tools,simulation\]\"",
+        r"pip install -e \"\.\[(tools|dev),simulation\]\"",
         f"{_HERE}test_install_lines_are_the_ci_ones",
+    ),
+    (
+        "docs/RUNNING.md",
+        r"python -m pytest -q -n 2 tests/unit",
+        f"{_HERE}test_dev_extra_runs_the_tests",
     ),
     (
         "docs/RUNNING.md",
@@ -99,12 +104,12 @@ COVERAGE: Final[list[tuple[str, str, str]]] = [
     (
         "examples/quickstart/README.md",
         r"export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
-        r"|flwr (run \. local --stream .*|ls local)",
+        r"|flwr (run \. local --stream .*|ls local --format json)",
         _QS_SIM,
     ),
     (
         "examples/quickstart/README.md",
-        r"flower-super(link|node) .*|flwr (run \. quickstart --stream|ls quickstart)",
+        r"flower-super(link|node) .*|flwr (run \. quickstart --stream|ls quickstart --format json)",
         _QS_DEP,
     ),
     # --- docs/DOCKER.md: Parts A, B and C on a real engine (tests/docker, `pytest -m docker`;
@@ -113,12 +118,14 @@ COVERAGE: Final[list[tuple[str, str, str]]] = [
     ("docs/DOCKER.md", r"(sudo )?docker/(build-images|bases/make-local-bases)\.sh.*", _IMAGES),
     ("docs/DOCKER.md", r"docker compose (up -d|ps|down)", _DEMO),
     ("docs/DOCKER.md", r"flwr run \. docker --stream .*", _DEMO_RUN),
-    ("docs/DOCKER.md", r"docker (kill corbin-fl-supernode-|compose (ps -a|logs -f) ).*", _DEMO_RUN),
+    ("docs/DOCKER.md", r"docker (kill corbin-fl-supernode-|compose ps -a ).*", _DEMO_RUN),
+    ("docs/DOCKER.md", r"docker compose exec serverapp grep .*", _DEMO_RUN),
     (
         "docs/DOCKER.md",
-        r"docker compose (exec|cp) serverapp.*",
+        r"docker compose (exec serverapp tail .*|cp serverapp:.*)",
         f"{_COMPOSE}test_state_and_results_volumes",
     ),
+    ("docs/DOCKER.md", r"mkdir -p runs", f"{_HERE}test_copy_destinations_exist"),
     (
         "docs/DOCKER.md",
         r"docker compose -f docker-compose\.yml -f docker-compose\.gpu\.yml up -d"
@@ -220,6 +227,34 @@ def test_readme_main_job_installs_what_it_runs() -> None:
         project = tomllib.load(fh)["project"]
     assert project["scripts"]["corbin-fl"].startswith("corbin_fl.deploy.cli:")
     assert "tools" in project["optional-dependencies"]
+
+
+def test_dev_extra_runs_the_tests() -> None:
+    """The documented test command needs pytest and pytest-xdist (``-n``), which only the ``dev``
+    extra installs, and the install line before it asks for that extra."""
+    import tomllib
+
+    with (REPO / "pyproject.toml").open("rb") as fh:
+        extras = tomllib.load(fh)["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=\[ ]", r, maxsplit=1)[0] for r in extras["dev"]}
+    assert {"pytest", "pytest-xdist", "ruff", "mypy"} <= names, names
+    assert not any(r.startswith("pytest") for name, e in extras.items() if name != "dev" for r in e)
+    commands = documented_commands("docs/RUNNING.md")
+    test = commands.index("python -m pytest -q -n 2 tests/unit")
+    assert commands[test - 1] == 'pip install -e ".[dev,simulation]"', commands[test - 1]
+
+
+def test_copy_destinations_exist() -> None:
+    """A documented ``docker compose cp SRC ./a/b`` copies into a folder that exists in a fresh
+    clone or that the command before it makes: ``docker cp`` does not create ``./a``."""
+    commands = documented_commands("docs/DOCKER.md")
+    copies = [i for i, c in enumerate(commands) if c.startswith("docker compose cp ")]
+    assert copies
+    for i in copies:
+        parent = str(Path(shlex.split(commands[i])[-1]).parent)
+        made = shlex.split(commands[i - 1])
+        tracked = (REPO / parent).is_dir() and parent not in (".", "runs")
+        assert parent == "." or tracked or made == ["mkdir", "-p", parent], commands[i - 1 : i + 1]
 
 
 def test_install_lines_are_the_ci_ones() -> None:

@@ -264,3 +264,89 @@ def test_summary_prints_per_round_floats_rounded() -> None:
     assert "0.0012345678" not in text and "0.30000000000000004" not in text
     assert "3, 1, 1" in text
     assert "1234567890123456789" in text  # ids stay as they are
+
+
+# --------------------------------------------------------------------------- lines at any width
+def test_event_lines_are_cut_with_an_ellipsis_not_wrapped() -> None:
+    """An event line wider than the console ends in ``…`` on its one line (rich's ``print``
+    wrapped it: ``... in round`` then ``2`` alone); the run's report cuts its kill lines the
+    same way and keeps the outcome line, with its out dir, whole on one line."""
+    from corbin_fl.deploy.follow import RunResult
+    from corbin_fl.deploy.local import KilledNode
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=60, color_system=None)
+    state = RunProgress(num_rounds=3, num_clients=4, phase="running")
+    state.apply_event({"event": "round_start", "round": 2})
+    state.killed.append(KilledNode(1, 2, 4_000_000, 12345678901234567890, 0.0))
+    cli.ProgressView(console, num_clients=4)(state)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0] == "round 2/3 started", lines
+    assert lines[1].startswith("killed SuperNode of partition 1 (pid 4000000, node 1234567")
+    assert lines[1].endswith("…") and len(lines[1]) == 60, lines
+    out = Path("/a/long/out/dir/of/a/run/that/does/not/fit/in/sixty/columns")
+    result = RunResult(
+        ok=True,
+        reason="run finished:completed",
+        out_dir=out,
+        run_id=1,
+        status="finished:completed",
+        events=[],
+        metrics=[],
+        summary=None,
+        killed=list(state.killed),
+        node_ids={},
+        processes=[],
+        logs_dir=None,
+        wall_seconds=12.0,
+        exit_code=0,
+    )
+    buf.seek(0)
+    buf.truncate()
+    cli.print_report(console, result)
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("killed SuperNode partition 1 (node 12345678901234567890)")
+    assert lines[0].endswith("…") and len(lines[0]) == 60, lines
+    assert lines[1] == f"OK: run finished:completed (12.0 s, out {out})", lines
+
+
+def test_header_line_keeps_the_out_dir_whole_when_piped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``corbin-fl local``'s first line is one line in a pipe or a log file (80 columns), its
+    out dir whole, not broken after ``out``."""
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_local", interrupted)
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / ("a-long-folder-name-" * 4)
+    assert cli.main(["local", "--out", str(out)]) == cli.EXIT_INTERRUPTED
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("corbin-fl local: 4 clients, 3 rounds, corbin, ")
+    assert first.endswith(f", out {out}"), first
+
+
+def test_summary_rows_per_client_are_summarised() -> None:
+    """Per-client mappings (node id -> value) of summary.json are one row each, not one row per
+    client (100 rows at 50 clients, node ids cut)."""
+    nodes = [str(10**19 + 7919 * i) for i in range(50)]
+    summary: dict[str, Any] = {
+        "client_devices": {n: "cuda" if i < 3 else "cpu" for i, n in enumerate(nodes)},
+        "privacy_ledger": {"per_node": {n: 8 + i % 3 for i, n in enumerate(nodes)}, "releases": 92},
+        "final_test_accuracy": 0.91,
+    }
+    text = _render(cli.summary_table(summary), width=80)
+    assert "client_devices" in text and "50 clients: cpu x47, cuda x3" in text, text
+    assert "privacy_ledger.per_node" in text
+    assert "50 clients: min 8, median 9, max 10" in " ".join(text.split()), text
+    assert "privacy_ledger.releases" in text and "final_test_accuracy" in text
+    assert not any(n[:12] in text for n in nodes), text
+    assert len([ln for ln in text.splitlines() if "│" in ln]) <= 6, text
+    # two clients, an even count: the median is the mean of the middle two
+    two = cli.summary_table({"privacy_ledger": {"per_node": {"1": 4, "2": 7}}})
+    assert "2 clients: min 4, median 5.5, max 7" in _render(two, width=80)
+    # a mapping keyed by names, not node ids, is flattened as before
+    named = _render(cli.summary_table({"bytes_up": {"update": 5, "keygen": 2}}), width=80)
+    assert "bytes_up.update" in named and "bytes_up.keygen" in named
