@@ -23,7 +23,7 @@ die() {
 connection="$1"
 certs_dir="${2:-docker/certs/out}"
 [[ -n "$connection" ]] || die "CONNECTION must not be empty"
-command -v flwr >/dev/null || die "the flwr CLI is not installed (pip install 'flwr==1.41.*')"
+command -v flwr >/dev/null || die "the flwr CLI is not installed (pip install 'flwr==1.42.*')"
 
 mapfile -t keys < <(
     find "$certs_dir" -mindepth 2 -maxdepth 2 -path '*/node-*/node.key.pub' | sort -V

@@ -58,6 +58,8 @@ def test_pins_are_of_the_series_and_the_tests_run_on_it() -> None:
         versions[path.name] = re.findall(r"ARG FLWR_VERSION=(\S+)", path.read_text())
     for path in REPO.glob("docker-compose*.yml"):
         versions[path.name] = re.findall(r'FLWR_VERSION:\s*"([^"]+)"', path.read_text())
+    ci = (REPO / ".ci/run").read_text(encoding="utf-8")  # its Docker Hub probe
+    versions[".ci/run"] = re.findall(r'docker pull -q "flwr/superlink:([\d.]+)"', ci)
     for path in ("docker/build-images.sh", "docker/bases/make-local-bases.sh"):
         text = (REPO / path).read_text()
         versions[path] = re.findall(r'(?i)flwr_version="(?:\$\{FLWR_VERSION:-)?([\d.]+)', text)
