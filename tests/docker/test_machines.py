@@ -55,16 +55,41 @@ about 0.6 on this machine; the 1,000 test digits give a binomial std of 0.016)."
 SERVER, CLIENT = "docker-compose.server.yml", "docker-compose.client.yml"
 COMPOSE_PROJECTS = ("corbin-fl-server", *(f"corbin-fl-client-{k}" for k in range(1, N_CLIENTS + 1)))
 """The server machine's project and each client machine's (a failure shows their containers)."""
-SERVER_SUBNETS = {"CORBIN_FL_SUBNET": "10.213.2.0/24", "CORBIN_EDGE_SUBNET": "10.213.3.0/24"}
+REHEARSAL = "## Rehearsing Part C on one host"
+"""DOCKER.md's one-host recipe of Part C: a project, a settings file and two subnets per machine."""
+_SUBNET_KEYS = ("CORBIN_FL_SUBNET", "CORBIN_EDGE_SUBNET")
+
+
+def _rehearsal() -> str:
+    doc = (REPO / "docs" / "DOCKER.md").read_text(encoding="utf-8")
+    return doc.split(REHEARSAL, 1)[1].split("\n## ", 1)[0]
+
+
+def _machine_rows() -> dict[str, dict[str, str]]:
+    """The recipe's table: ``server``, ``client K`` -> project, settings file, subnets and
+    partition."""
+    keys = ("project", "settings", *_SUBNET_KEYS, "PARTITION_ID")
+    rows: dict[str, dict[str, str]] = {}
+    for line in _rehearsal().splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 1 + len(keys) and re.fullmatch(r"server|client \d+", cells[0]):
+            rows[cells[0]] = dict(zip(keys, cells[1:], strict=True))
+    return rows
+
+
+def _rehearsal_commands() -> list[str]:
+    """The command lines of the recipe's ``bash`` block."""
+    (block,) = re.findall(r"```bash\n(.*?)```", _rehearsal(), flags=re.S)
+    return [" ".join(line.split()) for line in block.splitlines() if line.strip()]
+
+
+SERVER_SUBNETS = {key: _machine_rows()["server"][key] for key in _SUBNET_KEYS}
 
 
 def _client_subnets(k: int) -> dict[str, str]:
-    """Client machine ``k``'s subnets (10.213.4-5 for client 1, as docker-compose.client.yml's
-    defaults, then 6-7, 8-9): distinct, as on separate machines."""
-    return {
-        "CORBIN_FL_SUBNET": f"10.213.{2 + 2 * k}.0/24",
-        "CORBIN_EDGE_SUBNET": f"10.213.{3 + 2 * k}.0/24",
-    }
+    """Client machine ``k``'s subnets, as the recipe's table gives them (10.213.4-5 for client
+    1, docker-compose.client.yml's defaults, then 6-7, 8-9): distinct, as on separate machines."""
+    return {key: _machine_rows()[f"client {k}"][key] for key in _SUBNET_KEYS}
 
 
 def _part_c() -> list[str]:
@@ -234,13 +259,18 @@ def machines(
                         "SUPEREXEC_SECRET": "superexec.secret",
                     }.items()
                 },
-                "PARTITION_ID": str(k - 1),
+                "PARTITION_ID": _machine_rows()[f"client {k}"]["PARTITION_ID"],
                 "NUM_PARTITIONS": str(N_CLIENTS),
                 **_client_subnets(k),
             },
         )
-        project = f"corbin-fl-client-{k}"
-        up = _in_place(client_up, env_file, project)
+        # The recipe's `up -d` of this client: Part C's, with its project and settings file.
+        row = _machine_rows()[f"client {k}"]
+        project = row["project"]
+        prefix = f"docker compose -p {project} "
+        (line,) = [c for c in _rehearsal_commands() if c.startswith(prefix)]
+        assert shlex.split(line) == _in_place(client_up, Path(row["settings"]), project), line
+        up = [str(env_file) if a == row["settings"] else a for a in shlex.split(line)]
         clients[project] = up[:-2]
         project_cleanup.append(up[2:-2])
         docker.run(*up, timeout=900)

@@ -145,6 +145,19 @@ COVERAGE: Final[list[tuple[str, str, str]]] = [
         r"docker/certs/make-certs\.sh -n 3 \S+ \S+",
         _MACHINES,
     ),
+    # the one-host rehearsal of Part C (its table and these lines: test_machines.py reads them)
+    ("docs/DOCKER.md", r"docker/certs/make-certs\.sh -n 3 HOST_IP", _MACHINES),
+    (
+        "docs/DOCKER.md",
+        r"docker compose -p corbin-fl-client-\d -f docker-compose\.client\.yml"
+        r" --env-file docker/client-\d\.env up -d",
+        _MACHINES,
+    ),
+    (
+        "docs/DOCKER.md",
+        r"sudo cp -r docker/certs/out/node-\d docker/certs/client-\d && sudo chown .*",
+        f"{_HERE}test_one_host_rehearsal_is_consistent",
+    ),
     (
         "docs/DOCKER.md",
         r"docker compose -f docker-compose\.server\.yml .*",
@@ -255,6 +268,48 @@ def test_copy_destinations_exist() -> None:
         made = shlex.split(commands[i - 1])
         tracked = (REPO / parent).is_dir() and parent not in (".", "runs")
         assert parent == "." or tracked or made == ["mkdir", "-p", parent], commands[i - 1 : i + 1]
+
+
+def test_one_host_rehearsal_is_consistent() -> None:
+    """DOCKER.md's one-host rehearsal of Part C: one project, settings file and pair of
+    subnets per machine, all distinct (the server's project is docker-compose.server.yml's
+    name); each client's `up -d` is Part C's with its own project and settings file; each
+    client's node folder is copied from its own node-K and given to uid 49999."""
+    import ipaddress
+
+    doc = (REPO / "docs" / "DOCKER.md").read_text(encoding="utf-8")
+    section = doc.split("## Rehearsing Part C on one host", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and re.fullmatch(r"server|client \d", cells[0]):
+            rows[cells[0]] = cells[1:]
+    assert set(rows) == {"server", "client 1", "client 2", "client 3"}, rows
+    server_name = re.search(r"(?m)^name: (\S+)", (REPO / "docker-compose.server.yml").read_text())
+    assert server_name and rows["server"][0] == server_name.group(1)
+    nets = [ipaddress.ip_network(cell) for row in rows.values() for cell in row[2:4]]
+    assert all(not a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1 :]), nets
+    assert len({row[0] for row in rows.values()}) == len({row[1] for row in rows.values()}) == 4
+    assert [rows[f"client {k}"][4] for k in (1, 2, 3)] == ["0", "1", "2"]
+    commands = documented_commands("docs/DOCKER.md")
+    (part_c_up,) = {
+        c
+        for c in commands
+        if c.startswith("docker compose -f docker-compose.client.yml --env")
+        and c.endswith(" up -d")
+    }
+    for k in (1, 2, 3):
+        project, settings = rows[f"client {k}"][:2]
+        up = part_c_up.replace("docker/.env", settings).replace(
+            "compose -f", f"compose -p {project} -f"
+        )
+        assert up in commands, up
+        copy = (
+            f"sudo cp -r docker/certs/out/node-{k} docker/certs/client-{k} && "
+            f"sudo chown -R 49999:49999 docker/certs/client-{k}"
+        )
+        assert copy in commands, copy
+    assert "docker/certs/make-certs.sh -n 3 HOST_IP" in commands
 
 
 def test_install_lines_are_the_ci_ones() -> None:
