@@ -729,7 +729,8 @@ def privacy_table(report: Mapping[str, Any]) -> Table:
                 if numbers is not None and not (part == "per_update" and block.get("k") == 1):
                     words = protection(float(block["eps"]))
                     cell.append(f"\n{label}: {numbers}" + (f", {words}" if words else ""))
-        pp = entry.get("per_parameter") if entry.get("dp") and key == "B" else None
+        secure = bool(report.get("secure_aggregation"))  # B is then the sum, not A's figures
+        pp = entry.get("per_parameter") if entry.get("dp") and key == "B" and secure else None
         if isinstance(pp, Mapping) and pp.get("eps") is not None:  # beside B's composed figure
             eps_p = report.get("eps_p")
             text = per_parameter_text(float(pp["eps"]), None if eps_p is None else float(eps_p))

@@ -28,6 +28,7 @@ from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS, RunConfig
 from corbin_fl.experiments.results import GroupResult, Stat, finite, group_label
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
 from corbin_fl.fsio import atomic_write_bytes
+from corbin_fl.mechanisms.protection import MEANINGFUL_EPS, NO_PROTECTION
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -599,6 +600,13 @@ def accuracy_vs_server_eps_figure(
         name += f" + SecAgg, b = {sa['b']}" if isinstance(sa, Mapping) else ""
         labels.append(f"{name}: {uplink_bits(g):.3g} bits/param")
     delta = _fmt(shown[0].setting.get("delta", "?")) if shown else "?"
+    above = [e for e in eps if e is not None and e > MEANINGFUL_EPS]
+    if above:  # shade where the run's eps bounds nothing (mechanisms/protection.py)
+        axes[0].axvspan(MEANINGFUL_EPS, 3 * max(above), color="0.9", zorder=0)
+        axes[0].text(
+            MEANINGFUL_EPS * 1.1, 0.02, f"ε > {MEANINGFUL_EPS:g}: {NO_PROTECTION}",
+            transform=axes[0].get_xaxis_transform(), fontsize=7, color="0.35",
+        )  # fmt: skip
     axes[0].set(xscale="log", xlabel=f"ε against the server (B) over the run, δ = {delta}")
     axes[0].set_ylabel(_ACC_LABEL)
     axes[1].set(xlim=(0.5, len(no_dp) + 0.5), xlabel="no (ε, δ) against the server")
@@ -610,8 +618,14 @@ def accuracy_vs_server_eps_figure(
         fig,
         figure_title("Test accuracy vs the guarantee against the server (B)", title, shown, keys),
         "points: mean test accuracy at each run's validation-selected round against the run's "
-        f"ε vs the server (SECURITY.md threat model B; with SecAgg it sees only the sum); "
-        f"{seed_note(shown)}; bits/param: uplink bytes per client and round (all stages) × 8 / m",
+        "ε vs the server (SECURITY.md threat model B; with SecAgg it sees only the sum); "
+        + (
+            f"shaded: ε > {MEANINGFUL_EPS:g}, formally DP and practically none "
+            f"({NO_PROTECTION}: mechanisms/protection.py); "
+            if above
+            else ""
+        )
+        + f"{seed_note(shown)}; bits/param: uplink bytes per client and round (all stages) × 8 / m",
     )
     fig.legend(handles, labels, fontsize=7, loc="outside right center")
     fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)

@@ -24,6 +24,7 @@ from corbin_fl.experiments.plots import THREAT_MODELS
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
 from corbin_fl.experiments.spec import ExperimentSpec
 from corbin_fl.fsio import atomic_write_text
+from corbin_fl.mechanisms.protection import per_parameter_text, protection
 
 logger = logging.getLogger(__name__)
 
@@ -210,9 +211,11 @@ def targets_table(targets: Sequence[Target]) -> str:
     return table(head, [[t.name, f"**{t.status}**", t.detail] for t in targets])
 
 
-def _threat_model_cell(key: str, entry: Any) -> str:
+def _threat_model_cell(key: str, entry: Any, eps_p: Any = None, *, secure: bool = False) -> str:
     """A threat model's guarantee in a cell: "**no DP**" first, or the headline with threat
-    model A's composed (eps, delta)."""
+    model A's composed (eps, delta), each marked "no meaningful protection" above eps 10, and,
+    with secure aggregation (``secure``), B's per-parameter eps beside its composed one
+    (``mechanisms/protection.py``)."""
     if not isinstance(entry, Mapping):
         return "—"
     headline = str(entry.get("headline", ""))
@@ -227,7 +230,16 @@ def _threat_model_cell(key: str, entry: Any) -> str:
         block = entry.get(part)
         if key == "A" and isinstance(block, Mapping) and (label == "run" or block.get("k") != 1):
             eps, delta = block.get("eps"), block.get("delta")
-            parts.append(f"{label} " + ("—" if eps is None else f"({_num(eps)}, {_num(delta)})"))
+            words = protection(float(eps)) if eps is not None else ""
+            parts.append(
+                f"{label} "
+                + ("—" if eps is None else f"({_num(eps)}, {_num(delta)})")
+                + (f" {words}" if words else "")
+            )
+    pp = entry.get("per_parameter") if key == "B" and secure else None
+    if isinstance(pp, Mapping) and pp.get("eps") is not None:
+        ep = None if eps_p is None else float(eps_p)
+        parts.append(f"per parameter {per_parameter_text(float(pp['eps']), ep)}")
     return "; ".join(parts)
 
 
@@ -258,7 +270,11 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
             words[mech] = [f"- **{mech}**" + (f" ({label}):" if label != mech else ":")]
             words[mech] += [f"  - {k}, {n}: {tm[k].get('guarantee', '')}" for k, n in said]
         eps_p = _num(report["eps_p"]) if report.get("eps_p") is not None else "— (no DP)"
-        rows.append([label, eps_p, *(_threat_model_cell(k, tm.get(k)) for k in THREAT_MODELS)])
+        sa = bool(report.get("secure_aggregation"))
+        cells = [
+            _threat_model_cell(k, tm.get(k), report.get("eps_p"), secure=sa) for k in THREAT_MODELS
+        ]
+        rows.append([label, eps_p, *cells])
     head = ["setting", "eps_p"] + [f"{k}: {n}" for k, n in THREAT_MODELS.items()]
     if secure_any:
         head[3] = f"B: {THREAT_MODELS['B']} (only the sum with SecAgg+)"

@@ -1227,7 +1227,30 @@ def test_accuracy_vs_server_eps_puts_no_dp_settings_in_their_own_panel(tmp_path:
     title, caption = _texts(fig)
     assert title.startswith("Test accuracy vs the guarantee against the server (B)\n")
     assert "± 1 sample std (ddof=1) over 2 seeds" in _flat(caption)
+    # issue 38: both runs' eps exceed 10, so the region above it is shaded and said to be none
+    assert "shaded: ε > 10, formally DP and practically none" in _flat(caption)
+    assert [t.get_text() for t in left.texts] == ["ε > 10: no meaningful protection"]
     fig.savefig(tmp_path / "server.png")
+
+
+def test_threat_model_cells_mark_eps_above_10_and_show_b_per_parameter() -> None:
+    """Issue 38 item 4: a composed eps above 10 reads "no meaningful protection"; with secure
+    aggregation B's cell carries its per-parameter eps beside the composed one (5 digits, and
+    "no better than eps_p" where the sum gains nothing per parameter)."""
+    from corbin_fl.experiments.report import _threat_model_cell
+
+    a = {"dp": True, "headline": "eps_p = 1 per parameter",
+         "per_update": {"k": 1000, "eps": 577.8, "delta": 1e-5},
+         "all_rounds": {"k": 3000, "eps": 9.5, "delta": 1e-5}}  # fmt: skip
+    cell = _threat_model_cell("A", a)
+    assert "update (577.8, 1.000e-05) no meaningful protection" in cell
+    assert "run (9.5, 1.000e-05)" in cell and cell.count("no meaningful protection") == 1
+    b = {"dp": True, "headline": "no meaningful protection: run eps 916.4",
+         "per_parameter": {"eps": 0.999974405, "delta": 1e-5},
+         "all_rounds": {"k": 3000, "eps": 916.4, "delta": 1e-5}}  # fmt: skip
+    cell = _threat_model_cell("B", b, 1.0, secure=True)
+    assert cell.endswith("per parameter 0.99997 (no better than eps_p = 1)")
+    assert "per parameter" not in _threat_model_cell("B", b, 1.0)  # without it: A's figures
 
 
 def test_server_scaling_calls_the_accountant_per_gamma_at_the_runs_settings(

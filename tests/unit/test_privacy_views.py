@@ -84,6 +84,25 @@ def test_privacy_table_says_no_dp_against_the_server_for_corbin() -> None:
     assert fedavg.count("no DP") == 4 and "1e-05" not in fedavg
 
 
+def test_privacy_table_shows_b_per_parameter_and_says_when_eps_protects_nothing() -> None:
+    """Issue 38 item 4: ldpfl with secure aggregation at n = 3. B's composed eps over the run is
+    below A's and would read as a gain; its per-parameter eps (0.99997) is no better than
+    eps_p = 1, and every composed eps above 10 says it protects nothing."""
+    from corbin_fl.mechanisms.secure_sum import SumView
+
+    report = privacy_report("ldpfl", 1.0, 1e-5, 1000, 3, secure=SumView(3, trials=1))
+    b = report["threat_models"]["B"]
+    assert b["all_rounds"]["eps"] < report["threat_models"]["A"]["all_rounds"]["eps"]
+    text = _render(cli.privacy_table(report), width=80)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    flat = " ".join(text.split())
+    assert f"no meaningful protection: run eps {b['all_rounds']['eps']:.4g}" in flat
+    assert "per parameter: 0.99997 (no better than eps_p = 1), delta 1e-05" in flat
+    assert "one update: (577.8, 1e-05), no meaningful protection" in flat
+    plain = _render(cli.privacy_table(privacy_report("ldpfl", 1.0, 1e-5, 1000, 3)), width=80)
+    assert "per parameter:" not in plain  # without secure aggregation B is A's figures
+
+
 def test_privacy_table_reads_the_committed_runs_and_errors() -> None:
     if not MECHANISMS_RUNS:
         pytest.skip("no committed mechanism runs in this checkout")
