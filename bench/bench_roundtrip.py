@@ -3,7 +3,7 @@
 One steady FedAvg round is one round trip: the ServerApp pushes an instruction per node, and each
 node's reply passes through
 
-1. the SuperNode's idle poll of the SuperLink (a fixed 3 s sleep in Flower 1.41, not ours),
+1. the SuperNode's idle poll of the SuperLink (a fixed 3 s sleep in Flower 1.41 and 1.42, not ours),
 2. the executor's task poll (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, Flower's default 1 s),
 3. a fresh ``flwr-clientapp`` process: interpreter, Flower's runtime, pulling the message and the
    app bundle, imports (``startup-seconds``, reported by this project's train handler from the

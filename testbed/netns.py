@@ -13,7 +13,7 @@ local deployment (:mod:`deploy.flower`, :mod:`deploy.processes`):
   its ``eth0``: ``tbf`` for a rate, ``netem`` for a rate plus delay), reads the interface byte
   counters, and tears everything down (SIGKILL of whatever still runs in its namespaces by PID,
   then ``ip netns del``), idempotently, also at interpreter exit.
-* :class:`FlowerHosts` deploys Flower 1.41 on a :class:`Topology`: the SuperLink (and, through it,
+* :class:`FlowerHosts` deploys Flower 1.42 on a :class:`Topology`: the SuperLink (and, through it,
   the ServerApp) on the server host, one SuperNode per client host, optionally with TLS
   (``docker/certs/make-certs.sh`` for the server address) and SuperNode authentication (keys
   registered with ``docker/certs/register-nodes.sh``), then ``flwr run`` from the server host.
@@ -645,7 +645,7 @@ class Topology:
 # ====================================================================== Flower on a topology
 @dataclass
 class FlowerHosts:
-    """Flower 1.41 deployed on a :class:`Topology`: SuperLink on one host, a SuperNode per client.
+    """Flower 1.42 deployed on a :class:`Topology`: SuperLink on one host, a SuperNode per client.
 
     Parameters
     ----------

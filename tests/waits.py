@@ -18,8 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # ====================================================================== waits of real-process tests
 SUPERNODE_POLL_S: Final[float] = 3.0
-"""A Flower 1.41 SuperNode with nothing to do sleeps a fixed 3 s between two pulls (no flag), so
-an instruction waits up to this long before its node even sees it."""
+"""A Flower 1.42 (as 1.41) SuperNode with nothing to do sleeps a fixed 3 s between two pulls (no
+flag), so an instruction waits up to this long before its node even sees it."""
 
 
 SUPERNODE_REPLY_POLL_S: Final[float] = 0.5

@@ -90,7 +90,8 @@ stage (the pipelined relay), and a round after a drop adds a pair stage for the 
 their partner: 2 bounds every later round."""
 HEARTBEAT_WINDOW_S: Final[float] = 60.0
 """A SIGKILLed SuperNode is answered for by the SuperLink (NODE_UNAVAILABLE) at most 2 x 30 s
-after it died (Flower 1.41's heartbeat patience); until then its stage waits for it."""
+after it died (Flower's heartbeat patience, 1.41's and 1.42's); until then its stage waits for
+it."""
 NUMPY_COMPONENTS: Final[Mapping[str, str]] = {
     "serverapp": "quickstart.server_app_numpy:app",
     "clientapp": "quickstart.client_app_numpy:app",
@@ -422,11 +423,11 @@ class Simulation:
     """The README's simulation commands, as written, in ``bash`` from a copy of the app.
 
     ``flwr run . local`` uses the simulation SuperLink on ``FLWR_LOCAL_*_PORT`` (the test's own
-    ports) and starts one when none answers, with a fixed 15 s for it to come up (Flower 1.41),
-    which a busy machine misses. So :meth:`start_superlink` starts it first, exactly as ``flwr``
-    would (the same flags, in the environment the README's ``export`` leaves), and waits for it
-    as long as this machine needs; ``flwr run`` then finds it running. :meth:`close` stops it by
-    its PID, with everything below it.
+    ports) and starts one when none answers, with a fixed 15 s for it to come up (Flower 1.41 and
+    1.42), which a busy machine misses. So :meth:`start_superlink` starts it first, exactly as
+    ``flwr`` would (the same flags, in the environment the README's ``export`` leaves), and waits
+    for it as long as this machine needs; ``flwr run`` then finds it running. :meth:`close` stops
+    it by its PID, with everything below it.
     """
 
     def __init__(self, tmp_path: Path, app: Path) -> None:
