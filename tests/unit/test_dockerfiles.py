@@ -297,6 +297,55 @@ def test_shellcheck(script: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def _fake_docker(folder: Path, version: str, buildx: bool) -> None:
+    """A ``docker`` in ``folder`` whose engine answers, of CLI ``version``, with or without the
+    buildx plugin; any other command prints which CLI ran it."""
+    folder.mkdir()
+    script = folder / "docker"
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$1" in\n'
+        "  info) exit 0 ;;\n"
+        f"  buildx) exit {0 if buildx else 1} ;;\n"
+        f"  version) echo {version} ;;\n"
+        f'  *) echo "{folder.name} $*" ;;\n'
+        "esac\n"
+    )
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("second", "builds_with"),
+    [(("20.10.24", False), "second"), (("28.2.2", True), "second"), (None, None)],
+)
+def test_buildkit_falls_back_to_a_docker_cli_that_builds(
+    tmp_path: Path, second: tuple[str, bool] | None, builds_with: str | None
+) -> None:
+    """A first ``docker`` on PATH that is a CLI 28 without buildx (it cannot build with
+    BuildKit): the build scripts use the next ``docker`` on PATH that can (a CLI before 23.0,
+    BuildKit built in, or one with buildx), and say so; with none, they stop naming buildx."""
+    _fake_docker(tmp_path / "first", "28.2.2", buildx=False)
+    path = [str(tmp_path / "first")]
+    if second is not None:
+        _fake_docker(tmp_path / "second", *second)
+        path.append(str(tmp_path / "second"))
+    tools = tmp_path / "tools"  # what buildkit.sh runs besides docker; no real docker here
+    tools.mkdir()
+    for tool in ("readlink", "bash"):
+        (tools / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    path.append(str(tools))
+    script = f'source "{REPO / "docker" / "buildkit.sh"}" && require_buildkit && docker build x'
+    bash = shutil.which("bash") or "/bin/bash"
+    out = _run([bash, "-c", script], env={"PATH": os.pathsep.join(path)})
+    if builds_with is None:
+        assert out.returncode == 1, out
+        assert "buildx" in out.stderr and "no other docker CLI on PATH" in out.stderr
+    else:
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"{builds_with} build x", out
+        assert "builds with BuildKit only through the buildx plugin" in out.stderr
+
+
 def test_scripts_are_executable_bash() -> None:
     assert SCRIPTS, "no scripts found under docker/"
     for script in SCRIPTS:
