@@ -4,10 +4,10 @@ Drives :class:`corbin_fl.secagg.server.SecAggServer` and one
 :class:`corbin_fl.secagg.client.SecAggClient` per node through one round, as
 :func:`corbin_fl.secagg.simulate.simulate_round` does, and times only the server's calls
 (process CPU seconds, ``time.process_time``; the clients' work is not counted). Inputs are
-integers in ``[0, levels]`` drawn from ``--seed``, the neighbour graph from ``--seed`` too, so
-two runs see the same inputs and graph (the clients' keys are fresh each run, as in a real
-round). ``--drop-mask D`` makes ``D`` nodes skip the mask stage (they shared their keys but
-send no masked input), so the server must reconstruct their mask keys and remove every pair
+integers in ``[0, levels]`` drawn from ``--seed``, so two runs see the same inputs (the clients'
+keys are fresh each run, as in a real round, and the neighbour graph is derived from them).
+``--drop-mask D`` makes ``D`` nodes skip the mask stage (they shared their keys but send no
+masked input), so the server must reconstruct their mask keys and remove every pair
 mask a survivor added with them; ``--drop-unmask`` does the same for survivors that do not
 answer the unmask stage. Each scenario prints one line per stage, the total, whether the sum is
 exact, and a digest of the sum (equal digests before and after a change: bit-identical output).
@@ -87,7 +87,6 @@ def run_round(
             server_round=1,
             node_ids=ids,
             levels=levels,
-            rng=np.random.default_rng(seed),
         ),
     )
     gone: set[int] = set()

@@ -41,6 +41,7 @@ model stays).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from typing import Any, Final
 
@@ -49,6 +50,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from corbin_fl import secure, wire
 from corbin_fl.secagg import wire as sawire
+from corbin_fl.secagg.graph import COLLUSION, DROPOUT, failure_probabilities
 from corbin_fl.secagg.messages import (
     ADVERTISE,
     MASK,
@@ -110,7 +112,7 @@ class SecureRound:
             )
             if self.srv is None:
                 return
-        self.record.update({"b": self.srv.config.bits, "k": self.srv.k, "t": self.srv.threshold})
+        self._record_parameters()
         if self.srv.abandoned:
             self._abandon(self.srv.abandoned)
 
@@ -136,6 +138,34 @@ class SecureRound:
             return None
 
     # ------------------------------------------------------------------ helpers
+    def _record_parameters(self) -> None:
+        """``b``, ``k``, ``t`` of the round and their bounds (:func:`failure_probabilities` at
+        the default sizing's dropout and collusion fractions, over the graph's nodes: the
+        participants once drawn, else the sampled), for ``metrics.jsonl`` and the report."""
+        srv = self.srv
+        assert srv is not None
+        n = len(srv.participants or srv.sampled)
+        k, t = min(srv.degree or srv.k, n - 1), srv.threshold
+        p_sec, p_abandon = failure_probabilities(
+            n,
+            k,
+            t,
+            dropout=DROPOUT,
+            collusion=COLLUSION,
+            corrupt=math.floor(COLLUSION * len(srv.sampled)),
+        )
+        self.record.update(
+            {
+                "b": srv.config.bits,
+                "k": k,
+                "t": t,
+                "dropout": DROPOUT,
+                "collusion": COLLUSION,
+                "p_security": p_sec,
+                "p_abandon": p_abandon,
+            }
+        )
+
     def _abandon(self, reason: str) -> None:
         if self.record.get("abandoned") is None:
             self.record["abandoned"] = reason
@@ -241,6 +271,8 @@ class SecureRound:
                 srv.receive_adverts(
                     self._decode(got, failed, sawire.decode_advertise_reply), failed
                 )
+                if srv.abandoned is None:  # k, t sized again for the nodes with keys
+                    self._record_parameters()
                 self._sync_drops(secure.ADVERTISE)
                 if self.abandoned:
                     return []

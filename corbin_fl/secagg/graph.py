@@ -122,12 +122,19 @@ class SecAggParameters:
 
 
 def failure_probabilities(
-    n: int, k: int, t: int, *, dropout: float, collusion: float, stages: int = STAGES
+    n: int,
+    k: int,
+    t: int,
+    *,
+    dropout: float,
+    collusion: float,
+    stages: int = STAGES,
+    corrupt: int | None = None,
 ) -> tuple[float, float]:
     """``(p_security, p_abandon)`` of ``k``, ``t`` at ``n`` clients (:class:`SecAggParameters`).
 
-    With ``c = floor(collusion * n)``, ``q = (1 - dropout)^stages`` (a holder answers the share,
-    mask and unmask stages):
+    With ``c = floor(collusion * n)`` (or ``corrupt``) and ``q = (1 - dropout)^stages`` (a
+    holder answers the share, mask and unmask stages):
 
     * random ``k``-regular graph (``k < n - 1``): a client's ``k`` neighbours are a uniform
       ``k``-subset of the other ``n - 1`` (labels are exchangeable), so by the union bound over
@@ -142,7 +149,8 @@ def failure_probabilities(
 
     if not 0.0 <= dropout < 1.0 or not 0.0 <= collusion < 1.0:
         raise ValueError(f"dropout and collusion must lie in [0, 1), got {dropout}, {collusion}")
-    c, q = math.floor(collusion * n), (1.0 - dropout) ** stages
+    c = math.floor(collusion * n) if corrupt is None else corrupt
+    q = (1.0 - dropout) ** stages
     if k == n - 1:
         return (1.0 if c >= t else 0.0), float(binom.cdf(t, n, q))
     p_sec = min(1.0, n * float(hypergeom.sf(t - 1, n - 1, c, k)))
@@ -157,6 +165,7 @@ def secagg_parameters(
     sigma: int = SIGMA,
     eta: int = ETA,
     stages: int = STAGES,
+    corrupt: int | None = None,
 ) -> SecAggParameters:
     """The smallest ``k`` (even, or ``n - 1``) with a ``t`` that meets both targets; ``t`` is
     the smallest that meets the security target (the most dropout-tolerant).
@@ -164,6 +173,9 @@ def secagg_parameters(
     ``t`` ranges over ``max(2, floor(k/2) + 1) .. k``. When no ``k < n - 1`` meets both
     targets, the complete graph with the smallest secure ``t`` is returned, and its
     :attr:`SecAggParameters.p_abandon` may exceed ``2^-eta`` (a run prints the figure).
+    ``corrupt`` (default ``floor(collusion * n)``) fixes the colluders' count: a server that
+    draws the graph over the ``n`` clients left after the advertise stage sizes ``t`` against
+    the colluders among the clients it sampled, who may all be among those left.
     Raises ``ValueError`` for ``n < 3`` or a fraction outside ``[0, 1)``.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < MIN_CLIENTS:
@@ -172,13 +184,18 @@ def secagg_parameters(
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
+    c = math.floor(collusion * n) if corrupt is None else corrupt
+
     def best(k: int) -> tuple[int, float, float]:
         for t in range(max(2, k // 2 + 1), k + 1):
-            ps, pa = failure_probabilities(n, k, t, dropout=dropout, collusion=collusion)
+            ps, pa = failure_probabilities(n, k, t, dropout=dropout, collusion=collusion, corrupt=c)
             if ps <= 2.0**-sigma:
                 return t, ps, pa
         t = k
-        return (t, *failure_probabilities(n, k, t, dropout=dropout, collusion=collusion))
+        return (
+            t,
+            *failure_probabilities(n, k, t, dropout=dropout, collusion=collusion, corrupt=c),
+        )
 
     for k in range(2, n - 1, 2):
         t, ps, pa = best(k)
@@ -187,7 +204,6 @@ def secagg_parameters(
     else:
         k = n - 1
         t, ps, pa = best(k)
-    c = math.floor(collusion * n)
     return SecAggParameters(n, k, t, dropout, stages, collusion, c, sigma, eta, ps, pa)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -37,7 +38,15 @@ import numpy as np
 
 from . import crypto
 from .client import CIPHERTEXT_BYTES, pair_mask, pair_sign, self_mask
-from .graph import MIN_CLIENTS, bit_width, choose_parameters, derived_graph, is_connected
+from .graph import (
+    COLLUSION,
+    MIN_CLIENTS,
+    bit_width,
+    choose_parameters,
+    derived_graph,
+    is_connected,
+    secagg_parameters,
+)
 from .messages import (
     ADVERTISE,
     MASK,
@@ -101,6 +110,8 @@ class SecAggServer:
         self.sampled = tuple(sorted(node_ids))
         n = len(self.sampled)
         self.k, t = choose_parameters(n, num_neighbours, threshold)
+        self._sized = num_neighbours is None and threshold is None
+        """k and t are the defaults: sized again for the nodes left after the advertise stage."""
         self.config = RoundConfig(run_id, server_round, bit_width(n, levels), levels, t)
         self.degree = 0
         """The graph's ``k`` over the participants (0 until every key is known)."""
@@ -220,6 +231,12 @@ class SecAggServer:
         """The neighbour graph over the nodes with keys, derived from all of their keys (every
         client recomputes it from its share request and refuses another)."""
         nodes = sorted(self.alive)
+        if self._sized and MIN_CLIENTS <= len(nodes) < len(self.sampled):
+            # t against the colluders among the sampled nodes, who may all be among these
+            corrupt = math.floor(COLLUSION * len(self.sampled))
+            params = secagg_parameters(len(nodes), corrupt=corrupt)
+            self.k = params.k
+            self.config = replace(self.config, threshold=params.t)
         degree = min(self.k, len(nodes) - 1)
         if len(nodes) < MIN_CLIENTS or self.threshold > degree:
             self._abandon(

@@ -19,6 +19,7 @@ import torch
 from flwr.app import Error, Message
 from flwr.serverapp.strategy import FedAvg
 from harness import InProcessGrid, capture_metrics, make_cfg, run
+from scipy.stats import binom
 from wire_helpers import message_stage
 
 from corbin_fl import secure, wire
@@ -123,6 +124,9 @@ def test_secure_estimate_equals_plain_bit_for_bit(
         sa = row["secure_aggregation"]
         assert sa["on"] and sa["abandoned"] is None and sa["survivors"] == 5
         assert (sa["b"], sa["k"], sa["t"], sa["levels"]) == (3, 4, 3, 1)  # ceil(log2(5 + 1))
+        # k, t's bounds at the stated sizing (complete graph: P[Bin(5, 0.92^3) <= 3], c = 1 < t)
+        assert (sa["dropout"], sa["collusion"], sa["p_security"]) == (0.08, 1 / 3, 0.0)
+        assert sa["p_abandon"] == pytest.approx(binom.cdf(3, 5, 0.92**3), rel=1e-12)
         assert row["dropped"] == {}
         entry = rec.aggregators[rnd - 1]
         m = entry["agg"].m

@@ -10,6 +10,7 @@ import pytest
 
 from corbin_fl.secagg import crypto
 from corbin_fl.secagg.client import CIPHERTEXT_BYTES, ClientState, SecAggClient
+from corbin_fl.secagg.graph import secagg_parameters
 from corbin_fl.secagg.messages import (
     KeyAdvert,
     MaskReply,
@@ -548,3 +549,21 @@ def test_rekeying_is_allowed_only_before_masking() -> None:
     for c in d3.clients.values():
         with pytest.raises(RefusalError, match="replay"):
             c.advertise(1)
+
+
+def test_default_k_t_are_sized_again_for_the_nodes_left_after_advertise() -> None:
+    """n = 20 sampled (k = 19, t = 10); 2 lost at advertise: the graph's 18 nodes get the sizing
+    of 18 against the 6 colluders of the 20 sampled (k = 17, t = 9). Given k, t are kept."""
+    ids = sorted(make_inputs(20, 1, seed=2))
+    for given, expect in (({}, (17, 9)), ({"num_neighbours": 19, "threshold": 10}, (17, 10))):
+        clients = {u: SecAggClient(u, 1) for u in ids}
+        srv = SecAggServer(run_id=1, server_round=1, node_ids=ids, levels=1, **given)
+        assert (srv.k, srv.threshold) == (19, 10)
+        srv.receive_adverts({u: clients[u].advertise(1) for u in ids[2:]})
+        assert (srv.degree, srv.threshold) == expect and srv.abandoned is None
+        params = secagg_parameters(18, corrupt=6)
+        if not given:
+            assert (params.k, params.t) == expect
+        reqs = srv.share_requests()
+        assert all(r.config.threshold == expect[1] for r in reqs.values())
+        clients[ids[2]].share_keys(reqs[ids[2]])  # the client accepts the resized t
