@@ -164,7 +164,7 @@ def config_errors(cfg: RunConfig) -> dict[str, str]:
         if cfg.secagg_neighbours % 2 and cfg.secagg_neighbours:
             errors.setdefault(
                 "secagg-neighbours",
-                f"must be even (k of a Harary graph; n - 1 is taken when larger), got "
+                f"must be even (k of a k-regular graph; n - 1 is taken when larger), got "
                 f"{cfg.secagg_neighbours}",
             )
     elif cfg.secagg_neighbours or cfg.secagg_threshold:

@@ -129,9 +129,11 @@ What does not change (quotable)
   server that follows the protocol (honest-but-curious). What the code enforces
   (:mod:`corbin_fl.secagg.client`): an honest client refuses an unmask request that names one
   client both survivor and dropped, answers one unmask request per round (a replay is refused),
-  and refuses a threshold ``t <= |N|/2`` of its neighbours at the share stage; so no single
-  holder reveals both the self-mask share and the mask-key share of one client. It does NOT
-  enforce more: the SecAgg+ public keys are relayed by the server and not authenticated end to
+  refuses at the share stage a threshold ``t <= |N|/2`` or ``t < 2`` and a neighbour set other
+  than the graph derived from every participant's keys, and refuses an unmask whose survivor
+  list is disconnected in that graph (SECURITY.md: what chosen dropouts can still get); so no
+  single holder reveals both the self-mask share and the mask-key share of one client. It does
+  NOT enforce more: the SecAgg+ public keys are relayed by the server and not authenticated end to
   end (a server that substitutes its own opens every share ciphertext and unmasks anyone), and
   no round checks that every client received the same survivor list (Bonawitz et al.'s
   consistency check with signatures is not implemented), so a server that names a victim a

@@ -12,12 +12,15 @@ then carries this node's keys for ``t+1`` there (kept beside round ``t``'s held 
 ``unmask`` instruction may carry round ``t+1``'s share request there; the node unmasks round
 ``t`` and shares round ``t+1``'s secrets in one reply, or refuses both.
 
-It refuses (an error reply, state untouched) a ``train`` message without the ``secagg`` record,
-a replayed or out-of-order instruction, an unmask request that names a node both as a survivor
-and as dropped, and a next-round record that is malformed, names another stage than the one
-that may ride this instruction or another round than the next (or rides an unmask request that
-also asks for the next round's keys). Other message types (evaluate, query) pass through to the
-app. The node's protocol state lives in ``context.state`` (:data:`.wire.STATE_RECORD`).
+It refuses (an error reply, state untouched) a ``train`` message without the ``secagg`` record, a
+replayed or out-of-order instruction, a message of another wire version, a share request whose
+neighbour set is not the graph derived from every participant's keys (or with ``t < 2``, or fewer
+than 3 participants), an unmask request that names a node both as a survivor and as dropped or whose
+survivor list is disconnected in that graph, and a next-round record that is malformed, names
+another stage than the one that may ride this instruction or another round than the next (or rides
+an unmask request that also asks for the next round's keys). Other message types (evaluate, query)
+pass through to the app. The node's protocol state lives in ``context.state``
+(:data:`.wire.STATE_RECORD`).
 """
 
 from __future__ import annotations

@@ -189,3 +189,30 @@ def test_a_client_refuses_to_unmask_a_disconnected_survivor_set() -> None:
     assert clients[w].state.stage == "masked"
     clients[w].unmask(srv.unmask_requests()[w])  # the server's own list: connected
     assert clients[w].state.stage == "done"
+
+
+def test_the_server_abandons_a_round_whose_survivors_graph_is_disconnected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without colluders, drops that split the survivors keep every survivor's ``t`` holders only
+    on a graph with dense parts; on such a graph (two 5-cliques joined through node 11, t = 4),
+    dropping 11 at the mask stage splits them, and the server abandons before any share is
+    revealed (its clients would refuse anyway)."""
+    a, b, x = [1, 2, 3, 4, 5], [6, 7, 8, 9, 10], 11
+    graph = {u: frozenset(set(a) - {u}) for u in a} | {u: frozenset(set(b) - {u}) for u in b}
+    graph = {u: nbrs | ({x} if u in (1, 2, 3, 6, 7, 8) else set()) for u, nbrs in graph.items()}
+    graph[x] = frozenset({1, 2, 3, 6, 7, 8})
+    use_graph(monkeypatch, graph, where=(server_mod, client_mod))
+    ids = [*a, *b, x]
+    clients = {u: SecAggClient(u, 1) for u in ids}
+    srv = SecAggServer(
+        run_id=1, server_round=1, node_ids=ids, levels=1, num_neighbours=6, threshold=4
+    )
+    srv.receive_adverts({u: clients[u].advertise(1) for u in srv.advertise_targets()})
+    srv.receive_shares({u: clients[u].share_keys(r) for u, r in srv.share_requests().items()})
+    reqs = srv.mask_requests()
+    srv.receive_masked(
+        {u: clients[u].mask(reqs[u], np.ones(4, dtype=np.int64)) for u in reqs if u != x}
+    )
+    assert srv.abandoned is not None and "disconnected" in srv.abandoned
+    assert set(srv.survivors) == set(a) | set(b)  # every survivor had t holders: only the split
