@@ -1057,13 +1057,18 @@ def _central_threat_models(
     tm["C"].update(
         {
             "dp": True,
-            "headline": f"({eps_run:.3g}, {delta:.3g}) central, {rounds} rounds",
+            "headline": (
+                f"{NO_PROTECTION}: central eps {eps_run:.3g}"
+                if protection(eps_run)
+                else f"({eps_run:.3g}, {delta:.3g}) central, {rounds} rounds"
+            ),
             "guarantee": (
                 f"The {rounds} global models every client receives are ({eps_run:g}, {delta:g})-DP "
                 "with respect to any one client's data (add or remove one client; worst case: it "
                 f"takes part in every round): each round adds N(0, (z C)^2) with z = {z:.4g} to "
                 "the sum of updates clipped to L2 norm C, and the rounds compose exactly to one "
                 f"Gaussian with mu = sqrt({rounds})/z. This trusts the server to add the noise."
+                + _protection_sentence(eps_run, rounds)
             ),
             "per_update": {
                 "k": 1,

@@ -228,3 +228,39 @@ def test_pbm_sum_guarantee_is_never_below_a_realisable_vertex(eps: float, n: int
     g = ss.pbm_guarantee(eps, trials, n, m, 1, DELTA)
     assert g["per_parameter"]["eps"] >= lb.pair_epsilon(p, q, DELTA) * (1 - REL)
     assert g["per_update"]["eps"] >= lb.composed_epsilon(p, q, m, DELTA) * (1 - REL)
+
+
+@pytest.mark.parametrize("eps", [1.0, 3.0])
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_imvu_printed_eps_is_never_below_any_pair_on_a_grid(eps: float, bits: int) -> None:
+    """I-MVU with the shipped designs (corbin_fl/mvu_tables), the linear interpolation the
+    encoder samples from, at 41 inputs including every design point."""
+    from corbin_fl.mechanisms.baselines.imvu import IMVU
+    from corbin_fl.mvu_store import mvu_table
+
+    mech = IMVU(eps, bits, mvu_table(eps, bits))
+    x = torch.linspace(-1.0, 1.0, 57, dtype=torch.float64)  # 8 design points: 56 = 7 x 8 steps
+    pr = mech.probabilities(x).to(torch.float64).numpy()
+    worst = max(
+        lb.pair_epsilon(pr[i], pr[j], 1e-12) for i in range(0, 57, 4) for j in range(0, 57, 4)
+    )
+    assert eps >= worst * (1 - REL)
+
+
+@pytest.mark.parametrize(("k", "delta"), [(2, 0.6), (3, 0.8)])
+def test_pair_joint_eps_is_never_below_a_realisable_pair(k: int, delta: float) -> None:
+    """B's pair-joint eps (printed only where finite: tiny models, large delta) against the
+    pair's exact joint law with the client at its two end points and its partner at each of 9
+    inputs, eps_p = 1, d = 3; the bound is non-trivial (> 0) at these settings."""
+    from corbin_fl.mechanisms.accounting import pair_joint_epsilon
+    from corbin_fl.mechanisms.theory import corbin_pair_joint_from_q
+
+    a = 1.0 / (1.0 + math.exp(1.0))
+    printed = pair_joint_epsilon(1.0, 3, k, delta)
+    assert math.isfinite(printed)
+    bound = 0.0
+    for q2 in np.linspace(a, 1.0 - a, 9):
+        p = corbin_pair_joint_from_q(1.0 - a, 1.0 - q2, 3).ravel()
+        q = corbin_pair_joint_from_q(a, 1.0 - q2, 3).ravel()
+        bound = max(bound, lb.composed_epsilon(p, q, k, delta))
+    assert 0.0 < bound <= printed * (1 + REL)
