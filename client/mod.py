@@ -28,6 +28,10 @@ server cannot switch the node off privacy. ``evaluate`` and ``query`` messages p
 the app: they carry the (public) global model to the node, and their replies are the app's own
 metrics.
 
+**An instruction answered twice gets the same reply** (``client/replay.py``): after a SuperLink
+outage the server re-sends the instructions of nodes it has not heard from; a node that had
+answered replies with its first reply again, byte for byte, so it releases nothing twice.
+
 Every failure becomes a Flower error reply naming the cause (``code = wire.ERROR_CODE_POLICY``
 for a policy refusal, ``wire.ERROR_CODE_REJECTED`` for anything else); nothing raises into
 Flower's executor.
@@ -41,7 +45,7 @@ from collections.abc import Callable
 from flwr.app import Context, Error, Message, RecordDict
 
 from corbin_fl import secure, wire
-from corbin_fl.client import handlers, secure_update
+from corbin_fl.client import handlers, replay, secure_update
 from corbin_fl.client.pair_crypto import PairCryptoError
 from corbin_fl.client.policy import Policy, PolicyError
 from corbin_fl.config import ConfigError, RunConfig
@@ -54,6 +58,9 @@ ClientAppCallable = Callable[[Message, Context], Message]
 
 def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Answer the CorBin-FL stages and wrap the app's train handler (see the module docstring).
+
+    An instruction this node answered last (same content: :func:`replay.instruction_digest`)
+    gets that reply again once the policy accepts it; a new content reply is kept for that.
 
     Parameters
     ----------
@@ -71,6 +78,20 @@ def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     """
     if msg.metadata.message_type != wire.TRAIN:
         return call_next(msg, context)
+    try:  # a content Flower cannot serialize has no digest: the stage's checks refuse it
+        digest = replay.instruction_digest(msg) if msg.has_content() else None
+    except (ValueError, TypeError, OverflowError):
+        digest = None
+    reply = _answer(msg, context, call_next, digest)
+    if digest is not None and reply.has_content() and wire.stage_of(msg) is not None:
+        replay.remember(digest, reply, context)
+    return reply
+
+
+def _answer(
+    msg: Message, context: Context, call_next: ClientAppCallable, digest: str | None
+) -> Message:
+    """:func:`corbin_mod` on a ``train`` message whose instruction digest is ``digest``."""
     nid = context.node_id
     stage = wire.stage_of(msg)
     try:
@@ -82,6 +103,9 @@ def corbin_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         policy = Policy.from_node(context.node_config)
         cfg = instruction_config(msg)
         policy.check(cfg)
+        again = replay.replayed(digest, context) if digest is not None else None
+        if again is not None:
+            return Message(again, reply_to=msg)
         if stage == wire.KEYGEN:
             return Message(handlers.keygen(msg, context, cfg), reply_to=msg)
         if stage == wire.PAIR:

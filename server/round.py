@@ -42,7 +42,7 @@ from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
 from corbin_fl.server.metrics import RunFiles
-from corbin_fl.server.stages import RoundState, active_of, exchange
+from corbin_fl.server.stages import LinkClock, RoundState, active_of, exchange
 
 if TYPE_CHECKING:
     pass
@@ -110,6 +110,9 @@ class ServerRuntime:
     secagg_next : SecAggServer or None
         Secure aggregation: the next round's SecAgg+ server, its share stage done with the last
         unmask (pipelined). Never checkpointed, as ``pipeline``.
+    link : LinkClock
+        The bound on a stage after a SuperLink outage (``server/stages.py``): each stage's
+        reply time in this run, the outages seen.
     """
 
     grid: Grid
@@ -127,6 +130,7 @@ class ServerRuntime:
     pipeline: Pipeline | None = None
     secagg_keys: tuple[int, dict[int, Any]] | None = None
     secagg_next: Any = None
+    link: LinkClock = field(default_factory=LinkClock)
 
     def rng(self, rnd: int, purpose: int) -> np.random.Generator:
         """Public, reproducible generator for (run seed, round, purpose)."""
@@ -244,6 +248,7 @@ def run_round(
             poll_interval=cfg.poll_interval,
             max_inflight=cfg.max_inflight,
             files=rt.files,
+            link=rt.link,
         )
 
     # 4. Pairing (Alg. 3 line 2): uniform over pairings of the other nodes that have a key.
@@ -275,6 +280,7 @@ def run_round(
             poll_interval=cfg.poll_interval,
             max_inflight=cfg.max_inflight,
             files=rt.files,
+            link=rt.link,
         )
 
     # 6. Update stage (Alg. 3 lines 3-4, 9-21): model, center/radius, partner blob or key, and
@@ -342,6 +348,7 @@ def run_round(
         poll_interval=cfg.poll_interval,
         max_inflight=cfg.max_inflight,
         files=rt.files,
+        link=rt.link,
     )
     del range_rec
     if secure is not None:  # unmask; the exact symbol sum goes to the aggregator

@@ -12,6 +12,21 @@ never seen before in this run, is the only reply to its instruction in its batch
 stage's validator. Anything else is one log line naming the node and the reason, and the node is
 dropped for the round. Replies are validated (and, for the update stage, aggregated) as they
 arrive, so the server never holds all updates at once.
+
+**A SuperLink that restarts mid-stage** (:class:`LinkClock`). Flower's grid retries a call until
+the SuperLink answers again (no limit, back-off capped at ``MAX_RETRY_DELAY`` = 20 s), so an
+outage reaches the ServerApp as a grid call that raises or blocks. Messages in flight may be lost
+then: a SuperNode that had pulled its instruction may have dropped it half-received, or lost
+the reply it was pushing (an object push session that ended with the SuperLink), and the
+SuperLink, which marked the instruction delivered, never reports either. So once the link
+answers again every node still silent gets its instruction once more, as a new message with
+the same content (``corbin_mod`` answers an instruction it already answered with the same reply,
+so no node releases twice), its first valid reply counts, and the stage ends at most
+:meth:`LinkClock.grace` after the link's return instead of at its timeout. A SuperNode works
+on one message at a time, so its answer to the re-sent instruction comes at most one message's
+work after its answer to the first. ``NODE_UNAVAILABLE`` right after an outage means only that
+the node has not heartbeated yet: the node is re-sent its instruction once the SuperLink lists
+it online again, within the same bound.
 """
 
 from __future__ import annotations
@@ -24,7 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.constant import (
+    HEARTBEAT_DEFAULT_INTERVAL,
+    HEARTBEAT_PATIENCE,
+    MAX_RETRY_DELAY,
+    SUPERLINK_NODE_ID,
+    ErrorCode,
+)
 from flwr.serverapp import Grid
 
 from corbin_fl.server.metrics import RunFiles
@@ -104,6 +125,10 @@ class RoundState:
         The round's new global model (eq. 6), for the wrapped strategy.
     secure : dict or None
         Secure aggregation's record of the round (``server/secure_round.py``), None without it.
+    unconfirmed : dict[int, str]
+        Node -> stage, for a node that was working on the stage when the SuperLink went away
+        and was dropped after its return: its reply may have been sent and lost (or held by the
+        SuperLink), so the privacy ledger counts an update stage's as released.
     """
 
     round: int
@@ -136,6 +161,7 @@ class RoundState:
     app_records: dict[int, RecordDict] = field(default_factory=dict)
     aggregate: ArrayRecord | None = None
     secure: dict[str, Any] | None = None
+    unconfirmed: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.active:
@@ -151,6 +177,91 @@ class RoundState:
             )
 
 
+RECONNECT_S = float(HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL)
+"""60 s (Flower 1.41 and 1.42): the longest a SuperNode is listed online without a heartbeat
+(``online_until = last heartbeat + HEARTBEAT_PATIENCE x interval``, interval 30 s). A live node
+heartbeats every 0.7-0.9 x (30 - 5) s and retries a failed heartbeat, or a reply it could not
+push, with back-off capped at ``MAX_RETRY_DELAY`` (20 s); so within this time of the SuperLink's
+return it is listed online again and has pushed the reply it held, and a node that is not has
+been reported ``NODE_UNAVAILABLE``."""
+
+OUTAGE_S = float(MAX_RETRY_DELAY) / 2
+"""10 s: a pull that blocked this long spanned an outage. Flower's grid waits 1, 2, 4, 8 s ...
+between its tries, so a SuperLink away for more than a few seconds blocks a pull about this
+long; a pull that reaches the SuperLink returns in well under a second (the replies of a stage
+are small: a packed update is m/8 bytes). A push is not timed (it carries the model). Flower's
+own retry warning ("Connection attempt failed") during any grid call, and a call that raises,
+are outages too, however short."""
+
+
+@dataclass
+class LinkClock:
+    """What the stages of a run know about the SuperLink link: the bound after an outage.
+
+    After the SuperLink answers again, a node still silent has its reply within
+    ``grace = reconnect_s + work_s[stage]``: the reconnection bound (:data:`RECONNECT_S`), then
+    one message's work (the SuperNode handles one message at a time: whatever it was doing, then
+    the re-sent instruction; ``corbin_mod`` answers that from its cache when it had answered
+    already). ``work_s[stage]`` is the slowest accepted reply (push to arrival) of the last
+    exchange of that stage that saw no outage: this run's own start-up and work, measured, not
+    the stage timeout. A stage that never completed a reply in this run has no such figure, and
+    its silent nodes keep the stage timeout.
+
+    Attributes
+    ----------
+    reconnect_s : float
+        :data:`RECONNECT_S`.
+    outage_s : float
+        :data:`OUTAGE_S`.
+    work_s : dict[str, float]
+        Stage -> slowest accepted reply latency of its last exchange without an outage (s).
+    outages : int
+        Outages seen in the run.
+    """
+
+    reconnect_s: float = RECONNECT_S
+    outage_s: float = OUTAGE_S
+    work_s: dict[str, float] = field(default_factory=dict)
+    outages: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.reconnect_s >= 0 and self.outage_s > 0):
+            raise ValueError(
+                f"LinkClock needs reconnect_s >= 0 and outage_s > 0, got {self.reconnect_s!r}, "
+                f"{self.outage_s!r}"
+            )
+
+    def grace(self, stage: str) -> float | None:
+        """Seconds a node silent at the SuperLink's return may still take, or None when this
+        run has no reply time of ``stage`` yet (its nodes keep the stage timeout)."""
+        work = self.work_s.get(stage)
+        return None if work is None else self.reconnect_s + work
+
+
+class _RetryLog(logging.Handler):
+    """Sees Flower's "Connection attempt failed" warning of its grid's retries (logger
+    ``flwr``): the SuperLink did not answer one call, however short the outage was."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("Connection attempt failed"):
+            self.failed = True
+
+
+def _resend(msg: Message) -> Message:
+    """The same instruction as a new message (a new id): same content, type, node and group."""
+    meta = msg.metadata
+    return Message(
+        msg.content,
+        dst_node_id=meta.dst_node_id,
+        message_type=meta.message_type,
+        group_id=meta.group_id,
+    )
+
+
 def _push(
     grid: Grid,
     state: RoundState,
@@ -158,15 +269,14 @@ def _push(
     msgs: list[Message],
     nodes: list[int],
     pending: dict[str, int],
-) -> None:
-    """Push ``msgs`` (one per node of ``nodes``); record the ids, drop the nodes that failed."""
+) -> Exception | None:
+    """Push ``msgs`` (one per node of ``nodes``) and record their ids; drop the nodes the
+    SuperLink refused (no id). A push that raised returns its exception: the caller decides."""
     try:
         ids = list(grid.push_messages(msgs))
-    except Exception as exc:  # a failed push drops the nodes, not the run
-        logger.exception("round %d, stage %s: push failed", state.round, stage)
-        for nid in nodes:
-            state.drop(nid, f"could not push the instruction ({exc})", stage)
-        return
+    except Exception as exc:  # a failed push is the caller's to handle, never the run's end
+        logger.warning("round %d, stage %s: push failed: %s", state.round, stage, exc)
+        return exc
     if len(ids) != len(nodes):
         raise RuntimeError(f"push_messages returned {len(ids)} ids for {len(nodes)} messages")
     for nid, mid in zip(nodes, ids, strict=True):
@@ -174,6 +284,7 @@ def _push(
             pending[mid] = nid
         else:
             state.drop(nid, "could not push the instruction (node gone?)", stage)
+    return None
 
 
 def exchange(
@@ -186,6 +297,8 @@ def exchange(
     poll_interval: float,
     files: RunFiles | None = None,
     max_inflight: int = 0,
+    link: LinkClock | None = None,
+    stage: str | None = None,
 ) -> list[int]:
     """Send one instruction per node and collect the replies of one stage.
 
@@ -206,10 +319,16 @@ def exchange(
     files : RunFiles, optional
         Receives the ``stage_end`` event.
     max_inflight : int
-        At most this many instructions outstanding at once (``0``: all at once). The next node's
-        instruction is pushed when a reply (or a drop) frees a slot; ``timeout`` bounds the whole
-        stage. Each instruction makes its SuperNode start a ClientApp process, so on a small
-        machine with many SuperNodes this keeps the stage from starting them all together.
+        At most this many nodes' instructions outstanding at once (``0``: all at once). The next
+        node's instruction is pushed when a reply (or a drop) frees a slot; ``timeout`` bounds
+        the whole stage. Each instruction makes its SuperNode start a ClientApp process, so on a
+        small machine with many SuperNodes this keeps the stage from starting them all together.
+    link : LinkClock, optional
+        The run's link clock (the bound after a SuperLink outage; the module docstring). Without
+        one, a fresh clock: an outage re-sends, but the nodes keep the stage timeout.
+    stage : str, optional
+        The stage's name for messages outside the protocol (:func:`collect`); by default the
+        ``corbin`` record of the instructions names it.
 
     Returns
     -------
@@ -219,13 +338,19 @@ def exchange(
     if not messages:
         return []
     stages = {
-        (msg.metadata.message_type, msg.content.config_records[CFG][STAGE])
+        (
+            msg.metadata.message_type,
+            str(stage if stage is not None else msg.content.config_records[CFG][STAGE]),
+        )
         for msg in messages.values()
     }
     if len(stages) != 1:
         raise ValueError(f"one stage sends one message type and stage, got {sorted(stages)}")
-    msg_type, stage = stages.pop()
-    stage = str(stage)
+    if max_inflight < 0:
+        raise ValueError(f"max_inflight must be >= 0, got {max_inflight}")
+    msg_type, name = stages.pop()
+    stage = name
+    link = link if link is not None else LinkClock()
     t0 = time.monotonic()
     state.round_trips += 1
     state.bytes_down[stage] = state.bytes_down.get(stage, 0) + sum(
@@ -233,36 +358,182 @@ def exchange(
     )
     before = set(state.dropped)
 
-    if max_inflight < 0:
-        raise ValueError(f"max_inflight must be >= 0, got {max_inflight}")
     queue = list(messages)
-    pending: dict[str, int] = {}
+    pending: dict[str, int] = {}  # message id -> node (two ids of one node after a re-send)
+    sent_at: dict[int, float] = {}
+    resent: set[int] = set()  # nodes sent their instruction again after an outage
+    revived: set[int] = set()  # of those, nodes re-sent after NODE_UNAVAILABLE (once)
+    stranded: set[int] = set()  # nodes in flight when the SuperLink went away
+    unpushed: list[int] = []  # nodes whose push raised: pushed again once the link answers
+    unavailable: dict[int, str] = {}  # NODE_UNAVAILABLE after an outage: re-sent once online
+    bounds: dict[int, tuple[float, float]] = {}  # silent node -> (its deadline, the grace)
+    link_state = {"seen": False, "down": False}
+    accepted: list[int] = []
+    latency: dict[int, float] = {}
+    deadline = t0 + timeout
+    watch = _RetryLog()
+
+    def in_flight() -> set[int]:
+        """Nodes of the stage still expected to answer (not accepted, not dropped)."""
+        waiting = set(pending.values()) | set(unavailable) | set(unpushed)
+        return {nid for nid in waiting if nid in state.active} - set(accepted)
+
+    def push(nodes: list[int], msgs: list[Message]) -> None:
+        now = time.monotonic()
+        for nid in nodes:
+            sent_at.setdefault(nid, now)
+        exc = _push(grid, state, stage, msgs, nodes, pending)
+        if exc is None:  # a push's time is its payload's (the model): no outage sign
+            return
+        link_state["down"] = True  # the link failed a call: recover once it answers
+        for nid in nodes:
+            if nid in resent:  # its second push failed too
+                state.drop(nid, f"could not push the instruction ({exc})", stage)
+            else:
+                unpushed.append(nid)
 
     def push_more() -> None:
-        room = len(queue) if max_inflight == 0 else max(0, max_inflight - len(pending))
+        room = len(queue) if max_inflight == 0 else max(0, max_inflight - len(in_flight()))
         nodes, queue[:room] = queue[:room], []
         if nodes:
-            _push(grid, state, stage, [messages[nid] for nid in nodes], nodes, pending)
+            push(nodes, [messages[nid] for nid in nodes])
 
-    accepted: list[int] = []
-    deadline = t0 + timeout
-    push_more()
-    while pending or queue:
-        batch = list(grid.pull_messages(list(pending))) if pending else []
-        _screen_batch(state, stage, batch, pending, accepted)
-        for reply in batch:
-            _handle(state, stage, msg_type, reply, pending, on_reply, accepted)
+    def bound(nid: int, now: float) -> None:
+        grace = link.grace(stage)
+        if grace is not None and nid not in bounds:
+            bounds[nid] = (now + grace, grace)
+
+    def recover(now: float) -> None:
+        """The SuperLink answers again after an outage: re-send every silent node's
+        instruction once and bound its wait (:meth:`LinkClock.grace`)."""
+        link_state["down"] = False
+        link.outages += 1
+        stranded.update(in_flight())
+        silent = sorted(in_flight() - resent - set(unavailable))
+        for nid in [*silent, *unavailable]:
+            bound(nid, now)
+        unpushed.clear()
+        grace = link.grace(stage)
+        logger.warning(
+            "round %d, stage %s: the SuperLink did not answer for a while; %d silent node(s) "
+            "sent their instruction again, %d wait to be listed online, each bounded by %s",
+            state.round,
+            stage,
+            len(silent),
+            len(unavailable),
+            "the stage timeout" if grace is None else f"{grace:.0f} s from now",
+        )
+        if silent:
+            resent.update(silent)
+            copies = [_resend(messages[nid]) for nid in silent]
+            state.bytes_down[stage] += sum(payload_bytes(m.content) for m in copies)
+            push(silent, copies)
+
+    def revive() -> None:
+        """Re-send the instruction of each node reported unavailable after an outage as soon
+        as the SuperLink lists it online again (once per node)."""
+        if not unavailable:
+            return
+        try:
+            online = {int(n) for n in grid.get_node_ids()}
+        except Exception as exc:  # the link again: the next poll tries again
+            logger.warning("round %d, stage %s: get_node_ids failed: %s", state.round, stage, exc)
+            return
+        back = sorted(nid for nid in unavailable if nid in online)
+        for nid in back:
+            del unavailable[nid]
+        if back:
+            resent.update(back)
+            revived.update(back)
+            copies = [_resend(messages[nid]) for nid in back]
+            state.bytes_down[stage] += sum(payload_bytes(m.content) for m in copies)
+            push(back, copies)
+
+    def absorb(nid: int, reply: Message) -> bool:
+        """An error reply that does not end the node's stage: another instruction of the node
+        is still pending (a re-send), or, right after an outage, the SuperLink calls the node
+        unavailable (it has not heartbeated since; once per node)."""
+        if nid in pending.values():
+            logger.info(
+                "round %d, stage %s: node %d: error reply (code %s) to one of its two "
+                "instructions; the other is pending",
+                state.round,
+                stage,
+                nid,
+                reply.error.code,
+            )
+            return True
+        if (
+            link_state["seen"]
+            and reply.error.code == ErrorCode.NODE_UNAVAILABLE
+            and nid not in revived
+        ):
+            unavailable[nid] = str(reply.error.reason or "node unavailable")
+            stranded.add(nid)
+            bound(nid, time.monotonic())
+            return True
+        return False
+
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(watch)
+    try:
         push_more()
-        if not pending and not queue:
-            break
-        now = time.monotonic()
-        if now >= deadline:
-            break
-        time.sleep(min(poll_interval, deadline - now))
-    for nid in pending.values():
+        while queue or in_flight():
+            call = time.monotonic()
+            batch: list[Message] = []
+            answered = True
+            if pending:
+                try:
+                    batch = list(grid.pull_messages(list(pending)))
+                except Exception as exc:  # the SuperLink is away: keep polling
+                    if not link_state["down"]:
+                        logger.warning(
+                            "round %d, stage %s: pull failed: %s", state.round, stage, exc
+                        )
+                    link_state["down"], answered = True, False
+            now = time.monotonic()
+            if watch.failed or now - call >= link.outage_s:
+                watch.failed, link_state["down"] = False, True
+            back = link_state["down"] and answered
+            link_state["seen"] = link_state["seen"] or back
+            _screen_batch(state, stage, batch, pending, accepted)
+            for reply in batch:
+                _handle(state, stage, msg_type, reply, pending, on_reply, accepted, absorb)
+            for nid in accepted:
+                if nid not in latency:
+                    latency[nid] = now - sent_at.get(nid, t0)
+                    _forget(pending, nid)  # its other instruction: no reply to it is pulled
+            if back:
+                recover(now)
+            revive()
+            push_more()
+            now = time.monotonic()
+            for nid, (until, grace) in sorted(bounds.items()):
+                if now >= until and nid in in_flight():
+                    _forget(pending, nid)
+                    unavailable.pop(nid, None)
+                    state.drop(
+                        nid, f"no reply within {grace:.0f} s of the SuperLink's return", stage
+                    )
+            if not queue and not in_flight():
+                break
+            if now >= deadline:
+                break
+            time.sleep(min(poll_interval, deadline - now))
+    finally:
+        flwr_logger.removeHandler(watch)
+    for nid in sorted(set(pending.values()) | set(unpushed)):
         state.drop(nid, f"no reply within {timeout:g} s", stage)
+    for nid, why in sorted(unavailable.items()):
+        state.drop(nid, f"unavailable since the SuperLink's return: {why[:200]}", stage)
+    for nid in sorted(stranded - set(accepted)):  # it may have answered before the outage
+        if not state.dropped.get(nid, "").startswith(f"{stage}: error reply"):  # it said no
+            state.unconfirmed[nid] = stage
     for nid in queue:
         state.drop(nid, f"not reached within the stage timeout of {timeout:g} s", stage)
+    clean = [latency[n] for n in accepted if n not in resent]
+    if clean and not link_state["seen"]:
+        link.work_s[stage] = max(clean)
 
     seconds = time.monotonic() - t0
     state.stage_seconds[stage] = state.stage_seconds.get(stage, 0.0) + seconds
@@ -279,6 +550,46 @@ def exchange(
         seconds,
     )
     return accepted
+
+
+def collect(
+    grid: Grid,
+    messages: list[Message],
+    *,
+    rnd: int,
+    stage: str,
+    timeout: float,
+    poll_interval: float,
+    link: LinkClock | None = None,
+) -> list[Message]:
+    """``grid.send_and_receive`` for messages outside the protocol (the wrapped strategy's
+    federated evaluation), through :func:`exchange`: the same checks of each reply, the same
+    handling of a SuperLink outage, and polls every ``poll_interval`` instead of Flower's 3 s.
+
+    Returns the accepted content replies in arrival order; a node that answered with an error,
+    or not at all, is left out with one log line (Flower's strategies aggregate only content
+    replies). Messages that send one node two instructions go through ``send_and_receive``.
+    """
+    nodes = [int(msg.metadata.dst_node_id) for msg in messages]
+    if len(set(nodes)) != len(nodes):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    state = RoundState(round=rnd, run_id=int(grid.run.run_id), sampled=nodes)
+    replies: dict[int, Message] = {}
+
+    def keep(nid: int, reply: Message) -> None:
+        replies[nid] = reply
+
+    accepted = exchange(
+        grid,
+        state,
+        dict(zip(nodes, messages, strict=True)),
+        keep,
+        timeout=timeout,
+        poll_interval=poll_interval,
+        link=link,
+        stage=stage,
+    )
+    return [replies[nid] for nid in accepted]
 
 
 def _recipient(reply: Message, pending: dict[str, int]) -> int | None:
@@ -349,6 +660,7 @@ def _handle(
     pending: dict[str, int],
     on_reply: ReplyHandler,
     accepted: list[int],
+    absorb: Callable[[int, Message], bool] | None = None,
 ) -> None:
     meta = reply.metadata
     if meta.message_id:
@@ -373,9 +685,11 @@ def _handle(
         return
     if reply.has_content():
         state.bytes_up[stage] = state.bytes_up.get(stage, 0) + payload_bytes(reply.content)
-    if nid not in state.active:
+    if nid not in state.active or nid in accepted:
         return
     if reply.has_error():  # from the node, or from the SuperLink on its behalf (unavailable)
+        if absorb is not None and absorb(nid, reply):
+            return
         err = reply.error
         reason = (str(err.reason or "")).strip().splitlines()
         last = reason[-1][:500] if reason else ""

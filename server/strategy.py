@@ -415,7 +415,7 @@ class CorBin(Strategy):
         if state.sampled and set(state.refused) == set(state.sampled):
             raise PolicyRefusedError(policy_refusal_message(rnd, state.refused))
         arrays = run.arrays()
-        self._evaluate_round(run.rt.grid, rnd, arrays, evaluate_config, timeout, run.result)
+        self._evaluate_round(run.rt, rnd, arrays, evaluate_config, timeout, run.result)
         evals = run.evaluate(rnd, arrays)
         record = round_record(state, time.monotonic() - t0, evals, run.cfg)
         record["server_cpu_seconds"] = train_cpu
@@ -466,6 +466,18 @@ class CorBin(Strategy):
         for nid, metrics in sorted(state.client_metrics.items()):
             paired = metrics.get(wire.M_PAIRED, 0.0) > 0
             train.ledger.add(release_event(cfg, rnd, nid, run.rt.layout.m, paired=paired))
+        # A node whose update the SuperLink's outage may have swallowed: its reply may have been
+        # sent, so it counts as released (as paired when it had a partner: the pair-joint view).
+        for nid, stage in sorted(state.unconfirmed.items()):
+            if stage == wire.UPDATE and nid not in state.client_metrics:
+                paired = nid in state.partner
+                train.ledger.add(release_event(cfg, rnd, nid, run.rt.layout.m, paired=paired))
+                logger.warning(
+                    "round %d: node %d's update may have been sent before the SuperLink's "
+                    "outage: the privacy ledger counts it as released",
+                    rnd,
+                    nid,
+                )
         train.history.append(record)
         train.round, train.weights = rnd, run.rt.weights
         if run.ckpt is not None:
@@ -584,20 +596,33 @@ class CorBin(Strategy):
 
     def _evaluate_round(
         self,
-        grid: Grid,
+        rt: Any,
         rnd: int,
         arrays: ArrayRecord,
         config: ConfigRecord,
         timeout: float,
         result: Result,
     ) -> None:
-        """Federated evaluation by the wrapped strategy (nothing when it samples no node)."""
+        """Federated evaluation by the wrapped strategy (nothing when it samples no node),
+        collected as the protocol's stages are (``server/stages.py: collect``: a SuperLink
+        outage costs its bound, not ``timeout``)."""
+        from corbin_fl.server.stages import collect
+
+        grid = rt.grid
         messages = list(
             self.strategy.configure_evaluate(rnd, arrays, ConfigRecord(dict(config)), grid)
         )
         if not messages:
             return
-        replies = grid.send_and_receive(messages=messages, timeout=timeout)
+        replies = collect(
+            grid,
+            messages,
+            rnd=rnd,
+            stage="evaluate",
+            timeout=timeout,
+            poll_interval=rt.cfg.poll_interval,
+            link=rt.link,
+        )
         metrics = self.strategy.aggregate_evaluate(rnd, replies)
         if metrics is not None:
             result.evaluate_metrics_clientapp[rnd] = metrics

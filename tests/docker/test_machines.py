@@ -16,8 +16,11 @@ the test's paths, port and address: make-certs.sh with the server's address, the
   SuperLink is unavailable; the same ServerApp goes on (it retries until the SuperLink is back),
   the guide's ``flwr log <RUN_ID> prod --stream`` follows it to its end, the run ends
   ``finished:completed`` with every round in metrics.jsonl and nothing lost silently: every
-  sampled client took part or is dropped with its stage and reason (the rounds after the kill
-  dropped every client in our trial; DOCKER.md step 9).
+  sampled client took part or is dropped with its stage and reason (DOCKER.md step 9);
+- the round that spans the restart ends within :data:`RESTART_FLOOR_S` of the SuperLink's
+  return (its container's start): the ServerApp re-sends the instructions whose replies the
+  outage lost and bounds their wait by Flower's heartbeat and the run's own reply time
+  (server/stages.py), not by the stage timeout, which it waited in full before (1,413 s).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,10 @@ from waits import HEALTH_INTERVAL_S, ClientAppTiming
 
 ROUNDS = 3
 """Round 1 before the SuperLink is killed, round 2 across its restart, round 3 after it."""
+RESTART_FLOOR_S = 120.0
+"""The round that spans the restart ends within this many seconds of the SuperLink's return
+(issue 39): a live node reconnects within Flower's heartbeat bound and answers the re-sent
+instruction from its cache, one ClientApp start-up."""
 ROUND1_MIN_ACCURACY = 0.3
 """Round 1's test accuracy floor: three times chance (one round of the app's defaults reaches
 about 0.6 on this machine; the 1,000 test digits give a binomial std of 0.016)."""
@@ -316,6 +324,15 @@ def test_machines_share_no_network(machines: Machines) -> None:
     print(f"subnets: {sorted((n, sorted(s)) for n, s in subnets.items())}")
 
 
+def _started_at(m: Machines, service: str) -> float:
+    """When ``service``'s container of the server machine last started (Unix time): no later
+    than its first answer."""
+    (cid,) = m.docker.run(*m.server, "ps", "-q", service).stdout.split()
+    stamp = m.docker.run("docker", "inspect", "-f", "{{.State.StartedAt}}", cid).stdout.strip()
+    head, _, frac = stamp.removesuffix("Z").partition(".")  # RFC 3339, nanoseconds, UTC
+    return datetime.fromisoformat(f"{head}.{(frac or '0')[:6]}+00:00").timestamp()
+
+
 def _metrics(m: Machines, out_dir: str) -> list[dict[str, Any]]:
     script = f"cat {out_dir}/metrics.jsonl 2>/dev/null || true"
     out = m.docker.run(*m.server, "exec", "-T", "serverapp", "sh", "-c", script).stdout
@@ -371,7 +388,7 @@ def test_documented_run_learns_through_a_superlink_restart(
             round_one_done()
             (kill,) = [c for c in _part_c() if c.startswith("docker kill corbin-fl-server-")]
             m.docker.run(*shlex.split(kill))
-            killed_at = time.monotonic()
+            killed_at, killed_wall = time.monotonic(), time.time()
             # The operator's stream does not wait for the SuperLink: it ends and says so.
             stream_rc = run.wait(timeout=probe.startup_timeout(1) + 60)
         finally:
@@ -391,6 +408,7 @@ def test_documented_run_learns_through_a_superlink_restart(
         2.0,
     )
     down_s = time.monotonic() - killed_at
+    back_wall = _started_at(m, "superlink")
     follow = _documented("flwr log <RUN_ID> prod --stream")
     follow[follow.index("<RUN_ID>")] = run_id.group(1)
     followed = operator.run(*follow, timeout=run_timeout)
@@ -404,11 +422,10 @@ def test_documented_run_learns_through_a_superlink_restart(
     for r in rows:
         assert r["participants"] + len(r["dropped"]) == r["sampled"] <= N_CLIENTS, seen
         assert all(re.fullmatch(r"(keygen|pair|update): .+", v) for v in r["dropped"].values())
-    # Round 1 (before the kill) has every client. What follows is what Flower 1.41 did in this
-    # deployment (TLS + SuperNode authentication) in our trial: the round across the restart
-    # failed to push its instructions (the SuperLink's push session was lost), and the next
-    # round found every node without a heartbeat ('Node Unavailable'): recorded drops, not a
-    # resumed federation; DOCKER.md step 9 says so and how to resume from the checkpoint.
+    # Round 1 (before the kill) has every client. The round across the restart: the replies
+    # the outage lost are asked for again (the same instruction, answered from the node's cache)
+    # and a node still silent is dropped at the bound after the SuperLink's return, with its
+    # reason; DOCKER.md step 9 says what to do if the clients did not come back.
     assert rows[0]["participants"] == N_CLIENTS, seen
     # Round 1 learned (one round of 3 clients reaches about 0.6; chance is 0.1); what later
     # rounds add depends on how many clients the restarted SuperLink still reached.
@@ -425,6 +442,20 @@ def test_documented_run_learns_through_a_superlink_restart(
         *m.server, "exec", "-T", "serverapp", "cat", f"{out_dir}/events.jsonl"
     ).stdout
     assert '"event": "resume"' not in events  # the same ServerApp went on: no restart
+    # The round that spans the restart (the first to end after the kill) ends within the floor
+    # of the SuperLink's return.
+    ends = {
+        e["round"]: e["time"]
+        for e in map(json.loads, events.splitlines())
+        if e.get("event") == "round_end"
+    }
+    spanning = min(r for r, t in ends.items() if t >= killed_wall)
+    after_return = ends[spanning] - back_wall
+    print(
+        f"round {spanning} (across the restart) ended {after_return:.0f} s after the SuperLink's "
+        f"return (floor {RESTART_FLOOR_S:.0f} s)"
+    )
+    assert after_return <= RESTART_FLOOR_S, (spanning, after_return, seen)
     print(
         f"SuperLink down and back in {down_s:.0f} s; "
         f"rounds: {[(r['round'], r['participants'], r['test_accuracy']) for r in rows]}; "

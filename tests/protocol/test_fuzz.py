@@ -1541,8 +1541,9 @@ def test_client_update_instruction_decoding(
 
 
 def test_client_rejects_replayed_and_stale_instructions(caplog: pytest.LogCaptureFixture) -> None:
-    """A replayed pair or update instruction, or one for a round already handled, is refused
-    with a reason, and the node's state stays as the first (valid) instruction left it. The
+    """A replayed pair instruction, another update for a round already handled, or one for an
+    older round is refused with a reason (the same update instruction again gets the same
+    reply), and the node's state stays as the first (valid) instruction left it. The
     first update goes through the project's real ClientApp (its own train handler)."""
     caplog.set_level(logging.WARNING)
     ctx, cfg, update = update_setup({"mechanism": "corbin"}, wire.PAIRED)
@@ -1567,7 +1568,19 @@ def test_client_rejects_replayed_and_stale_instructions(caplog: pytest.LogCaptur
     assert first.has_content(), first.error.reason
     check_update_reply(first, update, cfg)
     after = state_snapshot(ctx)
-    again = client_app.app(instruction(copy.deepcopy(update)), ctx)
+    # The same instruction again (a re-send after a SuperLink outage): the same reply, byte for
+    # byte, no second release (client/replay.py); another update of the round is refused.
+    same = client_app.app(instruction(copy.deepcopy(update)), ctx)
+    assert same.has_content() and same.content.object_id == first.content.object_id
+    assert state_snapshot(ctx) == after
+    changed = copy.deepcopy(update)
+    changed[wire.RANGE] = ArrayRecord(
+        {
+            wire.CENTER: wire.to_array(np.zeros(layers, np.float32)),
+            wire.RADIUS: wire.to_array(np.full(layers, 0.3, np.float32)),
+        }
+    )
+    again = client_app.app(instruction(changed), ctx)
     assert again.has_error() and again.error.code == wire.ERROR_CODE_REJECTED
     assert f"update for round {RND} but round {RND} was already handled" in again.error.reason
     stale = copy.deepcopy(update)

@@ -263,7 +263,8 @@ def test_client_pipelined_pair_to_itself_is_refused() -> None:
 
 def test_pair_stage_may_replace_a_pipelined_pair_but_not_itself() -> None:
     """A node whose pipelined partner is gone is paired afresh by the pair stage (the pipelined
-    state is replaced); a replayed pair instruction of that round is still refused."""
+    state is replaced); a replayed pair instruction of that round gets the same reply, another
+    pair instruction of that round is refused."""
     ctx = node_context(make_cfg())
     assert not client_app.app(keygen_instruction(rnd=2), ctx).has_error()
     _sk, pk_b = pair_crypto.generate_keypair()
@@ -283,10 +284,18 @@ def test_pair_stage_may_replace_a_pipelined_pair_but_not_itself() -> None:
     def pair_msg(partner: int, pk: bytes) -> Message:
         return make_instruction(wire.PAIR, 2, **{wire.PARTNER: partner, wire.PARTNER_PUBKEY: pk})
 
-    assert not client_app.app(pair_msg(11, pk_c), ctx).has_error()
+    answered = client_app.app(pair_msg(11, pk_c), ctx)
+    assert not answered.has_error()
     state = ctx.state.config_records[handlers.STATE_PAIR]
     assert state[wire.PARTNER] == 11 and state["source"] == handlers.SOURCE_PAIR
-    reply = client_app.app(pair_msg(11, pk_c), ctx)  # the same stage again: a replay
+    # The same instruction again (a replay, or a re-send after a SuperLink outage): the same
+    # reply, byte for byte, and the pair state untouched (client/replay.py) ...
+    again = client_app.app(pair_msg(11, pk_c), ctx)
+    assert not again.has_error() and again.content.object_id == answered.content.object_id
+    assert ctx.state.config_records[handlers.STATE_PAIR] == state
+    # ... and another pair instruction of that round is refused.
+    _sk, pk_d = pair_crypto.generate_keypair()
+    reply = client_app.app(pair_msg(12, pk_d), ctx)
     assert reply.has_error() and "already answered" in (reply.error.reason or "")
 
 

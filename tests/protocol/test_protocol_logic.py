@@ -460,8 +460,16 @@ def test_client_rejects_pair_without_key_and_bad_partner_key() -> None:
     assert not client_app.app(keygen_instruction(), ctx).has_error()
     reply = client_app.app(pair_msg(bytes(32)), ctx)
     assert reply.has_error() and "invalid partner public key" in (reply.error.reason or "")
-    assert not client_app.app(pair_msg(pk), ctx).has_error()
-    reply = client_app.app(pair_msg(pk), ctx)  # the same stage again: a replay
+    first = pair_msg(pk)
+    answered = client_app.app(first, ctx)
+    assert not answered.has_error()
+    # The same instruction again (a re-send after a SuperLink outage, or a replay): the same
+    # reply, byte for byte, and no new secret (client/replay.py) ...
+    again = Message(first.content, dst_node_id=5, message_type=wire.TRAIN, group_id="1")
+    assert client_app.app(again, ctx).content.object_id == answered.content.object_id
+    # ... but another pair instruction of the round is refused.
+    _sk2, pk2 = pair_crypto.generate_keypair()
+    reply = client_app.app(pair_msg(pk2), ctx)  # the same stage again, another partner key
     assert reply.has_error() and "already answered" in (reply.error.reason or "")
 
 
