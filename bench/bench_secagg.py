@@ -117,8 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the table (and write ``--json``); asserts nothing."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10])
-    parser.add_argument("--local-max", type=int, default=10,
-                        help="largest n run on loopback; larger n use the simulation runtime")
+    parser.add_argument(
+        "--local-max",
+        type=int,
+        default=10,
+        help="largest n run on loopback; larger n use the simulation runtime",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--mechanism", default="corbin")
     parser.add_argument("--max-steps", type=int, default=0, help="run config max-steps")

@@ -33,6 +33,7 @@ __all__ = [
     "range_blocks",
 ]
 
+
 # --------------------------------------------------------------------------- flat view
 @dataclass(frozen=True)
 class ParamLayout:

@@ -277,7 +277,8 @@ def sum_view(cfg: RunConfig, history: list[dict[str, Any]], clients: int | None)
     abandoned round unmasked nothing), the independent clients are the fewest in such a sum
     (every assignment but ``paired``; for a record without ``assignments``, the lower bound
     ``independent + unpaired - (sampled - survivors)`` of its row), ``t`` and ``k`` the smallest
-    and ``b`` and the bounds ``p_security``, ``p_abandon`` the largest of those rounds. When no round unmasked a sum, ``n`` is ``clients``
+    and ``b`` and the bounds ``p_security``, ``p_abandon`` the largest of those rounds. When no
+    round unmasked a sum, ``n`` is ``clients``
     (else ``min-clients``, at least 2) and the source says ``configuration``. ``trials``: the
     registry entry's ``sum_trials`` under ``cfg``.
     """

@@ -125,7 +125,7 @@ def test_natural_partition_gives_each_client_one_writer(femnist_dir: Path) -> No
     writers = [set(raw.groups[p].tolist()) for p in parts]
     assert all(len(w) == 1 for w in writers)  # one writer per client
     assert len(set().union(*writers)) == 3  # three different writers
-    split = data._split_cached("femnist", data._resolve_dir(femnist_dir), 1, False)
+    split = data._split_cached("femnist", data._folder("femnist", femnist_dir), 1, False)
     train = set(split.train.tolist())
     for p, w in zip(parts, writers, strict=True):
         (only,) = w
