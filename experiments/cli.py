@@ -15,7 +15,7 @@ import logging
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,21 @@ def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]
     """Every run of ``spec`` with its state in the pool."""
     pool = Path(results_root) / sweep.POOL_DIR
     return [(r, sweep.run_state(pool / r.run_id, r)) for r in sweep.expand_runs(spec)]
+
+
+def plan_estimate(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -> str | None:
+    """The time the runs not done will take, ``sum over them of num-rounds x round-seconds``
+    (the spec's measured round), in words; ``None`` when the spec measured none."""
+    if spec.round_seconds is None:
+        return None
+    todo = [r for r, state in planned if state is not RunState.DONE]
+    rounds = sum(int(r.run_config["num-rounds"]) for r in todo)
+    seconds = rounds * spec.round_seconds
+    return (
+        f"estimate: {len(todo)} runs to do x their rounds ({rounds:,} in all) x "
+        f"{spec.round_seconds:g} s a round (measured, see the spec) = {seconds / 3600:.1f} h "
+        f"({seconds / max(len(todo), 1) / 60:.1f} min a run)"
+    )
 
 
 def load_finished(spec: ExperimentSpec, results_root: Path) -> list[rs.RunResult]:
@@ -114,6 +129,7 @@ def run(
         return outcome
     app = Path(app_dir) if app_dir is not None else sweep.find_app_dir()
     planned = plan(spec, results_root)
+    check_data(r for r, state in planned if state is not RunState.DONE)
     sweep.check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
     (pool := Path(results_root) / sweep.POOL_DIR).mkdir(parents=True, exist_ok=True)
     be = backend or sweep.simulation_backend(app, spec)
@@ -140,9 +156,11 @@ def run(
 
     runs_bar = view.add_task("runs to do", total=len(todo))
     round_bar = view.add_task("round", total=1, visible=False)
+    started = time.monotonic()
     try:
         with view:
-            for run, state in todo:
+            for index, (run, state) in enumerate(todo):
+                logger.info("%s", progress_line(spec.name, outcome, index, len(todo), started))
                 if state is not RunState.MISSING:
                     logger.info("run %s is %s: redoing it", run.run_id, state.value)
                 rounds = int(run.run_config["num-rounds"])
@@ -162,6 +180,41 @@ def run(
         logger.warning("interrupted; run the same command again to resume")
     outcome.targets, outcome.report = finalize(spec, results_root, failures=outcome.failed)
     return outcome
+
+
+def progress_line(name: str, outcome: Outcome, index: int, todo: int, started: float) -> str:
+    """One line of progress before run ``index`` (0-based) of the ``todo`` runs this invocation
+    executes: runs done in all (the pool's, from earlier invocations, and this one's), failed,
+    and the time left at this invocation's mean time per run (none before the first ends).
+    The live display shows the same; this line reaches a log and a terminal without one."""
+    finished = index
+    done = outcome.skipped + outcome.executed
+    elapsed = time.monotonic() - started
+    left = (
+        f"; about {elapsed / finished * (todo - index) / 60:.0f} min left at "
+        f"{elapsed / finished / 60:.1f} min a run"
+        if finished
+        else ""
+    )
+    failed = f", {len(outcome.failed)} failed" if outcome.failed else ""
+    return (
+        f"{name}: run {index + 1} of {todo} to do now; {done} of {outcome.total} done"
+        f"{failed} (resumes where it stopped){left}"
+    )
+
+
+def check_data(runs: Iterable[Run]) -> None:
+    """Fail before any run starts when the files of a run's data set are missing (the IDX data
+    sets: every missing file and how to get it, :func:`app.sources.check_dataset_files`)."""
+    from corbin_fl.app.sources import check_dataset_files
+
+    seen: set[tuple[str, str]] = set()
+    for r in runs:
+        config = sweep.app_run_config(r.run_config)
+        key = (str(config.get("dataset", "")), str(config.get("data-dir", "")))
+        if key[0] and key not in seen:
+            seen.add(key)
+            check_dataset_files(key[0], key[1] or None)
 
 
 def remove_experiment(spec: ExperimentSpec, results_root: Path) -> None:
@@ -231,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"[bold]{spec.name}[/bold]: {len(planned)} runs ({n[RunState.DONE]} done, "
                     f"{n[RunState.PARTIAL]} partial, {n[RunState.MISSING]} to do)"
                 )
+                if (estimate := plan_estimate(spec, planned)) is not None:
+                    out.print(f"  {estimate}", markup=False, soft_wrap=True)
                 for r, state in planned:
                     out.print(f"  {state.value:8s} {r.run_id}", soft_wrap=True)
                 continue

@@ -151,6 +151,9 @@ class ExperimentSpec:
     retry_delay_s: float = _opt(float, 0, 3600, default=15.0)
     num_cpus_per_client: int = _opt(int, 1, default=1)
     num_gpus_per_client: float = _opt(float, 0, default=0.0)
+    round_seconds: float | None = _opt(float, 0, lo_open=True, default=None)
+    """Seconds one round of the base setting took where the spec is meant to run (measured;
+    the spec's comments say how): ``plan`` estimates the runs' time from it."""
     mse: MSESpec | None = None
     source: Path | None = field(default=None, compare=False)
 
