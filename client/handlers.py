@@ -113,7 +113,7 @@ def keygen(msg: Message, context: Context, cfg: RunConfig) -> RecordDict:
     private key replaces any older one in ``context.state`` (keys are never reused across rounds).
     """
     cfg_rec, rnd = _instruction(msg, wire.KEYGEN, {wire.CFG: ConfigRecord})
-    wire.check_keys(cfg_rec, wire.keygen_cfg_keys(), what="keygen cfg")
+    wire.check_keys(cfg_rec, registry.keygen_cfg_keys(), what="keygen cfg")
     if not cfg.paired:
         raise wire.WireError(f"keygen sent although mechanism {cfg.mechanism!r} does not pair")
     pk = _store_key(context, rnd)
@@ -136,7 +136,7 @@ def pair(msg: Message, context: Context, cfg: RunConfig, *, max_params: int) -> 
         raise wire.WireError(
             f"pair stage sent although mechanism/mode is {cfg.mechanism}/{cfg.cr_mode}"
         )
-    wire.check_keys(cfg_rec, wire.pair_cfg_keys(cfg.cr_mode), what="pair cfg")
+    wire.check_keys(cfg_rec, registry.pair_cfg_keys(cfg.cr_mode), what="pair cfg")
     mode = cfg.cr_mode
     partner = _partner_id(cfg_rec, context)
     partner_pk = wire.get_bytes(cfg_rec, wire.PARTNER_PUBKEY, KEY_BYTES)
@@ -267,7 +267,7 @@ def prepare_update(
     pipelined = wire.pipelined(cfg.paired, cfg.cr_mode)
     wire.check_keys(
         cfg_rec,
-        wire.update_cfg_keys(cfg.mechanism, assignment, cfg.cr_mode),
+        registry.update_cfg_keys(cfg.mechanism, assignment, cfg.cr_mode),
         wire.NEXT_PAIR_KEYS if pipelined else (),
         what="update cfg",
     )

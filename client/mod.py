@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 from flwr.app import Context, Error, Message, RecordDict
 
-from corbin_fl import secure, wire
+from corbin_fl import registry, secure, wire
 from corbin_fl.client import handlers, replay, secure_update
 from corbin_fl.client.pair_crypto import PairCryptoError
 from corbin_fl.client.policy import Policy, PolicyError
@@ -159,7 +159,7 @@ def _answer(
 
 
 def instruction_config(msg: Message) -> RunConfig:
-    """The mechanism's settings of an instruction (:data:`corbin_fl.wire.PARAM_KEYS`), validated.
+    """The mechanism settings of an instruction (:data:`corbin_fl.registry.PARAM_KEYS`), checked.
 
     Raises
     ------
@@ -167,7 +167,7 @@ def instruction_config(msg: Message) -> RunConfig:
         A missing setting, or one :meth:`RunConfig.from_flower` refuses.
     """
     rec = msg.content.config_records[wire.CFG]
-    keys = wire.param_keys()
+    keys = registry.param_keys()
     missing = [key for key in keys if key not in rec]
     if missing:
         raise wire.WireError(f"instruction lacks the mechanism settings {missing}")

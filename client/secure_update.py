@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from corbin_fl import secure, wire
+from corbin_fl import registry, secure, wire
 from corbin_fl.config import RunConfig
 from corbin_fl.secagg import wire as sawire
 from corbin_fl.secagg.client import SHARED, ClientState, SecAggClient
@@ -85,7 +85,7 @@ def answer(msg: Message, context: Context, cfg: RunConfig, stage: str) -> Record
         expected[secure.NEXT_REC] = ConfigRecord  # the next round's share request (pipelined)
     wire.check_records(msg.content, expected)
     head = msg.content.config_records[wire.CFG]
-    wire.check_keys(head, {wire.STAGE, wire.ROUND, *wire.PARAM_KEYS}, what=f"{stage} cfg")
+    wire.check_keys(head, {wire.STAGE, wire.ROUND, *registry.param_keys()}, what=f"{stage} cfg")
     rnd = wire.check_round(msg, head)
     content = _inner(msg, _STAGE_OF[stage], rnd)
     nxt = _next(msg, SHARE, rnd) if secure.NEXT_REC in expected else None

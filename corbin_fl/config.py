@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from corbin_fl import registry
+from corbin_fl import registry, secure, validate
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,11 @@ PAIRED_MECHANISMS: Final[frozenset[str]] = frozenset(
 )
 """Mechanisms that pair clients and share common randomness (Alg. 3 lines 1-17)."""
 CR_MODES: Final[tuple[str, ...]] = ("relay", "derived", "exact")
-RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
 """How a pair gets its common randomness: an encrypted ``Y || seed`` blob relayed by the server,
 a seed derived from the X25519 secret, or the lead's ``d*m`` raw bits (Alg. 3 line 17)."""
+RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
+"""What the clients quantize: the weights in the layer ranges, or the update in ``[-R, R]``
+(:attr:`RunConfig.range_mode`)."""
 
 DATASETS: Final[tuple[str, ...]] = (
     *("mnist", "fashion-mnist", "mnist-idx", "cifar10", "femnist", "shakespeare"),
@@ -67,8 +69,6 @@ LEAF_DATASETS: Final[tuple[str, ...]] = ("femnist", "shakespeare")
 copy of the hub files, or empty for the hub (``app/leaf.py``)."""
 OPTIMIZERS: Final[tuple[str, ...]] = ("adam", "sgd")
 DEVICES: Final[tuple[str, ...]] = ("auto", "cpu", "cuda")
-TERNARY_ENCODINGS: Final[tuple[str, ...]] = ("bits", "int8")
-"""``ternary-encoding`` values (the registry's check of that parameter says the same)."""
 
 
 APP_LOGGERS: Final[tuple[str, ...]] = ("corbin_fl",)
@@ -517,45 +517,88 @@ class RunConfig:
 
     # ------------------------------------------------------------------ validation
     def _check(self) -> dict[str, str]:
-        errors: dict[str, str] = {}
+        """Every bad key -> its reason, by job: the protocol's settings, this app's task (data,
+        model, local training), the registered mechanisms' parameters, secure aggregation."""
+        errors = self._protocol_errors()
+        errors.update(self._task_errors())
+        errors.update(self._mechanism_param_errors())
+        for key, why in secure.config_errors(self).items():
+            errors.setdefault(key, why)
+        return errors
 
-        def choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-            if value not in allowed:
-                close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.5)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
-                errors[key] = f"must be one of {', '.join(allowed)}, got {value!r:.80}{hint}"
+    def _protocol_errors(self) -> dict[str, str]:
+        """The protocol's own settings: mechanism and modes, privacy budget, common randomness,
+        ranges, rounds and cohort, stage timing, checkpoints."""
+        errors = _reasons(
+            ("mechanism", validate.one_of(self.mechanism, tuple(registry.REGISTRY))),
+            ("cr-mode", validate.one_of(self.cr_mode, CR_MODES)),
+            ("range-mode", validate.one_of(self.range_mode, RANGE_MODES)),
+            ("num-rounds", validate.at_least(self.num_rounds, 1)),
+            ("epsilon", validate.positive(self.epsilon)),
+            ("delta", validate.probability(self.delta)),
+            ("d", validate.interval(self.d, 1, 16)),
+            ("gamma", validate.probability(self.gamma, lo_open=False, hi_open=False)),
+            ("p-x", validate.probability(self.p_x)),
+            ("global-lr", validate.probability(self.global_lr, hi_open=False)),
+            ("radius-margin", validate.at_least(self.radius_margin, 0.0)),
+            ("min-radius", validate.positive(self.min_radius)),
+            ("range-quantile", validate.interval(self.range_quantile, 0.5, 1.0, lo_open=True)),
+            ("update-radius", validate.at_least(self.update_radius, 0, note="0 = derived")),
+            ("seed", validate.at_least(self.seed, 0)),
+            ("min-clients", validate.at_least(self.min_clients, 1)),
+            ("clients-per-round", validate.at_least(self.clients_per_round, 0)),
+            ("stage-timeout", validate.positive(self.stage_timeout)),
+            ("first-stage-timeout", validate.positive(self.first_stage_timeout)),
+            ("poll-interval", validate.positive(self.poll_interval)),
+            ("max-inflight", validate.at_least(self.max_inflight, 0)),
+            ("wait-for-nodes", validate.at_least(self.wait_for_nodes, 0.0)),
+            ("checkpoint-patience", validate.at_least(self.checkpoint_patience, 0)),
+        )
+        if self.d == 0:  # no shared randomness: every client quantizes alone
+            errors["d"] += '; d = 0 (no common randomness) is LDP-FL: mechanism = "ldpfl"'
+        if 0 < self.clients_per_round < self.min_clients:
+            errors["clients-per-round"] = (
+                f"must be 0 (all) or >= min-clients ({self.min_clients}), "
+                f"got {self.clients_per_round}"
+            )
+        if self.resume and not self.out_dir:
+            errors["resume"] = "needs out-dir (the folder that holds the checkpoint)"
+        mech = registry.REGISTRY.get(self.mechanism)
+        if mech is not None and mech.update_only and self.range_mode != "update":
+            errors["range-mode"] = (
+                f'{self.mechanism} works on the updates w_i - w_g: set range-mode = "update"'
+            )
+        return errors
 
-        def at_least(key: str, value: float, low: float) -> None:
-            if value < low:
-                errors[key] = f"must be >= {low}, got {value}"
-
-        def positive(key: str, value: float) -> None:
-            if not value > 0:
-                errors[key] = f"must be > 0, got {value}"
-
-        def interval(
-            key: str, value: float, low: float, high: float, *, lo_open: bool, hi_open: bool
-        ) -> None:
-            ok_low = value > low if lo_open else value >= low
-            ok_high = value < high if hi_open else value <= high
-            if not (ok_low and ok_high):
-                lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
-                errors[key] = f"must be in {lb}{low}, {high}{rb}, got {value}"
-
-        choice("mechanism", self.mechanism, tuple(registry.REGISTRY))  # registered now
-        choice("cr-mode", self.cr_mode, CR_MODES)
-        choice("range-mode", self.range_mode, RANGE_MODES)
-        if not (self.dataset.startswith("hf:") and len(self.dataset) > 3):
-            choice("dataset", self.dataset, DATASETS)
+    def _task_errors(self) -> dict[str, str]:
+        """This app's task: data set and its files, partition, model, local training, the
+        update-radius rule (it derives ``R`` from the app's optimizer), device, simulated
+        dropout. Combinations are reported on the key that must change given the other
+        (dataset, partitioner or model alone is always valid; experiment specs check keys one
+        by one)."""
+        hub = self.dataset.startswith("hf:") and len(self.dataset) > 3
+        errors = _reasons(
+            ("dataset", None if hub else validate.one_of(self.dataset, DATASETS)),
+            ("partitioner", validate.one_of(self.partitioner, PARTITIONERS)),
+            ("model", validate.one_of(self.model, MODELS)),
+            ("optimizer", validate.one_of(self.optimizer, OPTIMIZERS)),
+            ("device", validate.one_of(self.device, DEVICES)),
+            ("data-seed", validate.at_least(self.data_seed, 0)),
+            ("dirichlet-alpha", validate.positive(self.dirichlet_alpha)),
+            ("local-epochs", validate.at_least(self.local_epochs, 1)),
+            ("batch-size", validate.at_least(self.batch_size, 1)),
+            ("lr", validate.positive(self.lr)),
+            ("weight-decay", validate.at_least(self.weight_decay, 0.0)),
+            ("max-steps", validate.at_least(self.max_steps, 0)),
+            ("dropout-prob", validate.probability(self.dropout_prob, lo_open=False)),
+            ("eval-batch-size", validate.at_least(self.eval_batch_size, 1)),
+        )
         if self.dataset in DATASETS_NEEDING_DIR and not self.data_dir:
             errors["data-dir"] = (
                 f'dataset "{self.dataset}" reads {DATASETS_NEEDING_DIR[self.dataset]} from '
                 'data-dir, which is empty: set data-dir to that folder ("mnist" is embedded '
                 "and needs none)"
             )
-        choice("partitioner", self.partitioner, PARTITIONERS)
-        # Combinations are reported on the key that must change given the other (dataset,
-        # partitioner or model alone is always valid; experiment specs check keys one by one).
         if self.partitioner == "natural" and self.dataset not in LEAF_DATASETS:
             errors.setdefault(
                 "dataset",
@@ -569,76 +612,35 @@ class RunConfig:
                 f"{self.dataset!r}",
             )
         if self.dataset == "shakespeare" and self.model != "char-lstm":
-            errors["model"] = (
-                f'shakespeare is next-letter prediction: model = "char-lstm", not {self.model!r}'
+            errors.setdefault(
+                "model",
+                f'shakespeare is next-letter prediction: model = "char-lstm", not {self.model!r}',
             )
-        choice("model", self.model, MODELS)
-        choice("optimizer", self.optimizer, OPTIMIZERS)
-        choice("device", self.device, DEVICES)
-        at_least("num-rounds", self.num_rounds, 1)
-        positive("epsilon", self.epsilon)
-        interval("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
-        if not 1 <= self.d <= 16:
-            errors["d"] = f"must be in [1, 16], got {self.d}"
-            if self.d == 0:  # no shared randomness: every client quantizes alone
-                errors["d"] += '; d = 0 (no common randomness) is LDP-FL: mechanism = "ldpfl"'
-        interval("gamma", self.gamma, 0.0, 1.0, lo_open=False, hi_open=False)
-        interval("p-x", self.p_x, 0.0, 1.0, lo_open=True, hi_open=True)
-        interval("global-lr", self.global_lr, 0.0, 1.0, lo_open=True, hi_open=False)
-        at_least("radius-margin", self.radius_margin, 0.0)
-        positive("min-radius", self.min_radius)
-        interval("range-quantile", self.range_quantile, 0.5, 1.0, lo_open=True, hi_open=False)
-        if not self.update_radius >= 0:  # also NaN
-            errors["update-radius"] = f"must be >= 0 (0 = derived), got {self.update_radius}"
-        elif self.quantizes_update and self.update_radius == 0 and self.optimizer == "sgd":
+        derived_radius = self.quantizes_update and self.update_radius == 0
+        if derived_radius and self.optimizer == "sgd":
             errors["update-radius"] = (
                 "0 derives R = steps x lr from Adam's per-step bound, but optimizer is "
                 f'"{self.optimizer}": set update-radius > 0'
             )
-        at_least("data-seed", self.data_seed, 0)
-        positive("dirichlet-alpha", self.dirichlet_alpha)
-        at_least("local-epochs", self.local_epochs, 1)
-        at_least("batch-size", self.batch_size, 1)
-        positive("lr", self.lr)
-        at_least("weight-decay", self.weight_decay, 0.0)
-        at_least("max-steps", self.max_steps, 0)
-        at_least("seed", self.seed, 0)
-        at_least("min-clients", self.min_clients, 1)
-        at_least("clients-per-round", self.clients_per_round, 0)
-        if 0 < self.clients_per_round < self.min_clients:
-            errors["clients-per-round"] = (
-                f"must be 0 (all) or >= min-clients ({self.min_clients}), "
-                f"got {self.clients_per_round}"
-            )
-        positive("stage-timeout", self.stage_timeout)
-        positive("first-stage-timeout", self.first_stage_timeout)
-        positive("poll-interval", self.poll_interval)
-        at_least("max-inflight", self.max_inflight, 0)
-        at_least("wait-for-nodes", self.wait_for_nodes, 0.0)
-        if self.resume and not self.out_dir:
-            errors["resume"] = "needs out-dir (the folder that holds the checkpoint)"
-        at_least("checkpoint-patience", self.checkpoint_patience, 0)
-        mech = registry.REGISTRY.get(self.mechanism)
-        if mech is not None and mech.update_only and self.range_mode != "update":
-            errors["range-mode"] = (
-                f'{self.mechanism} works on the updates w_i - w_g: set range-mode = "update"'
-            )
-        # Every registered mechanism's parameters, checked by their specs (whatever the
-        # mechanism of this run: an instruction carries them all).
-        for key, spec in registry.param_specs().items():
-            why = spec.problem(self.param(key), self)
-            if why is not None:
-                errors[key] = why
-        for key in self.params:
-            if key not in registry.param_specs():
-                errors[key] = "not a parameter of any registered mechanism"
-        interval("dropout-prob", self.dropout_prob, 0.0, 1.0, lo_open=False, hi_open=True)
-        at_least("eval-batch-size", self.eval_batch_size, 1)
-        from corbin_fl.secure import config_errors
-
-        for key, why in config_errors(self).items():
-            errors.setdefault(key, why)
         return errors
+
+    def _mechanism_param_errors(self) -> dict[str, str]:
+        """Every registered mechanism's parameters, checked by their specs (whatever the
+        mechanism of this run: an instruction carries them all), and :attr:`params` keys that
+        no registered mechanism has."""
+        specs = registry.param_specs()
+        errors = _reasons(
+            *((key, spec.problem(self.param(key), self)) for key, spec in specs.items())
+        )
+        for key in self.params:
+            if key not in specs:
+                errors[key] = "not a parameter of any registered mechanism"
+        return errors
+
+
+def _reasons(*checks: tuple[str, str | None]) -> dict[str, str]:
+    """``(key, reason or None)`` pairs -> the keys with a reason (a later pair of a key wins)."""
+    return {key: why for key, why in checks if why is not None}
 
 
 def _untyped_specs() -> dict[str, registry.Param]:

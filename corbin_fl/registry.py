@@ -11,8 +11,10 @@ Everything else is derived from the registered entries, or checked against them 
   names; every registered parameter is a run-config key, parsed, defaulted and checked from its
   :class:`Param` (a parameter without a typed ``RunConfig`` field lives in ``RunConfig.params``;
   ``tests/protocol/test_registration.py`` checks that the typed fields match their specs);
-- the wire: :func:`param_keys` (``wire.PARAM_KEYS``) is the common keys plus every registered
-  parameter key, so each instruction carries the parameters and the client parses them;
+- the wire: :func:`param_keys` (:data:`PARAM_KEYS`) is the common keys plus every registered
+  parameter key, so each instruction carries the parameters and the client parses them; the key
+  sets of each stage's record (:func:`keygen_cfg_keys`, :func:`pair_cfg_keys`,
+  :func:`update_cfg_keys`) and an update's array (:func:`update_spec`) follow from the entries;
 - the strategy's keywords (``server.strategy`` protocol fields), the node policy's default
   (:attr:`Mechanism.policy_default`), the accounting's categories (:func:`register` declares the
   entry's ``privacy`` to :mod:`corbin_fl.mechanisms.categories`, which ``privacy_report`` reads),
@@ -53,7 +55,6 @@ The encoder contract (what :func:`client.encode.encode` guarantees an encoder an
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from corbin_fl import wire
+from corbin_fl import validate, wire
 from corbin_fl.mechanisms import categories
 from corbin_fl.mechanisms.categories import NoDPText, Privacy
 
@@ -128,46 +129,34 @@ class Param:
 
 
 def one_of(*allowed: Any) -> Check:
-    """A check: ``value`` is one of ``allowed`` (strings get a did-you-mean)."""
+    """A check: ``value`` is one of ``allowed`` (:func:`corbin_fl.validate.one_of`)."""
 
     def check(value: Any, cfg: RunConfig) -> str | None:
-        if value in allowed:
-            return None
-        if all(isinstance(a, str) for a in allowed):
-            close = difflib.get_close_matches(str(value), list(allowed), n=1, cutoff=0.5)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            return f"must be one of {', '.join(allowed)}, got {value!r:.80}{hint}"
-        names = [str(a) for a in allowed]
-        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-        return f"must be {listed}, got {value}"
+        return validate.one_of(value, allowed)
 
     return check
 
 
 def interval(low: float, high: float, *, lo_open: bool, hi_open: bool) -> Check:
-    """A check: ``value`` is in the interval, ``[`` / ``(`` as ``lo_open`` / ``hi_open`` say."""
+    """A check: ``value`` is in the interval, ``[`` / ``(`` as ``lo_open`` / ``hi_open`` say
+    (:func:`corbin_fl.validate.interval`)."""
 
     def check(value: Any, cfg: RunConfig) -> str | None:
-        ok_low = value > low if lo_open else value >= low
-        ok_high = value < high if hi_open else value <= high
-        if ok_low and ok_high:
-            return None
-        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
-        return f"must be in {lb}{low}, {high}{rb}, got {value}"
+        return validate.interval(value, low, high, lo_open=lo_open, hi_open=hi_open)
 
     return check
 
 
 def positive(value: Any, cfg: RunConfig) -> str | None:
-    """A check: ``value > 0``."""
-    return None if value > 0 else f"must be > 0, got {value}"
+    """A check: ``value > 0`` (:func:`corbin_fl.validate.positive`)."""
+    return validate.positive(value)
 
 
 def at_least(low: float) -> Check:
-    """A check: ``value >= low``."""
+    """A check: ``value >= low`` (:func:`corbin_fl.validate.at_least`)."""
 
     def check(value: Any, cfg: RunConfig) -> str | None:
-        return None if value >= low else f"must be >= {low}, got {value}"
+        return validate.at_least(value, low)
 
     return check
 
@@ -335,7 +324,7 @@ class Mechanism:
     def _plain_privacy(self) -> Privacy:
         if self.local_dp:
             family = "gaussian" if self.has_delta else "pure"
-            return Privacy(family, unit=self.dp_unit, paired=self.pairs)  # type: ignore[arg-type]
+            return Privacy(family, unit=self.dp_unit, paired=self.pairs)
         return Privacy(
             "none",
             unit=self.dp_unit,
@@ -379,7 +368,7 @@ class Mechanism:
 
     def aggregator_class(self) -> type:
         """The server aggregator class (imported now)."""
-        return _resolve(self.aggregator)  # type: ignore[return-value]
+        return _resolve(self.aggregator)
 
     def release(
         self, cfg: RunConfig, rnd: int, node: int, num_params: int, *, paired: bool
@@ -390,6 +379,8 @@ class Mechanism:
         common randomness (CorBinQ, Alg. 2; accounted in the pair-joint view too), ``delta``
         for an (eps, delta) mechanism.
         """
+        # Imported here for its start-up cost: the accounting imports torch (about 2 CPU-s per
+        # process, mechanisms/__init__.py), and this module is imported by every ClientApp.
         from corbin_fl.mechanisms.accounting import PrivacyEvent
 
         if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 1:
@@ -465,31 +456,90 @@ def param_specs() -> Mapping[str, Param]:
     return {p.key: p for mech in REGISTRY.values() for p in mech.params}
 
 
+V1_PARAMETER_KEYS: Final[tuple[str, ...]] = (
+    *("ternary-sparsity", "ternary-encoding", "pbm-trials", "rqm-levels", "rqm-q", "imvu-bits"),
+    *("central-clip", "fedcad-clip", "fedcad-gamma", "fedcad-sigma-diff", "fedcad-diff-init"),
+    "fedcad-diff-floor",
+)
+"""The mechanisms' parameters of the v1 wire format, in its order (a ConfigRecord serialises its
+items in insertion order): the order of their typed ``RunConfig`` fields, which
+``tests/protocol/test_registration.py`` checks."""
+
 _param_keys_cache: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
 
 
 def param_keys() -> tuple[str, ...]:
-    """The mechanism settings every instruction carries (``wire.PARAM_KEYS``), in wire order.
+    """The mechanism settings every instruction carries (:data:`PARAM_KEYS`), in wire order.
 
     The common keys (:data:`corbin_fl.wire.COMMON_PARAM_KEYS`: mechanism, epsilon, delta, d, p-x,
     cr-mode, range-mode, ..., test-z-digest last) with every registered parameter key before
-    the last one: the parameters with a typed ``RunConfig`` field in that field order (the order
-    of the v1 wire format), then the others in registration order; then
-    :data:`corbin_fl.wire.TRAILING_PARAM_KEYS` (``secure-aggregation``).
+    the last one: the parameters of the v1 wire format in its order (:data:`V1_PARAMETER_KEYS`),
+    then the others in registration order; then :data:`corbin_fl.wire.TRAILING_PARAM_KEYS`
+    (``secure-aggregation``).
     """
     global _param_keys_cache
     ident = tuple(map(id, REGISTRY.values()))
     if _param_keys_cache[0] == ident:
         return _param_keys_cache[1]
-    from corbin_fl.config import RunConfig
-
     specs = param_specs()
-    typed = [k for k in RunConfig.typed_keys() if k in specs]
-    others = [k for k in specs if k not in typed]
+    v1 = [k for k in V1_PARAMETER_KEYS if k in specs]
+    others = [k for k in specs if k not in v1]
     *head, last = wire.COMMON_PARAM_KEYS
-    keys = (*head, *typed, *others, last, *wire.TRAILING_PARAM_KEYS)
+    keys = (*head, *v1, *others, last, *wire.TRAILING_PARAM_KEYS)
     _param_keys_cache = (ident, keys)
     return keys
+
+
+def __getattr__(name: str) -> Any:
+    """``PARAM_KEYS``: the mechanism's settings every instruction carries, derived now from the
+    registered mechanisms (:func:`param_keys`): :data:`corbin_fl.wire.COMMON_PARAM_KEYS` plus
+    every registered parameter key. The client parses them with ``RunConfig.from_flower`` and
+    checks them against its policy."""
+    if name == "PARAM_KEYS":
+        return param_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def update_spec(cfg: RunConfig, num_params: int) -> WireSpec:
+    """Array key, dtype and length of the update of ``cfg.mechanism`` for ``num_params``
+    under ``cfg``'s settings (the entry's :attr:`Mechanism.wire`).
+
+    Raises
+    ------
+    corbin_fl.wire.WireError
+        If no mechanism is registered under ``cfg.mechanism``.
+    """
+    try:
+        spec = get(cfg.mechanism).wire
+    except KeyError as exc:
+        raise wire.WireError(str(exc.args[0])) from exc
+    return spec(num_params, cfg)
+
+
+def keygen_cfg_keys() -> frozenset[str]:
+    """The exact key set of the ``corbin`` record of a keygen instruction."""
+    return frozenset({wire.STAGE, wire.ROUND, *param_keys()})
+
+
+def update_cfg_keys(mechanism: str, assignment: str, cr_mode: str) -> frozenset[str]:
+    """The required key set of the ``corbin`` record of an update instruction (a pipelined
+    instruction may add :data:`corbin_fl.wire.NEXT_PAIR_KEYS`); the mechanism's own
+    :attr:`Mechanism.instruction_keys` included."""
+    keys = {wire.STAGE, wire.ROUND, wire.ASSIGNMENT, wire.ARRAYS_KEY, *param_keys()}
+    if assignment == wire.PAIRED:
+        keys |= {wire.PARTNER, wire.PARTNER_PUBKEY if cr_mode == "derived" else wire.PARTNER_BLOB}
+    elif assignment == wire.PARTNER_GONE:
+        keys.add(wire.PARTNER)
+    keys |= get(mechanism).instruction_keys
+    return frozenset(keys)
+
+
+def pair_cfg_keys(cr_mode: str) -> frozenset[str]:
+    """The exact key set of the ``corbin`` record of a pair instruction."""
+    keys = {wire.STAGE, wire.ROUND, wire.PARTNER, wire.PARTNER_PUBKEY, *param_keys()}
+    if cr_mode == "exact":
+        keys.add(wire.NUM_PARAMS)
+    return frozenset(keys)
 
 
 # ============================================================================ the mechanisms
@@ -529,6 +579,9 @@ def _rqm_trials(cfg: RunConfig) -> int | None:
     return 1 if int(cfg.rqm_levels) == 2 else None
 
 
+# The finite-output mechanisms' math (mechanisms/baselines) imports torch: the functions below
+# import it when they run, so that importing the registry (every ClientApp does) stays free of
+# torch (about 2 CPU-s per process, mechanisms/__init__.py).
 def _pbm_bits(cfg: RunConfig) -> int:
     from corbin_fl.mechanisms.baselines.levels import symbol_bits
 
@@ -789,7 +842,7 @@ register(
                 1,
                 "PBM's m in [1, 255] (ceil(log2(m + 1)) bits per parameter, rounded up to 1, 2, "
                 "4 or 8; mechanisms/baselines/pbm.py).",
-                lambda v, cfg: None if 1 <= v <= 255 else f"must be in [1, 255], got {v}",
+                interval(1, 255, lo_open=False, hi_open=False),
             ),
         ),
         symbol_bits=_pbm_bits,

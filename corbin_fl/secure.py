@@ -37,9 +37,12 @@ length, layout) and :data:`MASKED_REC` (the ``b``-bit packed masked vector) inst
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import numpy as np
+
+from corbin_fl import registry, validate, wire
+from corbin_fl.mechanisms.categories import category
 
 if TYPE_CHECKING:
     from corbin_fl.config import RunConfig
@@ -65,15 +68,11 @@ SYMBOLS_KEY: Final[str] = "symbols"
 def secure_mechanisms() -> tuple[str, ...]:
     """The registered mechanisms whose server estimate is affine in the sum of the clients'
     symbols (their registry entry has ``sum_levels``)."""
-    from corbin_fl import registry
-
     return tuple(name for name, m in registry.REGISTRY.items() if m.sum_levels is not None)
 
 
 def refusal(mechanism: str) -> str | None:
     """Why ``mechanism`` cannot run with secure aggregation, or None when it can."""
-    from corbin_fl import registry
-
     entry = registry.REGISTRY.get(mechanism)
     if entry is not None and entry.sum_levels is not None:
         return None
@@ -88,8 +87,6 @@ def _by_server_guarantee() -> str:
     """The secure mechanisms grouped by what they give against the server (their privacy
     category, :mod:`corbin_fl.mechanisms.categories`): local noise on every client first, then a
     share of independent clients (AugCorBin-FL), then those with no DP against it."""
-    from corbin_fl.mechanisms.categories import category
-
     local, share, none = [], [], []
     for name in secure_mechanisms():
         cat = category(name)
@@ -114,8 +111,6 @@ def _by_server_guarantee() -> str:
 def levels_of(cfg: RunConfig) -> int:
     """The top symbol value of ``cfg.mechanism`` (its entry's ``sum_levels``); ValueError when
     the mechanism is refused with secure aggregation."""
-    from corbin_fl import registry
-
     why = refusal(cfg.mechanism)
     if why is not None:
         raise ValueError(why)
@@ -126,6 +121,9 @@ def levels_of(cfg: RunConfig) -> int:
 
 def bit_width(num_clients: int, levels: int) -> int:
     """``b = ceil(log2(n * levels + 1))`` (:func:`corbin_fl.secagg.graph.bit_width`)."""
+    # Imported here for its start-up cost: the corbin_fl.secagg package loads its client,
+    # server and crypto modules (0.17 s measured with -X importtime), which the run config,
+    # imported by every process of the tooling too, does not need.
     from corbin_fl.secagg.graph import bit_width as width
 
     return width(num_clients, levels)
@@ -140,13 +138,16 @@ def config_errors(cfg: RunConfig) -> dict[str, str]:
     protocol abandons a round with fewer), an even ``secagg-neighbours`` and
     ``secagg-threshold`` 0 (default) or at least 2.
     """
-    from corbin_fl.secagg.graph import MIN_CLIENTS
+    from corbin_fl.secagg.graph import MIN_CLIENTS  # start-up cost: see bit_width
 
     errors: dict[str, str] = {}
-    if cfg.secagg_neighbours < 0:
-        errors["secagg-neighbours"] = f"must be >= 0 (0 = default), got {cfg.secagg_neighbours}"
-    if cfg.secagg_threshold < 0:
-        errors["secagg-threshold"] = f"must be >= 0 (0 = default), got {cfg.secagg_threshold}"
+    for key, value in (
+        ("secagg-neighbours", cfg.secagg_neighbours),
+        ("secagg-threshold", cfg.secagg_threshold),
+    ):
+        why = validate.at_least(value, 0, note="0 = default")
+        if why is not None:
+            errors[key] = why
     if cfg.secure_aggregation:
         why = refusal(cfg.mechanism)
         if why is not None:
@@ -174,8 +175,6 @@ def config_errors(cfg: RunConfig) -> dict[str, str]:
 
 def _bits(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
     """One packed bit per parameter (:func:`corbin_fl.registry.one_bit`)."""
-    from corbin_fl import wire
-
     if key != wire.BITS:
         raise ValueError(f"{cfg.mechanism} encodes bits, got {key!r}")
     return np.unpackbits(arr.astype(np.uint8, copy=False), count=m)
@@ -183,25 +182,30 @@ def _bits(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
 
 def _levels(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
     """``b``-bit packed symbols (:func:`corbin_fl.registry.symbols_wire`)."""
+    # Imported here for its start-up cost: mechanisms.packing imports torch (about 2 CPU-s per
+    # process; mechanisms/__init__.py), which the run config's checks do not need.
     from corbin_fl.mechanisms.packing import unpack_symbols
-    from corbin_fl.registry import symbol_bits_of
 
-    return unpack_symbols(arr.astype(np.uint8, copy=False), m, symbol_bits_of(cfg))
+    return unpack_symbols(arr.astype(np.uint8, copy=False), m, registry.symbol_bits_of(cfg))
 
 
 def _ternary(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
     """Ternary ``t`` in {-1, 0, 1} as ``t + 1`` (:func:`corbin_fl.registry.ternary_wire`)."""
-    from corbin_fl import wire
-
     return wire.decode_ternary(arr, m, cfg.ternary_encoding).astype(np.int64) + 1
 
 
-def _readers() -> dict[object, Any]:
-    """The symbol reader of each wire format that carries symbols (by the entry's ``wire``)."""
-    from corbin_fl import registry
+class _Reader(Protocol):
+    """Reads the symbols of ``m`` parameters back from one encoded update."""
 
-    readers = {registry.one_bit: _bits, registry.symbols_wire: _levels}
-    return {**readers, registry.ternary_wire: _ternary}
+    def __call__(self, cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray: ...
+
+
+_READERS: Final[dict[object, _Reader]] = {
+    registry.one_bit: _bits,
+    registry.symbols_wire: _levels,
+    registry.ternary_wire: _ternary,
+}
+"""The symbol reader of each wire format that carries symbols (by the entry's ``wire``)."""
 
 
 def symbols(cfg: RunConfig, key: str, array: np.ndarray, num_params: int) -> np.ndarray:
@@ -211,12 +215,9 @@ def symbols(cfg: RunConfig, key: str, array: np.ndarray, num_params: int) -> np.
     packed ``b``-bit symbols, or ternary bits / int8); the symbols are read back from it, so the
     masked vector is exactly what the plain protocol would have sent.
     """
-
-    from corbin_fl import registry
-
     m = int(num_params)
     arr = np.asarray(array)
-    read = _readers().get(registry.get(cfg.mechanism).wire)
+    read = _READERS.get(registry.get(cfg.mechanism).wire)
     if read is None:
         raise ValueError(refusal(cfg.mechanism) or f"{cfg.mechanism}: no symbol reader")
     out = read(cfg, key, arr, m)

@@ -29,7 +29,9 @@ server relays it in round ``t+1``'s update instruction (``partner-blob``), so a 
 is one round trip; the ``pair`` stage runs only for nodes without a usable pipelined pair
 (round 1, a node that joined late, a partner that was not sampled or did not answer).
 
-``params`` are the mechanism's settings (:data:`PARAM_KEYS`): the client takes them from the
+``params`` are the mechanism's settings (:data:`COMMON_PARAM_KEYS` and the registered
+mechanisms' parameters: :data:`corbin_fl.registry.PARAM_KEYS`, with the key sets of each stage's
+record, since they depend on the registered mechanisms): the client takes them from the
 instruction, checks them against its own privacy policy (``client/policy.py``) and never from the
 run config, which the server controls. The app's train handler sees only the wrapped strategy's
 records; its ArrayRecords never leave the node (only the encoded update does).
@@ -47,14 +49,11 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SType
-
-if TYPE_CHECKING:
-    from corbin_fl.config import RunConfig
 
 PROTOCOL_VERSION: Final[str] = "corbin-fl/v1"
 """Bound into every HKDF ``info`` and AEAD AAD. Must equal
@@ -164,26 +163,15 @@ COMMON_PARAM_KEYS: Final[tuple[str, ...]] = (
     "test-z-digest",
 )
 """The settings every instruction carries whatever the mechanism (``RunConfig`` keys); the
-parameters of the registered mechanisms go before the last one (:data:`PARAM_KEYS`)."""
+parameters of the registered mechanisms go before the last one
+(:data:`corbin_fl.registry.PARAM_KEYS`)."""
 TRAILING_PARAM_KEYS: Final[tuple[str, ...]] = ("secure-aggregation",)
-"""Settings every instruction carries after the v1 keys (:data:`PARAM_KEYS` ends with them):
+"""Settings every instruction carries after the v1 keys (``PARAM_KEYS`` ends with them):
 ``secure-aggregation`` lets a node whose policy requires it refuse a run without it."""
 
 SHARED_SEED_KEYS: Final[frozenset[str]] = frozenset({CQ_SEED, CQ_RANK, CQ_CLIENTS})
 """The update-instruction keys of a mechanism with a server-shared seed
 (``corbin_fl.registry.Mechanism.shared_seed``: CQ)."""
-
-
-def __getattr__(name: str) -> Any:
-    """``PARAM_KEYS``: the mechanism's settings every instruction carries, derived now from the
-    registered mechanisms (``corbin_fl.registry.param_keys``): :data:`COMMON_PARAM_KEYS` plus every
-    registered parameter key. The client parses them with ``RunConfig.from_flower`` and checks
-    them against its policy."""
-    if name == "PARAM_KEYS":
-        from corbin_fl import registry
-
-        return registry.param_keys()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 FALLBACK_REASONS: Final[tuple[str, ...]] = (
@@ -280,30 +268,6 @@ def decode_ternary(values: np.ndarray, m: int, encoding: str) -> np.ndarray:
     return np.where(nonzero, np.where(positive, 1, -1), 0).astype(np.int8)
 
 
-def update_spec(cfg: RunConfig, num_params: int) -> tuple[str, np.dtype[Any], int]:
-    """Array key, dtype and length of the update of ``cfg.mechanism`` for ``num_params``
-    under ``cfg``'s settings (from the mechanism registry, :mod:`corbin_fl.registry`)."""
-    from corbin_fl import registry
-
-    try:
-        spec = registry.get(cfg.mechanism).wire
-    except KeyError as exc:
-        raise WireError(str(exc.args[0])) from exc
-    return spec(num_params, cfg)
-
-
-def param_keys() -> tuple[str, ...]:
-    """:data:`PARAM_KEYS` now (``corbin_fl.registry.param_keys``)."""
-    from corbin_fl import registry
-
-    return registry.param_keys()
-
-
-def keygen_cfg_keys() -> frozenset[str]:
-    """The exact key set of the ``corbin`` record of a keygen instruction."""
-    return frozenset({STAGE, ROUND, *param_keys()})
-
-
 def pipelined(paired: bool, cr_mode: str) -> bool:
     """Whether the pair stage rides one round ahead: a pairing mechanism in ``relay`` mode.
 
@@ -315,28 +279,6 @@ def pipelined(paired: bool, cr_mode: str) -> bool:
 
 NEXT_PAIR_KEYS: Final[frozenset[str]] = frozenset({NEXT_PARTNER, NEXT_PARTNER_PUBKEY})
 """The optional keys of a pipelined update instruction (both or neither)."""
-
-
-def update_cfg_keys(mechanism: str, assignment: str, cr_mode: str) -> frozenset[str]:
-    """The required key set of the ``corbin`` record of an update instruction (a pipelined
-    instruction may add :data:`NEXT_PAIR_KEYS`)."""
-    keys = {STAGE, ROUND, ASSIGNMENT, ARRAYS_KEY, *param_keys()}
-    if assignment == PAIRED:
-        keys |= {PARTNER, PARTNER_PUBKEY if cr_mode == "derived" else PARTNER_BLOB}
-    elif assignment == PARTNER_GONE:
-        keys.add(PARTNER)
-    from corbin_fl import registry
-
-    keys |= registry.get(mechanism).instruction_keys
-    return frozenset(keys)
-
-
-def pair_cfg_keys(cr_mode: str) -> frozenset[str]:
-    """The exact key set of the ``corbin`` record of a pair instruction."""
-    keys = {STAGE, ROUND, PARTNER, PARTNER_PUBKEY, *param_keys()}
-    if cr_mode == "exact":
-        keys.add(NUM_PARAMS)
-    return frozenset(keys)
 
 
 def is_protocol_record(name: str) -> bool:

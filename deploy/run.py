@@ -242,7 +242,7 @@ class LocalRunOptions:
         ValueError
             The node's reason, which names the run's setting and the node's limit.
         """
-        from corbin_fl import wire
+        from corbin_fl import registry
         from corbin_fl.client.policy import Policy, PolicyError
         from corbin_fl.config import ConfigError, RunConfig
 
@@ -250,7 +250,7 @@ class LocalRunOptions:
             return
         try:
             cfg = RunConfig.from_flower(
-                {k: effective[k] for k in wire.PARAM_KEYS if k in effective}
+                {k: effective[k] for k in registry.PARAM_KEYS if k in effective}
             )
             Policy.from_node({**node_policy(effective), **self.node_config}).check(cfg)
         except ConfigError:

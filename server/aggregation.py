@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Aggregator(ABC):
         self.w_global = w_global
         self.blocks = range_blocks(_cpu(c), _cpu(r), self.m, layout)
         self.n = 0
-        self.key, self.dtype, self.length = wire.update_spec(cfg, self.m)
+        self.key, self.dtype, self.length = registry.update_spec(cfg, self.m)
         self._start()
 
     def add(self, record: ArrayRecord) -> None:
@@ -412,8 +412,6 @@ def make_aggregator(
 ) -> Aggregator:
     """The registered aggregator of ``cfg.mechanism`` (``c``, ``r`` per layer with ``layout``;
     :mod:`corbin_fl.registry`)."""
-    from corbin_fl import registry
-
     cls = registry.get(cfg.mechanism).aggregator_class()
     return cls(cfg, w_global, c, r, layout, cohort)
 

@@ -435,9 +435,9 @@ def instruction(
 ) -> Message:
     """The ``stage`` instruction to node ``nid`` for round ``rnd``: a ``train`` message whose
     ``corbin`` record holds the stage, the round (also in the group id), the mechanism's settings
-    (:data:`corbin_fl.wire.PARAM_KEYS`) and ``body``."""
+    (:data:`corbin_fl.registry.PARAM_KEYS`) and ``body``."""
     params = rt.cfg.to_flower()
-    head = {wire.STAGE: stage, wire.ROUND: rnd, **{k: params[k] for k in wire.param_keys()}}
+    head = {wire.STAGE: stage, wire.ROUND: rnd, **{k: params[k] for k in registry.param_keys()}}
     content = RecordDict({wire.CFG: ConfigRecord({**head, **body}), **records})
     return Message(content, dst_node_id=nid, message_type=wire.TRAIN, group_id=str(rnd))
 

@@ -50,7 +50,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 
 if TYPE_CHECKING:
@@ -99,9 +99,9 @@ training)."""
 
 def _protocol_fields() -> frozenset[str]:
     """Every keyword of :class:`CorBin` that is a ``RunConfig`` key (snake case): the common ones
-    and every mechanism setting an instruction carries (``wire.PARAM_KEYS``: the common keys and
-    every registered mechanism's parameters), derived from the registry now."""
-    return _COMMON_FIELDS | {key.replace("-", "_") for key in wire.param_keys()}
+    and every mechanism setting an instruction carries (``registry.PARAM_KEYS``: the common keys
+    and every registered mechanism's parameters), derived from the registry now."""
+    return _COMMON_FIELDS | {key.replace("-", "_") for key in registry.param_keys()}
 
 
 class RunFailedError(RuntimeError):

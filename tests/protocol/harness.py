@@ -28,7 +28,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from wire_helpers import message_stage
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.app import client_app, server_app
 from corbin_fl.config import RunConfig
 from corbin_fl.deploy.run import node_policy
@@ -191,9 +191,9 @@ def node_context(run_config: dict[str, Any], nid: int = 5) -> Context:
 
 
 def mechanism_params(**overrides: Any) -> dict[str, Any]:
-    """The mechanism settings an instruction carries (``wire.PARAM_KEYS``)."""
+    """The mechanism settings an instruction carries (``registry.PARAM_KEYS``)."""
     settings = RunConfig.from_flower(make_cfg(**overrides)).to_flower()
-    return {k: settings[k] for k in wire.PARAM_KEYS}
+    return {k: settings[k] for k in registry.PARAM_KEYS}
 
 
 def make_instruction(

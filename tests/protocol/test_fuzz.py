@@ -29,8 +29,8 @@ server's own validator; a refusal is an error reply (``ERROR_CODE_POLICY`` when 
 refused it, else ``ERROR_CODE_REJECTED``) with a warning that
 names the node and the reason, leaves ``context.state`` untouched, and the next valid instruction
 is still answered; a message that is not a ``train`` message passes to the app untouched. The
-mechanism settings an instruction carries (``wire.PARAM_KEYS``) get any value, a wrong type or go
-missing: the node answers only what parses and what its policy admits, and names the cause
+mechanism settings an instruction carries (``registry.PARAM_KEYS``) get any value, a wrong type or
+go missing: the node answers only what parses and what its policy admits, and names the cause
 otherwise. ``corbin_fl/arrays.py`` round-trips any float model and refuses what does not fit.
 
 Hypothesis runs derandomized (fixed examples, no example database written into the repo); set
@@ -74,7 +74,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.app import client_app
 from corbin_fl.app import train as client_train
 from corbin_fl.arrays import (
@@ -353,7 +353,7 @@ def one_bit(mechanism: str) -> bool:
     """Whether ``mechanism`` sends one packed bit per parameter (by its registered wire spec)."""
     return (
         mechanism not in ("ternary", *FINITE_LEVELS)
-        and wire.update_spec(RunConfig(mechanism=mechanism), 9)[0] == wire.BITS
+        and registry.update_spec(RunConfig(mechanism=mechanism), 9)[0] == wire.BITS
     )
 
 
@@ -549,7 +549,7 @@ def spec_update_reply(
             return False
         if not np.isfinite(float(value)):
             return False
-    key, dtype, length = wire.update_spec(cfg, c.numel())
+    key, dtype, length = registry.update_spec(cfg, c.numel())
     update = content[wire.UPDATE_REC]
     if set(update) != {key}:
         return False
@@ -923,7 +923,7 @@ def test_server_update_reply_decoding(
     r = 0.5 + torch.rand(M, generator=gen)
     honest = {nid: honest_update(cfg, c, r, rng) for nid in HONEST}
     base = honest_update(cfg, c, r, rng)
-    key, _, _ = wire.update_spec(cfg, M)
+    key, _, _ = registry.update_spec(cfg, M)
     plan = data.draw(plans(base, arrays_for(base.array_records[wire.UPDATE_REC][key].numpy())))
     aggregator = make_aggregator(cfg, w_g, c, r)
     state, accepted = run_stage(
@@ -1074,9 +1074,9 @@ def client_context(**overrides: Any) -> Context:
 
 
 def params_of(cfg: RunConfig) -> dict[str, Any]:
-    """The mechanism settings every instruction carries (``wire.PARAM_KEYS``)."""
+    """The mechanism settings every instruction carries (``registry.PARAM_KEYS``)."""
     flat = cfg.to_flower()
-    return {key: flat[key] for key in wire.PARAM_KEYS}
+    return {key: flat[key] for key in registry.PARAM_KEYS}
 
 
 def instruction(content: RecordDict, group: str = str(RND), msg_type: str = wire.TRAIN) -> Message:
@@ -1234,7 +1234,7 @@ def spec_client_round(content: RecordDict, group: str) -> int | None:
 def spec_params(rec: ConfigRecord, cfg: RunConfig) -> bool | None:
     """True if the instruction carries exactly the run's mechanism settings, False if one is
     missing, None if one was changed (then the settings test decides)."""
-    if not set(wire.PARAM_KEYS) <= set(rec):
+    if not set(registry.PARAM_KEYS) <= set(rec):
         return False
     expected = params_of(cfg)
     same = all(type(rec[k]) is type(v) and rec[k] == v for k, v in expected.items())
@@ -1273,7 +1273,7 @@ def test_client_keygen_instruction_decoding(
     valid = both(
         spec_head(plan, wire.KEYGEN, cfg),
         exact_records(plan.content, {wire.CFG: ConfigRecord})
-        and set(plan.content[wire.CFG]) == wire.keygen_cfg_keys(),
+        and set(plan.content[wire.CFG]) == registry.keygen_cfg_keys(),
     )
     reply = check_client(
         ctx, plan, valid, wire.KEYGEN, caplog, lambda: instruction(keygen_content(cfg))
@@ -1307,7 +1307,7 @@ def spec_pair_instruction(plan: ClientPlan, cfg: RunConfig) -> bool | None:
         return False
     rec = plan.content[wire.CFG]
     if (
-        set(rec) != wire.pair_cfg_keys(cfg.cr_mode)
+        set(rec) != registry.pair_cfg_keys(cfg.cr_mode)
         or spec_client_round(plan.content, plan.group) != RND
     ):
         return False  # the node holds a private key for round RND only
@@ -1462,7 +1462,7 @@ def spec_update_instruction(plan: ClientPlan, cfg: RunConfig) -> bool | None:
     assignment = rec.get(wire.ASSIGNMENT)
     if not isinstance(assignment, str) or assignment not in assignments_of(cfg):
         return False
-    if set(rec) != wire.update_cfg_keys(cfg.mechanism, assignment, cfg.cr_mode):
+    if set(rec) != registry.update_cfg_keys(cfg.mechanism, assignment, cfg.cr_mode):
         return False
     key = rec[wire.ARRAYS_KEY]
     if not isinstance(key, str) or key == "corbin" or key.startswith("corbin."):
@@ -1612,7 +1612,7 @@ def settings_changes(draw: st.DrawFn) -> dict[str, Any]:
     """One to three mechanism settings dropped (``DROP``) or set to any value."""
     size = draw(st.sampled_from([1, 1, 1, 2, 3]))
     keys = draw(
-        st.lists(st.sampled_from(wire.PARAM_KEYS), min_size=size, max_size=size, unique=True)
+        st.lists(st.sampled_from(registry.PARAM_KEYS), min_size=size, max_size=size, unique=True)
     )
     out: dict[str, Any] = {}
     for key in keys:
@@ -1658,7 +1658,7 @@ def test_client_mechanism_settings(
     assert isinstance(reply, Message)
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     dropped = sorted(k for k, v in changes.items() if v is DROP)
-    params = {k: rec[k] for k in wire.PARAM_KEYS if k in rec}
+    params = {k: rec[k] for k in registry.PARAM_KEYS if k in rec}
     if dropped:
         expected = "lacks the mechanism settings"
         names = dropped

@@ -35,7 +35,7 @@ from harness import (
 )
 from wire_helpers import is_stage, run_plain_round
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.app import client_app
 from corbin_fl.client import handlers, pair_crypto
 from corbin_fl.config import RunConfig
@@ -570,7 +570,7 @@ def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, l
     w_g = torch.from_numpy(gen.normal(0, 0.3, m).astype(np.float32))
     c_l = torch.tensor([0.1, -0.2, 0.0])
     r_l = torch.tensor([0.5, 1.0, 0.25])
-    key, dtype, length = wire.update_spec(cfg, m)
+    key, dtype, length = registry.update_spec(cfg, m)
     updates = []
     for _ in range(4):
         if dtype == np.uint8 and mechanism != "ternary":

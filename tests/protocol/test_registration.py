@@ -116,8 +116,9 @@ def test_the_parameter_rides_the_wire(toy: registry.Mechanism) -> None:
 
     from corbin_fl.client.mod import instruction_config
 
-    assert wire.PARAM_KEYS[-3:] == (KEY, "test-z-digest", *wire.TRAILING_PARAM_KEYS)
-    assert KEY in wire.keygen_cfg_keys() and KEY in wire.update_cfg_keys(TOY, wire.SOLO, "relay")
+    assert registry.PARAM_KEYS[-3:] == (KEY, "test-z-digest", *wire.TRAILING_PARAM_KEYS)
+    assert KEY in registry.keygen_cfg_keys()
+    assert KEY in registry.update_cfg_keys(TOY, wire.SOLO, "relay")
     params = mechanism_params(mechanism=TOY, shrunk_factor=0.5)
     assert params[KEY] == 0.5
     msg = make_instruction(wire.KEYGEN, **params)
@@ -209,13 +210,13 @@ V1_PARAM_KEYS = (
     "fedcad-diff-floor",
     "test-z-digest",
 )
-"""``wire.PARAM_KEYS`` of the v1 wire format, in its order (a ConfigRecord serialises its items
+"""``registry.PARAM_KEYS`` of the v1 wire format, in its order (a ConfigRecord serialises its items
 in insertion order, so the derived keys keep it)."""
 
 
 def test_the_derived_param_keys_are_the_v1_wire_format() -> None:
     """The v1 keys in their order, then the keys added since (``secure-aggregation``)."""
-    assert wire.PARAM_KEYS == (*V1_PARAM_KEYS, "secure-aggregation") == registry.param_keys()
+    assert registry.PARAM_KEYS == (*V1_PARAM_KEYS, "secure-aggregation") == registry.param_keys()
 
 
 def test_the_typed_config_fields_match_their_registered_specs() -> None:

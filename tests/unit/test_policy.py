@@ -22,7 +22,7 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.client.mod import corbin_mod
 from corbin_fl.client.policy import Policy, PolicyError, private_mechanisms
 from corbin_fl.config import MECHANISMS, RunConfig
@@ -121,7 +121,7 @@ def _update(**params: Any) -> Message:
         wire.ROUND: 1,
         wire.ASSIGNMENT: wire.SOLO,
         wire.ARRAYS_KEY: "arrays",
-        **{k: settings[k] for k in wire.PARAM_KEYS},
+        **{k: settings[k] for k in registry.PARAM_KEYS},
     }
     model = ArrayRecord({"w": Array(np.zeros(16, np.float32))})
     content = RecordDict(

@@ -75,7 +75,7 @@ def test_every_encoder_speaks_its_registered_wire_format(name: str) -> None:
     shared = Fallback("unpaired") if mech_pairs(name) else None
     cq = (123, 0, 2) if name == "cq" else None
     key, array, flags = encode_solo(cfg, 5, w, c, r, shared=shared, cq=cq)
-    want_key, want_dtype, want_len = wire.update_spec(cfg, m)
+    want_key, want_dtype, want_len = registry.update_spec(cfg, m)
     assert (key, array.dtype, array.shape) == (want_key, want_dtype, (want_len,))
     assert set(flags) <= wire.METRIC_KEYS
     agg = make_aggregator(cfg, torch.zeros(m), c, r)
@@ -222,7 +222,7 @@ def _encode_with_mod(cfg: RunConfig, w0: np.ndarray, device: str) -> Message:
         wire.ROUND: 1,
         wire.ASSIGNMENT: wire.SOLO,
         wire.ARRAYS_KEY: "arrays",
-        **{k: settings[k] for k in wire.PARAM_KEYS},
+        **{k: settings[k] for k in registry.PARAM_KEYS},
     }
     msg = Message(
         RecordDict(
@@ -262,3 +262,11 @@ def _encode_with_mod(cfg: RunConfig, w0: np.ndarray, device: str) -> Message:
         run_config={"device": device},
     )
     return corbin_mod(msg, ctx, train)
+
+
+def test_the_v1_parameter_order_is_the_order_of_the_typed_config_fields() -> None:
+    """``registry.V1_PARAMETER_KEYS`` (the wire order of the v1 parameters, kept in the registry
+    so that it needs no ``RunConfig``) lists the parameters with a typed field, in field order."""
+    specs = registry.param_specs()
+    typed = tuple(key for key in RunConfig.typed_keys() if key in specs)
+    assert typed == registry.V1_PARAMETER_KEYS

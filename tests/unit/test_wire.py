@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 
 
@@ -126,7 +126,7 @@ def test_read_array_checks_header_then_content() -> None:
 )
 def test_update_spec(mechanism: str, key: str, dtype: type, length: int) -> None:
     cfg = RunConfig(mechanism=mechanism)
-    assert wire.update_spec(cfg, 100) == (key, np.dtype(dtype), length)
+    assert registry.update_spec(cfg, 100) == (key, np.dtype(dtype), length)
 
 
 @pytest.mark.parametrize(
@@ -142,14 +142,14 @@ def test_update_spec(mechanism: str, key: str, dtype: type, length: int) -> None
 )
 def test_update_spec_of_multi_bit_mechanisms(params: dict[str, object], length: int) -> None:
     """b bits per parameter, packed: ceil(100 b / 8) bytes."""
-    assert wire.update_spec(RunConfig(**params), 100) == (wire.BITS, np.dtype(np.uint8), length)
+    assert registry.update_spec(RunConfig(**params), 100) == (wire.BITS, np.dtype(np.uint8), length)
 
 
 def test_update_spec_ternary_int8_and_unknown() -> None:
     int8 = RunConfig(mechanism="ternary", ternary_encoding="int8")
-    assert wire.update_spec(int8, 7) == (wire.VALUES, np.dtype(np.int8), 7)
+    assert registry.update_spec(int8, 7) == (wire.VALUES, np.dtype(np.int8), 7)
     with pytest.raises(wire.WireError):
-        wire.update_spec(SimpleNamespace(mechanism="nope"), 7)  # type: ignore[arg-type]
+        registry.update_spec(SimpleNamespace(mechanism="nope"), 7)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("encoding", ["bits", "int8"])
@@ -171,37 +171,37 @@ def test_ternary_codec_rejects_bad_symbols() -> None:
 
 def test_cfg_key_sets() -> None:
     """Every instruction carries stage, round and all mechanism settings, plus its stage's keys."""
-    common = {wire.STAGE, wire.ROUND, *wire.PARAM_KEYS}
-    assert wire.keygen_cfg_keys() == common
-    assert wire.update_cfg_keys("corbin", wire.PAIRED, "relay") == common | {
+    common = {wire.STAGE, wire.ROUND, *registry.PARAM_KEYS}
+    assert registry.keygen_cfg_keys() == common
+    assert registry.update_cfg_keys("corbin", wire.PAIRED, "relay") == common | {
         wire.ASSIGNMENT,
         wire.ARRAYS_KEY,
         wire.PARTNER,
         wire.PARTNER_BLOB,
     }
-    assert wire.update_cfg_keys("corbin", wire.PAIRED, "derived") == common | {
+    assert registry.update_cfg_keys("corbin", wire.PAIRED, "derived") == common | {
         wire.ASSIGNMENT,
         wire.ARRAYS_KEY,
         wire.PARTNER,
         wire.PARTNER_PUBKEY,
     }
-    assert wire.update_cfg_keys("corbin", wire.PARTNER_GONE, "relay") == common | {
+    assert registry.update_cfg_keys("corbin", wire.PARTNER_GONE, "relay") == common | {
         wire.ASSIGNMENT,
         wire.ARRAYS_KEY,
         wire.PARTNER,
     }
-    assert wire.update_cfg_keys("gaussian", wire.SOLO, "relay") == common | {
+    assert registry.update_cfg_keys("gaussian", wire.SOLO, "relay") == common | {
         wire.ASSIGNMENT,
         wire.ARRAYS_KEY,
     }
-    assert wire.update_cfg_keys("cq", wire.SOLO, "relay") >= {
+    assert registry.update_cfg_keys("cq", wire.SOLO, "relay") >= {
         wire.CQ_SEED,
         wire.CQ_RANK,
         wire.CQ_CLIENTS,
     }
-    assert wire.pair_cfg_keys("relay") == common | {wire.PARTNER, wire.PARTNER_PUBKEY}
-    assert wire.pair_cfg_keys("exact") == wire.pair_cfg_keys("relay") | {wire.NUM_PARAMS}
-    assert wire.MECHANISM in wire.PARAM_KEYS and wire.CR_MODE in wire.PARAM_KEYS
+    assert registry.pair_cfg_keys("relay") == common | {wire.PARTNER, wire.PARTNER_PUBKEY}
+    assert registry.pair_cfg_keys("exact") == registry.pair_cfg_keys("relay") | {wire.NUM_PARAMS}
+    assert wire.MECHANISM in registry.PARAM_KEYS and wire.CR_MODE in registry.PARAM_KEYS
 
 
 def test_blob_len_and_packed_len() -> None:
