@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
+from corbin_fl import validate
 from corbin_fl.config import ConfigError, RunConfig
 
 RunValue: TypeAlias = bool | int | float | str
@@ -70,14 +71,19 @@ class _Opt:
         if self.kind is float and not (number and math.isfinite(value)):
             raise SpecError(f"{where}: expected a finite number, got {value!r}")
         value = float(value) if self.kind is float else value
-        if self.choices and value not in self.choices:
-            raise SpecError(f"{where}: must be one of {', '.join(self.choices)} (got {value!r})")
-        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
-            sign = ">" if self.lo_open else ">="
-            raise SpecError(f"{where}: must be {sign} {self.lo} (got {value!r})")
-        if self.hi is not None and value > self.hi:
-            raise SpecError(f"{where}: must be <= {self.hi} (got {value!r})")
+        if (why := self.problem(value)) is not None:
+            raise SpecError(f"{where}: {why}")
         return value
+
+    def problem(self, value: Any) -> str | None:
+        """Why a value of the right type is refused (:mod:`corbin_fl.validate`), or None."""
+        if self.choices:
+            return validate.one_of(value, self.choices)
+        if self.lo is not None and self.hi is not None:
+            return validate.interval(value, self.lo, self.hi, lo_open=self.lo_open)
+        if self.lo is not None:
+            return (validate.above if self.lo_open else validate.at_least)(value, self.lo)
+        return None if self.hi is None else validate.at_most(value, self.hi)
 
 
 def _distinct(values: tuple[Any, ...], where: str) -> tuple[Any, ...]:
