@@ -130,11 +130,6 @@ class RunFiles:
             self._events = open(self.out_dir / EVENTS_FILE, "a", encoding="utf-8")  # noqa: SIM115
             self._metrics = open(self.out_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
 
-    @property
-    def enabled(self) -> bool:
-        """Whether files are written."""
-        return self.out_dir is not None
-
     @staticmethod
     def _write(stream: IO[str] | None, obj: dict[str, Any]) -> None:
         if stream is None:

@@ -39,13 +39,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from corbin_fl import registry, wire
+from corbin_fl.arrays import unflatten_arrays
 from corbin_fl.config import RunConfig
-from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
+from corbin_fl.layout import layer_center_radius
+from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
+from corbin_fl.mechanisms.pairing import augcorbin_split, random_pairing
+from corbin_fl.server.aggregation import Aggregator, apply_global_lr, make_aggregator
 from corbin_fl.server.metrics import RunFiles
 from corbin_fl.server.stages import LinkClock, RoundState, active_of, exchange
 
 if TYPE_CHECKING:
-    pass
+    from corbin_fl.server.secure_round import SecureRound
 
 logger = logging.getLogger(__name__)
 
@@ -194,10 +198,7 @@ def run_round(
         The round's bookkeeping (participants, drops, pairs, bytes, stage times) and, in
         ``aggregate``, the new global model as an ArrayRecord (None if no update was valid).
     """
-    from corbin_fl.arrays import unflatten_arrays
-    from corbin_fl.layout import layer_center_radius
-
-    cfg, grid = rt.cfg, rt.grid
+    cfg = rt.cfg
     state = RoundState(
         round=rnd,
         run_id=rt.run_id,
@@ -214,87 +215,153 @@ def run_round(
         return state
 
     # 1. Roles the server may know: AugCorBin's gamma-fraction quantizes independently.
-    to_pair: list[int] = []
-    if cfg.paired:
-        independent: list[int] = []
-        to_pair = list(state.sampled)
-        if registry.get(cfg.mechanism).independent_share:
-            from corbin_fl.mechanisms.pairing import augcorbin_split
-
-            independent, to_pair = augcorbin_split(
-                state.sampled, cfg.gamma, rt.rng(rnd, _PURPOSE_SPLIT)
-            )
-        state.independent = set(independent)
-
+    to_pair = split_roles(rt, state) if cfg.paired else []
     # 2. Pipelined relay: the pairs fixed last round whose two blobs came with its update replies.
     pipelined = wire.pipelined(cfg.paired, cfg.cr_mode)
     if pipelined:
         carry_pipeline(rt, state, to_pair)
     leftover = [nid for nid in to_pair if nid not in state.partner]
-
-    # 3. Keys (Alg. 3 line 1): fresh per round; nodes without one answer a keygen stage.
-    if cfg.paired:
-        for nid in to_pair:
-            key = round_key(rt, state, nid)
-            if key is not None:
-                state.pubkeys[nid] = key
-        need = [nid for nid in leftover if nid not in state.pubkeys]
-        exchange(
-            grid,
-            state,
-            {nid: instruction(rt, wire.KEYGEN, nid, rnd, {}) for nid in need},
-            lambda nid, reply: accept_pubkey(state, nid, reply),
-            timeout=rt.timeout("keygen") if need else 0.0,
-            poll_interval=cfg.poll_interval,
-            max_inflight=cfg.max_inflight,
-            files=rt.files,
-            link=rt.link,
-        )
-
-    # 4. Pairing (Alg. 3 line 2): uniform over pairings of the other nodes that have a key.
     fresh: list[tuple[int, int]] = []
     if cfg.paired:
-        from corbin_fl.mechanisms.pairing import random_pairing
-
-        pairs, odd = random_pairing(active_of(state, leftover), rt.rng(rnd, _PURPOSE_PAIRING))
-        fresh = [(int(a), int(b)) for a, b in pairs]
-        state.pairs += fresh
-        state.unpaired = [int(n) for n in odd]
-        for a, b in fresh:
-            state.partner[a], state.partner[b] = b, a
-            state.lost_partner.pop(a, None)
-            state.lost_partner.pop(b, None)
-
+        # 3. Keys (Alg. 3 line 1): fresh per round; nodes without one answer a keygen stage.
+        keygen_stage(rt, state, to_pair, leftover)
+        # 4. Pairing (Alg. 3 line 2): uniform over pairings of the other nodes with a key.
+        fresh = pair_leftover(rt, state, leftover)
     # 5. Pair stage (relay / exact; Alg. 3 lines 6-8, 14-17): both partners of each fresh pair
     #    send one AEAD blob (pipelined pairs sent theirs with the last update reply).
     if cfg.paired and cfg.cr_mode != "derived" and fresh:
-        secret_len = (
-            wire.packed_len(cfg.d * rt.layout.m) if cfg.cr_mode == "exact" else wire.SEED_BYTES
-        )
-        exchange(
-            grid,
-            state,
-            {nid: pair_instruction(state, nid, rt) for pair in fresh for nid in pair},
-            lambda nid, reply: accept_blob(state, nid, reply, wire.blob_len(secret_len)),
-            timeout=rt.timeout("pair"),
-            poll_interval=cfg.poll_interval,
-            max_inflight=cfg.max_inflight,
-            files=rt.files,
-            link=rt.link,
-        )
-
+        pair_stage(rt, state, fresh)
     # 6. Update stage (Alg. 3 lines 3-4, 9-21): model, center/radius, partner blob or key, and
     #    (pipelined relay) the pairing of round t+1, fixed now over this stage's nodes.
+    aggregator = update_stage(rt, state, app_records, arrays_key, node_records, pipelined)
+    keep_keys(rt, state, pipelined)
+    # 7. Aggregate (Alg. 3 line 23) and apply the global learning rate (paper eq. 6).
+    aggregate_round(rt, state, aggregator, app_records, arrays_key)
+    return state
+
+
+# ============================================================================ the steps of a round
+def split_roles(rt: ServerRuntime, state: RoundState) -> list[int]:
+    """Step 1 of a pairing mechanism's round: the sampled nodes to pair.
+
+    All of them, except (AugCorBin-FL) the gamma-fraction that quantizes independently, which
+    goes to ``state.independent`` (drawn from the public generator of the round)."""
+    independent: list[int] = []
+    to_pair = list(state.sampled)
+    if registry.get(rt.cfg.mechanism).independent_share:
+        independent, to_pair = augcorbin_split(
+            state.sampled, rt.cfg.gamma, rt.rng(state.round, _PURPOSE_SPLIT)
+        )
+    state.independent = set(independent)
+    return to_pair
+
+
+def keygen_stage(
+    rt: ServerRuntime, state: RoundState, to_pair: list[int], leftover: list[int]
+) -> None:
+    """Step 3: the round keys (Alg. 3 line 1) of the nodes to pair.
+
+    A key of this round already known (from the last update reply) is taken; the leftover nodes
+    without one answer a keygen stage."""
+    for nid in to_pair:
+        key = round_key(rt, state, nid)
+        if key is not None:
+            state.pubkeys[nid] = key
+    need = [nid for nid in leftover if nid not in state.pubkeys]
+    exchange(
+        rt.grid,
+        state,
+        {nid: instruction(rt, wire.KEYGEN, nid, state.round, {}) for nid in need},
+        lambda nid, reply: accept_pubkey(state, nid, reply),
+        timeout=rt.timeout("keygen") if need else 0.0,
+        poll_interval=rt.cfg.poll_interval,
+        max_inflight=rt.cfg.max_inflight,
+        files=rt.files,
+        link=rt.link,
+    )
+
+
+def pair_leftover(
+    rt: ServerRuntime, state: RoundState, leftover: list[int]
+) -> list[tuple[int, int]]:
+    """Step 4 (Alg. 3 line 2): pair the leftover nodes that are still active, uniformly from the
+    public generator; returns the fresh pairs (an odd node goes to ``state.unpaired``)."""
+    pairs, odd = random_pairing(active_of(state, leftover), rt.rng(state.round, _PURPOSE_PAIRING))
+    fresh = [(int(a), int(b)) for a, b in pairs]
+    state.pairs += fresh
+    state.unpaired = [int(n) for n in odd]
+    for a, b in fresh:
+        state.partner[a], state.partner[b] = b, a
+        state.lost_partner.pop(a, None)
+        state.lost_partner.pop(b, None)
+    return fresh
+
+
+def pair_stage(rt: ServerRuntime, state: RoundState, fresh: list[tuple[int, int]]) -> None:
+    """Step 5 (relay / exact; Alg. 3 lines 6-8, 14-17): both partners of each fresh pair send
+    one AEAD blob (a seed, or in exact mode the packed z), checked for its length."""
+    cfg = rt.cfg
+    secret_len = wire.packed_len(cfg.d * rt.layout.m) if cfg.cr_mode == "exact" else wire.SEED_BYTES
+    exchange(
+        rt.grid,
+        state,
+        {nid: pair_instruction(state, nid, rt) for pair in fresh for nid in pair},
+        lambda nid, reply: accept_blob(state, nid, reply, wire.blob_len(secret_len)),
+        timeout=rt.timeout("pair"),
+        poll_interval=cfg.poll_interval,
+        max_inflight=cfg.max_inflight,
+        files=rt.files,
+        link=rt.link,
+    )
+
+
+def update_range(rt: ServerRuntime) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-layer center and radius of the round's update stage.
+
+    ``range-mode = "update"``: clients encode ``w_i - w_g`` in ``[-R, R]`` (center 0, radius
+    ``rt.update_radius``); otherwise the global model's layer-wise range
+    (:func:`corbin_fl.layout.layer_center_radius`)."""
+    cfg = rt.cfg
     if cfg.quantizes_update:  # clients encode w_i - w_g in [-R, R]
         shape, dev = (rt.layout.num_layers,), rt.weights.device  # as layer_center_radius
         c_layer = torch.zeros(shape, dtype=torch.float32, device=dev)
         if not rt.update_radius > 0:  # CorBin.start resolves it before round 1
             raise ValueError("range-mode 'update' needs ServerRuntime.update_radius R > 0")
         r_layer = torch.full(shape, rt.update_radius, dtype=torch.float32, device=dev)
-    else:
-        c_layer, r_layer = layer_center_radius(
-            rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius, cfg.range_quantile
-        )
+        return c_layer, r_layer
+    return layer_center_radius(
+        rt.weights, rt.layout, cfg.radius_margin, cfg.min_radius, cfg.range_quantile
+    )
+
+
+def begin_secure(
+    rt: ServerRuntime, state: RoundState, participants: list[int]
+) -> tuple[SecureRound, list[int]]:
+    """The secure-aggregation hook before the update stage: SecAgg+ advertise/share
+    (``server/secure_round.py``); returns the round's :class:`SecureRound` and the nodes left."""
+    # Imported here: server/secure_round.py imports this module (reply_head, instruction).
+    from corbin_fl.server.secure_round import SecureRound
+
+    secure = SecureRound(rt, state, participants)
+    return secure, secure.begin()
+
+
+def update_stage(
+    rt: ServerRuntime,
+    state: RoundState,
+    app_records: RecordDict,
+    arrays_key: str,
+    node_records: Mapping[int, RecordDict] | None,
+    pipelined: bool,
+) -> Aggregator:
+    """Step 6 (Alg. 3 lines 3-4, 9-21): send every active node its update instruction, fold each
+    accepted update into the round's aggregator (through SecAgg+ with secure aggregation) and
+    return the aggregator.
+
+    The instruction carries the app's records, the per-layer range, the partner's blob or key and
+    (pipelined relay) the pairing of round t+1, fixed now over this stage's nodes."""
+    cfg, rnd = rt.cfg, state.round
+    c_layer, r_layer = update_range(rt)
     state.max_radius = float(r_layer.max())
     range_rec = ArrayRecord(
         {
@@ -305,10 +372,7 @@ def run_round(
     participants = active_of(state, state.sampled)
     secure = None
     if cfg.secure_aggregation:  # SecAgg+ advertise/share before the update (secure_round.py)
-        from corbin_fl.server.secure_round import SecureRound
-
-        secure = SecureRound(rt, state, participants)
-        participants = secure.begin()
+        secure, participants = begin_secure(rt, state, participants)
     aggregator = make_aggregator(
         cfg, rt.weights, c_layer, r_layer, rt.layout, cohort=len(participants)
     )
@@ -340,7 +404,7 @@ def run_round(
     if secure is not None:
         secure.attach(updates)
     exchange(
-        grid,
+        rt.grid,
         state,
         updates,
         on_update,
@@ -353,25 +417,41 @@ def run_round(
     del range_rec
     if secure is not None:  # unmask; the exact symbol sum goes to the aggregator
         secure.finish(participants, aggregator)
+    return aggregator
+
+
+def keep_keys(rt: ServerRuntime, state: RoundState, pipelined: bool) -> None:
+    """After the update stage: forget the keys of dropped nodes (their key state is unknown, so
+    they answer a keygen next time), keep the next round's keys and (pipelined relay) the pairs
+    and blobs fixed for round t+1."""
     for nid in state.dropped:
         rt.pubkeys.pop(nid, None)  # its key state is unknown now: keygen next time
     for nid, pk in state.next_pubkeys.items():
-        rt.pubkeys[nid] = (rnd + 1, pk)
+        rt.pubkeys[nid] = (state.round + 1, pk)
     if pipelined:
-        rt.pipeline = Pipeline(rnd + 1, dict(state.next_partner), dict(state.next_blobs))
+        rt.pipeline = Pipeline(state.round + 1, dict(state.next_partner), dict(state.next_blobs))
 
-    # 7. Aggregate (Alg. 3 line 23) and apply the global learning rate (paper eq. 6).
+
+def aggregate_round(
+    rt: ServerRuntime,
+    state: RoundState,
+    aggregator: Aggregator,
+    app_records: RecordDict,
+    arrays_key: str,
+) -> None:
+    """Step 7 (Alg. 3 line 23, paper eq. 6): the aggregator's estimate, with the global learning
+    rate, becomes ``rt.weights`` and ``state.aggregate`` (an ArrayRecord shaped as the global
+    model under ``arrays_key`` in ``app_records``); with no valid update the model is kept."""
     estimate = aggregator.estimate()
     if estimate is None:
-        logger.warning("round %d: no valid update; the global model is kept", rnd)
-    else:
-        if cfg.quantizes_update:  # the decoded mean update, back on the global model
-            estimate = estimate.to(rt.weights.device, torch.float32).add_(rt.weights)
-        rt.weights = apply_global_lr(rt.weights, estimate, cfg.global_lr, inplace=True)
-        state.aggregate = unflatten_arrays(
-            rt.weights.detach().cpu().numpy(), rt.layout, app_records.array_records[arrays_key]
-        )
-    return state
+        logger.warning("round %d: no valid update; the global model is kept", state.round)
+        return
+    if rt.cfg.quantizes_update:  # the decoded mean update, back on the global model
+        estimate = estimate.to(rt.weights.device, torch.float32).add_(rt.weights)
+    rt.weights = apply_global_lr(rt.weights, estimate, rt.cfg.global_lr, inplace=True)
+    state.aggregate = unflatten_arrays(
+        rt.weights.detach().cpu().numpy(), rt.layout, app_records.array_records[arrays_key]
+    )
 
 
 # ============================================================================ pipelined relay
@@ -413,8 +493,6 @@ def carry_pipeline(rt: ServerRuntime, state: RoundState, to_pair: list[int]) -> 
 def pair_next_round(rt: ServerRuntime, state: RoundState, participants: list[int]) -> None:
     """Fix round ``t+1``'s pairing (Alg. 3 line 2, one round early) over this round's update
     stage nodes that hold a key of round ``t`` (uniform, from the public generator)."""
-    from corbin_fl.mechanisms.pairing import random_pairing
-
     keyed = [nid for nid in participants if round_key(rt, state, nid) is not None]
     pairs, _ = random_pairing(keyed, rt.rng(state.round + 1, _PURPOSE_PIPELINE))
     for a, b in pairs:
@@ -485,8 +563,6 @@ def update_instruction(
         body[wire.NEXT_PARTNER] = nxt
         body[wire.NEXT_PARTNER_PUBKEY] = round_key(rt, state, nxt)
     if registry.get(cfg.mechanism).shared_seed:
-        from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
-
         seed = int.from_bytes(cq_seed, "big")
         perm, _ = cq_shared_randomness(seed, len(participants), (0,))
         body[wire.CQ_SEED] = cq_seed

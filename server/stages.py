@@ -337,6 +337,52 @@ def exchange(
     """
     if not messages:
         return []
+    msg_type, name = _stage_of(messages, stage)
+    if max_inflight < 0:
+        raise ValueError(f"max_inflight must be >= 0, got {max_inflight}")
+    t0 = time.monotonic()
+    state.round_trips += 1
+    state.bytes_down[name] = state.bytes_down.get(name, 0) + sum(
+        payload_bytes(msg.content) for msg in messages.values()
+    )
+    before = set(state.dropped)
+    run = _StageRun(
+        grid,
+        state,
+        messages,
+        on_reply,
+        stage=name,
+        msg_type=msg_type,
+        timeout=timeout,
+        poll_interval=poll_interval,
+        max_inflight=max_inflight,
+        link=link if link is not None else LinkClock(),
+        t0=t0,
+    )
+    run.run()
+    run.settle()
+    accepted = run.accepted
+
+    seconds = time.monotonic() - t0
+    state.stage_seconds[name] = state.stage_seconds.get(name, 0.0) + seconds
+    state.stage_replies[name] = state.stage_replies.get(name, 0) + len(accepted)
+    newly_dropped = sorted(set(state.dropped) - before)
+    if files is not None:
+        files.stage_end(state.round, name, seconds, len(accepted), newly_dropped)
+    logger.debug(
+        "round %d, stage %s: %d replies, %d dropped, %.2f s",
+        state.round,
+        name,
+        len(accepted),
+        len(newly_dropped),
+        seconds,
+    )
+    return accepted
+
+
+def _stage_of(messages: dict[int, Message], stage: str | None) -> tuple[str, str]:
+    """``(message type, stage name)`` of a stage's instructions, which must share both (the name
+    is ``stage`` if given, else the one the ``corbin`` record of each instruction names)."""
     stages = {
         (
             msg.metadata.message_type,
@@ -346,210 +392,266 @@ def exchange(
     }
     if len(stages) != 1:
         raise ValueError(f"one stage sends one message type and stage, got {sorted(stages)}")
-    if max_inflight < 0:
-        raise ValueError(f"max_inflight must be >= 0, got {max_inflight}")
-    msg_type, name = stages.pop()
-    stage = name
-    link = link if link is not None else LinkClock()
-    t0 = time.monotonic()
-    state.round_trips += 1
-    state.bytes_down[stage] = state.bytes_down.get(stage, 0) + sum(
-        payload_bytes(msg.content) for msg in messages.values()
-    )
-    before = set(state.dropped)
+    return stages.pop()
 
-    queue = list(messages)
-    pending: dict[str, int] = {}  # message id -> node (two ids of one node after a re-send)
-    sent_at: dict[int, float] = {}
-    resent: set[int] = set()  # nodes sent their instruction again after an outage
-    revived: set[int] = set()  # of those, nodes re-sent after NODE_UNAVAILABLE (once)
-    stranded: set[int] = set()  # nodes in flight when the SuperLink went away
-    unpushed: list[int] = []  # nodes whose push raised: pushed again once the link answers
-    unavailable: dict[int, str] = {}  # NODE_UNAVAILABLE after an outage: re-sent once online
-    bounds: dict[int, tuple[float, float]] = {}  # silent node -> (its deadline, the grace)
-    link_state = {"seen": False, "down": False}
-    accepted: list[int] = []
-    latency: dict[int, float] = {}
-    deadline = t0 + timeout
-    watch = _RetryLog()
 
-    def in_flight() -> set[int]:
+class _StageRun:
+    """One stage of :func:`exchange` in flight: what its jobs (push, pull, handle the replies,
+    recover from a SuperLink outage, re-send, expire the bounds, settle) share.
+
+    Attributes
+    ----------
+    queue : list[int]
+        Nodes whose instruction is not pushed yet (``max_inflight``).
+    pending : dict[str, int]
+        Message id -> node (two ids of one node after a re-send).
+    sent_at : dict[int, float]
+        Node -> when its instruction was first pushed.
+    resent : set[int]
+        Nodes sent their instruction again after an outage.
+    revived : set[int]
+        Of those, nodes re-sent after NODE_UNAVAILABLE (once).
+    stranded : set[int]
+        Nodes in flight when the SuperLink went away.
+    unpushed : list[int]
+        Nodes whose push raised: pushed again once the link answers.
+    unavailable : dict[int, str]
+        NODE_UNAVAILABLE after an outage: re-sent once online.
+    bounds : dict[int, tuple[float, float]]
+        Silent node -> (its deadline, the grace).
+    seen, down : bool
+        Whether the link came back from an outage in this stage; whether it is away now.
+    accepted : list[int]
+        Nodes whose reply was accepted, in arrival order.
+    latency : dict[int, float]
+        Node -> seconds from its push to its accepted reply.
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        state: RoundState,
+        messages: dict[int, Message],
+        on_reply: ReplyHandler,
+        *,
+        stage: str,
+        msg_type: str,
+        timeout: float,
+        poll_interval: float,
+        max_inflight: int,
+        link: LinkClock,
+        t0: float,
+    ) -> None:
+        self.grid, self.state, self.messages, self.on_reply = grid, state, messages, on_reply
+        self.stage, self.msg_type, self.link, self.t0 = stage, msg_type, link, t0
+        self.timeout, self.poll_interval, self.max_inflight = timeout, poll_interval, max_inflight
+        self.queue = list(messages)
+        self.pending: dict[str, int] = {}
+        self.sent_at: dict[int, float] = {}
+        self.resent: set[int] = set()
+        self.revived: set[int] = set()
+        self.stranded: set[int] = set()
+        self.unpushed: list[int] = []
+        self.unavailable: dict[int, str] = {}
+        self.bounds: dict[int, tuple[float, float]] = {}
+        self.seen = False
+        self.down = False
+        self.accepted: list[int] = []
+        self.latency: dict[int, float] = {}
+        self.deadline = t0 + timeout
+        self.watch = _RetryLog()
+
+    def in_flight(self) -> set[int]:
         """Nodes of the stage still expected to answer (not accepted, not dropped)."""
-        waiting = set(pending.values()) | set(unavailable) | set(unpushed)
-        return {nid for nid in waiting if nid in state.active} - set(accepted)
+        waiting = set(self.pending.values()) | set(self.unavailable) | set(self.unpushed)
+        return {nid for nid in waiting if nid in self.state.active} - set(self.accepted)
 
-    def push(nodes: list[int], msgs: list[Message]) -> None:
+    def push(self, nodes: list[int], msgs: list[Message]) -> None:
+        """Push ``msgs`` to ``nodes``; a push that raised marks the link away, and its nodes are
+        pushed again once it answers (a node whose second push failed is dropped)."""
         now = time.monotonic()
         for nid in nodes:
-            sent_at.setdefault(nid, now)
-        exc = _push(grid, state, stage, msgs, nodes, pending)
+            self.sent_at.setdefault(nid, now)
+        exc = _push(self.grid, self.state, self.stage, msgs, nodes, self.pending)
         if exc is None:  # a push's time is its payload's (the model): no outage sign
             return
-        link_state["down"] = True  # the link failed a call: recover once it answers
+        self.down = True  # the link failed a call: recover once it answers
         for nid in nodes:
-            if nid in resent:  # its second push failed too
-                state.drop(nid, f"could not push the instruction ({exc})", stage)
+            if nid in self.resent:  # its second push failed too
+                self.state.drop(nid, f"could not push the instruction ({exc})", self.stage)
             else:
-                unpushed.append(nid)
+                self.unpushed.append(nid)
 
-    def push_more() -> None:
-        room = len(queue) if max_inflight == 0 else max(0, max_inflight - len(in_flight()))
+    def push_more(self) -> None:
+        """Push the queued instructions that fit in ``max_inflight`` (all when it is 0)."""
+        queue = self.queue
+        if self.max_inflight == 0:
+            room = len(queue)
+        else:
+            room = max(0, self.max_inflight - len(self.in_flight()))
         nodes, queue[:room] = queue[:room], []
         if nodes:
-            push(nodes, [messages[nid] for nid in nodes])
+            self.push(nodes, [self.messages[nid] for nid in nodes])
 
-    def bound(nid: int, now: float) -> None:
-        grace = link.grace(stage)
-        if grace is not None and nid not in bounds:
-            bounds[nid] = (now + grace, grace)
+    def bound(self, nid: int, now: float) -> None:
+        """Bound the wait for silent node ``nid`` by :meth:`LinkClock.grace` from ``now``."""
+        grace = self.link.grace(self.stage)
+        if grace is not None and nid not in self.bounds:
+            self.bounds[nid] = (now + grace, grace)
 
-    def recover(now: float) -> None:
+    def resend(self, nodes: list[int]) -> None:
+        """Send ``nodes`` their instruction again, as new messages (counted in bytes down)."""
+        copies = [_resend(self.messages[nid]) for nid in nodes]
+        self.state.bytes_down[self.stage] += sum(payload_bytes(m.content) for m in copies)
+        self.push(nodes, copies)
+
+    def recover(self, now: float) -> None:
         """The SuperLink answers again after an outage: re-send every silent node's
         instruction once and bound its wait (:meth:`LinkClock.grace`)."""
-        link_state["down"] = False
-        link.outages += 1
-        stranded.update(in_flight())
-        silent = sorted(in_flight() - resent - set(unavailable))
-        for nid in [*silent, *unavailable]:
-            bound(nid, now)
-        unpushed.clear()
-        grace = link.grace(stage)
+        self.down = False
+        self.link.outages += 1
+        self.stranded.update(self.in_flight())
+        silent = sorted(self.in_flight() - self.resent - set(self.unavailable))
+        for nid in [*silent, *self.unavailable]:
+            self.bound(nid, now)
+        self.unpushed.clear()
+        grace = self.link.grace(self.stage)
         logger.warning(
             "round %d, stage %s: the SuperLink did not answer for a while; %d silent node(s) "
             "sent their instruction again, %d wait to be listed online, each bounded by %s",
-            state.round,
-            stage,
+            self.state.round,
+            self.stage,
             len(silent),
-            len(unavailable),
+            len(self.unavailable),
             "the stage timeout" if grace is None else f"{grace:.0f} s from now",
         )
         if silent:
-            resent.update(silent)
-            copies = [_resend(messages[nid]) for nid in silent]
-            state.bytes_down[stage] += sum(payload_bytes(m.content) for m in copies)
-            push(silent, copies)
+            self.resent.update(silent)
+            self.resend(silent)
 
-    def revive() -> None:
+    def revive(self) -> None:
         """Re-send the instruction of each node reported unavailable after an outage as soon
         as the SuperLink lists it online again (once per node)."""
-        if not unavailable:
+        if not self.unavailable:
             return
         try:
-            online = {int(n) for n in grid.get_node_ids()}
+            online = {int(n) for n in self.grid.get_node_ids()}
         except Exception as exc:  # the link again: the next poll tries again
-            logger.warning("round %d, stage %s: get_node_ids failed: %s", state.round, stage, exc)
+            logger.warning(
+                "round %d, stage %s: get_node_ids failed: %s", self.state.round, self.stage, exc
+            )
             return
-        back = sorted(nid for nid in unavailable if nid in online)
+        back = sorted(nid for nid in self.unavailable if nid in online)
         for nid in back:
-            del unavailable[nid]
+            del self.unavailable[nid]
         if back:
-            resent.update(back)
-            revived.update(back)
-            copies = [_resend(messages[nid]) for nid in back]
-            state.bytes_down[stage] += sum(payload_bytes(m.content) for m in copies)
-            push(back, copies)
+            self.resent.update(back)
+            self.revived.update(back)
+            self.resend(back)
 
-    def absorb(nid: int, reply: Message) -> bool:
+    def absorb(self, nid: int, reply: Message) -> bool:
         """An error reply that does not end the node's stage: another instruction of the node
         is still pending (a re-send), or, right after an outage, the SuperLink calls the node
         unavailable (it has not heartbeated since; once per node)."""
-        if nid in pending.values():
+        if nid in self.pending.values():
             logger.info(
                 "round %d, stage %s: node %d: error reply (code %s) to one of its two "
                 "instructions; the other is pending",
-                state.round,
-                stage,
+                self.state.round,
+                self.stage,
                 nid,
                 reply.error.code,
             )
             return True
-        if (
-            link_state["seen"]
-            and reply.error.code == ErrorCode.NODE_UNAVAILABLE
-            and nid not in revived
-        ):
-            unavailable[nid] = str(reply.error.reason or "node unavailable")
-            stranded.add(nid)
-            bound(nid, time.monotonic())
+        if self.seen and reply.error.code == ErrorCode.NODE_UNAVAILABLE and nid not in self.revived:
+            self.unavailable[nid] = str(reply.error.reason or "node unavailable")
+            self.stranded.add(nid)
+            self.bound(nid, time.monotonic())
             return True
         return False
 
-    flwr_logger = logging.getLogger("flwr")
-    flwr_logger.addHandler(watch)
-    try:
-        push_more()
-        while queue or in_flight():
-            call = time.monotonic()
-            batch: list[Message] = []
-            answered = True
-            if pending:
-                try:
-                    batch = list(grid.pull_messages(list(pending)))
-                except Exception as exc:  # the SuperLink is away: keep polling
-                    if not link_state["down"]:
-                        logger.warning(
-                            "round %d, stage %s: pull failed: %s", state.round, stage, exc
-                        )
-                    link_state["down"], answered = True, False
-            now = time.monotonic()
-            if watch.failed or now - call >= link.outage_s:
-                watch.failed, link_state["down"] = False, True
-            back = link_state["down"] and answered
-            link_state["seen"] = link_state["seen"] or back
-            _screen_batch(state, stage, batch, pending, accepted)
-            for reply in batch:
-                _handle(state, stage, msg_type, reply, pending, on_reply, accepted, absorb)
-            for nid in accepted:
-                if nid not in latency:
-                    latency[nid] = now - sent_at.get(nid, t0)
-                    _forget(pending, nid)  # its other instruction: no reply to it is pulled
-            if back:
-                recover(now)
-            revive()
-            push_more()
-            now = time.monotonic()
-            for nid, (until, grace) in sorted(bounds.items()):
-                if now >= until and nid in in_flight():
-                    _forget(pending, nid)
-                    unavailable.pop(nid, None)
-                    state.drop(
-                        nid, f"no reply within {grace:.0f} s of the SuperLink's return", stage
-                    )
-            if not queue and not in_flight():
-                break
-            if now >= deadline:
-                break
-            time.sleep(min(poll_interval, deadline - now))
-    finally:
-        flwr_logger.removeHandler(watch)
-    for nid in sorted(set(pending.values()) | set(unpushed)):
-        state.drop(nid, f"no reply within {timeout:g} s", stage)
-    for nid, why in sorted(unavailable.items()):
-        state.drop(nid, f"unavailable since the SuperLink's return: {why[:200]}", stage)
-    for nid in sorted(stranded - set(accepted)):  # it may have answered before the outage
-        if not state.dropped.get(nid, "").startswith(f"{stage}: error reply"):  # it said no
-            state.unconfirmed[nid] = stage
-    for nid in queue:
-        state.drop(nid, f"not reached within the stage timeout of {timeout:g} s", stage)
-    clean = [latency[n] for n in accepted if n not in resent]
-    if clean and not link_state["seen"]:
-        link.work_s[stage] = max(clean)
+    def run(self) -> None:
+        """Push, then poll every ``poll_interval`` until every node has answered or been
+        dropped, or the stage timeout has passed (Flower's retry warnings are watched)."""
+        flwr_logger = logging.getLogger("flwr")
+        flwr_logger.addHandler(self.watch)
+        try:
+            self.push_more()
+            while self.queue or self.in_flight():
+                now = self.poll()
+                if not self.queue and not self.in_flight():
+                    break
+                if now >= self.deadline:
+                    break
+                time.sleep(min(self.poll_interval, self.deadline - now))
+        finally:
+            flwr_logger.removeHandler(self.watch)
 
-    seconds = time.monotonic() - t0
-    state.stage_seconds[stage] = state.stage_seconds.get(stage, 0.0) + seconds
-    state.stage_replies[stage] = state.stage_replies.get(stage, 0) + len(accepted)
-    newly_dropped = sorted(set(state.dropped) - before)
-    if files is not None:
-        files.stage_end(state.round, stage, seconds, len(accepted), newly_dropped)
-    logger.debug(
-        "round %d, stage %s: %d replies, %d dropped, %.2f s",
-        state.round,
-        stage,
-        len(accepted),
-        len(newly_dropped),
-        seconds,
-    )
-    return accepted
+    def pull(self) -> tuple[list[Message], bool]:
+        """The replies to the pending instructions, and whether the SuperLink answered (a pull
+        that raised marks the link away and returns no reply)."""
+        if not self.pending:
+            return [], True
+        try:
+            return list(self.grid.pull_messages(list(self.pending))), True
+        except Exception as exc:  # the SuperLink is away: keep polling
+            if not self.down:
+                logger.warning(
+                    "round %d, stage %s: pull failed: %s", self.state.round, self.stage, exc
+                )
+            self.down = True
+            return [], False
+
+    def poll(self) -> float:
+        """One pass: pull, screen and handle the replies, recover after an outage, re-send to
+        revived nodes, push more, drop the nodes past their bound; returns the time."""
+        call = time.monotonic()
+        batch, answered = self.pull()
+        now = time.monotonic()
+        if self.watch.failed or now - call >= self.link.outage_s:
+            self.watch.failed, self.down = False, True
+        back = self.down and answered
+        self.seen = self.seen or back
+        state, stage, pending, accepted = self.state, self.stage, self.pending, self.accepted
+        _screen_batch(state, stage, batch, pending, accepted)
+        for reply in batch:
+            _handle(
+                state, stage, self.msg_type, reply, pending, self.on_reply, accepted, self.absorb
+            )
+        for nid in accepted:
+            if nid not in self.latency:
+                self.latency[nid] = now - self.sent_at.get(nid, self.t0)
+                _forget(pending, nid)  # its other instruction: no reply to it is pulled
+        if back:
+            self.recover(now)
+        self.revive()
+        self.push_more()
+        now = time.monotonic()
+        for nid, (until, grace) in sorted(self.bounds.items()):
+            if now >= until and nid in self.in_flight():
+                _forget(pending, nid)
+                self.unavailable.pop(nid, None)
+                state.drop(nid, f"no reply within {grace:.0f} s of the SuperLink's return", stage)
+        return now
+
+    def settle(self) -> None:
+        """After the last poll: drop every node still silent, unavailable or never reached;
+        mark a stranded node that was not accepted as possibly released (``unconfirmed``); keep
+        the stage's reply time when no outage touched it."""
+        state, stage, timeout = self.state, self.stage, self.timeout
+        for nid in sorted(set(self.pending.values()) | set(self.unpushed)):
+            state.drop(nid, f"no reply within {timeout:g} s", stage)
+        for nid, why in sorted(self.unavailable.items()):
+            state.drop(nid, f"unavailable since the SuperLink's return: {why[:200]}", stage)
+        # A stranded node may have answered before the outage.
+        for nid in sorted(self.stranded - set(self.accepted)):
+            if not state.dropped.get(nid, "").startswith(f"{stage}: error reply"):  # it said no
+                state.unconfirmed[nid] = stage
+        for nid in self.queue:
+            state.drop(nid, f"not reached within the stage timeout of {timeout:g} s", stage)
+        clean = [self.latency[n] for n in self.accepted if n not in self.resent]
+        if clean and not self.seen:
+            self.link.work_s[stage] = max(clean)
 
 
 def collect(
