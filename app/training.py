@@ -114,6 +114,36 @@ def _check_nonneg_float(name: str, value: object, *, positive: bool = False) -> 
     return v
 
 
+def _check_counts(
+    epochs: object, batch_size: object, seed: object, max_steps: object
+) -> tuple[int, int, int | None]:
+    """``(epochs, batch_size, max_steps)`` of :func:`train_local`, checked (each ``>= 1``,
+    ``max_steps`` may be None), and its ``seed`` checked (an int ``>= 0``)."""
+    epochs = _check_positive_int("epochs", epochs)
+    batch_size = _check_positive_int("batch_size", batch_size)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    steps = None if max_steps is None else _check_positive_int("max_steps", max_steps)
+    return epochs, batch_size, steps
+
+
+def _check_optimizer(
+    optimizer: object, lr: object, weight_decay: object, momentum: object
+) -> tuple[float, float, float]:
+    """``(lr, weight_decay, momentum)`` of :func:`train_local`, checked (``lr > 0``,
+    ``weight_decay >= 0``, ``0 <= momentum < 1``), and the optimizer's name checked."""
+    lr = _check_nonneg_float("lr", lr, positive=True)
+    weight_decay = _check_nonneg_float("weight_decay", weight_decay)
+    momentum = _check_nonneg_float("momentum", momentum)
+    if momentum >= 1:
+        raise ValueError(f"momentum must be < 1, got {momentum}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    return lr, weight_decay, momentum
+
+
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Move one batch; through pinned memory (asynchronous copy) when going CPU -> CUDA."""
     if t.device == device:
@@ -182,21 +212,8 @@ def train_local(
         The training loss became NaN or infinite (the model then holds diverged weights).
     """
     x, y = _check_dataset(dataset)
-    epochs = _check_positive_int("epochs", epochs)
-    batch_size = _check_positive_int("batch_size", batch_size)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    if max_steps is not None:
-        max_steps = _check_positive_int("max_steps", max_steps)
-    lr = _check_nonneg_float("lr", lr, positive=True)
-    weight_decay = _check_nonneg_float("weight_decay", weight_decay)
-    momentum = _check_nonneg_float("momentum", momentum)
-    if momentum >= 1:
-        raise ValueError(f"momentum must be < 1, got {momentum}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    epochs, batch_size, max_steps = _check_counts(epochs, batch_size, seed, max_steps)
+    lr, weight_decay, momentum = _check_optimizer(optimizer, lr, weight_decay, momentum)
     dev = pick_device(device) if isinstance(device, str) else device
     if not isinstance(dev, torch.device):
         raise TypeError(f"device must be a torch.device or str, got {type(device).__name__}")
@@ -206,40 +223,38 @@ def train_local(
     # torch's Adam / SGD arithmetic without torch.optim.Optimizer's import of torch._dynamo
     # (seconds per ClientApp process, so per round: app/optimizer.py).
     opt = LocalOptimizer(params, optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum)
-
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(seed)
-    n = x.shape[0]
     was_training = model.training
     model.train()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-    steps = seen = 0
     t0 = time.perf_counter()
     try:
-        for _ in range(epochs):
-            perm = torch.randperm(n, generator=gen)
-            for start in range(0, n, batch_size):
-                idx = perm[start : start + batch_size]
-                if idx.numel() == 1 and n > 1:
-                    continue
-                idx = idx.to(x.device)
-                xb = _to_device(x.index_select(0, idx), dev)
-                yb = _to_device(y.index_select(0, idx), dev)
-                opt.zero_grad()
-                loss = nn.functional.cross_entropy(model(xb), yb)
-                loss.backward()
-                opt.step()
-                loss_sum += loss.detach().double() * idx.numel()
-                steps += 1
-                seen += idx.numel()
-                if max_steps is not None and steps >= max_steps:
-                    break
-            if max_steps is not None and steps >= max_steps:
-                break
+        loss_sum, steps, seen = _run_epochs(
+            model,
+            x,
+            y,
+            opt,
+            dev,
+            epochs=epochs,
+            batch_size=batch_size,
+            seed=seed,
+            max_steps=max_steps,
+        )
         mean_loss = float(loss_sum.item()) / max(seen, 1)
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - t0
+    return _result(mean_loss, x.shape[0], steps, seen, seconds, dev, lr)
+
+
+def _result(
+    mean_loss: float, n: int, steps: int, seen: int, seconds: float, dev: torch.device, lr: float
+) -> TrainResult:
+    """The :class:`TrainResult` of a :func:`train_local` call (logged at debug level).
+
+    Raises
+    ------
+    FloatingPointError
+        The mean training loss is NaN or infinite.
+    """
     if not math.isfinite(mean_loss):
         raise FloatingPointError(
             f"training loss is not finite ({mean_loss}) after {steps} steps (lr={lr})"
@@ -255,6 +270,53 @@ def train_local(
     return TrainResult(
         loss=mean_loss, num_examples=n, steps=steps, seconds=seconds, examples_seen=seen
     )
+
+
+def _run_epochs(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    opt: LocalOptimizer,
+    dev: torch.device,
+    *,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    max_steps: int | None,
+) -> tuple[torch.Tensor, int, int]:
+    """The optimizer steps of :func:`train_local` (its arguments checked, ``model`` in training
+    mode on ``dev``): ``epochs`` passes in the order of permutations drawn from one CPU
+    generator seeded with ``seed``, a final batch of one example skipped when ``n > 1``, at most
+    ``max_steps`` steps in total.
+
+    Returns ``(loss sum over the examples seen, float64 on dev; steps; examples seen)``.
+    """
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    n = x.shape[0]
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+    steps = seen = 0
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n, batch_size):
+            idx = perm[start : start + batch_size]
+            if idx.numel() == 1 and n > 1:
+                continue
+            idx = idx.to(x.device)
+            xb = _to_device(x.index_select(0, idx), dev)
+            yb = _to_device(y.index_select(0, idx), dev)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach().double() * idx.numel()
+            steps += 1
+            seen += idx.numel()
+            if max_steps is not None and steps >= max_steps:
+                break
+        if max_steps is not None and steps >= max_steps:
+            break
+    return loss_sum, steps, seen
 
 
 @dataclass(frozen=True)

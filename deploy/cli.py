@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, TypeGuard
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -42,6 +42,13 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from corbin_fl.app.sources import check_dataset_files, dataset_title
+from corbin_fl.config import (
+    DATASETS_NEEDING_DIR,
+    DATASETS_WITH_DEFAULT_DIR,
+    LEAF_DATASETS,
+    RunConfig,
+)
 from corbin_fl.deploy.flower import app_config, check_flower_versions, parse_config_string
 from corbin_fl.deploy.follow import RunProgress, RunResult
 from corbin_fl.deploy.processes import LauncherError
@@ -158,9 +165,17 @@ def _config_string(text: str) -> dict[str, Any]:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    from corbin_fl.config import RunConfig
-
+    """The options of ``local`` and ``simulate``: the run's protocol settings, its task, and
+    the launch itself (in this order in ``--help``)."""
     app = RunConfig.defaults()  # the app's defaults: the help shows them, the flags add none
+    _add_protocol_options(parser, app)
+    _add_task_options(parser, app)
+    _add_launch_options(parser)
+
+
+def _add_protocol_options(parser: argparse.ArgumentParser, app: Mapping[str, Any]) -> None:
+    """Clients, rounds and the mechanism's settings (each a run-config key; the help shows the
+    app's default ``app``)."""
     parser.add_argument(
         "--clients",
         type=_positive_int,
@@ -201,6 +216,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="quantize the update w_i - w_g in [-R, R] (update) or the weights in the layer "
         f"range of the global model (layer, the paper) (default: {app['range-mode']})",
     )
+
+
+def _add_task_options(parser: argparse.ArgumentParser, app: Mapping[str, Any]) -> None:
+    """This app's task: its model and data set (run-config keys ``model``, ``dataset``)."""
     parser.add_argument(
         "--model",
         default=None,
@@ -215,6 +234,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "batches, in data-dir), femnist or shakespeare (data-dir or the hub), hf:<hub-id> "
         f"(default: {app['dataset']})",
     )
+
+
+def _add_launch_options(parser: argparse.ArgumentParser) -> None:
+    """The launch: output folder, extra run config, time limits, app folder, display, logs."""
     parser.add_argument(
         "--out",
         type=Path,
@@ -360,15 +383,6 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
     """
     if app_dir.resolve() != repo_root():
         return  # another app: Flower itself validates its keys
-    try:
-        from corbin_fl.config import (
-            DATASETS_NEEDING_DIR,
-            DATASETS_WITH_DEFAULT_DIR,
-            LEAF_DATASETS,
-            RunConfig,
-        )
-    except ImportError:  # pragma: no cover - the package ships config.py
-        return
     cfg = RunConfig.from_flower({**run_config, "out-dir": "/validate"})
     readers = (
         f"{', '.join(DATASETS_WITH_DEFAULT_DIR)}, {', '.join(DATASETS_NEEDING_DIR)}, "
@@ -381,8 +395,6 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
             "is: remove use-official-test = false"
         )
     if cfg.dataset in DATASETS_WITH_DEFAULT_DIR:  # every missing file, before anything starts
-        from corbin_fl.app.sources import check_dataset_files
-
         check_dataset_files(cfg.dataset, cfg.data_dir or None)
     reads_dir = (
         cfg.dataset in DATASETS_NEEDING_DIR
@@ -408,8 +420,6 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
             f"machine: give the folder that holds {DATASETS_NEEDING_DIR[cfg.dataset]}"
         )
     if cfg.dataset == "mnist-idx":  # every missing file, before anything starts
-        from corbin_fl.app.sources import check_dataset_files
-
         check_dataset_files(cfg.dataset, cfg.data_dir)
 
 
@@ -420,9 +430,6 @@ def data_label(app_dir: Path, run_config: Mapping[str, Any]) -> str:
     dataset = run_config.get("dataset", "?")
     if Path(app_dir).resolve() != repo_root():
         return f"dataset {dataset}"
-    from corbin_fl.app.sources import dataset_title
-    from corbin_fl.config import RunConfig
-
     cfg = RunConfig.from_flower({k: v for k, v in run_config.items() if k != "out-dir"})
     split = "official split" if cfg.use_official_test else "pooled 80/20 split"
     return f"{dataset_title(cfg.dataset)} ({cfg.dataset}; test: {split})"
@@ -644,7 +651,7 @@ def _per_client_text(value: Mapping[Any, Any]) -> str | None:
     return f"{n} clients: " + ", ".join(f"{v} x{c}" for v, c in ranked)
 
 
-def _is_privacy_report(value: Any) -> bool:
+def _is_privacy_report(value: Any) -> TypeGuard[Mapping[str, Any]]:
     """Whether ``value`` is a ``mechanisms.accounting.privacy_report`` (either layout)."""
     return isinstance(value, Mapping) and isinstance(value.get("mechanism"), str)
 
@@ -726,7 +733,11 @@ def privacy_table(report: Mapping[str, Any]) -> Table:
             for label, part in (("one update", "per_update"), (f"{rounds} rounds", "all_rounds")):
                 block = entry.get(part)
                 numbers = _eps_delta_text(block)
-                if numbers is not None and not (part == "per_update" and block.get("k") == 1):
+                if (
+                    isinstance(block, Mapping)  # as numbers is not None
+                    and numbers is not None
+                    and not (part == "per_update" and block.get("k") == 1)
+                ):
                     words = protection(float(block["eps"]))
                     cell.append(f"\n{label}: {numbers}" + (f", {words}" if words else ""))
         secure = bool(report.get("secure_aggregation"))  # B is then the sum, not A's figures
@@ -917,8 +928,10 @@ class ProgressView:
         for row in reversed(state.metrics):
             drops = _drops(row)
             if drops:
-                node, why = list(drops.items())[-1]
-                where = f"round {row.get('round')}, node {node}{self._partition_of(state, node)}"
+                dropped, why = list(drops.items())[-1]
+                where = (
+                    f"round {row.get('round')}, node {dropped}{self._partition_of(state, dropped)}"
+                )
                 return f"{where}: {why}" if why else where
         return None
 

@@ -266,9 +266,9 @@ def _deferred_interrupts() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, old in previous.items():
+        for signum, old in previous.items():
             with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, old)
+                signal.signal(signum, old)
         for signum in dict.fromkeys(caught):
             old = previous.get(signum)
             if callable(old):
@@ -503,9 +503,9 @@ def terminate_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, old in previous.items():
+        for signum, old in previous.items():
             with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, old)
+                signal.signal(signum, old)
 
 
 def alive_matching(needles: Iterable[str]) -> list[ProcessRef]:

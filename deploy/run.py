@@ -31,6 +31,7 @@ from corbin_fl.deploy.local import LocalDeployment
 from corbin_fl.deploy.processes import (
     LauncherError,
     ManagedProcess,
+    ProcessRef,
     cmdline,
     descendants,
     has_proc,
@@ -329,14 +330,101 @@ def run_simulation(
     return _run(options, progress, simulation=True)
 
 
+@dataclass
+class _Launch:
+    """One launch's folders, files and live progress (what :func:`_run`'s jobs share).
+
+    Attributes
+    ----------
+    out_dir, logs_dir : Path
+        The run's output folder and its ``logs`` folder (both created).
+    flwr_home : Path
+        ``FLWR_HOME`` of the launch; ``own_home`` when it is a temporary folder of ours.
+    run_config_path : Path
+        ``<out_dir>/run-config.toml``: the run config ``flwr run`` submits.
+    state : RunProgress
+        The live progress, handed to ``progress`` at each change.
+    progress : Callable[[RunProgress], None] or None
+        The caller's display.
+    """
+
+    out_dir: Path
+    logs_dir: Path
+    flwr_home: Path
+    own_home: bool
+    run_config_path: Path
+    state: RunProgress
+    progress: Callable[[RunProgress], None] | None
+
+    def notify(self) -> None:
+        """Hand the progress to the display; a broken display does not break the run."""
+        if self.progress is not None:
+            try:
+                self.progress(self.state)
+            except Exception:  # a broken display must not break the run
+                logger.exception("progress callback failed")
+
+    def step(self, what: str) -> None:
+        """The start-up step now waited for (shown by the display)."""
+        self.state.waiting = what
+        self.notify()
+
+
 def _run(
     options: LocalRunOptions,
     progress: Callable[[RunProgress], None] | None,
     *,
     simulation: bool,
 ) -> RunResult:
-    """Shared body of :func:`run_local` and :func:`run_simulation` (cleanup in ``finally``)."""
+    """Shared body of :func:`run_local` and :func:`run_simulation` (cleanup in ``finally``).
+
+    Its jobs: prepare the folders and the run config, deploy, submit and follow (with the kills
+    on schedule), stop everything and judge the result."""
     t0 = time.monotonic()
+    launch = _prepare(options, progress, simulation=simulation)
+    deployment = _deploy(options, launch, simulation=simulation)
+    reason = "completed"
+    ok = False
+    status: str | None = None
+    interrupted = False
+    try:
+        reason, ok, status = _start_and_follow(deployment, options, launch, simulation=simulation)
+    except KeyboardInterrupt:
+        interrupted = True
+        reason = "interrupted"
+        ok = False
+        raise
+    finally:
+        ok, reason, summary, processes, keep = _stop(
+            deployment, options, launch, ok, reason, interrupted, simulation=simulation
+        )
+    state = launch.state
+    return RunResult(
+        ok=ok,
+        reason=reason,
+        out_dir=launch.out_dir,
+        run_id=state.run_id,
+        status=status,
+        events=list(state.events),
+        metrics=list(state.metrics),
+        summary=summary,
+        killed=list(state.killed),
+        node_ids=dict(state.node_ids),
+        processes=processes,
+        logs_dir=launch.logs_dir if keep else None,
+        wall_seconds=time.monotonic() - t0,
+        exit_code=0 if ok else 1,
+    )
+
+
+def _prepare(
+    options: LocalRunOptions,
+    progress: Callable[[RunProgress], None] | None,
+    *,
+    simulation: bool,
+) -> _Launch:
+    """The launch's folders (output, logs, ``FLWR_HOME``: a temporary one unless given), its
+    progress and ``run-config.toml`` (the options' run config with the output folder)."""
     out_dir = Path(options.out_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     logs_dir = out_dir / "logs"
@@ -352,93 +440,93 @@ def _run(
     run_config = {**options.run_config, options.out_key: str(out_dir)}
     run_config_path = out_dir / "run-config.toml"
     run_config_path.write_text(tomli_w.dumps(run_config))
+    return _Launch(out_dir, logs_dir, flwr_home, own_home, run_config_path, state, progress)
 
-    def notify() -> None:
-        if progress is not None:
-            try:
-                progress(state)
-            except Exception:  # a broken display must not break the run
-                logger.exception("progress callback failed")
 
+def _deploy(options: LocalRunOptions, launch: _Launch, *, simulation: bool) -> LocalDeployment:
+    """The (not yet started) deployment: a SuperLink and the SuperNodes (none in simulation),
+    whose privacy policy admits exactly this run (:func:`node_policy`, then ``--node-config``)."""
     policy = node_policy({**app_config(options.app_dir, strict=False), **options.run_config})
     deployment = LocalDeployment(
         0 if simulation else options.num_clients,
-        logs_dir,
-        flwr_home,
+        launch.logs_dir,
+        launch.flwr_home,
         ready_timeout=options.ready_timeout,
         node_config={**policy, **options.node_config},
         simulation=simulation,
     )
     if simulation:  # the simulation's virtual nodes have no node config: the environment
         deployment.registry.env.update(policy_env({**policy, **options.node_config}))
-    reason = "completed"
-    ok = False
-    status: str | None = None
-    interrupted = False
-    summary: dict[str, Any] | None = None
+    return deployment
 
-    def step(what: str) -> None:
-        state.waiting = what
-        notify()
 
+def _start_and_follow(
+    deployment: LocalDeployment, options: LocalRunOptions, launch: _Launch, *, simulation: bool
+) -> tuple[str, bool, str | None]:
+    """Start the deployment, then submit the run and follow it to its end.
+
+    Returns ``(reason, ok, status)`` as :func:`_submit_and_follow`; a failed start-up is
+    ``("start-up failed: ...", False, None)``. A SIGTERM arrives as KeyboardInterrupt."""
+    state = launch.state
     try:
         with terminate_as_interrupt():
-            notify()
+            launch.notify()
             try:
-                deployment.start(on_step=step)
+                deployment.start(on_step=launch.step)
             except LauncherError as exc:
-                reason = f"start-up failed: {exc}"
-                raise _StartupError from exc
+                raise _StartupError(f"start-up failed: {exc}") from exc
             state.node_ids = dict(deployment.node_ids)
             state.phase, state.waiting = "ready", ""
-            notify()
-            reason, ok, status = _submit_and_follow(
-                deployment, options, state, run_config_path, notify, simulation=simulation
+            launch.notify()
+            return _submit_and_follow(
+                deployment,
+                options,
+                state,
+                launch.run_config_path,
+                launch.notify,
+                simulation=simulation,
             )
-    except _StartupError:
-        ok = False
-    except KeyboardInterrupt:
-        interrupted = True
-        reason = "interrupted"
-        ok = False
-        raise
-    finally:
-        state.phase = "stopping"
-        notify()
-        deployment.registry.snapshot()
-        deployment.close()
-        processes = deployment.registry.all_seen()
-        if simulation:
-            _stop_stray_simulation_superlinks(flwr_home)
-        summary = read_json(out_dir / "summary.json")
-        if ok and options.require_summary and summary is None:
-            ok, reason = False, "the ServerApp wrote no summary.json"
-        state.phase = "finished" if ok else "failed"
-        state.message = reason
-        notify()
-        if own_home:
-            shutil.rmtree(flwr_home, ignore_errors=True)
-        keep = options.keep_logs or not ok or interrupted
-        if not keep:
-            shutil.rmtree(logs_dir, ignore_errors=True)
-        else:
-            logger.info("process logs kept in %s", logs_dir)
-    return RunResult(
-        ok=ok,
-        reason=reason,
-        out_dir=out_dir,
-        run_id=state.run_id,
-        status=status,
-        events=list(state.events),
-        metrics=list(state.metrics),
-        summary=summary,
-        killed=list(state.killed),
-        node_ids=dict(state.node_ids),
-        processes=processes,
-        logs_dir=logs_dir if keep else None,
-        wall_seconds=time.monotonic() - t0,
-        exit_code=0 if ok else 1,
-    )
+    except _StartupError as exc:
+        return str(exc), False, None
+
+
+def _stop(
+    deployment: LocalDeployment,
+    options: LocalRunOptions,
+    launch: _Launch,
+    ok: bool,
+    reason: str,
+    interrupted: bool,
+    *,
+    simulation: bool,
+) -> tuple[bool, str, dict[str, Any] | None, list[ProcessRef], bool]:
+    """Stop every process of the launch and judge the result.
+
+    Returns ``(ok, reason, summary, processes, keep)``: a run without the required
+    ``summary.json`` fails; ``keep`` tells whether the process logs are kept (asked for, a failed
+    or an interrupted run); a temporary ``FLWR_HOME`` is removed."""
+    state = launch.state
+    state.phase = "stopping"
+    launch.notify()
+    deployment.registry.snapshot()
+    deployment.close()
+    processes = deployment.registry.all_seen()
+    if simulation:
+        _stop_stray_simulation_superlinks(launch.flwr_home)
+    summary = read_json(launch.out_dir / "summary.json")
+    if ok and options.require_summary and summary is None:
+        ok, reason = False, "the ServerApp wrote no summary.json"
+    state.phase = "finished" if ok else "failed"
+    state.message = reason
+    launch.notify()
+    if launch.own_home:
+        shutil.rmtree(launch.flwr_home, ignore_errors=True)
+    keep = options.keep_logs or not ok or interrupted
+    if not keep:
+        shutil.rmtree(launch.logs_dir, ignore_errors=True)
+    else:
+        logger.info("process logs kept in %s", launch.logs_dir)
+    return ok, reason, summary, processes, keep
 
 
 class _StartupError(Exception):
