@@ -53,19 +53,29 @@ of ``S`` (its law does not depend on client 1), and the worst case over more oth
 worst case over fewer others with one more post-processing step.
 
 *Composition (sound when the worst ``k`` differs from step to step).* Parameters and rounds are
-``K = m T`` steps, and the others' inputs (hence ``k``) may differ at every step. A pair
-``(P*, Q*)`` *dominates* a step if ``H_g(P_k || Q_k) <= H_g(P* || Q*)`` for every ``g >= 0``
-(both directions); the product of per-step dominating pairs dominates the adaptive composition
-(Zhu, Dong & Wang 2022, Theorem 10). The pointwise maximum of the curves ``g -> delta_k`` is
-convex and non-increasing in ``g``, so it is itself a privacy profile, and the connect-the-dots
-PLD of Doroshenko et al. 2022 on a grid of ``eps`` values (which covers every finite privacy
-loss of every pair, so that it is exact at both ends) has, as a function of ``g = e^eps``, the
-chord interpolation of that convex envelope: it is never below any ``delta_k`` at any ``eps``.
-:func:`dominating_pld` builds it with ``dp_accounting`` (``create_pmf_pessimistic_connect_dots
-_fixed_gap``), and :func:`compose` self-composes it ``K`` times (FFT, pessimistic tail
-truncation; :func:`compose_run` gives one update and the run from one chain). No single ``k``
-has to dominate, and none is assumed to; the result is never below the worst single ``k``
-(tested).
+``K = m T`` steps, and the others' inputs (hence ``k``) and the side to which the client's input
+moves may differ at every step, adaptively. Every step's ordered pair is in the set ``S`` of all
+``(P_k, Q_k)`` and ``(Q_k, P_k)``, which is closed under reversal, so both directions of the
+guarantee compose the same set (and the flip ``s -> n - s`` maps ``(Q_k, P_k)`` to
+``(P_{n-1-k}, Q_{n-1-k})``). :mod:`corbin_fl.mechanisms.server_pld` bounds the composition by
+the least of three sound bounds: (1) where one ordered vertex pair dominates all of ``S``
+(``H_g`` above every other pair's for every ``g >= 0``, checked exactly at every kink of the
+curves), the ``K``-fold composition of that pair's exact pmfs (pessimistic rounding);
+otherwise (2) the connect-the-dots PLD (Doroshenko et al. 2022) of the envelope
+``max_S H_g`` on a grid of ``eps`` covering every finite loss (exact at both ends; as a function
+of ``g = e^eps`` the chord interpolation of that convex envelope, never below any pair), the
+tightest single dominating pair; and (3) Renyi DP, ``K max_S D_alpha`` converted to
+``(eps, delta)`` (Canonne, Kamath & Steinke 2020, Prop. 12) at the best of a grid of orders.
+(1) and (2) dominate every step, and the product of per-step dominating pairs dominates the
+adaptive composition (Zhu, Dong & Wang 2022, Theorem 10); Renyi divergences of an adaptive
+composition add up (Mironov 2017, Prop. 1). :func:`dominating_pld` builds (1) or (2),
+:func:`compose` self-composes it ``K`` times (FFT, pessimistic tail truncation;
+:func:`compose_run` gives one update and the run from one chain) and both take the minimum
+with (3). Among the one-bit mechanisms no vertex pair dominates for ``n >= 2`` (the exact check
+finds none for ``n`` = 2 .. 12 and 50): the worst pair changes with ``g``, and (2) alone costs
+up to 1.23x over the worst fixed vertex composed exactly; the least of (2) and (3) is within
+6.1% of it on ``bench/bench_server_accounting.py``'s grid (docs/BENCHMARKS.md). The result is
+never below the worst single vertex composed exactly (tested).
 
 PBM with ``M`` trials (its native setting)
 -------------------------------------------
@@ -166,6 +176,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from corbin_fl.mechanisms import server_pld
 from corbin_fl.mechanisms.protection import protection
 from corbin_fl.mechanisms.theory import alpha64
 
@@ -537,12 +548,16 @@ def _grid(profile: SumProfile, points: int = _GRID_POINTS) -> _Grid:
 
 
 def dominating_pld(profile: SumProfile, stride: int = 1, grid: _Grid | None = None) -> Any:
-    """Connect-the-dots PLD that dominates every vertex pair of ``profile`` (both directions).
+    """A PLD that dominates every ordered vertex pair of ``profile`` (both directions).
 
-    ``eps`` grid: ``(stride h) i``, covering ``[-L, L]`` (``L`` the largest finite loss), with
-    the envelope's ``delta`` (computed exactly, raised by ``1e-9`` relative + ``1e-15``
-    absolute for float64 rounding) at each point; mass above the grid is the ``+infinity``
-    atom. Returns a symmetric ``dp_accounting`` ``PrivacyLossDistribution``.
+    Where one ordered vertex pair dominates all the others for every ``g >= 0``
+    (:func:`corbin_fl.mechanisms.server_pld.dominant_pair`, an exact check), that pair's exact
+    pmfs, losses rounded up to multiples of ``stride h``. Otherwise the connect-the-dots PLD of
+    the envelope: ``eps`` grid ``(stride h) i``, covering ``[-L, L]`` (``L`` the largest finite
+    loss), with the envelope's ``delta`` (computed exactly, raised by ``1e-9`` relative +
+    ``1e-15`` absolute for float64 rounding) at each point; mass above the grid is the
+    ``+infinity`` atom. Returns a symmetric ``dp_accounting`` ``PrivacyLossDistribution``: the
+    two directions compose the same reversal-closed set of pairs (module docstring).
     """
     from dp_accounting.pld import pld_pmf
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
@@ -551,6 +566,9 @@ def dominating_pld(profile: SumProfile, stride: int = 1, grid: _Grid | None = No
     s = int(stride)
     if s < 1 or (g.hi - g.lo) % (2 * s) or g.hi % s:
         raise ValueError(f"stride must divide {g.hi}, got {stride}")
+    dom = server_pld.dominant_pair(profile)
+    if dom is not None:
+        return server_pld.pair_pld(dom.upper, dom.lower, g.h * s)
     d = g.deltas[::s]
     pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(g.h * s, g.lo // s, g.hi // s, d)
     return PrivacyLossDistribution(pmf)
@@ -610,12 +628,15 @@ def _atoms_exceed(inf: float, steps: int, target: float) -> bool:
 
 
 def compose(profile: SumProfile, steps: int, delta: float) -> ComposedGuarantee:
-    """``eps`` of ``steps`` steps, each dominated by ``profile``, at ``delta`` (PLD accountant).
+    """``eps`` of ``steps`` steps, each dominated by ``profile``, at ``delta``.
 
-    The per-step grid is chosen so the composed PLD array has about ``2^22`` entries
-    (:func:`_stride`): the gap is ``h`` times a power of two. Every grid gives a sound upper
-    bound (connect-the-dots is pessimistic at any grid that covers the losses); a finer one is
-    tighter. :func:`compose_run` gives one update and the run together, faster.
+    The least of the composed :func:`dominating_pld` and the Renyi-DP bound
+    (:func:`corbin_fl.mechanisms.server_pld.rdp_epsilon`), both sound for an adaptive choice of
+    vertex and direction per step (module docstring). The per-step grid is chosen so the
+    composed PLD array has about ``2^22`` entries (:func:`_stride`): the gap is ``h`` times a
+    power of two. Every grid gives a sound upper bound (pessimistic rounding at any grid that
+    covers the losses); a finer one is tighter. :func:`compose_run` gives one update and the
+    run together, faster.
     """
     k = _integer(steps, "steps")
     target = _probability(delta, "delta")
@@ -626,6 +647,7 @@ def compose(profile: SumProfile, steps: int, delta: float) -> ComposedGuarantee:
         eps = math.inf  # the +infinity atoms alone exceed delta
     else:
         eps = float(_self_compose(pld, k).get_epsilon_for_delta(target))
+        eps = min(eps, server_pld.rdp_epsilon(profile, k, target))
     return ComposedGuarantee(eps, target, k, profile.epsilon(target), g.h * stride)
 
 
@@ -639,11 +661,9 @@ def compose_run(
     update), and that PLD ``T`` times (the run): about ``2 log2 m + 2 log2 T`` FFT convolutions,
     where two calls of :func:`compose` at ``2^22`` redo the whole chain twice. The result is as
     sound as :func:`compose`'s (the same pessimistic connect-the-dots discretization and tail
-    truncation, exact convolutions); the coarser grid costs a little tightness. Measured on this
-    project's dev machine for ``eps_p = 1``, ``m = 421,642``, ``T = 10``, ``delta = 1e-5``:
-    about 2 s, where :func:`compose` took 13 s (update) + 8 s (run); the figures differ by at
-    most 0.05% (n = 10: 30,020.5 against 30,019.1 per update, 293,148 against 293,136 for the
-    run).
+    truncation, exact convolutions); the coarser grid costs a little tightness. Each figure is
+    then the least of the PLD's and the Renyi-DP bound's
+    (:func:`corbin_fl.mechanisms.server_pld.rdp_epsilon`, one curve of orders for both).
 
     Returns
     -------
@@ -661,14 +681,17 @@ def compose_run(
     if _atoms_exceed(inf, m, target):  # the +infinity atoms alone exceed delta: nothing to compose
         eps_u = eps_r = math.inf
     else:
+        curve = server_pld.coarse_rdp_curve(profile)
         update = _self_compose(dominating_pld(profile, stride, g), m)
         eps_u = float(update.get_epsilon_for_delta(target))
+        eps_u = min(eps_u, server_pld.rdp_epsilon(profile, m, target, curve=curve))
         if t == 1:
             eps_r = eps_u
         elif _atoms_exceed(inf, m * t, target):
             eps_r = math.inf
         else:
             eps_r = float(_self_compose(update, t).get_epsilon_for_delta(target))
+            eps_r = min(eps_r, server_pld.rdp_epsilon(profile, m * t, target, curve=curve))
     return (
         ComposedGuarantee(eps_u, target, m, per_step, gap),
         ComposedGuarantee(eps_r, target, m * t, per_step, gap),
@@ -683,16 +706,9 @@ def _self_compose(pld: Any, k: int) -> Any:
     ``+infinity``), so the result stays an upper bound; at most ``2 log2 k`` compositions.
     ``dp_accounting``'s ``self_compose`` sizes its FFT with Chernoff orders that are far too
     large for ``k`` in the millions (its array then does not fit in memory).
+    (:func:`corbin_fl.mechanisms.server_pld.self_compose`.)
     """
-    result = None
-    power = pld
-    while True:
-        if k & 1:
-            result = power if result is None else result.compose(power, _TRUNCATION)
-        k >>= 1
-        if not k:
-            return result
-        power = power.compose(power, _TRUNCATION)
+    return server_pld.self_compose(pld, k)
 
 
 # =================================================================================== a run's view
