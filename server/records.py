@@ -4,7 +4,7 @@
 (the launcher contract: ``corbin-fl local`` and the experiments read it), :func:`build_summary`
 the run's rows and evaluations into ``summary.json``, and :func:`ledger_privacy` /
 :func:`privacy_summary` the privacy ledger into the report every figure quotes
-(:func:`corbin_fl.mechanisms.accounting.privacy_report`, per threat model).
+(:func:`corbin_fl.mechanisms.report.privacy_report`, per threat model).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def privacy_summary(
     *,
     secure: SumView | None = None,
 ) -> dict[str, Any]:
-    """The run's privacy report, from ``mechanisms.accounting.privacy_report``.
+    """The run's privacy report, from ``mechanisms.report.privacy_report``.
 
     One entry per threat model (``threat_models``: A an eavesdropper on one uplink, B the
     server, which sees every bit, C a malicious client, D a malicious server), each with a
@@ -245,7 +245,7 @@ def privacy_summary(
     when it is None, from the configuration alone (``clients``, else ``min-clients``, as ``n``).
     Without it the report is the one runs always had.
     """
-    from corbin_fl.mechanisms.accounting import privacy_report
+    from corbin_fl.mechanisms.report import privacy_report
 
     view = None
     if cfg.secure_aggregation:

@@ -17,7 +17,7 @@ from corbin_fl.experiments.spec import (
     parse_spec,
 )
 from corbin_fl.experiments.sweep import Run, Submission
-from corbin_fl.mechanisms.accounting import privacy_report
+from corbin_fl.mechanisms.report import privacy_report
 
 FAKE_M = 1000
 

@@ -1,4 +1,5 @@
-"""Tests of mechanisms.accounting: exact RR composition, pair-joint view, ledger, report."""
+"""Tests of the privacy accounting: the privacy-loss math (exact RR composition, pair-joint view),
+the ledger and the accountant, the report."""
 
 from __future__ import annotations
 
@@ -14,22 +15,24 @@ import pytest
 from report_keys import keys
 
 from corbin_fl.config import MECHANISMS as CONFIG_MECHANISMS
+from corbin_fl.mechanisms import privacy_loss
 from corbin_fl.mechanisms.accounting import (
     MECHANISMS,
-    REPORT_VERSION,
     THREAT_MODELS,
     Accountant,
     PrivacyEvent,
     PrivacyLedger,
+)
+from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from corbin_fl.mechanisms.privacy_loss import (
     eps_parameter,
     pair_joint_delta,
     pair_joint_epsilon,
     pair_joint_pld,
-    privacy_report,
     rr_delta,
     rr_epsilon,
 )
-from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from corbin_fl.mechanisms.report import REPORT_VERSION, privacy_report
 from corbin_fl.mechanisms.theory import alpha64, corbin_pair_joint_from_q, theorem3_mse_bound
 
 
@@ -262,19 +265,72 @@ def test_ledger_json_round_trip_and_validation() -> None:
         PrivacyEvent(1, "x", "magic", 1.0, 10)
 
 
+def _per_node(ledger: PrivacyLedger) -> dict[str, Accountant]:
+    out: dict[str, Accountant] = {}
+    for event in ledger:
+        out.setdefault(event.node, Accountant()).compose(event)
+    return out
+
+
 def test_accountant_per_client() -> None:
-    acc = Accountant(_ledger())
-    res = acc.all_clients(1e-5)
-    a = res["a"]
-    assert a.k == 3000 and a.rounds == 3
-    assert a.eps_a == pytest.approx(rr_epsilon(1.0, 3000, 1e-5))
-    assert a.eps_b == math.inf and a.delta_b_floor == pytest.approx(1.0)
-    b = res["b"]
+    acc = _per_node(_ledger())
+    assert acc["a"].get_epsilon(1e-5) == pytest.approx(rr_epsilon(1.0, 3000, 1e-5))
+    # (B) of the paired client: no finite eps, delta >= 1 - (1 - p_inf)^k ~ 1
+    single = pair_joint_pld(1.0, 5).single_inf_mass
+    assert pair_joint_epsilon(1.0, 5, 3000, 1e-5) == math.inf
+    assert 1.0 - math.exp(3000 * math.log1p(-single)) == pytest.approx(1.0)
     mu = math.sqrt(3000) / analytic_gaussian_sigma(1.0, 1e-6, 1.0)
-    assert b.eps_a == pytest.approx(gaussian_epsilon(1e-5, mu))
-    assert b.eps_b is None
-    assert res["c"].eps_a == math.inf
-    assert res["d"].eps_a == pytest.approx(rr_epsilon(0.5, 200, 1e-5))
+    assert acc["b"].get_epsilon(1e-5) == pytest.approx(gaussian_epsilon(1e-5, mu))
+    assert acc["c"].get_epsilon(1e-5) == math.inf
+    assert acc["d"].get_epsilon(1e-5) == pytest.approx(rr_epsilon(0.5, 200, 1e-5))
+
+
+def test_accountant_composes_counts_units_and_families() -> None:
+    pure = PrivacyEvent(1, "x", "ldpfl", 0.5, 100)
+    assert Accountant().get_epsilon(1e-5) == 0.0
+    assert Accountant().compose(pure, 3).get_epsilon(1e-5) == rr_epsilon(0.5, 300, 1e-5)
+    three = Accountant().compose(pure).compose(pure).compose(pure)
+    assert three.get_epsilon(1e-5) == rr_epsilon(0.5, 300, 1e-5)
+    # pure releases at different eps_p: k-fold RR at the largest (optimal composition bound)
+    mixed_eps = Accountant().compose(pure).compose(PrivacyEvent(2, "x", "laplace", 0.8, 50))
+    assert mixed_eps.get_epsilon(1e-5) == rr_epsilon(0.8, 150, 1e-5)
+    # a per-update Gaussian (fedcad) counts updates, not parameters; exactly mu_1 sqrt(T)
+    upd = PrivacyEvent(1, "x", "fedcad", 2.0, 10_000, delta=1e-4)
+    mu1 = 1.0 / analytic_gaussian_sigma(2.0, 1e-4, 1.0)
+    assert Accountant().compose(upd, 7).get_epsilon(1e-5) == gaussian_epsilon(
+        1e-5, mu1 * math.sqrt(7)
+    )
+    # Gaussian per parameter: mu_1 sqrt(m T), bit for bit what the report prints
+    gauss = PrivacyEvent(1, "x", "gaussian", 1.0, 40, delta=1e-6)
+    mu_g = 1.0 / analytic_gaussian_sigma(1.0, 1e-6, 1.0)
+    assert Accountant().compose(gauss, 5).get_epsilon(1e-5) == gaussian_epsilon(
+        1e-5, mu_g * math.sqrt(200)
+    )
+    # two families: basic composition with delta split evenly
+    both = Accountant().compose(pure).compose(gauss)
+    assert both.get_epsilon(1e-5) == pytest.approx(
+        rr_epsilon(0.5, 100, 5e-6) + gaussian_epsilon(5e-6, mu_g * math.sqrt(40))
+    )
+    # a release without local DP: no finite eps, whatever else was composed
+    assert both.compose(PrivacyEvent(1, "x", "fedavg", None, 10)).get_epsilon(1e-5) == math.inf
+    with pytest.raises(TypeError, match="PrivacyEvent"):
+        Accountant().compose({"mechanism": "ldpfl"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="count"):
+        Accountant().compose(pure, 0)
+    with pytest.raises(ValueError, match="delta"):
+        Accountant().compose(pure).get_epsilon(0.0)
+
+
+@pytest.mark.parametrize("eps_p, k", [(0.1, 7), (1.0, 1000), (2.5, 10**6), (0.3, 10**9), (8.0, 50)])
+def test_rr_lattice_log_cumsum_equals_torch_logcumsumexp(eps_p: float, k: int) -> None:
+    """NumPy's ``logaddexp.accumulate`` gives torch's ``logcumsumexp`` bit for bit (the
+    accounting dropped torch for it: every committed number stays)."""
+    torch = pytest.importorskip("torch")
+    privacy_loss._rr_lattice.cache_clear()
+    lat = privacy_loss._rr_lattice(eps_p, k)
+    x = lat.logp + lat.neg_loss  # log P - L
+    want = torch.logcumsumexp(torch.from_numpy(x), dim=0).numpy()
+    assert np.array_equal(lat.log_cum_s2, want)
 
 
 # ------------------------------------------------------------------------- report

@@ -72,13 +72,13 @@ def test_the_app_bundle_imports_only_the_app_and_its_dependencies() -> None:
     runtime = {"flwr", "numpy", "torch", "cryptography", "scipy", "mlxtend", "flwr_datasets"}
     runtime |= {"datasets"}  # flwr-datasets' own dependency (the LEAF and hub loaders)
     runtime |= {"packaging"}  # declared: corbin_fl/flower_version.py compares Flower versions
-    # dp_accounting only where the privacy-loss math asks for it (lazy imports): accounting.py
+    # dp_accounting only where the privacy-loss math asks for it (lazy imports): privacy_loss.py
     # with method="dp_accounting", the composition against the server (secure_sum.py,
     # server_pld.py) and the lower bounds the printed guarantees are tested against
     optional = {
         "dp_accounting": [
-            "mechanisms/accounting.py",
             "mechanisms/lower_bounds.py",
+            "mechanisms/privacy_loss.py",
             "mechanisms/secure_sum.py",
             "mechanisms/server_pld.py",
         ]

@@ -74,7 +74,8 @@ from corbin_fl.experiments.sweep import (
     read_metrics,
     run_state,
 )
-from corbin_fl.mechanisms.accounting import THREAT_MODELS, privacy_report
+from corbin_fl.mechanisms.accounting import THREAT_MODELS
+from corbin_fl.mechanisms.report import privacy_report
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -402,7 +402,7 @@ def test_central_gaussian_clips_rejects_and_adds_noise_of_the_calibrated_scale()
 
 
 def test_central_gaussian_report_trusts_the_server() -> None:
-    from corbin_fl.mechanisms.accounting import privacy_report
+    from corbin_fl.mechanisms.report import privacy_report
 
     rep = privacy_report("central-gaussian", 2.0, 1e-5, 1000, 3, planned_rounds=4)
     tm = rep["threat_models"]

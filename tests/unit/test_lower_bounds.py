@@ -21,7 +21,6 @@ import torch
 
 from corbin_fl.mechanisms import lower_bounds as lb
 from corbin_fl.mechanisms import secure_sum as ss
-from corbin_fl.mechanisms.accounting import rr_epsilon
 from corbin_fl.mechanisms.baselines.central_gaussian import (
     central_epsilon,
     central_noise_multiplier,
@@ -31,6 +30,7 @@ from corbin_fl.mechanisms.baselines.laplace import laplace_scale
 from corbin_fl.mechanisms.baselines.pbm import PBM
 from corbin_fl.mechanisms.baselines.rqm import RQM
 from corbin_fl.mechanisms.baselines.ternary import ternary_params
+from corbin_fl.mechanisms.privacy_loss import rr_epsilon
 from corbin_fl.mechanisms.theory import eq5_as_printed, theorem3_min_clients
 
 DELTA = 1e-5
@@ -252,7 +252,7 @@ def test_pair_joint_eps_is_never_below_a_realisable_pair(k: int, delta: float) -
     """B's pair-joint eps (printed only where finite: tiny models, large delta) against the
     pair's exact joint law with the client at its two end points and its partner at each of 9
     inputs, eps_p = 1, d = 3; the bound is non-trivial (> 0) at these settings."""
-    from corbin_fl.mechanisms.accounting import pair_joint_epsilon
+    from corbin_fl.mechanisms.privacy_loss import pair_joint_epsilon
     from corbin_fl.mechanisms.theory import corbin_pair_joint_from_q
 
     a = 1.0 / (1.0 + math.exp(1.0))

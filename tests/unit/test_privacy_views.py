@@ -25,7 +25,8 @@ from corbin_fl.experiments.results import (
 )
 from corbin_fl.experiments.spec import load_spec
 from corbin_fl.experiments.sweep import expand_runs
-from corbin_fl.mechanisms.accounting import THREAT_MODELS, privacy_report
+from corbin_fl.mechanisms.accounting import THREAT_MODELS
+from corbin_fl.mechanisms.report import privacy_report
 
 REPO = Path(__file__).resolve().parents[2]
 MECHANISMS_RUNS = [

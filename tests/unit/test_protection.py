@@ -39,7 +39,7 @@ def test_per_parameter_text_keeps_the_digit_that_shows_the_gain() -> None:
 
 def test_central_gaussian_headline_says_it_when_the_target_protects_nothing() -> None:
     from corbin_fl import registry  # noqa: F401  (declares the privacy categories)
-    from corbin_fl.mechanisms.accounting import privacy_report
+    from corbin_fl.mechanisms.report import privacy_report
 
     high = privacy_report("central-gaussian", 20.0, 1e-5, 100, 5)["threat_models"]["C"]
     assert high["dp"] is True and high["headline"] == f"{NO_PROTECTION}: central eps 20"

@@ -27,7 +27,7 @@ from report_keys import keys
 from corbin_fl import registry
 from corbin_fl.config import RunConfig
 from corbin_fl.mechanisms import secure_sum as ss
-from corbin_fl.mechanisms.accounting import privacy_report
+from corbin_fl.mechanisms.report import privacy_report
 from corbin_fl.mechanisms.secure_sum import SumView
 from corbin_fl.server.records import build_summary, privacy_summary, sum_view
 
