@@ -52,8 +52,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SType
+from numpy.lib import format as npy_format
 
 PROTOCOL_VERSION: Final[str] = "corbin-fl/v1"
 """Bound into every HKDF ``info`` and AEAD AAD. Must equal
@@ -214,11 +216,6 @@ def check_pubkey(value: object, what: str = "public key") -> bytes:
     A low-order point makes every shared secret all-zero; ``cryptography`` refuses that
     exchange, which is what this check runs (against a throwaway key).
     """
-    from cryptography.hazmat.primitives.asymmetric.x25519 import (
-        X25519PrivateKey,
-        X25519PublicKey,
-    )
-
     if not isinstance(value, bytes):
         raise WireError(f"{what} must be bytes, got {type(value).__name__}")
     if len(value) != KEY_BYTES:
@@ -467,8 +464,6 @@ def _npy_header(data: bytes, key: str) -> tuple[np.dtype[Any], tuple[int, ...], 
     object dtype. ``numpy.lib.format`` evaluates the header with ``ast.literal_eval`` (no code
     runs) and refuses headers over 10,000 bytes; every failure becomes a :class:`WireError`.
     """
-    from numpy.lib import format as npy_format
-
     fp = io.BytesIO(data)
     try:
         version = npy_format.read_magic(fp)

@@ -43,7 +43,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -51,10 +51,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from corbin_fl import registry, wire
-from corbin_fl.config import RunConfig
-
-if TYPE_CHECKING:
-    from corbin_fl.server.checkpoint import TrainingState
+from corbin_fl.arrays import flatten_arrays, layout_of_arrays, unflatten_arrays
+from corbin_fl.config import ConfigError, RunConfig, configure_app_logging
+from corbin_fl.devices import pick_device
+from corbin_fl.server.checkpoint import Checkpointer, CheckpointError, TrainingState, release_event
+from corbin_fl.server.metrics import RunFiles
+from corbin_fl.server.records import build_summary, round_record
+from corbin_fl.server.round import ServerRuntime, run_round, skipped_round
+from corbin_fl.server.round import wait_for_nodes as wait_for_connected_nodes
+from corbin_fl.server.stages import collect
 
 logger = logging.getLogger(__name__)
 
@@ -67,41 +72,6 @@ derives it from public settings for this project's app)."""
 RadiusRule = Callable[[int], "float | dict[str, Any]"]
 """``rule(num_nodes) -> R``, called once when the run starts with the connected nodes; it may also
 return ``{"value": R, "source": "how R was chosen"}``, which the run's summary records."""
-
-_COMMON_FIELDS: Final[frozenset[str]] = frozenset(
-    {
-        "secure_aggregation",  # corbin_fl/secure.py
-        "secagg_neighbours",
-        "secagg_threshold",
-        "gamma",
-        "global_lr",
-        "radius_margin",
-        "min_radius",
-        "range_quantile",
-        "seed",
-        "min_clients",
-        "stage_timeout",
-        "first_stage_timeout",
-        "poll_interval",
-        "max_inflight",
-        "wait_for_nodes",
-        "out_dir",
-        "resume",
-        "checkpoint_patience",
-        "device",
-        "num_rounds",
-    }
-)
-"""``RunConfig`` fields that are keywords of :class:`CorBin` besides the mechanism settings that
-every instruction carries (the others describe this project's own task: data, model, local
-training)."""
-
-
-def _protocol_fields() -> frozenset[str]:
-    """Every keyword of :class:`CorBin` that is a ``RunConfig`` key (snake case): the common ones
-    and every mechanism setting an instruction carries (``registry.PARAM_KEYS``: the common keys
-    and every registered mechanism's parameters), derived from the registry now."""
-    return _COMMON_FIELDS | {key.replace("-", "_") for key in registry.param_keys()}
 
 
 class RunFailedError(RuntimeError):
@@ -118,30 +88,81 @@ class PolicyRefusedError(RunFailedError):
 class CorBin(Strategy):
     """Wrap a Flower Message-API strategy so that every update is released through CorBin-FL.
 
+    Every keyword but ``strategy``, ``update_radius`` and ``select_metric`` is the protocol
+    setting of :class:`corbin_fl.config.RunConfig` of the same name (run-config key in kebab
+    case), with its default and its checks (``tests/unit/test_strategy_keywords.py`` keeps the
+    defaults in step); the app's task (data, model, local training) is not the building block's.
+
     Parameters
     ----------
     strategy : Strategy
         The wrapped strategy (``FedAvg``, ``FedAdam``, ``FedYogi``, ``FedAvgM``, ...): it samples
         the nodes, turns the decoded mean into the next global model, aggregates the clients'
         metrics and runs federated evaluation.
+    mechanism : str
+        Every registered mechanism (``corbin_fl.config.MECHANISMS``); ``"corbin"`` is
+        CorBin-FL (Alg. 2 and 3).
     epsilon : float
         Per-parameter privacy budget ``eps_p`` of every released update (Alg. 1/2).
+    delta : float
+        ``delta`` of the (eps, delta) mechanisms and of the accounting.
+    d : int
+        Shared random bits per parameter of a pair (Alg. 3 line 15), 1 to 16.
+    gamma : float
+        AugCorBin-FL's fraction of clients that quantize independently, in [0, 1].
+    p_x : float
+        Bias of the codebook coin, in (0, 1); 0.5 is the paper's unbiased codebook.
+    cr_mode : str
+        How a pair gets its common randomness: ``"relay"``, ``"derived"`` or ``"exact"``.
+    range_mode : str
+        ``"update"``: the clients quantize ``w_i - w_g`` in ``[-R, R]``; ``"layer"``: the
+        weights in the global model's layer ranges (the paper, Sec. V-2).
     update_radius : float or callable
         ``R`` of ``range_mode = "update"``: a number, or ``rule(num_nodes) -> R`` called once at
         the start of the run (a resumed run keeps its ``R``). Default
         :data:`DEFAULT_UPDATE_RADIUS`.
+    global_lr : float
+        ``lambda`` of eq. (6), in (0, 1].
+    radius_margin, min_radius, range_quantile : float
+        The layer ranges of ``range_mode = "layer"``: relative margin, smallest radius, and the
+        quantile ``q`` in (0.5, 1] of each layer's range.
+    seed : int
+        Seed of everything public (pairing, AugCorBin split); never of keys or noise.
+    num_rounds : int
+        Rounds ``T`` (:meth:`start`'s ``num_rounds`` replaces it).
+    min_clients : int
+        Nodes the run waits for before round 1; a round with fewer sampled nodes is skipped.
+    stage_timeout, first_stage_timeout : float
+        Seconds a stage waits for replies; the first run of each stage waits the larger one.
+    poll_interval : float
+        Seconds between two pulls of replies.
+    max_inflight : int
+        Instructions outstanding at once per stage (0 = all nodes at once).
+    wait_for_nodes : float
+        Seconds to wait for ``min_clients`` nodes before the run fails.
+    out_dir : str
+        Where ``metrics.jsonl``, ``summary.json`` (with the privacy report) and the crash
+        checkpoint go ("" = no files).
+    resume : bool
+        Continue the run whose checkpoint is in ``out_dir``.
+    checkpoint_patience : int
+        Reload the best-validation model after this many rounds without improvement (0 = off).
+    device : str
+        The server's compute device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+    secure_aggregation : bool
+        SecAgg+ around the update stage: the server learns only the sum of the symbols
+        (:mod:`corbin_fl.secure`).
+    secagg_neighbours, secagg_threshold : int
+        SecAgg+'s ``k`` and Shamir ``t`` (0 = the defaults).
+    test_z_digest : bool
+        Test only: clients report a digest of their pair's common randomness.
     select_metric : str
         Metric of ``evaluate_fn`` for the paper's checkpoint rule (``checkpoint_patience``) and
         the summary's best round; larger is better.
-    **options
-        Any other protocol setting of :class:`corbin_fl.config.RunConfig` in snake case:
-        ``mechanism`` (default ``"corbin"``; every mechanism of ``MECHANISMS``), ``delta``, ``d``,
-        ``cr_mode`` (``"relay"``), ``range_mode`` (``"update"``), ``global_lr``, ``gamma``,
-        ``p_x``, ``stage_timeout``, ``first_stage_timeout``, ``poll_interval``, ``max_inflight``,
-        ``min_clients``, ``wait_for_nodes``, ``out_dir`` (metrics, summary with the privacy
-        report, crash checkpoint), ``resume``, ``checkpoint_patience``, ``seed``, ``device``, and
-        every registered mechanism's parameters (``pbm_trials``, ``fedcad_clip``, ...; the
-        registry's ``Param`` specs).
+    **mechanism_params
+        The registered mechanisms' parameters in snake case (``pbm_trials``, ``fedcad_clip``,
+        ...: the registry's ``Param`` specs, :func:`corbin_fl.registry.param_specs`), with their
+        registered defaults; any other keyword is refused.
 
     Raises
     ------
@@ -155,27 +176,84 @@ class CorBin(Strategy):
         self,
         strategy: Strategy,
         *,
+        mechanism: str = "corbin",
         epsilon: float = 1.0,
+        delta: float = 1e-5,
+        d: int = 5,
+        gamma: float = 0.2,
+        p_x: float = 0.5,
+        cr_mode: str = "relay",
+        range_mode: str = "update",
         update_radius: float | RadiusRule = DEFAULT_UPDATE_RADIUS,
+        global_lr: float = 1.0,
+        radius_margin: float = 0.0,
+        min_radius: float = 1e-3,
+        range_quantile: float = 1.0,
+        seed: int = 0,
+        num_rounds: int = 3,
+        min_clients: int = 2,
+        stage_timeout: float = 120.0,
+        first_stage_timeout: float = 300.0,
+        poll_interval: float = 0.2,
+        max_inflight: int = 0,
+        wait_for_nodes: float = 120.0,
+        out_dir: str = "",
+        resume: bool = False,
+        checkpoint_patience: int = 0,
+        device: str = "auto",
+        secure_aggregation: bool = False,
+        secagg_neighbours: int = 0,
+        secagg_threshold: int = 0,
+        test_z_digest: bool = False,
         select_metric: str = "val_accuracy",
-        **options: Any,
+        **mechanism_params: Any,
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise TypeError(f"CorBin wraps a Flower Strategy, got {type(strategy).__name__}")
-        unknown = sorted(set(options) - _protocol_fields())
+        parameters = {spec.field for spec in registry.param_specs().values()}
+        unknown = sorted(set(mechanism_params) - parameters)
         if unknown:
             raise TypeError(f"CorBin got unknown keyword(s) {unknown}")
         rule = update_radius if callable(update_radius) else None
         fixed = None if callable(update_radius) else update_radius
         if fixed is not None and not (isinstance(fixed, int | float) and math.isfinite(fixed)):
             raise TypeError(f"update_radius must be a number or a callable, got {fixed!r}")
-        flower = {k.replace("_", "-"): v for k, v in {**options, "epsilon": epsilon}.items()}
+        protocol: dict[str, Any] = {
+            "mechanism": mechanism,
+            "epsilon": epsilon,
+            "delta": delta,
+            "d": d,
+            "gamma": gamma,
+            "p_x": p_x,
+            "cr_mode": cr_mode,
+            "range_mode": range_mode,
+            "global_lr": global_lr,
+            "radius_margin": radius_margin,
+            "min_radius": min_radius,
+            "range_quantile": range_quantile,
+            "seed": seed,
+            "num_rounds": num_rounds,
+            "min_clients": min_clients,
+            "stage_timeout": stage_timeout,
+            "first_stage_timeout": first_stage_timeout,
+            "poll_interval": poll_interval,
+            "max_inflight": max_inflight,
+            "wait_for_nodes": wait_for_nodes,
+            "out_dir": out_dir,
+            "resume": resume,
+            "checkpoint_patience": checkpoint_patience,
+            "device": device,
+            "secure_aggregation": secure_aggregation,
+            "secagg_neighbours": secagg_neighbours,
+            "secagg_threshold": secagg_threshold,
+            "test_z_digest": test_z_digest,
+            **mechanism_params,
+        }
+        flower = {key.replace("_", "-"): value for key, value in protocol.items()}
         if fixed is not None:
             flower["update-radius"] = float(fixed)
         cfg = RunConfig.from_flower(flower)
         if cfg.quantizes_update and fixed is not None and fixed <= 0:
-            from corbin_fl.config import ConfigError
-
             raise ConfigError({"update-radius": "must be > 0 (the clip range of the updates)"})
         self._init(strategy, cfg, rule, select_metric)
 
@@ -198,8 +276,6 @@ class CorBin(Strategy):
             building block knows nothing of the app's data to derive it from.
         """
         if cfg.quantizes_update and cfg.update_radius <= 0 and update_radius is None:
-            from corbin_fl.config import ConfigError
-
             raise ConfigError(
                 {
                     "update-radius": "0 (derive R) needs the app's rule: pass "
@@ -315,8 +391,6 @@ class CorBin(Strategy):
             written first): the model is the initial one, which is no success.
         """
         if logging.getLogger("corbin_fl").level == logging.NOTSET:  # the app left it to us
-            from corbin_fl.config import configure_app_logging
-
             configure_app_logging()  # CorBin-FL's INFO lines in the ServerApp's log, as Flower's
         self.cfg = dataclasses.replace(self.cfg, num_rounds=num_rounds)
         self.summary()
@@ -350,9 +424,6 @@ class CorBin(Strategy):
         server.checkpoint.CheckpointError
             ``resume`` without a usable checkpoint, or an ``out_dir`` holding another run's.
         """
-        from corbin_fl.server.checkpoint import Checkpointer, CheckpointError, TrainingState
-        from corbin_fl.server.round import wait_for_nodes
-
         cfg, rt = run.cfg, run.rt
         run.ckpt = Checkpointer(cfg.out_dir, cfg, rt.layout.m) if cfg.out_dir else None
         resumed: TrainingState | None = None
@@ -379,7 +450,7 @@ class CorBin(Strategy):
                 f"({run.ckpt.state_path}): set resume = true to continue it, or use a new out-dir"
             )
 
-        nodes = wait_for_nodes(rt.grid, cfg)
+        nodes = wait_for_connected_nodes(rt.grid, cfg)
         logger.info("%d node(s) connected", len(nodes))
         run.radius = self._resolve_radius(len(nodes), resumed.history if resumed else [])
         rt.update_radius = run.radius["value"] if run.radius else 0.0
@@ -405,8 +476,6 @@ class CorBin(Strategy):
         timeout: float,
     ) -> None:
         """Round ``rnd``: train, evaluate, the checkpoint rule, the ledger, then commit."""
-        from corbin_fl.server.records import round_record
-
         run.files.round_start(rnd)
         t0, cpu0, thread0 = time.monotonic(), time.process_time(), time.thread_time()
         state = self._train_round(run.rt, rnd, run.arrays(), train_config, run.result)
@@ -460,8 +529,6 @@ class CorBin(Strategy):
     ) -> None:
         """Make round ``rnd`` durable: the ledger, the checkpoint, then its metrics row (a
         visible row is a durable round), the round's event and log line."""
-        from corbin_fl.server.checkpoint import release_event
-
         cfg, files = run.cfg, run.files
         for nid, metrics in sorted(state.client_metrics.items()):
             paired = metrics.get(wire.M_PAIRED, 0.0) > 0
@@ -508,8 +575,6 @@ class CorBin(Strategy):
     def _finish(self, run: _Run, train: TrainingState) -> None:
         """The final model, ``summary.json``, and the verdict: a run in which no round
         aggregated an update fails (:class:`RunFailedError`)."""
-        from corbin_fl.server.records import build_summary
-
         run.result.arrays = run.arrays()
         summary = build_summary(run.cfg, train.history, train.best, run.rt.layout.m, train=train)
         if run.radius:
@@ -530,9 +595,6 @@ class CorBin(Strategy):
         result: Result,
     ) -> Any:
         """One training round: sampling by the wrapped strategy, the protocol, its aggregation."""
-        from corbin_fl.arrays import flatten_arrays
-        from corbin_fl.server.round import run_round, skipped_round
-
         connected = len(list(rt.grid.get_node_ids()))
         if connected < rt.cfg.min_clients:
             return skipped_round(rt, rnd, connected)
@@ -606,8 +668,6 @@ class CorBin(Strategy):
         """Federated evaluation by the wrapped strategy (nothing when it samples no node),
         collected as the protocol's stages are (``server/stages.py: collect``: a SuperLink
         outage costs its bound, not ``timeout``)."""
-        from corbin_fl.server.stages import collect
-
         grid = rt.grid
         messages = list(
             self.strategy.configure_evaluate(rnd, arrays, ConfigRecord(dict(config)), grid)
@@ -675,11 +735,6 @@ class _Run:
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
     ) -> _Run:
         """The run's state from the initial model; logs and records ``run_start``."""
-        from corbin_fl.arrays import flatten_arrays, layout_of_arrays
-        from corbin_fl.devices import pick_device
-        from corbin_fl.server.metrics import RunFiles
-        from corbin_fl.server.round import ServerRuntime
-
         layout = layout_of_arrays(initial_arrays)
         device = pick_device(cfg.device)
         files = RunFiles(cfg.out_dir)
@@ -713,8 +768,6 @@ class _Run:
 
     def arrays(self) -> ArrayRecord:
         """The current global model in the app's layout."""
-        from corbin_fl.arrays import unflatten_arrays
-
         weights = self.rt.weights.detach().cpu().numpy()
         return unflatten_arrays(weights, self.rt.layout, self.template)
 
@@ -730,8 +783,6 @@ class _Run:
 
     def journal(self, rnd: int, nid: int, metrics: dict[str, float]) -> None:
         """Journal an accepted update at once (a crash later in the round keeps it)."""
-        from corbin_fl.server.checkpoint import release_event
-
         if self.ckpt is None:
             return
         paired = metrics.get(wire.M_PAIRED, 0.0) > 0
