@@ -12,7 +12,9 @@ there takes its registered default).
 
 :meth:`RunConfig.from_flower` is the only boundary: it rejects unknown keys (with a did-you-mean),
 wrong types and out-of-range values, and reports ALL bad keys in one :class:`ConfigError`, so a bad
-run fails at start with one clear message instead of in round 7.
+run fails at start with one clear message instead of in round 7. The checks run by job (the
+protocol's settings, this app's task, the registered mechanisms' parameters, secure aggregation:
+:func:`corbin_fl.secure.config_errors`), each range or choice with :mod:`corbin_fl.validate`.
 """
 
 from __future__ import annotations
