@@ -15,6 +15,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from corbin_fl import wire
+from corbin_fl.app.train import partition
+from corbin_fl.app.train import train as train_locally
 from corbin_fl.client.mod import corbin_mod
 from corbin_fl.config import ConfigError, RunConfig, configure_app_logging
 from corbin_fl.flower_version import check_flower
@@ -45,8 +47,6 @@ def dropout_mod(
 
 
 def _drops_out(cfg: RunConfig, context: Context, rnd: int) -> bool:
-    from corbin_fl.app.train import partition
-
     try:
         who = partition(context, required=False)
     except (TypeError, ValueError):  # malformed node config: reported by the train handler
@@ -70,7 +70,6 @@ def lifespan(context: Context) -> Iterator[None]:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Train the global model locally (torch is imported here, not for keygen/pair)."""
-    from corbin_fl.app.train import train as train_locally
-
+    """Train the global model locally (torch is imported then, not for keygen/pair:
+    :mod:`corbin_fl.app.train` imports it in its handler)."""
     return train_locally(msg, context)

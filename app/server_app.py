@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -26,8 +27,13 @@ from flwr.app import (
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+# Through the modules (data.server_datasets, not server_datasets): the protocol tests replace
+# their functions with fakes (tests/protocol/conftest.py).
+from corbin_fl.app import data, models, training
 from corbin_fl.config import RunConfig, configure_app_logging
+from corbin_fl.devices import pick_device
 from corbin_fl.flower_version import check_flower
+from corbin_fl.server.strategy import CorBin
 
 logger = logging.getLogger(__name__)
 
@@ -128,22 +134,16 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     server.checkpoint.CheckpointError
         ``resume = true`` without a usable checkpoint, or an ``out-dir`` holding another run's.
     """
-    from corbin_fl.app.data import dataset_info, server_datasets, test_split_text
-    from corbin_fl.app.models import build_model
-    from corbin_fl.app.training import evaluate
-    from corbin_fl.devices import pick_device
-    from corbin_fl.server.strategy import CorBin
-
     device = pick_device(cfg.device)
-    info = dataset_info(cfg.dataset, cfg.data_dir or None)
+    info = data.dataset_info(cfg.dataset, cfg.data_dir or None)
     logger.info(
         "data: %s (dataset %s), %d examples, classes %s, normalised with mean %s and std %s; "
         "test: %s",
         info.title, cfg.dataset, info.num_examples, ", ".join(info.class_names) or "-",
-        info.mean, info.std, test_split_text(cfg.dataset, cfg.use_official_test),
+        info.mean, info.std, data.test_split_text(cfg.dataset, cfg.use_official_test),
     )  # fmt: skip
-    model = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
-    val, test = server_datasets(
+    model = models.build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
+    val, test = data.server_datasets(
         cfg.dataset,
         data_seed=cfg.data_seed,
         data_dir=cfg.data_dir or None,
@@ -154,15 +154,13 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     # Fashion-MNIST) is most of what a round does besides training. Its own copy of the model
     # keeps the convolution weights channels-last, which oneDNN runs about 1.8x cheaper on CPU
     # (docs/BENCHMARKS.md, "One 50-client round"); the values are the same.
-    import torch
-
-    scorer = build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
+    scorer = models.build_model(cfg.model, info.in_channels, info.num_classes, seed=cfg.seed)
     scorer.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
 
     def evaluate_fn(rnd: int, arrays: ArrayRecord) -> MetricRecord:
         scorer.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-        v = evaluate(scorer, val, batch_size=cfg.eval_batch_size, device=device)
-        t = evaluate(scorer, test, batch_size=cfg.eval_batch_size, device=device)
+        v = training.evaluate(scorer, val, batch_size=cfg.eval_batch_size, device=device)
+        t = training.evaluate(scorer, test, batch_size=cfg.eval_batch_size, device=device)
         return MetricRecord(
             {
                 "val_accuracy": v.accuracy,
@@ -202,15 +200,12 @@ def update_radius(cfg: RunConfig, num_nodes: int) -> dict[str, Any] | None:
         return None
     if cfg.update_radius > 0:
         return {"value": cfg.update_radius, "source": "update-radius (run config)"}
-    from corbin_fl.app.data import train_size
-    from corbin_fl.app.training import step_bound
-
-    bound = step_bound(
+    bound = training.step_bound(
         lr=cfg.lr,
         local_epochs=cfg.local_epochs,
         batch_size=cfg.batch_size,
         max_steps=cfg.max_steps,
-        train_size=train_size(
+        train_size=data.train_size(
             cfg.dataset,
             data_seed=cfg.data_seed,
             data_dir=cfg.data_dir or None,

@@ -76,6 +76,9 @@ class LocalTask:
     _cache: ClassVar[dict[tuple[Any, ...], LocalTask]] = {}
 
     def __init__(self, cfg: RunConfig) -> None:
+        # Imported here, not at the top: each imports torch, which a ClientApp process that
+        # answers keygen or pair must not load (app/client_app.py imports this module;
+        # tests/unit/test_lazy_imports.py). The same holds for every import below.
         from corbin_fl.app.data import dataset_info
         from corbin_fl.app.models import empty_model
         from corbin_fl.devices import device_label, pick_device
@@ -111,7 +114,7 @@ def start_device(device: Any) -> None:
     """Start ``device`` now: on CUDA, create the context (and load its libraries) with one tiny
     allocation, so that its cost is measured apart from the model's and the data's."""
     if device.type == "cuda":
-        import torch
+        import torch  # lazy: see LocalTask.__init__
 
         torch.empty(1, device=device)
         torch.cuda.synchronize(device)
@@ -131,7 +134,7 @@ def local_dataset(cfg: RunConfig, context: Context, pid: int, num: int) -> Any:
     needs the ``flwr_datasets`` partitioners (Hugging Face ``datasets``, pandas, pyarrow: several
     seconds of imports), so only the first round does it and later rounds reuse the rows.
     """
-    from corbin_fl.app.data import client_rows, dataset_rows
+    from corbin_fl.app.data import client_rows, dataset_rows  # lazy (torch): LocalTask.__init__
 
     key = "|".join(
         str(v)
@@ -188,7 +191,7 @@ def train(msg: Message, context: Context) -> Message:
     """
     startup = process_age()
     t0 = time.perf_counter()
-    from corbin_fl.app.training import train_local
+    from corbin_fl.app.training import train_local  # lazy (torch), measured: import-seconds
 
     t_import = time.perf_counter()
     cfg = RunConfig.from_flower(context.run_config)

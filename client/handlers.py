@@ -192,6 +192,9 @@ def _exact_bits(cfg: RunConfig, ctx: PairContext, num_params: int) -> bytes:
     Drawn with the law of the codebook (i.i.d. Bernoulli(``p_x``) bits) by expanding a fresh
     CSPRNG seed; for ``p_x = 1/2`` these are ``d*m`` fair bits as in Alg. 3 line 15.
     """
+    # Imported here, not at the top, as every import of this module inside a function: it
+    # loads torch, which a ClientApp process answering keygen or pair must not (client/mod.py
+    # imports this module; tests/unit/test_lazy_imports.py).
     from corbin_fl.mechanisms.randomness import context_label, expand_seed, pack_z
 
     label = context_label(ctx.run_id, ctx.round, ctx.self_id, ctx.partner_id)
@@ -248,7 +251,7 @@ def prepare_update(
     ``arrays-key``, usually a train config). The model may have at most ``max_params``
     floating-point parameters (the node's policy).
     """
-    from corbin_fl.arrays import ArrayLayoutError, flatten_arrays, layout_of_arrays
+    from corbin_fl.arrays import ArrayLayoutError, flatten_arrays, layout_of_arrays  # torch
 
     if not msg.has_content():
         raise wire.WireError("instruction without content")
@@ -357,7 +360,7 @@ def finish_update(
     ``corbin.update{bits | values}``, ``corbin.metrics{...}`` and the app's MetricRecords and
     ConfigRecords unchanged; no ArrayRecord of the app ever leaves the node.
     """
-    from corbin_fl.arrays import ArrayLayoutError, check_same_weights, flatten_arrays
+    from corbin_fl.arrays import ArrayLayoutError, check_same_weights, flatten_arrays  # torch
     from corbin_fl.client import encode  # torch lives behind this import
 
     arrays = app_reply.array_records
@@ -467,7 +470,7 @@ def _resolve_common_randomness(
             _partner_id(cfg_rec, context)  # unused, but the instruction must be well formed
         reason = _ASSIGNMENT_FALLBACK.get(assignment)
         return Fallback(reason) if reason else None
-    from corbin_fl.mechanisms.pairing import is_lead
+    from corbin_fl.mechanisms.pairing import is_lead  # torch (mechanisms.validate)
 
     nid = context.node_id
     partner = _partner_id(cfg_rec, context)

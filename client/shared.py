@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 
 
@@ -52,6 +52,4 @@ class Shared:
 
 def assignments_of(cfg: RunConfig) -> tuple[str, ...]:
     """The ``assignment`` values the server may send for ``cfg.mechanism`` (registry)."""
-    from corbin_fl import registry
-
     return registry.get(cfg.mechanism).assignments

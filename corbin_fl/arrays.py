@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from corbin_fl import wire
 from corbin_fl.layout import ParamLayout
 
 
@@ -132,8 +133,6 @@ def _decode(arr: Array, name: str, shape: tuple[int, ...]) -> np.ndarray:
     Array's own dtype and shape and the payload must be exactly ``itemsize * size`` bytes, so a
     forged header can make the node allocate nothing beyond the declared size.
     """
-    from corbin_fl import wire
-
     try:
         values = wire.decode_npy(arr.data, name, np.dtype(arr.dtype), shape)
     except wire.WireError as exc:

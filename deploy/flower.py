@@ -149,8 +149,6 @@ def parse_config_string(text: str) -> dict[str, Any]:
     ValueError
         If the string is not in that format.
     """
-    import tomllib
-
     text = text.strip()
     if not text:
         return {}

@@ -19,6 +19,9 @@ from typing import Any
 
 import tomli_w
 
+from corbin_fl import registry
+from corbin_fl.client.policy import Policy, PolicyError
+from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.deploy.flower import (
     COMPLETED_STATUS,
     RUN_ID_RE,
@@ -243,10 +246,6 @@ class LocalRunOptions:
         ValueError
             The node's reason, which names the run's setting and the node's limit.
         """
-        from corbin_fl import registry
-        from corbin_fl.client.policy import Policy, PolicyError
-        from corbin_fl.config import ConfigError, RunConfig
-
         if "mechanism" not in effective:  # another app: its nodes' policy is its own business
             return
         try:

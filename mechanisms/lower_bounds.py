@@ -30,6 +30,7 @@ import math
 from typing import Any
 
 import numpy as np
+from dp_accounting.pld import privacy_loss_distribution as pldm
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
@@ -122,8 +123,6 @@ def pair_epsilon(p: ArrayLike, q: ArrayLike, delta: float) -> float:
 
 
 def _optimistic_pld(p: NDArray[np.float64], q: NDArray[np.float64], discretization: float) -> Any:
-    from dp_accounting.pld import privacy_loss_distribution as pldm
-
     keep = np.nonzero((p >= _TINY) & (q >= _TINY))[0]
     if keep.size == 0:
         raise ValueError("p and q share no outcome: the pair has no finite privacy loss")
@@ -329,8 +328,6 @@ def gaussian_composed_lower_bound(
     float
         ``eps`` (a lower bound).
     """
-    from dp_accounting.pld import privacy_loss_distribution as pldm
-
     mu = positive(sensitivity_over_sigma, "sensitivity_over_sigma")
     k = integer(k, "k", 1)
     target = probability(delta, "delta")

@@ -49,6 +49,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from corbin_fl import registry
 from corbin_fl.config import RunConfig
 from corbin_fl.fsio import atomic_write_bytes, atomic_write_text
 from corbin_fl.mechanisms.accounting import PrivacyEvent, PrivacyLedger
@@ -112,8 +113,6 @@ def release_event(
         ``eps_p = epsilon`` (``None`` for cq/fedavg, which give no DP), ``d`` for a paired
         release, ``delta`` for gaussian/fedcad.
     """
-    from corbin_fl import registry
-
     return registry.get(cfg.mechanism).release(cfg, rnd, node, num_params, paired=paired)
 
 

@@ -63,7 +63,7 @@ from corbin_fl.secagg.messages import (
     ShareKeysReply,
 )
 from corbin_fl.secagg.server import SecAggServer
-from corbin_fl.server.round import reply_head
+from corbin_fl.server.round import instruction, reply_head
 from corbin_fl.server.stages import RoundState, exchange
 
 logger = logging.getLogger(__name__)
@@ -191,8 +191,6 @@ class SecureRound:
         the same record names, each as :mod:`corbin_fl.secagg.wire` reads it (the main one's
         stage and round checked here). Returns the replies by node and the failures."""
         rt, state = self.rt, self.state
-        from corbin_fl.server.round import instruction
-
         got: dict[int, dict[str, RecordDict]] = {}
         before = set(state.dropped)
 
