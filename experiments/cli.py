@@ -18,16 +18,18 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from corbin_fl.experiments import report, sweep
+from rich import progress as rp
+from rich.console import Console
+from rich.logging import RichHandler
+
+from corbin_fl.app.sources import check_dataset_files
+from corbin_fl.experiments import mse, report, sweep
 from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.report import Target
 from corbin_fl.experiments.spec import ExperimentSpec, SpecError, load_spec
 from corbin_fl.experiments.sweep import Backend, Run, RunState
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +84,6 @@ def finalize(
     extra = f" --results {results_root}" if Path(results_root) != Path("results") else ""
     command = f"corbin-fl experiment run {spec.source or '<spec.toml>'}{extra}"
     if spec.kind == "mse":
-        from corbin_fl.experiments import mse
-
         return mse.finalize(spec, root, command)
     if not (results := load_finished(spec, results_root)):
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
@@ -108,8 +108,6 @@ def run(
     (:func:`experiments.mse.measure`), then write every output. ``app_dir`` defaults to this
     checkout; ``backend`` replaces the simulation (tests). ``ValueError`` if the app does not
     declare every run-config key the runs use."""
-    from rich import progress as rp
-
     if max_runs is not None and max_runs < 0:
         raise ValueError(f"max_runs must be >= 0, got {max_runs}")
     # runs done, the current round and the ETA of the runs executed now (an honest ETA)
@@ -117,8 +115,6 @@ def run(
     times = (rp.TimeElapsedColumn(), rp.TextColumn("ETA"), rp.TimeRemainingColumn())
     view = rp.Progress(*count, *times, console=console, disable=not progress)
     if spec.kind == "mse":
-        from corbin_fl.experiments import mse
-
         (root := Path(results_root) / spec.name).mkdir(parents=True, exist_ok=True)
         bar = view.add_task("runs to do", total=1)
         with view:
@@ -206,8 +202,6 @@ def progress_line(name: str, outcome: Outcome, index: int, todo: int, started: f
 def check_data(runs: Iterable[Run]) -> None:
     """Fail before any run starts when the files of a run's data set are missing (the IDX data
     sets: every missing file and how to get it, :func:`app.sources.check_dataset_files`)."""
-    from corbin_fl.app.sources import check_dataset_files
-
     seen: set[tuple[str, str]] = set()
     for r in runs:
         config = sweep.app_run_config(r.run_config)
@@ -261,9 +255,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and on errors (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
-    from rich.console import Console
-    from rich.logging import RichHandler
-
     if not logging.getLogger().handlers:
         handler = RichHandler(show_path=False, rich_tracebacks=False)
         level = logging.DEBUG if args.verbose else logging.INFO

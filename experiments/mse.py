@@ -23,21 +23,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from matplotlib.figure import Figure
 
+from corbin_fl.app.data import client_dataset, dataset_info
+from corbin_fl.app.models import build_model
+from corbin_fl.app.training import train_local
 from corbin_fl.devices import pick_device
 from corbin_fl.experiments import report as rp
 from corbin_fl.experiments.plots import THREAT_NOTE, annotate, new_figure, save
 from corbin_fl.experiments.results import TEXTS, Stat, write_table
 from corbin_fl.experiments.spec import ExperimentSpec, MSESpec
 from corbin_fl.fsio import atomic_write_bytes, atomic_write_text
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+from corbin_fl.layout import flatten, layer_ids, layout_of
+from corbin_fl.mechanisms.quantizers import corbinq, decode, ldpq
+from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +127,6 @@ def _pair_errors(
 ) -> list[torch.Tensor]:
     """Squared pair errors ``(Q1(w1) + Q2(w2) - w1 - w2)^2`` of ``n`` draws of CorBinQ and of
     LDPQ, ``(n, *w1.shape)`` each."""
-    from corbin_fl.mechanisms.quantizers import corbinq, decode, ldpq
-
     shape = (n, *w1.shape)
     a, b = w1.expand(shape), w2.expand(shape)
     c, r = (x.expand(shape) if isinstance(x, torch.Tensor) else x for x in (c, r))
@@ -147,8 +149,6 @@ def measure_grid(
     (``cpu``, ``cuda``, ``auto``); ``on_step(done, total)`` after each (eps, seed)."""
     if not seeds:
         raise ValueError("seeds must not be empty")
-    from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
-
     dev = pick_device(device)
     c, r, d, G = float(spec.center), float(spec.radius), int(spec.d), spec.grid_points
     w = np.linspace(c - r, c + r, G)
@@ -202,12 +202,6 @@ def measure_real_weights(
     with shuffling seed ``seed + k``; ``on_step(done, total)`` after training and each eps."""
     if (rw := spec.real_weights) is None:
         raise ValueError("spec.real_weights is not set ([mse.real-weights] table)")
-    from corbin_fl.app.data import client_dataset, dataset_info
-    from corbin_fl.app.models import build_model
-    from corbin_fl.app.training import train_local
-    from corbin_fl.layout import flatten, layer_ids, layout_of
-    from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
-
     dev, step = pick_device(device), on_step or (lambda done, total: None)
     info = dataset_info(rw.dataset)
     init = build_model(rw.model, info.in_channels, info.num_classes, seed=int(seed))

@@ -5,7 +5,8 @@ description and the settings all its runs share (:func:`fixed_settings`); a capt
 the error bars are (one sample std over the seeds) and the y-axis rule (:func:`accuracy_ylim`:
 at least ``MIN_Y_SPAN`` points and ``STD_SPAN`` seed stds, so seed noise does not read as a
 trend); a legend entry for every line, each mechanism with its privacy guarantee and the threat
-models of SECURITY.md it holds against (:data:`THREAT_NOTE` keys the letters). Federated figures
+models of SECURITY.md it holds against, as its runs' ``summary.json`` states them
+(:func:`group_kind`; :data:`THREAT_NOTE` keys the letters). Federated figures
 draw the lambda-selected settings (:func:`experiments.results.group_results`); the MSE figures
 are in :mod:`experiments.mse`. ``*_figure`` builds a figure, :func:`save` writes it.
 """
@@ -19,20 +20,22 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, PAIRED_MECHANISMS, RunConfig
-from corbin_fl.experiments.results import GroupResult, Stat, finite, group_label
+from corbin_fl.experiments.results import GroupResult, Stat, finite, group_label, privacy_view
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
 from corbin_fl.fsio import atomic_write_bytes
+from corbin_fl.mechanisms.accounting import THREAT_MODELS
 from corbin_fl.mechanisms.protection import MEANINGFUL_EPS, NO_PROTECTION
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +57,6 @@ MIN_Y_SPAN = 20.0
 STD_SPAN = 5.0
 """An accuracy line figure's y-axis also spans at least this many of its largest seed std."""
 
-THREAT_MODELS: dict[str, str] = {
-    "A": "eavesdropper on one uplink",
-    "B": "server that sees every bit",
-    "C": "malicious client",
-    "D": "malicious server",
-}
-"""SECURITY.md's adversaries (``mechanisms.accounting.THREAT_MODELS``, not imported: torch)."""
 THREAT_NOTE = "threat models (SECURITY.md): " + "; ".join(
     f"{key}: {name}" for key, name in THREAT_MODELS.items()
 )
@@ -118,12 +114,41 @@ def guarantee_kind(mechanism: str) -> str | None:
     )
 
 
-def guarantee(setting: Mapping[str, RunValue]) -> Guarantee:
-    """The guarantee of a setting from its ``mechanism``, ``epsilon`` and ``delta``;
-    ``ValueError`` without a known mechanism or a finite number its label needs."""
+def report_kind(report: Mapping[str, Any] | None) -> str | None:
+    """The guarantee class a run's privacy report states (``summary.json``'s ``privacy``, as
+    :func:`experiments.results.privacy_view` reads it), from the threat models whose entry
+    says ``dp``: A and B, with a per-parameter delta > 0 (Gaussian), a per-parameter eps alone
+    (LDP) or per update (no per-parameter entry); A alone (paired); neither: C (central) or
+    none (no DP). ``None`` without threat models, or with B and not A (no class of these)."""
+    tm = report.get("threat_models") if isinstance(report, Mapping) else None
+    if not isinstance(tm, Mapping):
+        return None
+    dp = {k for k, e in tm.items() if isinstance(e, Mapping) and e.get("dp") is True}
+    if {"A", "B"} <= dp:
+        if not isinstance(pp := tm["A"].get("per_parameter"), Mapping):
+            return UPDATE_KIND
+        return GAUSSIAN_KIND if finite(pp.get("delta"), 0.0) else LDP_KIND
+    if "B" in dp:
+        return None
+    return PAIRED_KIND if "A" in dp else CENTRAL_KIND if "C" in dp else NO_DP_KIND
+
+
+def group_kind(g: GroupResult) -> str | None:
+    """The guarantee class of a setting as its runs' ``summary.json`` states it
+    (:func:`report_kind`); for runs without a privacy report, its mechanism's
+    (:func:`guarantee_kind`)."""
+    run = next((r for r in g.runs if r.summary.get("privacy")), None)
+    kind = report_kind(privacy_view(run.summary)) if run is not None else None
+    return kind if kind is not None else guarantee_kind(_mech(g))
+
+
+def guarantee(setting: Mapping[str, RunValue], kind: str | None = None) -> Guarantee:
+    """The guarantee of a setting of class ``kind`` (by default its mechanism's,
+    :func:`guarantee_kind`) with its ``epsilon`` and ``delta``; ``ValueError`` without a
+    known class or a finite number its label needs."""
     if not isinstance(mech := setting.get("mechanism"), str):
         raise ValueError(f"the setting names no mechanism ({mech!r}); cannot state its guarantee")
-    if (kind := guarantee_kind(mech)) is None:
+    if (kind := kind or guarantee_kind(mech)) is None:
         known = sorted(registry.REGISTRY)
         raise ValueError(f"no privacy guarantee is known for mechanism {mech!r}; known: {known}")
     label = _KINDS[kind][3]
@@ -161,7 +186,8 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     per-parameter budget.
     """
     mechs = {_mech(g) for g in groups}
-    private = {m for m in mechs if guarantee_kind(m) not in (NO_DP_KIND, None)}
+    kinds = {_mech(g): group_kind(g) for g in groups}
+    private = {m for m, kind in kinds.items() if kind not in (NO_DP_KIND, None)}
 
     def fixed(key: str) -> RunValue | None:
         values = {repr(g.setting[key]): g.setting[key] for g in groups if key in g.setting}
@@ -186,7 +212,7 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     parts += named("delta", "δ", any(registry.REGISTRY[m].has_delta for m in private))
     parts += named("d", "d", mechs & PAIRED_MECHANISMS)
     parts += named("gamma", "γ", "augcorbin" in mechs)
-    ranged = any(guarantee_kind(m) in _RANGED_KINDS for m in mechs)
+    ranged = any(kind in _RANGED_KINDS for kind in kinds.values())
     parts += named("range-mode", "range-mode", ranged)
     range_mode, radius = fixed("range-mode"), fixed("update-radius")  # radius: where quantized
     if radius is not None and range_mode in ("update", None):
@@ -261,9 +287,6 @@ def new_figure(
 ) -> tuple[Figure, list[Axes]]:
     """A figure of ``n`` panels of ``w`` x ``h`` inches, at most ``max_cols`` per row (``kw``
     go to ``subplots``), and its panels row by row."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     ncols = min(max_cols, n)
     fig = Figure(figsize=(w * ncols, h * math.ceil(n / ncols)), layout="constrained")
     FigureCanvasAgg(fig)
@@ -309,20 +332,24 @@ def _color(mech: str) -> str | None:
     return f"C{_mech_order(mech) % 10}" if mech in MECHANISMS else None
 
 
-def _with_kind(label: str, mechanism: str) -> str:
-    """``label`` followed by the short guarantee class of ``mechanism`` (if known)."""
-    kind = guarantee_kind(mechanism)
+def _with_kind(label: str, g: GroupResult) -> str:
+    """``label`` followed by the short guarantee class of setting ``g`` (if known,
+    :func:`group_kind`)."""
+    kind = group_kind(g)
     return f"{label} [{SHORT_KIND[kind]}]" if kind is not None else label
 
 
-def _legend_above(fig: Figure, ax: Axes, handles: Sequence[Any], labels: Sequence[str]) -> None:
-    """The legend of ``ax`` between the title and the axes; the figure grows to hold it (about
-    0.055 in per character at 7 pt)."""
+def legend_outside(fig: Figure, handles: Sequence[Any], labels: Sequence[str]) -> None:
+    """The figure's legend right of its axes, ``loc="outside right center"`` (the constrained
+    layout makes room for it; a legend at the top would overlap the title, which the layout
+    does not stack with it); the figure grows by the legend's drawn width so that the axes
+    keep theirs. Call it once the title and caption are wrapped (:func:`annotate`)."""
     if not labels:
         return
-    fig.set_figwidth(max(fig.get_figwidth(), 0.055 * max(len(t) for t in labels) + 1.2))
-    fig.set_figheight(fig.get_figheight() + 0.16 * len(labels))
-    ax.legend(handles, labels, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.01))
+    legend = fig.legend(handles, labels, fontsize=7, loc="outside right center")
+    fig.draw_without_rendering()  # lays the legend out: its width in inches below
+    size = legend.get_window_extent().transformed(fig.dpi_scale_trans.inverted())
+    fig.set_figwidth(fig.get_figwidth() + size.width)
 
 
 def _check_groups(groups: Sequence[GroupResult]) -> None:
@@ -335,8 +362,6 @@ def accuracy_vs_round_figure(
 ) -> Figure:
     """Test accuracy (mean ± std over seeds) per round, one line per mechanism, one panel per
     value of the other varying keys (one y-axis); ``ValueError`` if ``groups`` is empty."""
-    from matplotlib.ticker import MaxNLocator
-
     _check_groups(groups)
     other = [k for k in keys if k != "mechanism"]
     facets: dict[str, list[GroupResult]] = {}
@@ -349,7 +374,7 @@ def accuracy_vs_round_figure(
             rounds, mean, std = g.curve("test_accuracy")
             if rounds.size == 0:
                 continue
-            label = _with_kind(f"{_mech(g)} (λ={g.global_lr:g})", _mech(g))
+            label = _with_kind(f"{_mech(g)} (λ={g.global_lr:g})", g)
             line = ax.plot(rounds, 100 * mean, marker=".", color=_color(_mech(g)), label=label)
             low, high = 100 * (mean - std), 100 * (mean + std)
             ax.fill_between(rounds, low, high, alpha=0.2, color=line[0].get_color())
@@ -359,9 +384,7 @@ def accuracy_vs_round_figure(
         if facet:
             ax.set_title(facet, fontsize=9)
         ax.grid(alpha=0.3)
-        if len(facets) == 1:
-            _legend_above(fig, ax, *ax.get_legend_handles_labels())
-        else:
+        if len(facets) > 1:
             ax.legend(fontsize=7)
     if bands:
         axes[0].set_ylim(*_ylim(bands))
@@ -371,6 +394,8 @@ def accuracy_vs_round_figure(
         f"lines: mean test accuracy; {seed_note(groups, 'bands')}; λ: the validation-selected "
         f"global learning rate; {_LINE_NOTE}",
     )
+    if len(facets) == 1:
+        legend_outside(fig, *axes[0].get_legend_handles_labels())
     return fig
 
 
@@ -380,12 +405,11 @@ def accuracy_bar_figure(
     """Bars of the test accuracy at the selected and at the final round (± std), coloured and
     labelled by the guarantee (:func:`guarantee`), ordered by class; ``ValueError`` if
     ``groups`` is empty or a guarantee cannot be stated."""
-    from matplotlib.patches import Patch
-
     _check_groups(groups)
     order = list(GUARANTEE_COLORS)  # bars of one guarantee class side by side, classes in order
     pairs = sorted(
-        [(g, guarantee(g.setting)) for g in groups], key=lambda p: order.index(p[1].kind)
+        [(g, guarantee(g.setting, group_kind(g))) for g in groups],
+        key=lambda p: order.index(p[1].kind),
     )
     groups = [g for g, _ in pairs]
     labels = [  # one varying key per line, then the guarantee
@@ -434,8 +458,6 @@ def accuracy_vs_figure(
     """Test accuracy at the selected round against ``x_key``, one line per value of the other
     varying keys; a line of one point (a reference) is a dashed horizontal line with a ± 1 std
     band. ``ValueError`` if no group sets ``x_key`` or none has a test accuracy."""
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
 
     def x_of(g: GroupResult) -> float:
         return float(g.setting[x_key])
@@ -458,7 +480,7 @@ def accuracy_vs_figure(
     for label, members in lines.items():
         mech = _mech(members[0])
         color = _color(mech) if one_line_per_mech else None
-        label = _with_kind(label, mech) if mechs_per_line[label] == {mech} else label
+        label = _with_kind(label, members[0]) if mechs_per_line[label] == {mech} else label
         if not (members := [g for g in sorted(members, key=x_of) if g.test.n]):
             continue
         plotted += members
@@ -486,13 +508,13 @@ def accuracy_vs_figure(
         x_label = f"privacy budget $\\epsilon$ ($\\epsilon_p$ per parameter; {rest})"
     ax.set(xlabel=x_label, ylabel=_ACC_LABEL, ylim=_ylim(bands))
     ax.grid(alpha=0.3)
-    _legend_above(fig, ax, handles, labels)
     annotate(
         fig,
         figure_title(f"Test accuracy vs {x_title}", title, groups, keys),
         f"points: mean test accuracy at each run's validation-selected round; "
         f"{seed_note(plotted)}; {_LINE_NOTE}",
     )
+    legend_outside(fig, handles, labels)
     return fig
 
 
@@ -547,8 +569,9 @@ def accuracy_vs_bits_figure(
         ax.set_xlabel("uplink bits per parameter")
     axes[0].set_ylabel(_ACC_LABEL)
     axes[0].set_ylim(*_ylim(bands))
+    first = {m: ps[0][1] for panel in panels.values() for m, ps in panel.items()}
     labels = [
-        _with_kind(f"{m}, 1 bit + shared randomness" if m in PAIRED_MECHANISMS else m, m)
+        _with_kind(f"{m}, 1 bit + shared randomness" if m in PAIRED_MECHANISMS else m, first[m])
         for m in handles
     ]
     plotted = [g for panel in panels.values() for ps in panel.values() for _, g in ps]
@@ -561,8 +584,7 @@ def accuracy_vs_bits_figure(
         f"{_LINE_NOTE}",
     )
     # Then the legend beside the panels, once title and caption are wrapped to their width.
-    fig.legend(list(handles.values()), labels, fontsize=7, loc="outside right center")
-    fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)
+    legend_outside(fig, list(handles.values()), labels)
     return fig
 
 
@@ -627,6 +649,5 @@ def accuracy_vs_server_eps_figure(
         )
         + f"{seed_note(shown)}; bits/param: uplink bytes per client and round (all stages) × 8 / m",
     )
-    fig.legend(handles, labels, fontsize=7, loc="outside right center")
-    fig.set_figwidth(fig.get_figwidth() + 0.055 * max(len(t) for t in labels) + 0.6)
+    legend_outside(fig, handles, labels)
     return fig

@@ -20,10 +20,11 @@ from scipy import stats
 from corbin_fl.config import RunConfig
 from corbin_fl.experiments import plots
 from corbin_fl.experiments import results as rs
-from corbin_fl.experiments.plots import THREAT_MODELS
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
 from corbin_fl.experiments.spec import ExperimentSpec
 from corbin_fl.fsio import atomic_write_text
+from corbin_fl.mechanisms import secure_sum as ss
+from corbin_fl.mechanisms.accounting import THREAT_MODELS
 from corbin_fl.mechanisms.protection import per_parameter_text, protection
 
 logger = logging.getLogger(__name__)
@@ -59,19 +60,19 @@ class Difference:
 
     @classmethod
     def welch(cls, a: Stat, b: Stat) -> Difference:
-        """``100 (a.mean - b.mean)`` (percentage points) with Welch's t interval:
-        ``se = sqrt(va + vb)``, ``v = (100 s)^2 / n``,
-        ``df = (va + vb)^2 / (va^2 / (n_a - 1) + vb^2 / (n_b - 1))`` (none below two values)."""
+        """``100 (a.mean - b.mean)`` (percentage points) with Welch's t interval of the
+        difference (``scipy.stats.ttest_ind(equal_var=False)`` and its ``confidence_interval``
+        on the percentages; :meth:`Stat.sample`) and its standard error ``sqrt(va + vb)``,
+        ``v = (100 s)^2 / n``; none below two values, a point without spread."""
         value = 100.0 * (a.mean - b.mean)
         if a.n < 2 or b.n < 2 or not (math.isfinite(a.std) and math.isfinite(b.std)):
             return cls(value, math.nan, math.nan, math.nan, math.nan)
-        va, vb = (100.0 * a.std) ** 2 / a.n, (100.0 * b.std) ** 2 / b.n
-        se = math.sqrt(va + vb)
+        se = math.hypot(100.0 * a.std / math.sqrt(a.n), 100.0 * b.std / math.sqrt(b.n))
         if se == 0.0:
             return cls(value, 0.0, math.inf, value, value)
-        df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
-        half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * se
-        return cls(value, se, df, value - half, value + half)
+        test = stats.ttest_ind(100.0 * a.sample(), 100.0 * b.sample(), equal_var=False)
+        interval = test.confidence_interval(CONFIDENCE)
+        return cls(value, se, float(test.df), float(interval.low), float(interval.high))
 
     @classmethod
     def normal(cls, value: float, se: float) -> Difference:
@@ -291,8 +292,6 @@ def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
     """The guarantees against the sum-seeing server at n = 10, 100, 1,000 clients
     (``mechanisms.secure_sum.server_table``, one call per AugCorBin gamma) at the settings of
     the ``secure`` groups' runs (eps_p, m, rounds, delta, d): its text and its table."""
-    from corbin_fl.mechanisms import secure_sum as ss
-
     s, report = secure[0].setting, rs.privacy_view(secure[0].runs[0].summary) or {}
     kw: dict[str, Any] = {"eps_p": float(s["epsilon"]), "m": int(report["m"])}
     kw |= {"rounds": int(report["rounds"])}

@@ -11,7 +11,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.experiments import sweep
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
 from corbin_fl.fsio import atomic_write_text
@@ -47,20 +48,31 @@ _COLUMN_OF_KEY = {"dropout-prob": "dropout", CLIENTS_KEY: "clients"}
 
 @dataclass(frozen=True)
 class Stat:
-    """Mean and sample standard deviation (``ddof = 1``) of ``n`` values; std is NaN if n < 2.
+    """Mean and sample standard deviation (``ddof = 1``) of ``n`` values; std is NaN if n < 2;
+    ``values``: the values themselves (empty for a statistic given by its summary alone).
     The group-bys aggregate with :meth:`of` (pandas' Series mean and std, numpy's sums), not
     with groupby's own mean and std, whose sums differ in the last bits."""
 
     mean: float
     std: float
     n: int
+    values: tuple[float, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def of(cls, values: Iterable[float | None]) -> Stat:
         """Statistics of the finite ``values`` (NaN, inf and None are skipped)."""
         s = pd.Series([v for v in values if v is not None], dtype=float)
         s = s[np.isfinite(s)]
-        return cls(float(s.mean()), float(s.std(ddof=1)), int(s.size))
+        return cls(float(s.mean()), float(s.std(ddof=1)), int(s.size), tuple(s.tolist()))
+
+    def sample(self) -> np.ndarray:
+        """The ``n`` values, or, for a statistic given by its summary alone, ``n`` values with
+        its mean and sample std (evenly spaced): a two-sample t test reads a sample only
+        through its mean, variance and size."""
+        if len(self.values) == self.n:
+            return np.asarray(self.values, dtype=float)
+        z = np.arange(self.n) - (self.n - 1) / 2
+        return self.mean + self.std * z / z.std(ddof=1) if self.n > 1 else np.full(1, self.mean)
 
     def fmt(self, scale: float = 100.0, digits: int = 2) -> str:
         """``"mean ± std"`` scaled (accuracies as percent by default); ``"—"`` if empty."""
@@ -195,7 +207,7 @@ def load_run(run_dir: Path) -> RunResult:
         raise ValueError(f"{run_dir}: not a finished run ({exc})") from exc
     if record.get("complete") is not True:
         raise ValueError(f"{run_dir}: the run record is not complete")
-    if not (rows := sweep.read_metrics(Path(run_dir) / sweep.METRICS_FILE)):
+    if not (rows := read_jsonl(Path(run_dir) / sweep.METRICS_FILE)):
         raise ValueError(f"{run_dir}: {sweep.METRICS_FILE} is empty")
     if not isinstance(config := record.get("config"), Mapping):
         raise ValueError(f"{run_dir}: the run record has no result config")
@@ -335,17 +347,12 @@ def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
 
 
 def write_table(path: Path, table: pd.DataFrame) -> None:
-    """Write ``table`` as CSV, atomically: floats by ``repr``, NaN and None empty, booleans
-    ``true`` / ``false``."""
-
-    def cell(value: Any) -> str:
-        if value is None or (isinstance(value, float) and not math.isfinite(value)):
-            return ""
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        return repr(value) if isinstance(value, float) else str(value)
-
-    atomic_write_text(path, table.astype(object).map(cell).to_csv(index=False, lineterminator="\n"))
+    """Write ``table`` as CSV (``DataFrame.to_csv``), atomically: floats as Python writes them
+    (``repr``, every digit), NaN, inf and None empty, booleans ``true`` / ``false``."""
+    cells = table.astype(object)
+    cells = cells.mask(cells.isin([math.inf, -math.inf]))  # NaN: written empty
+    cells = cells.map(lambda v: str(v).lower() if isinstance(v, bool) else v)
+    atomic_write_text(path, cells.to_csv(index=False, lineterminator="\n", na_rep=""))
 
 
 def runs_table(results: Sequence[RunResult], groups: Sequence[GroupResult]) -> pd.DataFrame:

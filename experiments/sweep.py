@@ -31,8 +31,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import corbin_fl
 from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.deploy import flower, processes
+from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.deploy.run import LocalRunOptions, run_simulation
 from corbin_fl.experiments.spec import CLIENTS_KEY, ExperimentSpec, RunValue, SpecError
 from corbin_fl.fsio import atomic_write_json
@@ -133,27 +135,6 @@ class RunState(enum.Enum):
     DONE = "done"
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl``; a torn last line is ignored with a warning, any other
-    malformed line is a ``ValueError``."""
-    rows: list[dict[str, Any]] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(lines) - 1:
-                logger.warning("%s: ignoring a torn last line", path)
-                break
-            raise ValueError(f"{path}:{i + 1}: not JSON: {exc}") from exc
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i + 1}: expected a JSON object, got {type(row).__name__}")
-        rows.append(row)
-    return rows
-
-
 def run_state(run_dir: Path, run: Run) -> RunState:
     """Whether ``run`` is done, partial or missing in ``run_dir`` (the module docstring)."""
     if not Path(run_dir).exists():
@@ -162,7 +143,7 @@ def run_state(run_dir: Path, run: Run) -> RunState:
         record = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))[RUN_RECORD_KEY]
         ok = (record["run_id"], record["config_hash"]) == (run.run_id, run.config_hash)
         ok = ok and record["complete"] is True
-        rows = read_metrics(run_dir / METRICS_FILE)
+        rows = read_jsonl(run_dir / METRICS_FILE)
     except (OSError, ValueError, KeyError, TypeError):
         return RunState.PARTIAL
     finite = all(
@@ -181,8 +162,6 @@ class RunFailedError(RuntimeError):
 def find_app_dir() -> Path:
     """This checkout's Flower app (``pyproject.toml`` with ``[tool.flwr.app.config]``);
     ``FileNotFoundError`` outside a source checkout (pass ``--app`` then)."""
-    import corbin_fl
-
     if flower.app_config(root := Path(corbin_fl.__file__).resolve().parents[1]):
         return root
     raise FileNotFoundError(
@@ -293,7 +272,7 @@ def execute_run(
     if not sub.ok:
         raise fail(sub.reason)
     try:
-        rows = read_metrics(out_dir / METRICS_FILE)
+        rows = read_jsonl(out_dir / METRICS_FILE)
         app_summary = json.loads((out_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise fail(f"no readable {APP_OUT_DIR}/ outputs: {exc}") from None

@@ -28,6 +28,7 @@ from fake_experiments import (
 
 from corbin_fl import registry
 from corbin_fl.config import MECHANISMS, RunConfig
+from corbin_fl.deploy.follow import read_jsonl as read_metrics
 from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments import mse, plots
 from corbin_fl.experiments.mse import (
@@ -71,7 +72,6 @@ from corbin_fl.experiments.sweep import (
     execute_run,
     expand_runs,
     make_run_id,
-    read_metrics,
     run_state,
 )
 from corbin_fl.mechanisms.accounting import THREAT_MODELS
