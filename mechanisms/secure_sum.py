@@ -719,7 +719,7 @@ class SumView:
     """What a run's secure aggregation showed the server, for its privacy report.
 
     ``server/records.py`` builds it from the rounds' ``secure_aggregation`` records
-    (``metrics.jsonl``); :func:`corbin_fl.mechanisms.accounting.privacy_report` turns it into the
+    (``metrics.jsonl``); :func:`corbin_fl.mechanisms.report.privacy_report` turns it into the
     guarantee against the server (threat model B) with this module's functions.
 
     Attributes

@@ -40,8 +40,10 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.constant import (
+    HEARTBEAT_BASE_MULTIPLIER,
+    HEARTBEAT_CALL_TIMEOUT,
     HEARTBEAT_DEFAULT_INTERVAL,
-    HEARTBEAT_PATIENCE,
+    HEARTBEAT_RANDOM_RANGE,
     MAX_RETRY_DELAY,
     SUPERLINK_NODE_ID,
     ErrorCode,
@@ -177,13 +179,20 @@ class RoundState:
             )
 
 
-RECONNECT_S = float(HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL)
-"""60 s (Flower 1.41 and 1.42): the longest a SuperNode is listed online without a heartbeat
-(``online_until = last heartbeat + HEARTBEAT_PATIENCE x interval``, interval 30 s). A live node
-heartbeats every 0.7-0.9 x (30 - 5) s and retries a failed heartbeat, or a reply it could not
-push, with back-off capped at ``MAX_RETRY_DELAY`` (20 s); so within this time of the SuperLink's
-return it is listed online again and has pushed the reply it held, and a node that is not has
-been reported ``NODE_UNAVAILABLE``."""
+RECONNECT_S = float(
+    (HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT)
+    * (HEARTBEAT_BASE_MULTIPLIER + HEARTBEAT_RANDOM_RANGE[1])
+    + HEARTBEAT_CALL_TIMEOUT
+)
+"""27.5 s (Flower 1.41 and 1.42): a live SuperNode reaches a SuperLink that answers again within
+this time. Its heartbeat thread calls every ``(30 - 5) x (0.8 +- 0.1)`` s, at most 22.5 s, with
+a 5 s call timeout, and retries a failed heartbeat with back-off capped at ``MAX_RETRY_DELAY``
+(20 s, below 22.5); its message loop retries a failed pull, or a reply it could not push, with
+the same cap and polls every 3 s. So within this time of the SuperLink's return a live node has
+heartbeated (the SuperLink lists it online again), pulled its instruction and pushed the reply
+it held. The SuperLink's own patience (``HEARTBEAT_PATIENCE x interval`` = 60 s) is how long it
+waits before it calls a silent node offline; this bound does not wait for that: a node silent
+past it is dropped for the round, and one whose reply may have been sent counts as released."""
 
 OUTAGE_S = float(MAX_RETRY_DELAY) / 2
 """10 s: a pull that blocked this long spanned an outage. Flower's grid waits 1, 2, 4, 8 s ...

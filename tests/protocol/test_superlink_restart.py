@@ -39,7 +39,7 @@ from corbin_fl.server.stages import LinkClock, RoundState
 STAGE_TIMEOUT = 30.0
 """The stage timeout: what the stall cost before (every lost reply waited for all of it)."""
 CLOCK = LinkClock(reconnect_s=0.5, outage_s=0.2)
-"""A link clock on this test's scale: reconnection 0.5 s (Flower's: RECONNECT_S = 60 s)."""
+"""A link clock on this test's scale: reconnection 0.5 s (Flower's: RECONNECT_S = 27.5 s)."""
 SLACK = 5.0
 """Seconds on top of the bound: polls (0.01 s), the ClientApp calls of 3 nodes (about 0.2 s
 each on this machine, each quantizing a 421,642-parameter CNN), a loaded machine."""
