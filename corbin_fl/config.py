@@ -14,7 +14,8 @@ there takes its registered default).
 wrong types and out-of-range values, and reports ALL bad keys in one :class:`ConfigError`, so a bad
 run fails at start with one clear message instead of in round 7. The checks run by job (the
 protocol's settings, this app's task, the registered mechanisms' parameters, secure aggregation:
-:func:`corbin_fl.secure.config_errors`), each range or choice with :mod:`corbin_fl.validate`.
+:func:`corbin_fl.secure.config_errors`), each range or choice with :mod:`corbin_fl.validate`;
+this app's task keys (data, model, local training) are checked by :mod:`corbin_fl.task`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from corbin_fl import registry, secure, validate
+from corbin_fl import registry, secure, task, validate
 
 logger = logging.getLogger(__name__)
 
@@ -46,30 +47,6 @@ RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
 """What the clients quantize: the weights in the layer ranges, or the update in ``[-R, R]``
 (:attr:`RunConfig.range_mode`)."""
 
-DATASETS: Final[tuple[str, ...]] = (
-    *("mnist", "fashion-mnist", "mnist-idx", "cifar10", "femnist", "shakespeare"),
-)
-"""Dataset names of ``corbin_fl.app.data`` (``hf:<hub-id>`` is accepted too)."""
-DATASETS_WITH_DEFAULT_DIR: Final[Mapping[str, str]] = {
-    "fashion-mnist": "/usr/share/datasets/fashion-mnist",
-}
-"""Datasets read from files in ``data-dir`` that have a default folder when it is empty
-(Debian's ``dataset-fashion-mnist`` installs there). They are always tested on their official
-test split, as their literature is: ``use-official-test`` reads true whatever was given (the
-app's own default, false, reaches the ServerApp like a setting; ``corbin-fl local|simulate``
-refuses an explicit false before anything starts)."""
-DATASETS_NEEDING_DIR: Final[Mapping[str, str]] = {
-    "mnist-idx": "the MNIST IDX files (train-images-idx3-ubyte[.gz], ...)",
-    "cifar10": "the CIFAR-10 python batches (cifar-10-batches-py/)",
-}
-"""Datasets read from files in ``data-dir`` (-> what that folder holds); ``hf:<hub-id>`` uses
-``data-dir`` as an optional download cache, and ``mnist`` is embedded and reads none."""
-PARTITIONERS: Final[tuple[str, ...]] = ("iid", "dirichlet", "natural")
-MODELS: Final[tuple[str, ...]] = ("cnn", "resnet18", "char-lstm")
-LEAF_DATASETS: Final[tuple[str, ...]] = ("femnist", "shakespeare")
-"""Datasets whose rows carry a writer / role (the ``natural`` partition); ``data-dir`` is a local
-copy of the hub files, or empty for the hub (``app/leaf.py``)."""
-OPTIMIZERS: Final[tuple[str, ...]] = ("adam", "sgd")
 DEVICES: Final[tuple[str, ...]] = ("auto", "cpu", "cuda")
 
 
@@ -214,9 +191,9 @@ class RunConfig:
         ``N`` the nodes connected at the start of the run. Needs ``optimizer = "adam"`` (an SGD
         step has no such bound: give ``R > 0``). The resolved ``R`` is in ``summary.json``.
     dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
-        Data (``corbin_fl.app.data``): ``mnist`` (embedded), ``fashion-mnist`` (IDX files,
-        default folder :data:`DATASETS_WITH_DEFAULT_DIR`, official test split), ``mnist-idx``
-        (any IDX files in MNIST's format), ``cifar10``, the LEAF
+        Data (``corbin_fl.app.data``; names in :mod:`corbin_fl.task`): ``mnist`` (embedded),
+        ``fashion-mnist`` (IDX files, default folder ``DATASETS_WITH_DEFAULT_DIR``, official test
+        split), ``mnist-idx`` (any IDX files in MNIST's format), ``cifar10``, the LEAF
         tasks ``femnist`` and ``shakespeare`` (``corbin_fl.app.leaf``) or ``hf:<hub-id>``; folder
         with the files; keep the source's own test split; seed of the split; partition scheme
         (``iid``, ``dirichlet``, or ``natural``: one LEAF writer / role per client) and its
@@ -466,7 +443,7 @@ class RunConfig:
             except (TypeError, ValueError) as exc:
                 errors[key] = str(exc)
         # keys that failed to parse keep their (valid) defaults here
-        if values.get("dataset") in DATASETS_WITH_DEFAULT_DIR:
+        if values.get("dataset") in task.DATASETS_WITH_DEFAULT_DIR:
             values["use_official_test"] = True  # its literature's test set (see the constant)
         cfg = cls(**values, params=MappingProxyType(params))
         for key, why in cfg._check().items():
@@ -520,9 +497,10 @@ class RunConfig:
     # ------------------------------------------------------------------ validation
     def _check(self) -> dict[str, str]:
         """Every bad key -> its reason, by job: the protocol's settings, this app's task (data,
-        model, local training), the registered mechanisms' parameters, secure aggregation."""
+        model, local training: :func:`corbin_fl.task.config_errors`), the registered mechanisms'
+        parameters, secure aggregation (:func:`corbin_fl.secure.config_errors`)."""
         errors = self._protocol_errors()
-        errors.update(self._task_errors())
+        errors.update(task.config_errors(self))
         errors.update(self._mechanism_param_errors())
         for key, why in secure.config_errors(self).items():
             errors.setdefault(key, why)
@@ -531,7 +509,7 @@ class RunConfig:
     def _protocol_errors(self) -> dict[str, str]:
         """The protocol's own settings: mechanism and modes, privacy budget, common randomness,
         ranges, rounds and cohort, stage timing, checkpoints."""
-        errors = _reasons(
+        errors = validate.reasons(
             ("mechanism", validate.one_of(self.mechanism, tuple(registry.REGISTRY))),
             ("cr-mode", validate.one_of(self.cr_mode, CR_MODES)),
             ("range-mode", validate.one_of(self.range_mode, RANGE_MODES)),
@@ -555,6 +533,7 @@ class RunConfig:
             ("max-inflight", validate.at_least(self.max_inflight, 0)),
             ("wait-for-nodes", validate.at_least(self.wait_for_nodes, 0.0)),
             ("checkpoint-patience", validate.at_least(self.checkpoint_patience, 0)),
+            ("device", validate.one_of(self.device, DEVICES)),
         )
         if self.d == 0:  # no shared randomness: every client quantizes alone
             errors["d"] += '; d = 0 (no common randomness) is LDP-FL: mechanism = "ldpfl"'
@@ -572,77 +551,18 @@ class RunConfig:
             )
         return errors
 
-    def _task_errors(self) -> dict[str, str]:
-        """This app's task: data set and its files, partition, model, local training, the
-        update-radius rule (it derives ``R`` from the app's optimizer), device, simulated
-        dropout. Combinations are reported on the key that must change given the other
-        (dataset, partitioner or model alone is always valid; experiment specs check keys one
-        by one)."""
-        hub = self.dataset.startswith("hf:") and len(self.dataset) > 3
-        errors = _reasons(
-            ("dataset", None if hub else validate.one_of(self.dataset, DATASETS)),
-            ("partitioner", validate.one_of(self.partitioner, PARTITIONERS)),
-            ("model", validate.one_of(self.model, MODELS)),
-            ("optimizer", validate.one_of(self.optimizer, OPTIMIZERS)),
-            ("device", validate.one_of(self.device, DEVICES)),
-            ("data-seed", validate.at_least(self.data_seed, 0)),
-            ("dirichlet-alpha", validate.positive(self.dirichlet_alpha)),
-            ("local-epochs", validate.at_least(self.local_epochs, 1)),
-            ("batch-size", validate.at_least(self.batch_size, 1)),
-            ("lr", validate.positive(self.lr)),
-            ("weight-decay", validate.at_least(self.weight_decay, 0.0)),
-            ("max-steps", validate.at_least(self.max_steps, 0)),
-            ("dropout-prob", validate.probability(self.dropout_prob, lo_open=False)),
-            ("eval-batch-size", validate.at_least(self.eval_batch_size, 1)),
-        )
-        if self.dataset in DATASETS_NEEDING_DIR and not self.data_dir:
-            errors["data-dir"] = (
-                f'dataset "{self.dataset}" reads {DATASETS_NEEDING_DIR[self.dataset]} from '
-                'data-dir, which is empty: set data-dir to that folder ("mnist" is embedded '
-                "and needs none)"
-            )
-        if self.partitioner == "natural" and self.dataset not in LEAF_DATASETS:
-            errors.setdefault(
-                "dataset",
-                f'partitioner "natural" needs a dataset whose rows have a writer or role '
-                f"({', '.join(LEAF_DATASETS)}), not {self.dataset!r}",
-            )
-        if self.model == "char-lstm" and self.dataset != "shakespeare":
-            errors.setdefault(
-                "dataset",
-                f'model "char-lstm" predicts letters: dataset = "shakespeare", not '
-                f"{self.dataset!r}",
-            )
-        if self.dataset == "shakespeare" and self.model != "char-lstm":
-            errors.setdefault(
-                "model",
-                f'shakespeare is next-letter prediction: model = "char-lstm", not {self.model!r}',
-            )
-        derived_radius = self.quantizes_update and self.update_radius == 0
-        if derived_radius and self.optimizer == "sgd":
-            errors["update-radius"] = (
-                "0 derives R = steps x lr from Adam's per-step bound, but optimizer is "
-                f'"{self.optimizer}": set update-radius > 0'
-            )
-        return errors
-
     def _mechanism_param_errors(self) -> dict[str, str]:
         """Every registered mechanism's parameters, checked by their specs (whatever the
         mechanism of this run: an instruction carries them all), and :attr:`params` keys that
         no registered mechanism has."""
         specs = registry.param_specs()
-        errors = _reasons(
+        errors = validate.reasons(
             *((key, spec.problem(self.param(key), self)) for key, spec in specs.items())
         )
         for key in self.params:
             if key not in specs:
                 errors[key] = "not a parameter of any registered mechanism"
         return errors
-
-
-def _reasons(*checks: tuple[str, str | None]) -> dict[str, str]:
-    """``(key, reason or None)`` pairs -> the keys with a reason (a later pair of a key wins)."""
-    return {key: why for key, why in checks if why is not None}
 
 
 def _untyped_specs() -> dict[str, registry.Param]:

@@ -19,7 +19,16 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["above", "at_least", "at_most", "interval", "one_of", "positive", "probability"]
+__all__ = [
+    "above",
+    "at_least",
+    "at_most",
+    "interval",
+    "one_of",
+    "positive",
+    "probability",
+    "reasons",
+]
 
 
 def one_of(value: Any, allowed: Sequence[Any]) -> str | None:
@@ -77,3 +86,9 @@ def positive(value: float) -> str | None:
 def at_most(value: float, high: float) -> str | None:
     """``value <= high``: ``"must be <= 10, got 11"``."""
     return None if value <= high else f"must be <= {high}, got {value}"
+
+
+def reasons(*checks: tuple[str, str | None]) -> dict[str, str]:
+    """``(key, reason or None)`` pairs -> the keys with a reason (a later pair of a key wins):
+    ``reasons(("d", interval(d, 1, 16)), ("lr", positive(lr)))``."""
+    return {key: why for key, why in checks if why is not None}

@@ -43,18 +43,14 @@ from rich.table import Table
 from rich.text import Text
 
 from corbin_fl.app.sources import check_dataset_files, dataset_title
-from corbin_fl.config import (
-    DATASETS_NEEDING_DIR,
-    DATASETS_WITH_DEFAULT_DIR,
-    LEAF_DATASETS,
-    RunConfig,
-)
+from corbin_fl.config import RunConfig
 from corbin_fl.deploy.flower import app_config, check_flower_versions, parse_config_string
 from corbin_fl.deploy.follow import RunProgress, RunResult
 from corbin_fl.deploy.processes import LauncherError
 from corbin_fl.deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 from corbin_fl.flower_version import FlowerVersionError
 from corbin_fl.mechanisms.protection import per_parameter_text, protection
+from corbin_fl.task import DATASETS_NEEDING_DIR, DATASETS_WITH_DEFAULT_DIR, LEAF_DATASETS
 
 logger = logging.getLogger(__name__)
 
