@@ -61,3 +61,12 @@ def test_it_imports_nothing_of_the_project() -> None:
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert modules <= {"__future__", "difflib", "collections.abc", "typing"}
+
+
+def test_reasons_keeps_the_keys_with_a_reason_and_the_last_one_wins() -> None:
+    got = validate.reasons(
+        ("d", validate.interval(0, 1, 16)),
+        ("lr", validate.positive(1e-3)),
+        ("d", validate.interval(17, 1, 16)),
+    )
+    assert got == {"d": "must be in [1, 16], got 17"}
