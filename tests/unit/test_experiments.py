@@ -831,6 +831,49 @@ def _mechanism_groups(tmp_path: Path, mechanisms: tuple[str, ...]) -> list[Any]:
     return group_results(runs)
 
 
+def test_figures_read_each_settings_guarantee_from_its_summary(tmp_path: Path) -> None:
+    """The class a figure draws is the one the accountant's report in ``summary.json`` states:
+    for every mechanism the report's class is its registered one, and a setting whose report
+    says otherwise is drawn as its report says (the mechanism only without a report)."""
+    for mech in MECHANISMS:
+        m = registry.get(mech)
+        report = privacy_report(
+            mech, 1.0, 1e-5, 1000, 10, d=5 if m.pairs else None,
+            gamma=0.2 if mech == "augcorbin" else None, n=10, r=0.01,
+            fedcad_delta=1e-5 if mech == "fedcad" else None,
+        )  # fmt: skip
+        assert plots.report_kind(report) == plots.guarantee_kind(mech), mech
+    assert plots.report_kind(None) is None and plots.report_kind({"error": "x"}) is None
+    (corbin,) = _mechanism_groups(tmp_path, ("corbin",))
+    assert plots.group_kind(corbin) == plots.PAIRED_KIND  # no report: its mechanism's class
+    ldp = privacy_report("ldpfl", 5.0, 1e-5, 1000, 2, n=10, r=0.01)
+    said = dataclasses.replace(corbin.runs[0], summary={**corbin.runs[0].summary, "privacy": ldp})
+    corbin = dataclasses.replace(corbin, runs=(said, *corbin.runs[1:]))
+    assert plots.group_kind(corbin) == plots.LDP_KIND
+    fig = plots.accuracy_vs_round_figure([corbin], ["mechanism"])
+    assert _legend_texts(fig) == [f"corbin (λ=1) [{plots.SHORT_KIND[plots.LDP_KIND]}]"]
+    bars = plots.accuracy_bar_figure([corbin], ["mechanism"])
+    assert plots.LDP_KIND in _legend_texts(bars)
+
+
+def test_outside_legends_sit_right_of_the_axes_inside_the_figure(tmp_path: Path) -> None:
+    """A single-panel figure's legend (``loc="outside right center"``) lies right of the axes,
+    below the title and inside the figure, and the axes keep their width."""
+    groups = _mechanism_groups(tmp_path, MECHANISMS)
+    fig = plots.accuracy_vs_round_figure(groups, ["mechanism"], title="All mechanisms")
+    (ax,) = fig.axes
+    (legend,) = fig.legends
+    fig.draw_without_rendering()
+    box, axes, title = (
+        a.get_window_extent().transformed(fig.dpi_scale_trans.inverted())
+        for a in (legend, ax, fig._suptitle)
+    )
+    assert axes.x1 <= box.x0 and box.x1 <= fig.get_figwidth(), (axes, box)
+    assert box.y0 >= 0.0 and box.y1 <= title.y0, (box, title)
+    assert axes.width >= 0.6 * 5.0  # new_figure's 5 in, less the y-axis labels
+    assert len(legend.get_texts()) == len(MECHANISMS)
+
+
 def test_every_mechanism_has_a_stated_guarantee() -> None:
     for mech in MECHANISMS:
         assert plots.guarantee_kind(mech) is not None, mech
