@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from corbin_fl.mechanisms.analytic_gaussian import analytic_gaussian_sigma, gaussian_epsilon
 from corbin_fl.mechanisms.categories import category, declared
 from corbin_fl.mechanisms.privacy_loss import rr_epsilon
 from corbin_fl.mechanisms.validate import integer, positive, probability

@@ -4,17 +4,26 @@ Each returns the value in its canonical Python type or raises ``TypeError`` (wro
 ``bool`` is never a number here) or ``ValueError`` (right type, outside its domain), with a
 message that names the argument. NumPy scalars count as numbers (``numbers.Integral`` /
 ``numbers.Real``); a one-element tensor counts as a scalar where :func:`positive` says so.
+
+Importing this module does not import torch (about 1.3 CPU-s): the accountant and the
+privacy-loss math use the scalar checks and need no torch. A value can be a tensor only once
+torch is imported, so the scalar checks look for torch in ``sys.modules``; the device and
+generator checks, which only torch code calls, import it when they run.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+import sys
 from numbers import Integral, Real
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
-import torch
 from numpy.typing import ArrayLike, NDArray
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "generator",
@@ -34,6 +43,12 @@ __all__ = [
 
 def _is_bool(v: object) -> bool:
     return isinstance(v, bool | np.bool_)
+
+
+def _is_tensor(v: object) -> TypeGuard[torch.Tensor]:
+    """Whether ``v`` is a ``torch.Tensor``, without importing torch (no tensor exists before)."""
+    torch_module = sys.modules.get("torch")
+    return torch_module is not None and isinstance(v, torch_module.Tensor)
 
 
 def integer(v: object, name: str, lo: int | None = None, hi: int | None = None) -> int:
@@ -62,7 +77,7 @@ def real(v: object, name: str, *, finite: bool = True) -> float:
 
 def positive(v: object, name: str = "eps") -> float:
     """``v`` as a finite ``float > 0``; a one-element tensor is read as its value."""
-    if isinstance(v, torch.Tensor):
+    if _is_tensor(v):
         if v.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(v.shape)}")
         v = v.item()
@@ -93,7 +108,7 @@ def probability(v: object, name: str, *, lo_open: bool = True, hi_open: bool = T
 def operand(v: object, name: str, *, finite: bool = True) -> torch.Tensor | float:
     """A floating-point tensor (returned as is) or a real number (returned as a ``float``,
     finite unless ``finite=False``)."""
-    if isinstance(v, torch.Tensor):
+    if _is_tensor(v):
         if not v.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {v.dtype}")
         return v
@@ -128,6 +143,8 @@ def positive_array(x: ArrayLike, name: str = "eps") -> NDArray[np.float64]:
 
 def _canonical(device: torch.device) -> torch.device:
     """``cuda`` and ``cuda:<current>`` are the same device."""
+    import torch  # on demand, not at import time (see the module docstring)
+
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return device
@@ -141,6 +158,8 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 def one_device(tensors: list[torch.Tensor]) -> torch.device:
     """The device of every tensor in ``tensors`` (CPU for none); raise if they differ."""
     if not tensors:
+        import torch  # on demand, not at import time (see the module docstring)
+
         return torch.device("cpu")
     dev = tensors[0].device
     for t in tensors[1:]:
@@ -154,6 +173,8 @@ def one_device(tensors: list[torch.Tensor]) -> torch.device:
 def torch_generator(generator: object, device: torch.device) -> torch.Generator:
     """``generator`` if it is a ``torch.Generator`` on ``device``; ``None`` gives a fresh one
     on ``device`` seeded with ``secrets.randbits(63)`` (the OS CSPRNG, never the global RNG)."""
+    import torch  # on demand, not at import time (see the module docstring)
+
     if generator is None:
         g = torch.Generator(device=device)
         g.manual_seed(secrets.randbits(63))

@@ -62,3 +62,12 @@ def test_the_lazy_reexports_are_the_submodules_objects() -> None:
     assert mech.PROTOCOL_VERSION == randomness.PROTOCOL_VERSION
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = mech.nope
+
+
+@pytest.mark.parametrize(
+    "module", ["corbin_fl.mechanisms.accounting", "corbin_fl.mechanisms.analytic_gaussian"]
+)
+def test_the_accountant_does_not_import_torch(module: str) -> None:
+    """Every ``corbin-fl experiment`` command imports the accountant (experiments/plots.py reads
+    its THREAT_MODELS); torch would add about 1.3 CPU-s to each."""
+    assert not _imports_torch(module), f"importing {module} imports torch"
