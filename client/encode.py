@@ -36,19 +36,37 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 
-from corbin_fl import wire
+from corbin_fl import registry, wire
 from corbin_fl.client.pair_crypto import z_digest
 from corbin_fl.client.shared import Fallback, Shared
 from corbin_fl.config import RunConfig
-
-if TYPE_CHECKING:
-    from corbin_fl.layout import ParamLayout, RangeBlock
+from corbin_fl.devices import pick_device
+from corbin_fl.layout import ParamLayout, RangeBlock, range_blocks
+from corbin_fl.mechanisms.baselines.central_gaussian import clip_l2
+from corbin_fl.mechanisms.baselines.cq import cq as cq_quantize
+from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
+from corbin_fl.mechanisms.baselines.fedcad import FedCAD
+from corbin_fl.mechanisms.baselines.gaussian import gaussian
+from corbin_fl.mechanisms.baselines.laplace import laplace
+from corbin_fl.mechanisms.baselines.signsgd import sign_bits
+from corbin_fl.mechanisms.baselines.ternary import ternary
+from corbin_fl.mechanisms.baselines.vanilla import vanilla
+from corbin_fl.mechanisms.packing import pack_bits, pack_symbols
+from corbin_fl.mechanisms.quantizers import corbinq, ldpq
+from corbin_fl.mechanisms.randomness import (
+    context_label,
+    expand_seed,
+    pack_z,
+    realized_px,
+    unpack_z,
+)
+from corbin_fl.registry import finite_mechanism
 
 logger = logging.getLogger(__name__)
 
@@ -165,9 +183,6 @@ def encode_device(mechanism: str, app_device: str = "auto") -> torch.device:
     ValueError
         ``app_device`` names a device this node does not have.
     """
-    from corbin_fl import registry
-    from corbin_fl.devices import pick_device
-
     if registry.get(mechanism).encode_device == "cpu":
         return torch.device("cpu")
     return pick_device(app_device)
@@ -177,8 +192,6 @@ def clip_fraction(
     w: torch.Tensor, c: torch.Tensor, r: torch.Tensor, layout: ParamLayout | None = None
 ) -> float:
     """Fraction of the entries of ``w`` outside ``[c - r, c + r]`` (clipped by the mechanism)."""
-    from corbin_fl.layout import range_blocks
-
     outside = 0
     for b in range_blocks(c, r, w.numel(), layout):
         part = w[b.lo : b.hi]
@@ -290,9 +303,6 @@ def encode(
     TypeError
         If the encoder returns something other than a numpy array or a tensor.
     """
-    from corbin_fl import registry
-    from corbin_fl.layout import range_blocks
-
     mech = registry.get(cfg.mechanism)
     dev = torch.device("cpu") if mech.encode_device == "cpu" else w.device
     w, w_global, c, r = (t.to(dev) for t in (w, w_global, c, r))
@@ -323,10 +333,6 @@ def encode(
 def encode_one_bit(job: EncodeInput) -> Encoded:
     """corbin / augcorbin / ldpfl: CorBinQ with the pair's ``z`` (Alg. 2) when the pair's
     common randomness is resolved, LDPQ (Alg. 1) otherwise; one packed bit per parameter."""
-    from corbin_fl.mechanisms.packing import pack_bits
-    from corbin_fl.mechanisms.quantizers import corbinq, ldpq
-    from corbin_fl.mechanisms.randomness import realized_px
-
     cfg, w, gen, shared = job.cfg, job.w, job.gen, job.shared
     digest = None
     if isinstance(shared, Shared):
@@ -343,8 +349,6 @@ def encode_one_bit(job: EncodeInput) -> Encoded:
         )
         job.flags[wire.M_PAIRED] = 1.0
         if cfg.test_z_digest:
-            from corbin_fl.mechanisms.randomness import pack_z
-
             digest = z_digest(pack_z(z, cfg.d))
         return wire.BITS, pack_bits(bits), digest
     if isinstance(shared, Fallback):
@@ -370,8 +374,6 @@ def shared_z(
     cfg: RunConfig, context: Context, rnd: int, shared: Shared, m: int, device: torch.device
 ) -> torch.Tensor:
     """The pair's codewords ``z`` (``m`` integers in ``[0, 2^d)``), identical on both sides."""
-    from corbin_fl.mechanisms.randomness import context_label, expand_seed, unpack_z
-
     if shared.exact:
         return unpack_z(shared.secret, m, cfg.d, device=device)
     label = context_label(context.run_id, rnd, context.node_id, shared.partner)
@@ -384,8 +386,6 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 def encode_gaussian(job: EncodeInput) -> Encoded:
     """``clip(w) + N(0, sigma^2)``, analytic sigma for (eps, delta); float32 per parameter."""
-    from corbin_fl.mechanisms.baselines.gaussian import gaussian
-
     cfg, w, gen = job.cfg, job.w, job.gen
     out = by_block(
         w,
@@ -398,8 +398,6 @@ def encode_gaussian(job: EncodeInput) -> Encoded:
 
 def encode_laplace(job: EncodeInput) -> Encoded:
     """``clip(w) + Lap(2r/eps)``; float32 per parameter."""
-    from corbin_fl.mechanisms.baselines.laplace import laplace
-
     cfg, w, gen = job.cfg, job.w, job.gen
     out = by_block(
         w,
@@ -412,17 +410,11 @@ def encode_laplace(job: EncodeInput) -> Encoded:
 
 def encode_fedavg(job: EncodeInput) -> Encoded:
     """``w`` itself (no clip, no privacy); float32 per parameter."""
-    from corbin_fl.mechanisms.baselines.vanilla import vanilla
-
     return wire.VALUES, _np(vanilla(job.w)), None
 
 
 def encode_cq(job: EncodeInput) -> Encoded:
     """Correlated quantization with the server's shared seed and this client's rank."""
-    from corbin_fl.mechanisms.baselines.cq import cq as cq_quantize
-    from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
-    from corbin_fl.mechanisms.packing import pack_bits
-
     if job.cq is None:
         raise ValueError("cq needs the shared seed, rank and client count")
     w, gen = job.w, job.gen
@@ -441,8 +433,6 @@ def encode_cq(job: EncodeInput) -> Encoded:
 
 def encode_ternary(job: EncodeInput) -> Encoded:
     """Ternary stochastic compressor (fdp paper Def. 6): 2 bits or one int8 per parameter."""
-    from corbin_fl.mechanisms.baselines.ternary import ternary
-
     cfg, w, gen = job.cfg, job.w, job.gen
     sparsity = cfg.ternary_sparsity
     t = by_block(
@@ -460,16 +450,11 @@ def encode_central(job: EncodeInput) -> Encoded:
 
     No noise here: the server adds it (the client trusts the server; its policy must list
     ``central-gaussian`` explicitly)."""
-    from corbin_fl.mechanisms.baselines.central_gaussian import clip_l2
-
     return wire.VALUES, _np(clip_l2(job.w, job.cfg.central_clip).to(torch.float32)), None
 
 
 def encode_signsgd(job: EncodeInput) -> Encoded:
     """SignSGD: ``sign(w_i - w_g)`` per parameter, one packed bit (zeros: a fair coin)."""
-    from corbin_fl.mechanisms.baselines.signsgd import sign_bits
-    from corbin_fl.mechanisms.packing import pack_bits
-
     w, gen = job.w, job.gen
     bits = by_block(
         w, job.blocks, lambda s, c_b, r_b: sign_bits(w[s] - c_b, generator=gen), torch.bool
@@ -479,9 +464,6 @@ def encode_signsgd(job: EncodeInput) -> Encoded:
 
 def encode_levels(job: EncodeInput) -> Encoded:
     """A finite-output mechanism (pbm, rqm, imvu): one ``b``-bit symbol per parameter, packed."""
-    from corbin_fl.mechanisms.packing import pack_symbols
-    from corbin_fl.registry import finite_mechanism
-
     mech = finite_mechanism(job.cfg)
     w, gen = job.w, job.gen
     symbols = by_block(
@@ -503,8 +485,6 @@ _FEDCAD_SCALARS = ("version", "round", "v", "expected_diff")
 
 
 def _new_fedcad(cfg: RunConfig) -> Any:
-    from corbin_fl.mechanisms.baselines.fedcad import FedCAD
-
     return FedCAD(
         cfg.fedcad_clip,
         cfg.epsilon,

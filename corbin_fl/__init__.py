@@ -41,6 +41,9 @@ __all__ = ["CorBin", "corbin_mod"]
 
 
 def __getattr__(name: str) -> Any:
+    # Imported on first use (PEP 562), not at the top: every ``import corbin_fl.<module>`` runs
+    # this file first, and a ClientApp process must not load the strategy for it, nor a
+    # ServerApp the mod (``import corbin_fl`` stays cheap: the module docstring).
     if name == "CorBin":
         from corbin_fl.server.strategy import CorBin
 

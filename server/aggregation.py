@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 import torch
@@ -33,9 +33,17 @@ from flwr.app import ArrayRecord
 
 from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
-
-if TYPE_CHECKING:
-    from corbin_fl.layout import ParamLayout, RangeBlock
+from corbin_fl.layout import ParamLayout, RangeBlock, range_blocks
+from corbin_fl.mechanisms.baselines.central_gaussian import (
+    central_noise,
+    central_noise_multiplier,
+)
+from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma
+from corbin_fl.mechanisms.baselines.laplace import laplace_scale
+from corbin_fl.mechanisms.baselines.signsgd import majority_vote
+from corbin_fl.mechanisms.baselines.ternary import ternary_params
+from corbin_fl.mechanisms.packing import BitCounter, mean_from_counts, unpack_symbols
+from corbin_fl.registry import finite_mechanism
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +79,6 @@ class Aggregator(ABC):
         layout: ParamLayout | None = None,
         cohort: int | None = None,
     ) -> None:
-        from corbin_fl.layout import range_blocks
-
         self.cfg = cfg
         self.cohort = cohort
         self.m = int(w_global.numel())
@@ -144,8 +150,6 @@ class BitsAggregator(Aggregator):
     """One bit per parameter (corbin, augcorbin, ldpfl, cq), counted by a ``BitCounter``."""
 
     def _start(self) -> None:
-        from corbin_fl.mechanisms.packing import BitCounter
-
         self.counter = BitCounter(self.m)
         pad = 8 * self.length - self.m
         self._pad_mask = np.uint8((1 << pad) - 1) if pad else None
@@ -177,8 +181,6 @@ class BitsAggregator(Aggregator):
         self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
     ) -> torch.Tensor:
         """``c + r alpha(eps) (2 k / n - 1)``: the mean of the decoded bits (Alg. 1 line 4)."""
-        from corbin_fl.mechanisms.packing import mean_from_counts
-
         return mean_from_counts(k, self.n, c, r, self.cfg.epsilon)
 
 
@@ -199,8 +201,6 @@ class SignAggregator(BitsAggregator):
         self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
     ) -> torch.Tensor:
         """``c + r sign(2 k - n)``: the layer's step ``r = R`` in the voted direction."""
-        from corbin_fl.mechanisms.baselines.signsgd import majority_vote
-
         return c + r * majority_vote(k, self.n)
 
 
@@ -219,8 +219,6 @@ class TernaryAggregator(Aggregator):
         self.total = torch.from_numpy(self._take_sum(total, n) - n).to(torch.int32)
 
     def _estimate(self) -> torch.Tensor:
-        from corbin_fl.mechanisms.baselines.ternary import ternary_params
-
         out = torch.empty(self.m, dtype=torch.float32)
         for lo, hi, c, r in _chunks(self.blocks):
             _, big_b = ternary_params(r, self.cfg.epsilon, self.cfg.ternary_sparsity)
@@ -237,15 +235,11 @@ class LevelsAggregator(Aggregator):
     """
 
     def _start(self) -> None:
-        from corbin_fl.registry import finite_mechanism
-
         self.mechanism = finite_mechanism(self.cfg)
         self.levels = torch.as_tensor(self.mechanism.levels, dtype=torch.float64)
         self.total = torch.zeros(self.m, dtype=torch.float64)
 
     def _add(self, values: np.ndarray) -> None:
-        from corbin_fl.mechanisms.packing import unpack_symbols
-
         try:
             symbols = unpack_symbols(values, self.m, self.mechanism.bits)
         except ValueError as exc:
@@ -313,13 +307,9 @@ def float_release_bounds(
     c64 = torch.as_tensor(c).to(torch.float64)
     r64 = torch.as_tensor(r).to(device=c64.device, dtype=torch.float64)
     if cfg.mechanism == "gaussian":
-        from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma
-
         sigma = 2.0 * analytic_gaussian_sigma(cfg.epsilon, cfg.delta, 1.0) * r64
         limit = r64 + GAUSS_TAIL_Z * sigma
     elif cfg.mechanism == "laplace":
-        from corbin_fl.mechanisms.baselines.laplace import laplace_scale
-
         limit = r64 + LAPLACE_TAIL_K * laplace_scale(r64, cfg.epsilon)
     else:
         zero = torch.zeros((), dtype=torch.float64, device=c64.device)
@@ -369,8 +359,6 @@ class CentralGaussianAggregator(Aggregator):
     noise_generator: torch.Generator | None = None
 
     def _start(self) -> None:
-        from corbin_fl.mechanisms.baselines.central_gaussian import central_noise_multiplier
-
         self.total = torch.zeros(self.m, dtype=torch.float64)
         self.z = central_noise_multiplier(self.cfg.epsilon, self.cfg.delta, self.cfg.num_rounds)
 
@@ -386,8 +374,6 @@ class CentralGaussianAggregator(Aggregator):
         self.total += v
 
     def _estimate(self) -> torch.Tensor:
-        from corbin_fl.mechanisms.baselines.central_gaussian import central_noise
-
         noise = central_noise(
             (self.m,), self.z, self.cfg.central_clip, generator=self.noise_generator
         )

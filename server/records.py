@@ -10,18 +10,21 @@ the run's rows and evaluations into ``summary.json``, and :func:`ledger_privacy`
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import RecordDict
 
 from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
+from corbin_fl.mechanisms.report import privacy_report
+from corbin_fl.server.checkpoint import TrainingState, ledger_counts
 from corbin_fl.server.metrics import client_device, client_devices
 from corbin_fl.server.stages import RoundState
 
 if TYPE_CHECKING:
     from corbin_fl.mechanisms.secure_sum import SumView
-    from corbin_fl.server.checkpoint import TrainingState
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +152,6 @@ def build_summary(
             cfg, len(history), num_params, clients, r_max, secure=secure
         )
     if train is not None:
-        from corbin_fl.server.checkpoint import ledger_counts
-
         summary["privacy_ledger"] = {
             **ledger_counts(train.ledger),
             "aborted_releases": len(train.aborted_releases),
@@ -189,8 +190,6 @@ def ledger_privacy(
     ``secure``: :func:`sum_view` of the run (secure aggregation), passed on to
     :func:`privacy_summary`.
     """
-    from collections import Counter
-
     events = list(ledger)
     if not events:
         report = privacy_summary(cfg, 0, num_params, clients, r_max, secure=secure)
@@ -202,8 +201,6 @@ def ledger_privacy(
         logger.error("privacy ledger holds mechanisms %s, the run %s", mechanisms, cfg.mechanism)
     released = [e.eps_p for e in events if e.eps_p is not None]
     paired_d = [e.d for e in events if e.paired and e.d is not None]
-    from dataclasses import replace
-
     view = replace(
         cfg,
         epsilon=max(released) if released else cfg.epsilon,
@@ -245,8 +242,6 @@ def privacy_summary(
     when it is None, from the configuration alone (``clients``, else ``min-clients``, as ``n``).
     Without it the report is the one runs always had.
     """
-    from corbin_fl.mechanisms.report import privacy_report
-
     view = None
     if cfg.secure_aggregation:
         view = secure if secure is not None else sum_view(cfg, [], clients)
@@ -284,6 +279,8 @@ def sum_view(cfg: RunConfig, history: list[dict[str, Any]], clients: int | None)
     """
     if not cfg.secure_aggregation:
         return None
+    # Lazy: secure_sum imports scipy.stats and dp_accounting, about 1 s (measured), which only a
+    # run with secure aggregation needs.
     from corbin_fl.mechanisms.secure_sum import SumView
 
     entry = registry.get(cfg.mechanism)
