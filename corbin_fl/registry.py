@@ -64,11 +64,11 @@ import numpy as np
 
 from corbin_fl import validate, wire
 from corbin_fl.mechanisms import categories
+from corbin_fl.mechanisms.accounting import PrivacyEvent
 from corbin_fl.mechanisms.categories import NoDPText, Privacy
 
 if TYPE_CHECKING:
     from corbin_fl.config import RunConfig
-    from corbin_fl.mechanisms.accounting import PrivacyEvent
     from corbin_fl.mechanisms.baselines.levels import FiniteMechanism
 
 ENCODE_DEVICES: Final[tuple[str, ...]] = ("update", "cpu")
@@ -379,10 +379,6 @@ class Mechanism:
         common randomness (CorBinQ, Alg. 2; accounted in the pair-joint view too), ``delta``
         for an (eps, delta) mechanism.
         """
-        # Imported here for its start-up cost: the accounting imports torch (about 2 CPU-s per
-        # process, mechanisms/__init__.py), and this module is imported by every ClientApp.
-        from corbin_fl.mechanisms.accounting import PrivacyEvent
-
         if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 1:
             raise ValueError(f"round must be an int >= 1, got {rnd!r}")
         if isinstance(node, bool) or not isinstance(node, int):
