@@ -124,7 +124,8 @@ def test_shipped_specs_parse_and_expand(path: Path) -> None:
         runs = expand_runs(spec)
         assert len(runs) == len({r.run_id for r in runs})
         assert len(runs) % (len(spec.seeds) * len(spec.lambda_grid)) == 0
-        assert len(spec.seeds) >= 3
+        # issue 40: 3 seeds for the table's main mechanisms, fewer for the rest (the CPU budget)
+        assert len(spec.seeds) >= 3 or path.name == "fashion-cpu-rest.toml"
     else:
         assert spec.mse is not None
 
