@@ -323,7 +323,7 @@ class Mechanism:
 
     def _plain_privacy(self) -> Privacy:
         if self.local_dp:
-            family = "gaussian" if self.has_delta else "pure"
+            family: categories.Family = "gaussian" if self.has_delta else "pure"
             return Privacy(family, unit=self.dp_unit, paired=self.pairs)
         return Privacy(
             "none",

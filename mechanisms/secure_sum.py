@@ -235,9 +235,6 @@ _ABS_SLACK = 1e-15
 _CACHE_OUTCOMES = 2_000_000
 """Keep the sorted curves in memory up to this many outcomes (about 100 MB); else recompute."""
 
-_TRUNCATION = 1e-15
-"""Tail mass truncated (pessimistically) at each composition."""
-
 _MAX_FFT = 1 << 22
 """Target size of the composed PLD array (:func:`compose` picks the discretization)."""
 
