@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from corbin_fl.app.sources import check_dataset_files
-from corbin_fl.experiments import mse, report, sweep
+from corbin_fl.experiments import report, sweep
 from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.report import Target
 from corbin_fl.experiments.spec import ExperimentSpec, SpecError, load_spec
@@ -84,6 +84,8 @@ def finalize(
     extra = f" --results {results_root}" if Path(results_root) != Path("results") else ""
     command = f"corbin-fl experiment run {spec.source or '<spec.toml>'}{extra}"
     if spec.kind == "mse":
+        from corbin_fl.experiments import mse  # torch: 1.4 of the CLI's 3.8 CPU-s start-up
+
         return mse.finalize(spec, root, command)
     if not (results := load_finished(spec, results_root)):
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
@@ -115,6 +117,8 @@ def run(
     times = (rp.TimeElapsedColumn(), rp.TextColumn("ETA"), rp.TimeRemainingColumn())
     view = rp.Progress(*count, *times, console=console, disable=not progress)
     if spec.kind == "mse":
+        from corbin_fl.experiments import mse  # torch: see finalize
+
         (root := Path(results_root) / spec.name).mkdir(parents=True, exist_ok=True)
         bar = view.add_task("runs to do", total=1)
         with view:
