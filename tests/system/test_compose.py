@@ -315,13 +315,13 @@ def test_gpu_reservation_only_in_overrides() -> None:
     for name, service in clientapps(cfg).items():
         (device,) = service["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-        assert service["build"]["args"]["CLIENT_VARIANT"] == "cuda"
+        assert service["build"]["args"]["TORCH_VARIANT"] == "cuda"
         assert service["image"].endswith("-cuda"), name
     for name, service in {**supernodes(cfg), "superlink": cfg["services"]["superlink"]}.items():
         assert "deploy" not in service or "devices" not in json.dumps(service["deploy"]), name
     base = render([DEMO])
     for service in clientapps(base).values():
-        assert service["build"]["args"]["CLIENT_VARIANT"] == "cpu"
+        assert service["build"]["args"]["TORCH_VARIANT"] == "cpu"
         assert service["image"].endswith("-cpu")
     client = render([CLIENT, CLIENT_GPU], env_file=ENV_EXAMPLE)["services"]["clientapp"]
     (device,) = client["deploy"]["resources"]["reservations"]["devices"]
