@@ -26,7 +26,9 @@ so no node releases twice), its first valid reply counts, and the stage ends at 
 on one message at a time, so its answer to the re-sent instruction comes at most one message's
 work after its answer to the first. ``NODE_UNAVAILABLE`` right after an outage means only that
 the node has not heartbeated yet: the node is re-sent its instruction once the SuperLink lists
-it online again, within the same bound.
+it online again, within the same bound. A node in flight at the outage that is still silent and
+not listed online :data:`RECONNECT_S` after the return is dropped then (a live SuperNode has
+heartbeated by that time), without waiting for its work bound.
 """
 
 from __future__ import annotations
@@ -430,6 +432,10 @@ class _StageRun:
         Silent node -> (its deadline, the grace).
     seen, down : bool
         Whether the link came back from an outage in this stage; whether it is away now.
+    returned_at : float or None
+        When the SuperLink first answered again in this stage.
+    online_checked : bool
+        Whether :meth:`check_online` has run.
     accepted : list[int]
         Nodes whose reply was accepted, in arrival order.
     latency : dict[int, float]
@@ -465,6 +471,8 @@ class _StageRun:
         self.bounds: dict[int, tuple[float, float]] = {}
         self.seen = False
         self.down = False
+        self.returned_at: float | None = None
+        self.online_checked = False
         self.accepted: list[int] = []
         self.latency: dict[int, float] = {}
         self.deadline = t0 + timeout
@@ -519,6 +527,8 @@ class _StageRun:
         instruction once and bound its wait (:meth:`LinkClock.grace`)."""
         self.down = False
         self.link.outages += 1
+        if self.returned_at is None:
+            self.returned_at = now
         self.stranded.update(self.in_flight())
         silent = sorted(self.in_flight() - self.resent - set(self.unavailable))
         for nid in [*silent, *self.unavailable]:
@@ -641,7 +651,39 @@ class _StageRun:
                 _forget(pending, nid)
                 self.unavailable.pop(nid, None)
                 state.drop(nid, f"no reply within {grace:.0f} s of the SuperLink's return", stage)
+        self.check_online(now)
         return now
+
+    def check_online(self, now: float) -> None:
+        """:data:`RECONNECT_S` after the SuperLink's return, drop every node that was in flight
+        at the outage, is still silent and is not listed online: a live SuperNode has
+        heartbeated by then, so it will not answer (its wait is not worth its work bound). A
+        node the SuperLink still lists from before the outage (its last heartbeat's patience
+        not yet over) keeps its bound. Once per stage."""
+        if self.returned_at is None or self.online_checked:
+            return
+        if now < self.returned_at + self.link.reconnect_s:
+            return
+        silent = self.stranded & self.in_flight()
+        if not silent:
+            self.online_checked = True
+            return
+        try:
+            online = {int(n) for n in self.grid.get_node_ids()}
+        except Exception as exc:  # the link again: the next poll tries again
+            logger.warning(
+                "round %d, stage %s: get_node_ids failed: %s", self.state.round, self.stage, exc
+            )
+            return
+        self.online_checked = True
+        for nid in sorted(silent - online):
+            _forget(self.pending, nid)
+            self.unavailable.pop(nid, None)
+            self.state.drop(
+                nid,
+                f"not listed online within {self.link.reconnect_s:g} s of the SuperLink's return",
+                self.stage,
+            )
 
     def settle(self) -> None:
         """After the last poll: drop every node still silent, unavailable or never reached;

@@ -212,7 +212,8 @@ def test_unavailable_after_the_return_is_resent_when_online_and_dropped_at_the_b
     assert seconds < bound + SLACK < STAGE_TIMEOUT
     assert sorted(state.client_metrics) == sorted([back, fine])
     assert list(state.dropped) == [gone]
-    assert "of the SuperLink's return" in state.dropped[gone]
+    # not listed online at the reconnection bound: dropped then, not at its work bound
+    assert "not listed online within 0.5 s of the SuperLink's return" in state.dropped[gone]
 
 
 def test_the_ledger_counts_an_update_the_outage_may_have_swallowed(
