@@ -27,8 +27,8 @@ on one message at a time, so its answer to the re-sent instruction comes at most
 work after its answer to the first. ``NODE_UNAVAILABLE`` right after an outage means only that
 the node has not heartbeated yet: the node is re-sent its instruction once the SuperLink lists
 it online again, within the same bound. A node in flight at the outage that is still silent and
-not listed online :data:`RECONNECT_S` after the return is dropped then (a live SuperNode has
-heartbeated by that time), without waiting for its work bound.
+not listed online from :data:`RECONNECT_S` after the return on is dropped then (a live SuperNode
+has heartbeated by that time), without waiting for its work bound.
 """
 
 from __future__ import annotations
@@ -434,8 +434,8 @@ class _StageRun:
         Whether the link came back from an outage in this stage; whether it is away now.
     returned_at : float or None
         When the SuperLink first answered again in this stage.
-    online_checked : bool
-        Whether :meth:`check_online` has run.
+    online_next : float
+        When :meth:`check_online` may ask the SuperLink for the online nodes again.
     accepted : list[int]
         Nodes whose reply was accepted, in arrival order.
     latency : dict[int, float]
@@ -472,7 +472,7 @@ class _StageRun:
         self.seen = False
         self.down = False
         self.returned_at: float | None = None
-        self.online_checked = False
+        self.online_next = 0.0
         self.accepted: list[int] = []
         self.latency: dict[int, float] = {}
         self.deadline = t0 + timeout
@@ -655,19 +655,19 @@ class _StageRun:
         return now
 
     def check_online(self, now: float) -> None:
-        """:data:`RECONNECT_S` after the SuperLink's return, drop every node that was in flight
-        at the outage, is still silent and is not listed online: a live SuperNode has
-        heartbeated by then, so it will not answer (its wait is not worth its work bound). A
-        node the SuperLink still lists from before the outage (its last heartbeat's patience
-        not yet over) keeps its bound. Once per stage."""
-        if self.returned_at is None or self.online_checked:
-            return
-        if now < self.returned_at + self.link.reconnect_s:
+        """From :data:`RECONNECT_S` after the SuperLink's return on (at most once a second),
+        drop every node that was in flight at the outage, is still silent and is not listed
+        online: a live SuperNode has heartbeated by then, so it will not answer (its wait is not
+        worth its work bound). A node the SuperLink still lists from before the outage (its
+        last heartbeat's patience, 60 s, not over yet) is dropped once that listing lapses."""
+        if self.returned_at is None or now < max(
+            self.returned_at + self.link.reconnect_s, self.online_next
+        ):
             return
         silent = self.stranded & self.in_flight()
         if not silent:
-            self.online_checked = True
             return
+        self.online_next = now + 1.0
         try:
             online = {int(n) for n in self.grid.get_node_ids()}
         except Exception as exc:  # the link again: the next poll tries again
@@ -675,13 +675,13 @@ class _StageRun:
                 "round %d, stage %s: get_node_ids failed: %s", self.state.round, self.stage, exc
             )
             return
-        self.online_checked = True
         for nid in sorted(silent - online):
             _forget(self.pending, nid)
             self.unavailable.pop(nid, None)
             self.state.drop(
                 nid,
-                f"not listed online within {self.link.reconnect_s:g} s of the SuperLink's return",
+                f"not listed online within {now - self.returned_at:.0f} s of the SuperLink's "
+                "return",
                 self.stage,
             )
 

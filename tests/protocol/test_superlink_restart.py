@@ -21,6 +21,7 @@ as it does while they go on). Checks:
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,9 @@ def test_unavailable_after_the_return_is_resent_when_online_and_dropped_at_the_b
     assert sorted(state.client_metrics) == sorted([back, fine])
     assert list(state.dropped) == [gone]
     # not listed online at the reconnection bound: dropped then, not at its work bound
-    assert "not listed online within 0.5 s of the SuperLink's return" in state.dropped[gone]
+    assert re.search(
+        r"not listed online within \d+ s of the SuperLink's return", state.dropped[gone]
+    )
 
 
 def test_the_ledger_counts_an_update_the_outage_may_have_swallowed(
