@@ -548,17 +548,31 @@ class _StageRun:
             self.resent.update(silent)
             self.resend(silent)
 
+    def online(self) -> set[int] | None:
+        """The nodes the SuperLink lists online, or None when it does not answer (logged; the
+        next poll asks again)."""
+        try:
+            return {int(n) for n in self.grid.get_node_ids()}
+        except Exception as exc:  # the link again: the next poll tries again
+            logger.warning(
+                "round %d, stage %s: get_node_ids failed: %s", self.state.round, self.stage, exc
+            )
+            return None
+
+    def give_up(self, nid: int, reason: str) -> None:
+        """Stop waiting for silent node ``nid``: forget its instructions, drop it with
+        ``reason``."""
+        _forget(self.pending, nid)
+        self.unavailable.pop(nid, None)
+        self.state.drop(nid, reason, self.stage)
+
     def revive(self) -> None:
         """Re-send the instruction of each node reported unavailable after an outage as soon
         as the SuperLink lists it online again (once per node)."""
         if not self.unavailable:
             return
-        try:
-            online = {int(n) for n in self.grid.get_node_ids()}
-        except Exception as exc:  # the link again: the next poll tries again
-            logger.warning(
-                "round %d, stage %s: get_node_ids failed: %s", self.state.round, self.stage, exc
-            )
+        online = self.online()
+        if online is None:
             return
         back = sorted(nid for nid in self.unavailable if nid in online)
         for nid in back:
@@ -648,9 +662,7 @@ class _StageRun:
         now = time.monotonic()
         for nid, (until, grace) in sorted(self.bounds.items()):
             if now >= until and nid in self.in_flight():
-                _forget(pending, nid)
-                self.unavailable.pop(nid, None)
-                state.drop(nid, f"no reply within {grace:.0f} s of the SuperLink's return", stage)
+                self.give_up(nid, f"no reply within {grace:.0f} s of the SuperLink's return")
         self.check_online(now)
         return now
 
@@ -668,22 +680,12 @@ class _StageRun:
         if not silent:
             return
         self.online_next = now + 1.0
-        try:
-            online = {int(n) for n in self.grid.get_node_ids()}
-        except Exception as exc:  # the link again: the next poll tries again
-            logger.warning(
-                "round %d, stage %s: get_node_ids failed: %s", self.state.round, self.stage, exc
-            )
+        online = self.online()
+        if online is None:
             return
+        within = now - self.returned_at
         for nid in sorted(silent - online):
-            _forget(self.pending, nid)
-            self.unavailable.pop(nid, None)
-            self.state.drop(
-                nid,
-                f"not listed online within {now - self.returned_at:.0f} s of the SuperLink's "
-                "return",
-                self.stage,
-            )
+            self.give_up(nid, f"not listed online within {within:.0f} s of the SuperLink's return")
 
     def settle(self) -> None:
         """After the last poll: drop every node still silent, unavailable or never reached;
