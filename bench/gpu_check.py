@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from corbin_fl.deploy.follow import read_jsonl
+
 REPO = Path(__file__).resolve().parents[1]
 
 DEVICE_TESTS = "cuda or device or gpu or protocol or test_registry or test_policy"
@@ -160,10 +162,7 @@ def run_local(clients: int, rounds: int, out: Path) -> tuple[int, float]:
 
 def read_run(out: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The run's ``metrics.jsonl`` rows and ``summary.json`` (empty when missing)."""
-    rows: list[dict[str, Any]] = []
-    metrics = out / "metrics.jsonl"
-    if metrics.exists():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(out / "metrics.jsonl")
     summary_file = out / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     return rows, summary

@@ -236,5 +236,8 @@ def as_int(value: Any) -> int | None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All records of a JSON-lines file (empty if it does not exist)."""
+    """All records of a JSON-lines file (empty if it does not exist): the one reader of the
+    ServerApp's ``metrics.jsonl`` and ``events.jsonl`` (following a run, the experiments, the
+    recomputed privacy reports, the GPU check). A malformed line is skipped with a warning, a
+    torn last line (no newline yet) is left for the writer to finish."""
     return JsonlTail(Path(path)).read_new()

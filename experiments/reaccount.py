@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from corbin_fl.config import RunConfig
+from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.fsio import atomic_write_json
 from corbin_fl.server import records
 from corbin_fl.server.metrics import jsonable
@@ -51,8 +52,7 @@ def recompute(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(old, Mapping) or "threat_models" not in old:
         raise ValueError(f"{run_dir}: summary.json has no privacy report to recompute")
     cfg = RunConfig.from_flower(summary["config"])
-    lines = _metrics_file(run_dir).read_text(encoding="utf-8").splitlines()
-    history = [json.loads(line) for line in lines if line.strip()]
+    history = read_jsonl(_metrics_file(run_dir))
     clients = max((int(r["participants"]) for r in history), default=0)
     r_max = max((float(r["max_radius"]) for r in history), default=None)
     ledger = old.get("ledger")
