@@ -21,6 +21,7 @@ from torch.utils.data import TensorDataset
 
 from corbin_fl.app.optimizer import LocalOptimizer
 from corbin_fl.devices import pick_device
+from corbin_fl.validate import at_least, require
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +101,7 @@ def _check_dataset(dataset: object) -> tuple[torch.Tensor, torch.Tensor]:
 def _check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    require(name, at_least(value, 1))
     return value
 
 
@@ -123,8 +123,7 @@ def _check_counts(
     batch_size = _check_positive_int("batch_size", batch_size)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+    require("seed", at_least(seed, 0))
     steps = None if max_steps is None else _check_positive_int("max_steps", max_steps)
     return epochs, batch_size, steps
 

@@ -40,6 +40,7 @@ from typing import Any, Final
 
 from corbin_fl import registry
 from corbin_fl.config import RunConfig
+from corbin_fl.validate import at_least, interval, require
 
 
 def private_mechanisms() -> frozenset[str]:
@@ -95,16 +96,14 @@ class Policy:
             raise ValueError(
                 f"corbin-max-epsilon must be a finite number > 0, got {self.max_epsilon}"
             )
-        if not 0.0 <= self.max_delta < 1.0:
-            raise ValueError(f"corbin-max-delta must be in [0, 1), got {self.max_delta}")
+        require("corbin-max-delta", interval(self.max_delta, 0, 1, hi_open=True))
         unknown = sorted(self.mechanisms - set(registry.REGISTRY))
         if unknown or not self.mechanisms:
             raise ValueError(
                 f"corbin-mechanisms: unknown {unknown}; choose from "
                 f"{', '.join(registry.REGISTRY)} or all"
             )
-        if self.max_params < 1:
-            raise ValueError(f"corbin-max-params must be >= 1, got {self.max_params}")
+        require("corbin-max-params", at_least(self.max_params, 1))
 
     @classmethod
     def from_node(

@@ -10,6 +10,8 @@ import re
 
 import torch
 
+from corbin_fl.validate import at_least, require
+
 __all__ = ["device_label", "pick_device", "set_threads"]
 
 
@@ -79,6 +81,5 @@ def set_threads(n: int) -> None:
     """
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"thread count must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"thread count must be >= 1, got {n}")
+    require("thread count", at_least(n, 1))
     torch.set_num_threads(n)

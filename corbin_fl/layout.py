@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from corbin_fl.validate import interval, require
+
 __all__ = [
     "ParamLayout",
     "RangeBlock",
@@ -256,8 +258,7 @@ def layer_center_radius(
         raise ValueError("vec has non-finite entries")
     if isinstance(quantile, bool) or not isinstance(quantile, int | float):
         raise TypeError(f"quantile must be a float, got {type(quantile).__name__}")
-    if not 0.5 < quantile <= 1.0:
-        raise ValueError(f"quantile must be in (0.5, 1], got {quantile}")
+    require("quantile", interval(quantile, 0.5, 1, lo_open=True))
     v = vec.to(torch.float32)
     mins, maxs = [], []
     for off, size in zip(layout.offsets, layout.sizes, strict=True):

@@ -9,6 +9,10 @@ mechanism parameter's check in :mod:`corbin_fl.registry`, and an experiment spec
 numeric check (each is written as the condition a valid value meets). Bounds print as given:
 ``0.0`` and ``0`` read differently, so a float setting passes float bounds.
 
+A function's argument check raises with the argument's name first: :func:`require`
+(``require("num_clients", at_least(n, 1))`` raises ``ValueError("num_clients must be >= 1, got
+0")``).
+
 This module imports nothing of the project, so every layer can use it (the argument validators of
 the math, :mod:`corbin_fl.mechanisms.validate`, raise instead and also check tensors).
 """
@@ -28,6 +32,7 @@ __all__ = [
     "positive",
     "probability",
     "reasons",
+    "require",
 ]
 
 
@@ -92,3 +97,10 @@ def reasons(*checks: tuple[str, str | None]) -> dict[str, str]:
     """``(key, reason or None)`` pairs -> the keys with a reason (a later pair of a key wins):
     ``reasons(("d", interval(d, 1, 16)), ("lr", positive(lr)))``."""
     return {key: why for key, why in checks if why is not None}
+
+
+def require(name: str, why: str | None, error: type[Exception] = ValueError) -> None:
+    """Raise ``error("<name> <why>")`` when a check gave a reason (``why`` is not None):
+    ``require("quantile", interval(q, 0.5, 1, lo_open=True))``."""
+    if why is not None:
+        raise error(f"{name} {why}")

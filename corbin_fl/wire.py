@@ -57,6 +57,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common.constant import SType
 from numpy.lib import format as npy_format
 
+from corbin_fl.validate import at_least, require
+
 PROTOCOL_VERSION: Final[str] = "corbin-fl/v1"
 """Bound into every HKDF ``info`` and AEAD AAD. Must equal
 :data:`mechanisms.randomness.PROTOCOL_VERSION` (kept as a literal here so the torch-free key
@@ -351,8 +353,8 @@ def get_int(record: Mapping[str, Any], key: str, *, low: int | None = None) -> i
     value = record[key]
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(f"{key!r} must be an int, got {type(value).__name__}")
-    if low is not None and value < low:
-        raise WireError(f"{key!r} must be >= {low}, got {value}")
+    if low is not None:
+        require(repr(key), at_least(value, low), WireError)
     return value
 
 

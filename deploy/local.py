@@ -31,6 +31,7 @@ from corbin_fl.deploy.processes import (
     free_ports,
     thread_share,
 )
+from corbin_fl.validate import at_least, positive, require
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +91,9 @@ class LocalDeployment:
             raise TypeError(f"num_supernodes must be an int, got {type(num_supernodes).__name__}")
         if simulation and num_supernodes != 0:
             raise ValueError("a simulation SuperLink runs no SuperNodes: pass num_supernodes=0")
-        if not simulation and num_supernodes < 1:
-            raise ValueError(f"num_supernodes must be >= 1, got {num_supernodes}")
-        if not ready_timeout > 0:
-            raise ValueError(f"ready_timeout must be > 0, got {ready_timeout}")
+        if not simulation:
+            require("num_supernodes", at_least(num_supernodes, 1))
+        require("ready_timeout", positive(ready_timeout))
         self.num_supernodes = num_supernodes
         self.logs_dir = Path(logs_dir)
         self.flwr_home = Path(flwr_home)

@@ -4,7 +4,8 @@ The pattern is Flower's SecAgg+ workflow: every stage works on ONE explicit stat
 (:class:`RoundState`), waits at most its timeout, treats no reply, an error reply and an invalid
 reply alike, and removes a node that failed from every later stage of the round
 (:meth:`RoundState.drop`). What each stage sends and how it checks each reply lives in
-``server/round.py`` (the round, top to bottom); this module is the transport and the bookkeeping.
+``server/round.py`` (the round, top to bottom); this module is the transport and the bookkeeping,
+and the envelope every instruction shares (:func:`instruction`).
 
 A reply is accepted only if it answers an instruction of this stage that is still pending, comes
 from the node the instruction went to, has the instruction's message type, carries a message id
@@ -40,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.constant import (
     HEARTBEAT_BASE_MULTIPLIER,
     HEARTBEAT_CALL_TIMEOUT,
@@ -52,8 +53,18 @@ from flwr.common.constant import (
 )
 from flwr.serverapp import Grid
 
+from corbin_fl import registry
 from corbin_fl.server.metrics import RunFiles
-from corbin_fl.wire import CFG, ERROR_CODE_POLICY, STAGE, WireError, payload_bytes
+from corbin_fl.validate import at_least, require
+from corbin_fl.wire import (
+    CFG,
+    ERROR_CODE_POLICY,
+    ROUND,
+    STAGE,
+    TRAIN,
+    WireError,
+    payload_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -298,6 +309,18 @@ def _push(
     return None
 
 
+def instruction(
+    rt: Any, stage: str, nid: int, rnd: int, body: dict[str, Any], **records: Any
+) -> Message:
+    """The ``stage`` instruction to node ``nid`` for round ``rnd``: a ``train`` message whose
+    ``corbin`` record holds the stage, the round (also in the group id), the mechanism's settings
+    (:data:`corbin_fl.registry.PARAM_KEYS`) and ``body``."""
+    params = rt.cfg.to_flower()
+    head = {STAGE: stage, ROUND: rnd, **{k: params[k] for k in registry.param_keys()}}
+    content = RecordDict({CFG: ConfigRecord({**head, **body}), **records})
+    return Message(content, dst_node_id=nid, message_type=TRAIN, group_id=str(rnd))
+
+
 def exchange(
     grid: Grid,
     state: RoundState,
@@ -349,8 +372,7 @@ def exchange(
     if not messages:
         return []
     msg_type, name = _stage_of(messages, stage)
-    if max_inflight < 0:
-        raise ValueError(f"max_inflight must be >= 0, got {max_inflight}")
+    require("max_inflight", at_least(max_inflight, 0))
     t0 = time.monotonic()
     state.round_trips += 1
     state.bytes_down[name] = state.bytes_down.get(name, 0) + sum(

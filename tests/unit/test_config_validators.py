@@ -70,3 +70,11 @@ def test_reasons_keeps_the_keys_with_a_reason_and_the_last_one_wins() -> None:
         ("d", validate.interval(17, 1, 16)),
     )
     assert got == {"d": "must be in [1, 16], got 17"}
+
+
+def test_require_raises_with_the_name_first_and_passes_a_valid_value() -> None:
+    validate.require("n", validate.at_least(1, 1))
+    with pytest.raises(ValueError, match=r"^num_clients must be >= 1, got 0$"):
+        validate.require("num_clients", validate.at_least(0, 1))
+    with pytest.raises(KeyError, match="d must be in"):
+        validate.require("d", validate.interval(0, 1, 16), KeyError)
