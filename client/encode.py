@@ -434,15 +434,15 @@ def encode_cq(job: EncodeInput) -> Encoded:
 def encode_ternary(job: EncodeInput) -> Encoded:
     """Ternary stochastic compressor (fdp paper Def. 6): 2 bits or one int8 per parameter."""
     cfg, w, gen = job.cfg, job.w, job.gen
-    sparsity = cfg.ternary_sparsity
+    sparsity = cfg.param("ternary-sparsity")
     t = by_block(
         w,
         job.blocks,
         lambda s, c_b, r_b: ternary(w[s], c_b, r_b, cfg.epsilon, sparsity, generator=gen),
         torch.int8,
     )
-    key, _, _ = wire.ternary_update_spec(w.numel(), cfg.ternary_encoding)
-    return key, wire.encode_ternary(_np(t), cfg.ternary_encoding), None
+    key, _, _ = wire.ternary_update_spec(w.numel(), cfg.param("ternary-encoding"))
+    return key, wire.encode_ternary(_np(t), cfg.param("ternary-encoding")), None
 
 
 def encode_central(job: EncodeInput) -> Encoded:
@@ -450,7 +450,7 @@ def encode_central(job: EncodeInput) -> Encoded:
 
     No noise here: the server adds it (the client trusts the server; its policy must list
     ``central-gaussian`` explicitly)."""
-    return wire.VALUES, _np(clip_l2(job.w, job.cfg.central_clip).to(torch.float32)), None
+    return wire.VALUES, _np(clip_l2(job.w, job.cfg.param("central-clip")).to(torch.float32)), None
 
 
 def encode_signsgd(job: EncodeInput) -> Encoded:
@@ -486,13 +486,13 @@ _FEDCAD_SCALARS = ("version", "round", "v", "expected_diff")
 
 def _new_fedcad(cfg: RunConfig) -> Any:
     return FedCAD(
-        cfg.fedcad_clip,
+        cfg.param("fedcad-clip"),
         cfg.epsilon,
         cfg.delta,
-        gamma=cfg.fedcad_gamma,
-        sigma_diff=cfg.fedcad_sigma_diff,
-        diff_init=cfg.fedcad_diff_init,
-        diff_floor=cfg.fedcad_diff_floor,
+        gamma=cfg.param("fedcad-gamma"),
+        sigma_diff=cfg.param("fedcad-sigma-diff"),
+        diff_init=cfg.param("fedcad-diff-init"),
+        diff_floor=cfg.param("fedcad-diff-floor"),
     )
 
 

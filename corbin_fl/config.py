@@ -3,10 +3,9 @@
 Every Flower ``run_config`` key of this app is one field of :class:`RunConfig` (the Flower key is
 the field name in kebab-case, ``num-rounds`` <-> ``num_rounds``) or one parameter of a registered
 mechanism (:class:`corbin_fl.registry.Param`). A mechanism's parameters are parsed, defaulted and
-checked from their registered specs: those of the mechanisms shipped with the v1 wire format
-also have a typed field here (``pbm_trials``, ...; ``tests/protocol/test_registration.py``
-checks that each matches its spec), any other lives in :attr:`RunConfig.params`, so a new
-mechanism's parameters reach the config without an edit here. The defaults are the ones in
+checked from their registered specs and live in :attr:`RunConfig.params` (read with
+:meth:`RunConfig.param`), so a mechanism's parameters reach the config without an edit here: this
+module names no mechanism. The defaults are the ones in
 ``pyproject.toml`` ``[tool.flwr.app.config]`` (a test keeps both in step; a parameter missing
 there takes its registered default).
 
@@ -48,6 +47,10 @@ RANGE_MODES: Final[tuple[str, ...]] = ("layer", "update")
 (:attr:`RunConfig.range_mode`)."""
 
 DEVICES: Final[tuple[str, ...]] = ("auto", "cpu", "cuda")
+PARAMS_AFTER: Final[str] = "test-z-digest"
+"""The key after which the mechanisms' parameters come in :meth:`RunConfig.to_flower` and
+:meth:`RunConfig.keys` (where their typed fields were until issue 41: ``summary.json`` keeps its
+order)."""
 
 
 APP_LOGGERS: Final[tuple[str, ...]] = ("corbin_fl",)
@@ -237,38 +240,12 @@ class RunConfig:
     test_z_digest : bool
         Test only: clients report ``sha256(prefix || z)`` so tests can check a pair's z matched
         (ignored by the mechanisms that do not pair).
-    ternary_sparsity : float
-        Probability ``p0 = 1 - A/B`` of a zero output of the ternary stochastic compressor
-        (fdp paper Def. 6, ``A = r alpha(eps)``), in [0, 1).
-    ternary_encoding : str
-        ``bits`` (2 bits per parameter) or ``int8``.
-    pbm_trials : int
-        PBM's ``m`` in [1, 255] (``ceil(log2(m + 1))`` bits per parameter, rounded up to 1, 2,
-        4 or 8; ``mechanisms/baselines/pbm.py``).
-    rqm_levels : int
-        RQM's levels: 2 (1 bit) or 3 (2 bits) (``mechanisms/baselines/rqm.py``).
-    rqm_q : float
-        Probability in [0, 1) that RQM keeps its middle level (3 levels); 0 = derived: the ``q``
-        that minimises the worst-case variance at ``epsilon``.
-    imvu_bits : int
-        I-MVU's budget: 1, 2 or 4 bits per parameter (``mechanisms/baselines/imvu.py``).
-    central_clip : float
-        ``central-gaussian``: the L2 clip ``C`` of each client's update ``w_i - w_g`` (the
-        sensitivity of the server's noisy sum; ``mechanisms/baselines/central_gaussian.py``).
-        With this mechanism ``epsilon`` and ``delta`` are the central guarantee of the whole run.
-    fedcad_clip : float
-        FedCAD L2 clip threshold ``C`` of the update (Fed-CAD Alg. 1 line 9).
-    fedcad_gamma : float
-        FedCAD obsolete factor ``gamma`` of the ``E[Diff]`` momentum (Alg. 1 line 25), in [0, 1].
-    fedcad_sigma_diff : float
-        FedCAD noise on the measured difference norm (Sec. V-B), ``>= 0``.
-    fedcad_diff_init, fedcad_diff_floor : float
-        Initial and smallest ``E[Diff]`` as fractions of ``C``, ``0 < floor <= init < 1``.
     params : Mapping[str, Any]
-        The values of the registered mechanisms' parameters that have no typed field here
-        (kebab-case key -> value, every such parameter present: the registered default where the
-        run config does not set it). Set through the run config (``{"toy-level": 3}``) or as
-        ``RunConfig(params={...})``; :meth:`param` reads any parameter, typed or not.
+        The values of the registered mechanisms' parameters (kebab-case key -> value, every
+        registered parameter present, in the wire order of :func:`corbin_fl.registry.param_keys`:
+        the registered default where the run config does not set it). Set through the run config
+        (``{"pbm-trials": 3}``), as ``RunConfig(params={...})`` or with :meth:`replace`
+        (``replace(pbm_trials=3)``); :meth:`param` reads one.
     dropout_prob : float
         Probability that a client fails a message on purpose (simulated dropout), in [0, 1).
     device : str
@@ -322,18 +299,6 @@ class RunConfig:
     resume: bool = field(default=False, metadata=EXECUTION)
     checkpoint_patience: int = 0
     test_z_digest: bool = field(default=False, metadata=EXECUTION)
-    ternary_sparsity: float = 0.5
-    ternary_encoding: str = "bits"
-    pbm_trials: int = 1
-    rqm_levels: int = 2
-    rqm_q: float = 0.0
-    imvu_bits: int = 1
-    central_clip: float = 1.0
-    fedcad_clip: float = 1.0
-    fedcad_gamma: float = 0.5
-    fedcad_sigma_diff: float = 0.01
-    fedcad_diff_init: float = 0.5
-    fedcad_diff_floor: float = 1e-3
     dropout_prob: float = 0.0
     device: str = field(default="auto", metadata=EXECUTION)
     eval_batch_size: int = field(default=512, metadata=EXECUTION)
@@ -347,7 +312,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         given = dict(self.params)
-        filled = {key: given.pop(key, spec.default) for key, spec in _untyped_specs().items()}
+        filled = {key: given.pop(key, spec.default) for key, spec in _param_specs().items()}
         object.__setattr__(self, "params", MappingProxyType({**filled, **given}))
 
     # ------------------------------------------------------------------ construction
@@ -362,10 +327,25 @@ class RunConfig:
         return tuple(_kebab(f.name) for f in cls._fields())
 
     def param(self, key: str) -> Any:
-        """The value of the registered parameter ``key`` (kebab-case), typed field or not."""
-        if key in self.params:
-            return self.params[key]
-        return getattr(self, key.replace("-", "_"))
+        """The value of the registered parameter ``key`` (kebab-case).
+
+        Raises
+        ------
+        KeyError
+            If no registered mechanism has that parameter.
+        """
+        return self.params[key]
+
+    @classmethod
+    def _ordered(cls, typed: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+        """``typed`` (kebab-case field keys, in field order) with ``params`` after
+        :data:`PARAMS_AFTER`: the keys' order of every run config so far."""
+        out: dict[str, Any] = {}
+        for key, value in typed.items():
+            out[key] = value
+            if key == PARAMS_AFTER:
+                out.update(params)
+        return out
 
     @classmethod
     def execution_keys(cls) -> frozenset[str]:
@@ -385,9 +365,9 @@ class RunConfig:
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
-        """Every valid Flower key (kebab-case): the typed fields in field order, then the
-        registered parameters without a field (in registration order)."""
-        return (*cls.typed_keys(), *_untyped_specs())
+        """Every valid Flower key (kebab-case): the typed fields in field order, the registered
+        parameters (:attr:`params`' order) after :data:`PARAMS_AFTER`."""
+        return tuple(cls._ordered(dict.fromkeys(cls.typed_keys()), dict.fromkeys(_param_specs())))
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -420,7 +400,7 @@ class RunConfig:
         if not isinstance(run_config, Mapping):
             raise TypeError(f"run_config must be a mapping, got {type(run_config).__name__}")
         fields = {_kebab(f.name): f for f in cls._fields()}
-        untyped = _untyped_specs()
+        untyped = _param_specs()
         errors: dict[str, str] = {}
         values: dict[str, Any] = {}
         params: dict[str, Any] = {}
@@ -453,12 +433,10 @@ class RunConfig:
         return cfg
 
     def to_flower(self) -> dict[str, Any]:
-        """Kebab-case dict of every key (what ``summary.json`` records): the typed fields, then
-        :attr:`params`."""
-        return {
-            **{_kebab(f.name): getattr(self, f.name) for f in self._fields()},
-            **self.params,
-        }
+        """Kebab-case dict of every key (what ``summary.json`` records): the typed fields, with
+        :attr:`params` after :data:`PARAMS_AFTER`."""
+        typed = {_kebab(f.name): getattr(self, f.name) for f in self._fields()}
+        return self._ordered(typed, self.params)
 
     def replace(self, **changes: Any) -> RunConfig:
         """Copy with ``changes`` (snake_case field names), validated like :meth:`from_flower`."""
@@ -537,6 +515,7 @@ class RunConfig:
         )
         if self.d == 0:  # no shared randomness: every client quantizes alone
             errors["d"] += '; d = 0 (no common randomness) is LDP-FL: mechanism = "ldpfl"'
+
         if 0 < self.clients_per_round < self.min_clients:
             errors["clients-per-round"] = (
                 f"must be 0 (all) or >= min-clients ({self.min_clients}), "
@@ -557,7 +536,7 @@ class RunConfig:
         no registered mechanism has."""
         specs = registry.param_specs()
         errors = validate.reasons(
-            *((key, spec.problem(self.param(key), self)) for key, spec in specs.items())
+            *((key, spec.problem(self.params[key], self)) for key, spec in specs.items())
         )
         for key in self.params:
             if key not in specs:
@@ -565,8 +544,8 @@ class RunConfig:
         return errors
 
 
-def _untyped_specs() -> dict[str, registry.Param]:
-    """The registered parameters without a typed field of :class:`RunConfig` (kebab-case key ->
-    spec, in registration order): their values live in :attr:`RunConfig.params`."""
-    typed = {_kebab(f.name) for f in dataclasses.fields(RunConfig) if f.name != "params"}
-    return {k: p for k, p in registry.param_specs().items() if k not in typed}
+def _param_specs() -> dict[str, registry.Param]:
+    """The registered parameters (kebab-case key -> spec), in the wire order of
+    :func:`corbin_fl.registry.param_keys`: their values live in :attr:`RunConfig.params`."""
+    specs = registry.param_specs()
+    return {key: specs[key] for key in registry.param_keys() if key in specs}

@@ -9,8 +9,7 @@ Everything else is derived from the registered entries, or checked against them 
 
 - the config (:class:`corbin_fl.config.RunConfig`): ``mechanism`` is one of the registered
   names; every registered parameter is a run-config key, parsed, defaulted and checked from its
-  :class:`Param` (a parameter without a typed ``RunConfig`` field lives in ``RunConfig.params``;
-  ``tests/protocol/test_registration.py`` checks that the typed fields match their specs);
+  :class:`Param`, its value in ``RunConfig.params`` (the config has no field of its own for it);
 - the wire: :func:`param_keys` (:data:`PARAM_KEYS`) is the common keys plus every registered
   parameter key, so each instruction carries the parameters and the client parses them; the key
   sets of each stage's record (:func:`keygen_cfg_keys`, :func:`pair_cfg_keys`,
@@ -174,7 +173,7 @@ def float32(num_params: int, cfg: RunConfig) -> WireSpec:
 
 def ternary_wire(num_params: int, cfg: RunConfig) -> WireSpec:
     """Ternary symbols: 2 packed bits per parameter (``bits``) or one int8 (``int8``)."""
-    return wire.ternary_update_spec(num_params, cfg.ternary_encoding)
+    return wire.ternary_update_spec(num_params, cfg.param("ternary-encoding"))
 
 
 def symbols_wire(num_params: int, cfg: RunConfig) -> WireSpec:
@@ -458,8 +457,7 @@ V1_PARAMETER_KEYS: Final[tuple[str, ...]] = (
     "fedcad-diff-floor",
 )
 """The mechanisms' parameters of the v1 wire format, in its order (a ConfigRecord serialises its
-items in insertion order): the order of their typed ``RunConfig`` fields, which
-``tests/protocol/test_registration.py`` checks."""
+items in insertion order); ``RunConfig.params`` and ``summary.json`` keep it too."""
 
 _param_keys_cache: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
 
@@ -551,12 +549,12 @@ def _ternary_levels(cfg: RunConfig) -> int:
 
 def _pbm_levels(cfg: RunConfig) -> int:
     """PBM's symbol: the number of successes, 0..m."""
-    return int(cfg.pbm_trials)
+    return int(cfg.param("pbm-trials"))
 
 
 def _rqm_levels(cfg: RunConfig) -> int:
     """RQM's symbol: the level index, 0..K-1 (evenly spaced levels)."""
-    return int(cfg.rqm_levels) - 1
+    return int(cfg.param("rqm-levels")) - 1
 
 
 def _one_trial(cfg: RunConfig) -> int:
@@ -566,13 +564,13 @@ def _one_trial(cfg: RunConfig) -> int:
 
 def _pbm_trials(cfg: RunConfig) -> int:
     """PBM's symbol is ``Binomial(m, 1/2 + theta x)``, ``theta = tanh(eps/2m)/2``."""
-    return int(cfg.pbm_trials)
+    return int(cfg.param("pbm-trials"))
 
 
 def _rqm_trials(cfg: RunConfig) -> int | None:
     """RQM with two levels is LDPQ's bit (``P(top) = (X + x)/(2X)``, ``X = alpha``); three levels
     are not binomial."""
-    return 1 if int(cfg.rqm_levels) == 2 else None
+    return 1 if int(cfg.param("rqm-levels")) == 2 else None
 
 
 # The finite-output mechanisms' math (mechanisms/baselines) imports torch: the functions below
@@ -581,47 +579,49 @@ def _rqm_trials(cfg: RunConfig) -> int | None:
 def _pbm_bits(cfg: RunConfig) -> int:
     from corbin_fl.mechanisms.baselines.levels import symbol_bits
 
-    return symbol_bits(cfg.pbm_trials + 1)
+    return symbol_bits(cfg.param("pbm-trials") + 1)
 
 
 def _pbm(cfg: RunConfig) -> FiniteMechanism:
     from corbin_fl.mechanisms.baselines.pbm import PBM
 
-    return PBM(cfg.epsilon, cfg.pbm_trials)
+    return PBM(cfg.epsilon, cfg.param("pbm-trials"))
 
 
 def _rqm_bits(cfg: RunConfig) -> int:
     from corbin_fl.mechanisms.baselines.levels import symbol_bits
 
-    return symbol_bits(cfg.rqm_levels)
+    return symbol_bits(cfg.param("rqm-levels"))
 
 
 def _rqm(cfg: RunConfig) -> FiniteMechanism:
     """RQM of ``cfg``; with 3 levels and ``rqm-q = 0`` the variance-optimal ``q``."""
     from corbin_fl.mechanisms.baselines.rqm import RQM, rqm_optimal_q
 
-    q = cfg.rqm_q
-    if cfg.rqm_levels == 3 and q == 0.0:
+    q = cfg.param("rqm-q")
+    if cfg.param("rqm-levels") == 3 and q == 0.0:
         q = rqm_optimal_q(cfg.epsilon)
-    return RQM(cfg.epsilon, cfg.rqm_levels, q)
+    return RQM(cfg.epsilon, cfg.param("rqm-levels"), q)
 
 
 def _imvu_bits(cfg: RunConfig) -> int:
-    return int(cfg.imvu_bits)
+    return int(cfg.param("imvu-bits"))
 
 
 def _imvu(cfg: RunConfig) -> FiniteMechanism:
     from corbin_fl.mechanisms.baselines.imvu import IMVU
     from corbin_fl.mvu_store import mvu_table
 
-    return IMVU(cfg.epsilon, cfg.imvu_bits, mvu_table(cfg.epsilon, cfg.imvu_bits))
+    bits = cfg.param("imvu-bits")
+    return IMVU(cfg.epsilon, bits, mvu_table(cfg.epsilon, bits))
 
 
 def _fedcad_floor(value: Any, cfg: RunConfig) -> str | None:
     """``fedcad-diff-floor`` in (0, 1) and at most ``fedcad-diff-init``."""
     why = interval(0.0, 1.0, lo_open=True, hi_open=True)(value, cfg)
-    if why is None and value > cfg.fedcad_diff_init:
-        why = f"must be <= fedcad-diff-init ({cfg.fedcad_diff_init}), got {value}"
+    init = cfg.param("fedcad-diff-init")
+    if why is None and value > init:
+        why = f"must be <= fedcad-diff-init ({init}), got {value}"
     return why
 
 

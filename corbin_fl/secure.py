@@ -191,7 +191,7 @@ def _levels(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
 
 def _ternary(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
     """Ternary ``t`` in {-1, 0, 1} as ``t + 1`` (:func:`corbin_fl.registry.ternary_wire`)."""
-    return wire.decode_ternary(arr, m, cfg.ternary_encoding).astype(np.int64) + 1
+    return wire.decode_ternary(arr, m, cfg.param("ternary-encoding")).astype(np.int64) + 1
 
 
 class _Reader(Protocol):

@@ -211,7 +211,7 @@ class TernaryAggregator(Aggregator):
         self.total = torch.zeros(self.m, dtype=torch.int32)
 
     def _add(self, values: np.ndarray) -> None:
-        t = wire.decode_ternary(values, self.m, self.cfg.ternary_encoding)
+        t = wire.decode_ternary(values, self.m, self.cfg.param("ternary-encoding"))
         self.total += torch.from_numpy(t).to(self.total.device, torch.int32)
 
     def from_symbol_sum(self, total: np.ndarray, n: int) -> None:
@@ -221,7 +221,7 @@ class TernaryAggregator(Aggregator):
     def _estimate(self) -> torch.Tensor:
         out = torch.empty(self.m, dtype=torch.float32)
         for lo, hi, c, r in _chunks(self.blocks):
-            _, big_b = ternary_params(r, self.cfg.epsilon, self.cfg.ternary_sparsity)
+            _, big_b = ternary_params(r, self.cfg.epsilon, self.cfg.param("ternary-sparsity"))
             out[lo:hi] = c + big_b * (self.total[lo:hi].to(torch.float64) / self.n)
         return out
 
@@ -365,17 +365,18 @@ class CentralGaussianAggregator(Aggregator):
     def _add(self, values: np.ndarray) -> None:
         v = torch.from_numpy(values).to(torch.float64)
         norm = float(torch.linalg.vector_norm(v))
-        limit = self.cfg.central_clip * (1.0 + 1e-5)
+        clip = self.cfg.param("central-clip")
+        limit = clip * (1.0 + 1e-5)
         if not norm <= limit:  # also NaN
             raise wire.WireError(
-                f"update L2 norm {norm:.6g} is above the clip {self.cfg.central_clip:g} of "
+                f"update L2 norm {norm:.6g} is above the clip {clip:g} of "
                 "central-gaussian (the sensitivity the accounting assumes)"
             )
         self.total += v
 
     def _estimate(self) -> torch.Tensor:
         noise = central_noise(
-            (self.m,), self.z, self.cfg.central_clip, generator=self.noise_generator
+            (self.m,), self.z, self.cfg.param("central-clip"), generator=self.noise_generator
         )
         denominator = self.cohort if self.cohort else self.n
         return (self.total.add_(noise)).div_(denominator)

@@ -358,9 +358,9 @@ def one_bit(mechanism: str) -> bool:
 
 
 FINITE_LEVELS = {
-    "pbm": lambda cfg: cfg.pbm_trials + 1,
-    "rqm": lambda cfg: cfg.rqm_levels,
-    "imvu": lambda cfg: 1 << cfg.imvu_bits,
+    "pbm": lambda cfg: cfg.param("pbm-trials") + 1,
+    "rqm": lambda cfg: cfg.param("rqm-levels"),
+    "imvu": lambda cfg: 1 << cfg.param("imvu-bits"),
 }
 """The finite-output mechanisms and their number of symbols ``K``."""
 
@@ -508,7 +508,7 @@ def spec_update_values(
         symbols = bits[: m * b].reshape(m, b) @ (1 << np.arange(b - 1, -1, -1))
         return bool((symbols < k).all())
     if mech == "ternary":
-        if cfg.ternary_encoding == "int8":
+        if cfg.param("ternary-encoding") == "int8":
             return bool(np.isin(values, (-1, 0, 1)).all())
         bits = np.unpackbits(values)
         nonzero, positive = bits[:m].astype(bool), bits[m : 2 * m].astype(bool)
@@ -884,8 +884,8 @@ def honest_update(
         key, values = wire.BITS, np.packbits(rng.integers(0, 2, m).astype(bool))
     elif mech == "ternary":
         t = rng.integers(-1, 2, m).astype(np.int8)
-        key, _, _ = wire.ternary_update_spec(m, cfg.ternary_encoding)
-        values = wire.encode_ternary(t, cfg.ternary_encoding)
+        key, _, _ = wire.ternary_update_spec(m, cfg.param("ternary-encoding"))
+        values = wire.encode_ternary(t, cfg.param("ternary-encoding"))
     else:
         noise = rng.normal(0.0, 1.0, m)
         values = (c.numpy() + r.numpy() * np.clip(noise, -1, 1)).astype(np.float32)
@@ -915,7 +915,7 @@ def test_server_update_reply_decoding(
 ) -> None:
     caplog.set_level(logging.WARNING)
     caplog.clear()
-    cfg = RunConfig(**UPDATE_CASES[case])
+    cfg = RunConfig().replace(**UPDATE_CASES[case])
     rng = np.random.default_rng(7)
     gen = torch.Generator().manual_seed(7)
     w_g = torch.randn(M, generator=gen)

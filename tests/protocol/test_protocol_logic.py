@@ -577,7 +577,9 @@ def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, l
             raw = gen.integers(0, 256, length, dtype=np.uint8)
             raw[-1] &= np.uint8((0xFF << (8 * length - m)) & 0xFF)
         elif mechanism == "ternary":
-            raw = wire.encode_ternary(gen.integers(-1, 2, m).astype(np.int8), cfg.ternary_encoding)
+            raw = wire.encode_ternary(
+                gen.integers(-1, 2, m).astype(np.int8), cfg.param("ternary-encoding")
+            )
         else:
             raw = gen.normal(0, 0.1, m).astype(np.float32)
         updates.append(ArrayRecord({key: Array(raw)}))

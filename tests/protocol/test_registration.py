@@ -10,7 +10,7 @@ parses it), the node policy (its declared default), the accounting (its category
 privacy report, and a protocol round runs with it on the in-process harness.
 
 The other tests here check what the registry derives against what it replaced: the v1 wire
-order of ``PARAM_KEYS``, the typed ``RunConfig`` fields against their specs, and the generic
+order of ``PARAM_KEYS``, the config's parameters against their specs, and the generic
 path without branches on a mechanism's name.
 """
 
@@ -89,7 +89,7 @@ def toy() -> Iterator[registry.Mechanism]:
 # ----------------------------------------------------------------------------- the 4-file rule
 def test_the_parameter_reaches_the_config(toy: registry.Mechanism) -> None:
     cfg = RunConfig.from_flower({"mechanism": TOY, KEY: 0.25})
-    assert cfg.param(KEY) == 0.25 and cfg.params == {KEY: 0.25}  # parsed
+    assert cfg.param(KEY) == 0.25 and cfg.params == {**RunConfig().params, KEY: 0.25}  # parsed
     assert cfg.to_flower()[KEY] == 0.25 and RunConfig.from_flower(cfg.to_flower()) == cfg
     assert RunConfig().param(KEY) == 1.0 and RunConfig.defaults()[KEY] == 1.0  # defaulted
     assert KEY in set(RunConfig.keys()) and cfg.replace(**{"shrunk_factor": 0.5}).param(KEY) == 0.5
@@ -220,15 +220,16 @@ def test_the_derived_param_keys_are_the_v1_wire_format() -> None:
     assert registry.PARAM_KEYS == (*V1_PARAM_KEYS, "secure-aggregation") == registry.param_keys()
 
 
-def test_the_typed_config_fields_match_their_registered_specs() -> None:
-    doc = RunConfig.__doc__ or ""
+def test_the_config_takes_every_parameter_from_its_registered_spec() -> None:
+    """No parameter has a typed ``RunConfig`` field (the config names no mechanism): each lives
+    in ``RunConfig.params`` with its registered default and type, documented by its spec."""
     typed = set(RunConfig.typed_keys())
+    defaults = RunConfig().params
     for key, spec in registry.param_specs().items():
-        assert key in typed, f"{key}: a shipped parameter has a typed field"
-        default = getattr(RunConfig, spec.field)
-        assert type(default) is spec.type and default == spec.default, key
-        assert re.search(rf"\b{spec.field}\b", doc), f"{spec.field} is documented"
-    assert RunConfig().params == {}
+        assert key not in typed and not hasattr(RunConfig, spec.field), key
+        assert type(defaults[key]) is spec.type and defaults[key] == spec.default, key
+        assert spec.doc.strip(), f"{key} is documented"
+    assert set(defaults) == set(registry.param_specs())
 
 
 def test_the_registry_is_checked_when_it_grows() -> None:

@@ -284,7 +284,7 @@ def test_the_uplink_is_the_stated_bits_per_coordinate(params: dict[str, object],
     """The client encoder's update is ceil(m b / 8) bytes and the server decodes it unbiasedly."""
     from corbin_fl.server.aggregation import make_aggregator
 
-    cfg = RunConfig(epsilon=1.0, range_mode="layer", **params)  # type: ignore[arg-type]
+    cfg = RunConfig().replace(epsilon=1.0, range_mode="layer", **params)
     assert symbol_bits_of(cfg) == bits == finite_mechanism(cfg).bits
     m, n = 4001, 64
     w = torch.linspace(-0.9, 0.9, m)
@@ -383,7 +383,9 @@ def test_central_gaussian_clips_rejects_and_adds_noise_of_the_calibrated_scale()
     d = torch.tensor([3.0, 4.0])
     torch.testing.assert_close(clip_l2(d, 1.0), torch.tensor([0.6, 0.8]))
     torch.testing.assert_close(clip_l2(d, 10.0), d)
-    cfg = RunConfig(mechanism="central-gaussian", epsilon=2.0, num_rounds=4, central_clip=0.5)
+    cfg = RunConfig().replace(
+        mechanism="central-gaussian", epsilon=2.0, num_rounds=4, central_clip=0.5
+    )
     m, cohort = 20_000, 4
     agg = make_aggregator(cfg, torch.zeros(m), torch.zeros(m), torch.ones(m), cohort=cohort)
     agg.noise_generator = torch.Generator().manual_seed(5)
@@ -421,7 +423,7 @@ def test_levels_aggregator_rejects_symbols_outside_the_levels_and_set_padding() 
     from corbin_fl.server.aggregation import make_aggregator
 
     m = 5  # 3-level RQM: 2 bits per symbol, 10 bits, 2 bytes with 6 padding bits
-    cfg = RunConfig(mechanism="rqm", rqm_levels=3, epsilon=1.0)
+    cfg = RunConfig().replace(mechanism="rqm", rqm_levels=3, epsilon=1.0)
     agg = make_aggregator(cfg, torch.zeros(m), torch.zeros(m), torch.ones(m))
     good = pack_symbols(np.array([0, 1, 2, 2, 0], dtype=np.uint8), 2)
     agg.add(ArrayRecord({wire.BITS: wire.to_array(good)}))

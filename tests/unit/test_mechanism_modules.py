@@ -71,7 +71,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.experiments.report": _LEAD,
     },
     "ldpfl": {
-        "corbin_fl.config": "d = 0's hint names the mechanism without common randomness",
+        "corbin_fl.config": "d = 0's error names the paper's LDP-FL and its mechanism",
         "corbin_fl.mechanisms.accounting": "the accounting's name aliases (another change)",
         "corbin_fl.mechanisms.report": "the report compares CorBin's MSE with LDP-FL's",
         "corbin_fl.mechanisms.secure_sum": "the one-bit sum's label",
@@ -102,7 +102,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.client.encode": "its encoder",
         "corbin_fl.mechanisms.accounting": "the accounting's name aliases (another change)",
         "corbin_fl.mechanisms.threat_models": "the no-DP sentences",
-        "corbin_fl.app.server_app": "Flower's FedAvg, the strategy CorBin wraps (not the mechanism)",
+        "corbin_fl.app.server_app": "Flower's FedAvg, the strategy CorBin wraps (not this one)",
         "corbin_fl.experiments.report": _LEAD,
     },
     "cq": {
@@ -114,7 +114,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.mechanisms.baselines": "the baselines' re-exports",
     },
     "ternary": {
-        "corbin_fl.config": "its typed parameter fields",
         "corbin_fl.secure": "its symbols in a secure sum",
         "corbin_fl.wire": "its two encodings on the wire",
         "corbin_fl.server.aggregation": "its aggregator",
@@ -122,7 +121,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.mechanisms.baselines": "the baselines' re-exports",
     },
     "fedcad": {
-        "corbin_fl.config": "its typed parameter fields",
         "corbin_fl.server.aggregation": "its aggregator",
         "corbin_fl.client.encode": "its encoder and its state in the node's context",
         "corbin_fl.mechanisms.baselines": "the baselines' re-exports",
@@ -130,16 +128,13 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.experiments.plots": _LEAD,
     },
     "pbm": {
-        "corbin_fl.config": "its typed parameter field",
         "corbin_fl.mechanisms.secure_sum": "its binomial sum's functions",
         "corbin_fl.mechanisms.secure_threat_models": "its binomial sum's functions",
     },
     "rqm": {
-        "corbin_fl.config": "its typed parameter fields",
         "corbin_fl.mechanisms.secure_sum": "the one-bit sum's label",
     },
     "imvu": {
-        "corbin_fl.config": "its typed parameter field",
         "corbin_fl.mvu_store": "its designs on disk (the cache lives in corbin_fl.fsio, which the "
         "math may not import)",
     },
@@ -148,7 +143,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.client.encode": "its encoder",
     },
     "central-gaussian": {
-        "corbin_fl.config": "its typed parameter field",
         "corbin_fl.server.aggregation": "its aggregator (the server's noise)",
         "corbin_fl.client.encode": "its encoder",
         "corbin_fl.mechanisms.threat_models": "the central guarantee's sentences",
@@ -209,9 +203,7 @@ def code_texts(source: str) -> Iterator[str]:
             yield node.attr
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             yield node.name
-        elif isinstance(node, ast.arg):
-            yield node.arg
-        elif isinstance(node, ast.keyword) and node.arg:
+        elif isinstance(node, ast.arg) or (isinstance(node, ast.keyword) and node.arg):
             yield node.arg
         elif isinstance(node, ast.alias):
             yield node.name

@@ -264,9 +264,14 @@ def _encode_with_mod(cfg: RunConfig, w0: np.ndarray, device: str) -> Message:
     return corbin_mod(msg, ctx, train)
 
 
-def test_the_v1_parameter_order_is_the_order_of_the_typed_config_fields() -> None:
-    """``registry.V1_PARAMETER_KEYS`` (the wire order of the v1 parameters, kept in the registry
-    so that it needs no ``RunConfig``) lists the parameters with a typed field, in field order."""
+def test_the_v1_parameter_order_is_the_order_of_the_config_keys() -> None:
+    """``registry.V1_PARAMETER_KEYS`` (the wire order of the v1 parameters) is the order of the
+    config's parameters, where their typed fields were (``summary.json`` keeps its key order)."""
     specs = registry.param_specs()
-    typed = tuple(key for key in RunConfig.typed_keys() if key in specs)
-    assert typed == registry.V1_PARAMETER_KEYS
+    assert tuple(RunConfig().params) == registry.V1_PARAMETER_KEYS
+    assert set(specs) == set(registry.V1_PARAMETER_KEYS)
+    keys = RunConfig.keys()
+    assert tuple(key for key in keys if key in specs) == registry.V1_PARAMETER_KEYS
+    start = keys.index(registry.V1_PARAMETER_KEYS[0])
+    assert keys[start - 1] == "test-z-digest" and keys[start + len(specs)] == "dropout-prob"
+    assert tuple(RunConfig().to_flower()) == keys

@@ -68,7 +68,7 @@ def _secure(mech: str, view: SumView, **kw: Any) -> dict[str, Any]:
 def test_reports_without_secure_aggregation_are_unchanged(name: str) -> None:
     frozen = json.loads(FROZEN.read_text(encoding="utf-8"))
     kw = dict(FROZEN_CONFIGS[name])
-    cfg = RunConfig(num_rounds=kw.pop("num_rounds", 7), **kw)
+    cfg = RunConfig().replace(num_rounds=kw.pop("num_rounds", 7), **kw)
     got = json.loads(json.dumps(privacy_summary(cfg, 7, 5_000, 10, 0.05)))
     assert got == frozen[name]
     assert "secure_aggregation" not in got
@@ -413,8 +413,10 @@ def test_registry_trials_of_the_secure_mechanisms() -> None:
         "rqm": 1,
         "signsgd": None,
     }
-    assert registry.get("pbm").sum_trials(RunConfig(mechanism="pbm", pbm_trials=3)) == 3  # type: ignore[misc]
-    assert registry.get("rqm").sum_trials(RunConfig(mechanism="rqm", rqm_levels=3)) is None  # type: ignore[misc]
+    assert registry.get("pbm").sum_trials(RunConfig().replace(mechanism="pbm", pbm_trials=3)) == 3  # type: ignore[misc]
+    assert (
+        registry.get("rqm").sum_trials(RunConfig().replace(mechanism="rqm", rqm_levels=3)) is None
+    )  # type: ignore[misc]
 
 
 def test_refusal_lists_mechanisms_by_what_they_give_against_the_server() -> None:

@@ -60,7 +60,7 @@ def test_mechanism_parameters_are_keywords_and_nothing_else_is() -> None:
     for spec in registry.param_specs().values():
         assert spec.field not in _protocol_keywords()  # derived from the registry, not listed
     strategy = CorBin(FedAvg(), mechanism="pbm", pbm_trials=4, secure_aggregation=True)
-    assert (strategy.cfg.pbm_trials, strategy.cfg.secure_aggregation) == (4, True)
+    assert (strategy.cfg.param("pbm-trials"), strategy.cfg.secure_aggregation) == (4, True)
     with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['dataset'\]"):
         CorBin(FedAvg(), dataset="mnist")
     with pytest.raises(TypeError, match="must be a number or a callable"):

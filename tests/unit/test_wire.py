@@ -142,11 +142,15 @@ def test_update_spec(mechanism: str, key: str, dtype: type, length: int) -> None
 )
 def test_update_spec_of_multi_bit_mechanisms(params: dict[str, object], length: int) -> None:
     """b bits per parameter, packed: ceil(100 b / 8) bytes."""
-    assert registry.update_spec(RunConfig(**params), 100) == (wire.BITS, np.dtype(np.uint8), length)
+    assert registry.update_spec(RunConfig().replace(**params), 100) == (
+        wire.BITS,
+        np.dtype(np.uint8),
+        length,
+    )
 
 
 def test_update_spec_ternary_int8_and_unknown() -> None:
-    int8 = RunConfig(mechanism="ternary", ternary_encoding="int8")
+    int8 = RunConfig().replace(mechanism="ternary", ternary_encoding="int8")
     assert registry.update_spec(int8, 7) == (wire.VALUES, np.dtype(np.int8), 7)
     with pytest.raises(wire.WireError):
         registry.update_spec(SimpleNamespace(mechanism="nope"), 7)  # type: ignore[arg-type]
