@@ -48,9 +48,71 @@ class Outcome:
 
 
 def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]:
-    """Every run of ``spec`` with its state in the pool."""
+    """Every run of ``spec`` its table needs, with its state in the pool: with ``lambda-seeds``,
+    a run on another seed is needed only at its setting's chosen lambda, and is
+    :attr:`RunState.WAITING` (at every lambda) until the setting's lambda-choosing runs are all
+    done (:func:`chosen_lambdas`)."""
     pool = Path(results_root) / sweep.POOL_DIR
-    return [(r, sweep.run_state(pool / r.run_id, r)) for r in sweep.expand_runs(spec)]
+    runs = sweep.expand_runs(spec)
+    states = {r.run_id: sweep.run_state(pool / r.run_id, r) for r in runs}
+    chosen = chosen_lambdas(spec, runs, states, pool)
+    return [
+        (r, RunState.WAITING)
+        if not r.selects and r.setting_key not in chosen and states[r.run_id] is not RunState.DONE
+        else (r, states[r.run_id])
+        for r in sweep.needed_runs(runs, chosen)
+    ]
+
+
+def chosen_lambdas(
+    spec: ExperimentSpec, runs: Sequence[Run], states: dict[str, RunState], pool: Path
+) -> dict[str, float]:
+    """Setting key -> its chosen lambda (:func:`results.choose_lambda` over its lambda-choosing
+    runs, the report's rule) for every setting whose lambda-choosing runs are all done; empty
+    when every seed chooses (no ``lambda-seeds``), since then no run waits on a choice."""
+    if not spec.confirmation_seeds:
+        return {}
+    by_setting: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.selects:
+            by_setting.setdefault(r.setting_key, []).append(r)
+    return {
+        key: rs.choose_lambda([rs.load_run(pool / r.run_id) for r in members])[0]
+        for key, members in by_setting.items()
+        if all(states[r.run_id] is RunState.DONE for r in members)
+    }
+
+
+def to_do(planned: Sequence[tuple[Run, RunState]]) -> list[Run]:
+    """The runs still to execute: those missing or partial, and per setting and seed one of
+    the waiting runs (the one at the first lambda; which one runs is chosen later)."""
+    seen: set[tuple[str, Any]] = set()
+    out: list[Run] = []
+    for r, state in planned:
+        if state is RunState.WAITING:
+            if (key := (r.setting_key, r.run_config["seed"])) in seen:
+                continue
+            seen.add(key)
+        if state is not RunState.DONE:
+            out.append(r)
+    return out
+
+
+def plan_counts(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -> str:
+    """``<name>: N runs (d done, p partial, m to do[, w at a lambda not chosen yet])``."""
+    n = {s: sum(1 for _, st in planned if st is s) for s in RunState}
+    waiting = len(to_do(planned)) - n[RunState.PARTIAL] - n[RunState.MISSING]
+    total = n[RunState.DONE] + len(to_do(planned))
+    later, choose = rs.seeds_text(spec.confirmation_seeds), rs.seeds_text(spec.selection_seeds)
+    after = (
+        f", {waiting} then at their setting's chosen lambda ({later}; lambda chosen on {choose})"
+        if waiting
+        else ""
+    )
+    return (
+        f"{spec.name}: {total} runs ({n[RunState.DONE]} done, {n[RunState.PARTIAL]} partial, "
+        f"{n[RunState.MISSING]} to do{after})"
+    )
 
 
 def plan_estimate(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -> str | None:
@@ -58,7 +120,7 @@ def plan_estimate(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]])
     (the spec's measured round), in words; ``None`` when the spec measured none."""
     if spec.round_seconds is None:
         return None
-    todo = [r for r, state in planned if state is not RunState.DONE]
+    todo = to_do(planned)
     rounds = sum(int(r.run_config["num-rounds"]) for r in todo)
     seconds = rounds * spec.round_seconds
     return (
@@ -90,7 +152,7 @@ def finalize(
     if not (results := load_finished(spec, results_root)):
         logger.warning("%s: no finished run yet; nothing to report", spec.name)
         return [], None
-    expected = len(sweep.expand_runs(spec))
+    expected = sweep.table_size(spec, sweep.expand_runs(spec))
     return report.finalize_federated(spec, root, results, command, expected, failures)
 
 
@@ -133,8 +195,9 @@ def run(
     sweep.check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
     (pool := Path(results_root) / sweep.POOL_DIR).mkdir(parents=True, exist_ok=True)
     be = backend or sweep.simulation_backend(app, spec)
-    todo = [(r, state) for r, state in planned if state is not RunState.DONE][:max_runs]
-    outcome = Outcome(total=len(planned), skipped=sum(s is RunState.DONE for _, s in planned))
+    todo = to_do(planned)[:max_runs]
+    done = sum(s is RunState.DONE for _, s in planned)
+    outcome = Outcome(total=done + len(to_do(planned)), skipped=done)
     how: dict[str, Any] = {"experiment": spec.name, "timeout_s": spec.run_timeout_s}
 
     def execute(run: Run, on_round: Callable[[int], None]) -> str | None:
@@ -157,9 +220,24 @@ def run(
     runs_bar = view.add_task("runs to do", total=len(todo))
     round_bar = view.add_task("round", total=1, visible=False)
     started = time.monotonic()
+    tried: set[str] = set()
+
+    def next_run() -> tuple[Run, RunState] | None:
+        """The first run of the plan to execute that this invocation has not tried, the plan
+        read again (a setting's lambda is chosen once its lambda-choosing runs are done)."""
+        for run, state in plan(spec, results_root):
+            if state in (RunState.MISSING, RunState.PARTIAL) and run.run_id not in tried:
+                return run, state
+        return None
+
     try:
         with view:
-            for index, (run, state) in enumerate(todo):
+            for index in range(len(todo)):
+                if (upcoming := next_run()) is None:
+                    logger.warning("the runs left wait for a lambda choice whose runs failed")
+                    break
+                run, state = upcoming
+                tried.add(run.run_id)
                 logger.info("%s", progress_line(spec.name, outcome, index, len(todo), started))
                 if state is not RunState.MISSING:
                     logger.info("run %s is %s: redoing it", run.run_id, state.value)
@@ -274,11 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             if args.command == "plan":
                 planned = plan(spec, args.results)
-                n = {s: sum(1 for _, st in planned if st is s) for s in RunState}
-                out.print(
-                    f"[bold]{spec.name}[/bold]: {len(planned)} runs ({n[RunState.DONE]} done, "
-                    f"{n[RunState.PARTIAL]} partial, {n[RunState.MISSING]} to do)"
-                )
+                out.print(plan_counts(spec, planned), markup=False, soft_wrap=True)
                 if (estimate := plan_estimate(spec, planned)) is not None:
                     out.print(f"  {estimate}", markup=False, soft_wrap=True)
                 for r, state in planned:

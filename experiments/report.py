@@ -330,6 +330,17 @@ _GROUP_FIGURES = {
 }
 
 
+def lambda_text(spec: ExperimentSpec) -> str:
+    """The lambda grid, and with ``lambda-seeds`` the seeds that choose and those that run only
+    at the chosen lambda (the report's Setup)."""
+    if not spec.confirmation_seeds:
+        return str(list(spec.lambda_grid))
+    return (
+        f"{list(spec.lambda_grid)}, chosen on {rs.seeds_text(spec.selection_seeds)} alone; "
+        f"{rs.seeds_text(spec.confirmation_seeds)} ran only at each setting's chosen lambda"
+    )
+
+
 def finalize_federated(
     spec: ExperimentSpec,
     base: Path,
@@ -341,7 +352,8 @@ def finalize_federated(
     """Write a federated experiment's ``runs.csv``, ``groups.csv``, figures and ``report.md`` in
     ``base`` from its finished ``results`` (of ``expected`` runs) and return its target checks
     and report; ``failures`` maps run ids to why they failed in this invocation."""
-    groups, keys = rs.group_results(results), rs.varying_keys(results)
+    groups = rs.group_results(results, spec.lambda_seeds)
+    keys = rs.varying_keys(results)
     rs.write_table(base / "runs.csv", rs.runs_table(results, groups))
     rs.write_table(base / "groups.csv", rs.groups_table(groups, keys))
     figures: dict[str, Path] = {}
@@ -360,7 +372,7 @@ def finalize_federated(
     config += [f"`clients={spec.clients}`"] if spec.clients is not None else []
     setup = rs.TEXTS["setup"].format(
         done=done, expected=expected, status=status, seeds=list(spec.seeds), base=", ".join(config),
-        lambdas=list(spec.lambda_grid), swept=", ".join(keys) or "(nothing)",
+        lambdas=lambda_text(spec), swept=", ".join(keys) or "(nothing)",
     )  # fmt: skip
     rows = [[group_label(g.setting, keys), *(f(g) for _, f in _RESULT_COLUMNS)] for g in groups]
     lines = [
@@ -383,7 +395,8 @@ def finalize_federated(
         lams = spec.lambda_grid
         head = ["setting", *(f"λ={lam:g}" for lam in lams)]
         rows = [[group_label(g.setting, keys), *(cell(g, lam) for lam in lams)] for g in groups]
-        lines += ["### Lambda selection (mean validation accuracy at the checkpoints)", ""]
+        over = f", {rs.seeds_text(spec.selection_seeds)}" if spec.confirmation_seeds else ""
+        lines += [f"### Lambda selection (mean validation accuracy at the checkpoints{over})", ""]
         lines += [table(head, rows), ""]
     targets = federated_targets(groups)
     lines += figures_section(figures, base) + section("Privacy", privacy_section(groups, keys))

@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,10 +285,20 @@ class GroupResult:
         return stats.index.to_numpy(dtype=int), np.array(means), np.array(spreads)
 
 
-def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
+def seeds_text(seeds: Sequence[int]) -> str:
+    """``"seed 0"`` or ``"seeds 1, 2"``."""
+    return f"seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def choose_lambda(
+    runs: Sequence[RunResult], seeds: Collection[int] | None = None
+) -> tuple[float, dict[float, Stat]]:
     """The lambda of one setting's ``runs`` with the highest mean checkpoint validation accuracy
-    over seeds (ties: the larger), and per lambda the :class:`Stat` of those accuracies;
-    ``ValueError`` without runs."""
+    over seeds (ties: the larger), and per lambda the :class:`Stat` of those accuracies; only
+    the runs on ``seeds`` count when given (a spec's ``lambda-seeds``: its other seeds ran at
+    the chosen lambda alone, and counting them would favour it). ``ValueError`` without runs."""
+    if seeds is not None:
+        runs = [r for r in runs if r.seed in seeds]
     if not runs:
         raise ValueError("no runs to choose lambda from")
     stats = runs_frame(runs).groupby("global_lr")["val"].agg(Stat.of)
@@ -296,12 +306,19 @@ def choose_lambda(runs: Sequence[RunResult]) -> tuple[float, dict[float, Stat]]:
     return float(best), {float(lam): stat for lam, stat in stats.items()}
 
 
-def group_results(results: Sequence[RunResult]) -> list[GroupResult]:
-    """Group runs by setting, choose lambda per group and keep its runs at that lambda (by
-    seed), with their statistics; groups in the order of their first run."""
+def group_results(
+    results: Sequence[RunResult], selection_seeds: Collection[int] | None = None
+) -> list[GroupResult]:
+    """Group runs by setting, choose lambda per group (on ``selection_seeds`` only when given,
+    :func:`choose_lambda`) and keep its runs at that lambda (by seed, every seed), with their
+    statistics; groups in the order of their first run. A setting none of whose runs is on
+    ``selection_seeds`` has no lambda yet and is left out."""
     out: list[GroupResult] = []
     for _, members in runs_frame(results).groupby("setting", sort=False):
-        lam, scores = choose_lambda(members["run"].tolist())
+        pool = members["run"].tolist()
+        if selection_seeds is not None and not any(r.seed in selection_seeds for r in pool):
+            continue
+        lam, scores = choose_lambda(pool, selection_seeds)
         chosen = members[members["global_lr"] == lam].sort_values("seed", kind="stable")
         stats = chosen[list(_OVER_SEEDS)].agg(Stat.of)
         runs = tuple(chosen["run"])

@@ -102,6 +102,7 @@ def _opt(kind: type, lo: float | None = None, hi: float | None = None, **kw: Any
 _TOP_OPTIONS: Mapping[str, _Opt] = {
     "seeds": _Opt(int, 0, 2**63 - 1, many=True),
     "lambda-grid": _Opt(float, 0, 1, many=True, lo_open=True),
+    "lambda-seeds": _Opt(int, 0, 2**63 - 1, many=True),
 }
 _TABLES = ("experiment", "base", "grid", "extra-grid", "plots", "mse")
 
@@ -150,6 +151,10 @@ class ExperimentSpec:
     extra_grids: tuple[SweepGrid, ...] = ()
     seeds: tuple[int, ...] = (0,)
     lambda_grid: tuple[float, ...] = (1.0,)
+    lambda_seeds: tuple[int, ...] | None = None
+    """The seeds lambda is chosen on (top-level ``lambda-seeds``, a subset of ``seeds``): a
+    setting runs every lambda of the grid on these seeds, then its other seeds only at the
+    lambda chosen from them (:attr:`selection_seeds`); ``None``: every seed runs every lambda."""
     figures: tuple[str, ...] = ()
     clients: int | None = None
     run_timeout_s: float = _opt(float, 1, default=3600.0)
@@ -162,6 +167,17 @@ class ExperimentSpec:
     the spec's comments say how): ``plan`` estimates the runs' time from it."""
     mse: MSESpec | None = None
     source: Path | None = field(default=None, compare=False)
+
+    @property
+    def selection_seeds(self) -> tuple[int, ...]:
+        """The seeds on which each setting's lambda is chosen (all seeds unless
+        ``lambda-seeds`` names fewer)."""
+        return self.lambda_seeds if self.lambda_seeds is not None else self.seeds
+
+    @property
+    def confirmation_seeds(self) -> tuple[int, ...]:
+        """The seeds that run only at each setting's chosen lambda (the others)."""
+        return tuple(s for s in self.seeds if s not in self.selection_seeds)
 
 
 def _where(source: str, *parts: str) -> str:
@@ -301,6 +317,13 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
         )
     source_path = Path(source) if source != "<spec>" else None
     sweep = _parse_sweep(raw, source, kind)
+    if "lambda_seeds" in top and kind == "mse":
+        raise SpecError(f'{source}: lambda-seeds: not used by kind = "mse"')
+    if stray := sorted(set(top.get("lambda_seeds", ())) - set(top.get("seeds", (0,)))):
+        raise SpecError(
+            f"{source}: lambda-seeds: {stray} not in seeds; lambda is chosen on some of the "
+            "seeds the runs use"
+        )
     return ExperimentSpec(**options, **top, **sweep, figures=tuple(figures), source=source_path)
 
 

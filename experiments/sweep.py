@@ -3,7 +3,9 @@ execution of one run.
 
 A federated spec expands to ``settings x lambda-grid x seeds`` runs; the settings are the
 cartesian products of ``[grid]`` and then of each ``[[extra-grid]]`` over ``[base]``, a repeated
-setting expanded once. A run is addressed by its result config
+setting expanded once. With ``lambda-seeds`` (a subset of the seeds), every setting's runs on
+those seeds come first (they choose its lambda), then its runs on the other seeds, of which only
+those at the chosen lambda are needed (:func:`needed_runs`). A run is addressed by its result config
 (:meth:`corbin_fl.config.RunConfig.result_config`) and its number of clients: its id is
 ``<mechanism>-eps<e>-d<d>-p<p>-n<clients>-lr<lambda>-s<seed>-<hash>`` (the first 10 hex digits
 of SHA-256 over their canonical JSON) and it lives in the pool ``<results>/runs/<run-id>/``.
@@ -25,7 +27,7 @@ import math
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -68,6 +70,15 @@ class Run:
     clients: int
     config_hash: str
     config: Mapping[str, RunValue]
+    selects: bool = True
+    """Whether this run's seed is one lambda is chosen on (``lambda-seeds``; all by default)."""
+
+    @property
+    def setting_key(self) -> str:
+        """Canonical JSON of the setting: the result config without seed and lambda, with the
+        number of clients (the runs that share it differ only in seed and lambda)."""
+        setting = {k: v for k, v in self.config.items() if k not in ("seed", "global-lr")}
+        return canonical_json({"config": setting, "clients": self.clients})
 
 
 def canonical_json(obj: Any) -> str:
@@ -101,6 +112,7 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
         raise ValueError(f"only federated specs expand into runs, got kind={spec.kind!r}")
     seen: set[str] = set()
     runs: list[Run] = []
+    later: list[Run] = []  # the runs on the seeds that do not choose lambda
     for grid in (spec.grid, *spec.extra_grids):
         keys = [k for k, _ in grid]
         for combo in itertools.product(*(values for _, values in grid)):
@@ -123,8 +135,30 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
                 except ConfigError as exc:
                     raise SpecError(f"{where}: {exc}") from exc
                 run_id, digest = make_run_id(config, n), config_hash(config, n)
-                runs.append(Run(run_id, MappingProxyType(run_config), n, digest, config))
-    return runs
+                selects = int(seed) in spec.selection_seeds
+                run = Run(run_id, MappingProxyType(run_config), n, digest, config, selects)
+                (runs if selects else later).append(run)
+    return runs + later
+
+
+def needed_runs(runs: Sequence[Run], chosen: Mapping[str, float]) -> list[Run]:
+    """The runs a table needs: every run that chooses lambda, and of the others those at their
+    setting's chosen lambda (``chosen``: setting key -> lambda, for the settings whose lambda
+    is chosen); a setting not in ``chosen`` keeps all its runs (not yet known which)."""
+    return [
+        r
+        for r in runs
+        if r.selects
+        or r.setting_key not in chosen
+        or math.isclose(float(r.run_config["global-lr"]), chosen[r.setting_key])
+    ]
+
+
+def table_size(spec: ExperimentSpec, runs: Sequence[Run]) -> int:
+    """How many runs the table needs in all: the lambda-choosing runs, plus each setting's
+    other seeds at its one chosen lambda."""
+    settings = {r.setting_key for r in runs}
+    return sum(r.selects for r in runs) + len(settings) * len(spec.confirmation_seeds)
 
 
 class RunState(enum.Enum):
@@ -133,6 +167,9 @@ class RunState(enum.Enum):
     MISSING = "missing"
     PARTIAL = "partial"
     DONE = "done"
+    WAITING = "waiting"
+    """(a plan's state, never a folder's) a run on a seed that does not choose lambda, while its
+    setting's lambda is not chosen yet: it runs if the lambda chosen is its own."""
 
 
 def run_state(run_dir: Path, run: Run) -> RunState:

@@ -22,7 +22,7 @@ from corbin_fl.deploy import cli
 from corbin_fl.deploy.run import PACE_FACTOR, PACE_SLACK_S, LocalRunOptions, derived_deadline
 from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments.spec import load_spec
-from corbin_fl.experiments.sweep import RunState, expand_runs
+from corbin_fl.experiments.sweep import RunState, expand_runs, table_size
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -219,17 +219,20 @@ def test_plan_prints_the_runs_and_their_estimated_time(
 ) -> None:
     for path in (CPU_SPEC, CPU_REST_SPEC, GPU_SPEC):
         spec = load_spec(path)
-        n = len(expand_runs(spec))
+        runs = expand_runs(spec)
+        n, first = table_size(spec, runs), sum(r.selects for r in runs)  # lambda-seeds: fewer
         assert ex.main(["plan", str(path), "--results", str(tmp_path)]) == 0
         out = " ".join(capsys.readouterr().out.split())
-        assert f"{spec.name}: {n} runs (0 done, 0 partial, {n} to do)" in out
+        assert f"{spec.name}: {n} runs (0 done, 0 partial, {first} to do" in out
+        if first < n:  # the rest wait for their setting's lambda (fashion-cpu: chosen on seed 0)
+            assert f"{n - first} then at their setting's chosen lambda" in out
         if spec.round_seconds is None:
             assert "estimate:" not in out
             continue
         hours = n * 100 * spec.round_seconds / 3600
         assert f"estimate: {n} runs to do x their rounds ({n * 100:,} in all)" in out
         assert f"= {hours:.1f} h" in out
-    spec = load_spec(CPU_SPEC)
+    spec = load_spec(CPU_REST_SPEC)  # every seed chooses: each run not done is one to do
     planned = ex.plan(spec, tmp_path)
     half = [(r, RunState.DONE if i % 2 else s) for i, (r, s) in enumerate(planned)]
     left = sum(1 for _, s in half if s is not RunState.DONE)
