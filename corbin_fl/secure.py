@@ -63,6 +63,14 @@ MASKED_REC: Final[str] = "corbin.masked"
 """ArrayRecord of the update reply: the masked vector (``secagg.wire.MASKED_RECORD``)."""
 SYMBOLS_KEY: Final[str] = "symbols"
 """The one layout entry of a masked update: ``(symbols, (m,))``."""
+SECAGG_RECORDS: Final[dict[str, str]] = {
+    "secagg": SECAGG_REC,
+    "secagg-next": NEXT_REC,
+    "secagg-masked": MASKED_REC,
+}
+"""The records of :mod:`corbin_fl.secagg.wire` (``RECORD``, ``NEXT_RECORD``,
+``MASKED_RECORD``; not imported here, for its start-up cost: see :func:`bit_width`) -> their
+names in this protocol (:func:`corbin_fl.secagg.wire.renamed`)."""
 
 
 def secure_mechanisms() -> tuple[str, ...]:
@@ -234,6 +242,7 @@ __all__ = [
     "ADVERTISE",
     "MASKED_REC",
     "SECAGG_REC",
+    "SECAGG_RECORDS",
     "SHARE",
     "STAGES",
     "SYMBOLS_KEY",

@@ -31,7 +31,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,12 +44,12 @@ from corbin_fl.config import RunConfig
 from corbin_fl.layout import layer_center_radius
 from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
 from corbin_fl.mechanisms.pairing import augcorbin_split, random_pairing
+from corbin_fl.secagg.messages import KeyAdvert
+from corbin_fl.secagg.server import SecAggServer
 from corbin_fl.server.aggregation import Aggregator, apply_global_lr, make_aggregator
 from corbin_fl.server.metrics import RunFiles
-from corbin_fl.server.stages import LinkClock, RoundState, active_of, exchange
-
-if TYPE_CHECKING:
-    from corbin_fl.server.secure_round import SecureRound
+from corbin_fl.server.secure_round import SecureRound
+from corbin_fl.server.stages import LinkClock, RoundState, active_of, exchange, instruction
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +132,8 @@ class ServerRuntime:
     on_release: Callable[[int, int, dict[str, float]], None] | None = None
     update_radius: float = 0.0
     pipeline: Pipeline | None = None
-    secagg_keys: tuple[int, dict[int, Any]] | None = None
-    secagg_next: Any = None
+    secagg_keys: tuple[int, dict[int, KeyAdvert]] | None = None
+    secagg_next: SecAggServer | None = None
     link: LinkClock = field(default_factory=LinkClock)
 
     def rng(self, rnd: int, purpose: int) -> np.random.Generator:
@@ -339,9 +339,6 @@ def begin_secure(
 ) -> tuple[SecureRound, list[int]]:
     """The secure-aggregation hook before the update stage: SecAgg+ advertise/share
     (``server/secure_round.py``); returns the round's :class:`SecureRound` and the nodes left."""
-    # Imported here: server/secure_round.py imports this module (reply_head, instruction).
-    from corbin_fl.server.secure_round import SecureRound
-
     secure = SecureRound(rt, state, participants)
     return secure, secure.begin()
 
@@ -382,7 +379,7 @@ def update_stage(
 
     def on_update(nid: int, reply: Message) -> None:
         if secure is not None:
-            secure.accept(nid, reply)
+            accept_masked(state, nid, reply, secure, cfg)
             return
         accept_update(state, nid, reply, aggregator, cfg)
         if rt.on_release is not None:
@@ -416,7 +413,7 @@ def update_stage(
     )
     del range_rec
     if secure is not None:  # unmask; the exact symbol sum goes to the aggregator
-        secure.finish(participants, aggregator)
+        secure.finish(aggregator)
     return aggregator
 
 
@@ -508,18 +505,6 @@ def round_key(rt: ServerRuntime, state: RoundState, nid: int) -> bytes | None:
 
 
 # ============================================================================ messages
-def instruction(
-    rt: ServerRuntime, stage: str, nid: int, rnd: int, body: dict[str, Any], **records: Any
-) -> Message:
-    """The ``stage`` instruction to node ``nid`` for round ``rnd``: a ``train`` message whose
-    ``corbin`` record holds the stage, the round (also in the group id), the mechanism's settings
-    (:data:`corbin_fl.registry.PARAM_KEYS`) and ``body``."""
-    params = rt.cfg.to_flower()
-    head = {wire.STAGE: stage, wire.ROUND: rnd, **{k: params[k] for k in registry.param_keys()}}
-    content = RecordDict({wire.CFG: ConfigRecord({**head, **body}), **records})
-    return Message(content, dst_node_id=nid, message_type=wire.TRAIN, group_id=str(rnd))
-
-
 def pair_instruction(state: RoundState, nid: int, rt: ServerRuntime) -> Message:
     """Pair stage: partner id and partner public key (relay/exact)."""
     partner = state.partner[nid]
@@ -636,6 +621,30 @@ def reply_head(
     return next_pk, digest, next_blob
 
 
+def keep_head(
+    state: RoundState, nid: int, head: tuple[bytes | None, bytes | None, bytes | None]
+) -> None:
+    """Keep what an accepted update reply's head carries (:func:`reply_head`)."""
+    next_pk, digest, next_blob = head
+    if next_pk is not None:
+        state.next_pubkeys[nid] = next_pk
+    if digest is not None:
+        state.z_digests[nid] = digest
+    if next_blob is not None:
+        state.next_blobs[nid] = next_blob
+
+
+def accept_masked(
+    state: RoundState, nid: int, reply: Message, secure: SecureRound, cfg: RunConfig
+) -> None:
+    """Check a secure update reply (its records, its ``corbin.reply``) and hand its masked
+    vector to secure aggregation (nothing is decoded before the unmask)."""
+    secure.check_records(reply)
+    head = reply_head(state, nid, reply, cfg)
+    secure.accept(nid, reply)
+    keep_head(state, nid, head)
+
+
 def accept_update(
     state: RoundState, nid: int, reply: Message, aggregator: Any, cfg: RunConfig
 ) -> None:
@@ -668,7 +677,7 @@ def accept_update(
                     raise wire.WireError(f"app metric {key!r:.64} is not a finite number")
         elif not isinstance(rec, ConfigRecord):
             raise wire.WireError(f"app record {name!r:.64} is a {type(rec).__name__}")
-    next_pk, digest, next_blob = reply_head(state, nid, reply, cfg)
+    head = reply_head(state, nid, reply, cfg)
     metrics = content.metric_records[wire.METRICS]
     wire.check_keys(metrics, wire.METRIC_KEYS, what="metrics")
     for key, value in metrics.items():
@@ -677,12 +686,7 @@ def accept_update(
     aggregator.add(content.array_records[wire.UPDATE_REC])  # validates, then counts
     state.client_metrics[nid] = {k: float(v) for k, v in metrics.items()}  # type: ignore[arg-type]
     state.app_records[nid] = RecordDict(app)
-    if next_pk is not None:
-        state.next_pubkeys[nid] = next_pk
-    if digest is not None:
-        state.z_digests[nid] = digest
-    if next_blob is not None:
-        state.next_blobs[nid] = next_blob
+    keep_head(state, nid, head)
 
 
 # ============================================================================ nodes

@@ -1,9 +1,12 @@
 """Secure aggregation inside a CorBin-FL round (server side; :mod:`corbin_fl.secure`).
 
-:class:`SecureRound` runs SecAgg+ (:class:`corbin_fl.secagg.server.SecAggServer`, Bell et al.
-2020) around CorBin-FL's update stage, on the same transport (:func:`server.stages.exchange`,
-so every reply passes the round's replay and misdirection checks and is counted in
-``bytes_up`` / ``round_trips``):
+:class:`SecureRound` runs SecAgg+ (Bell et al. 2020) around CorBin-FL's update stage with the
+round driver of the standalone building block (:class:`corbin_fl.secagg.driver.SecAggDriver`,
+which :class:`corbin_fl.secagg.strategy.SecAggPlus` runs over Flower's grid). It is that
+driver's channel on CorBin-FL's transport (:func:`server.stages.exchange`, so every reply passes
+the round's replay and misdirection checks and is counted in ``bytes_up`` / ``round_trips``),
+with the SecAgg+ records under the protocol's names (:data:`corbin_fl.secure.SECAGG_RECORDS`),
+and keeps the round's ``secure_aggregation`` record:
 
 1. before the update stage, only when the last round's unmask did not already do it
    (bootstrap, a sample that is not a subset of the pipelined one, a new node):
@@ -43,6 +46,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any, Final
 
 import numpy as np
@@ -50,37 +54,40 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from corbin_fl import secure, wire
 from corbin_fl.secagg import wire as sawire
+from corbin_fl.secagg.driver import SecAggDriver
 from corbin_fl.secagg.graph import COLLUSION, DROPOUT, failure_probabilities
-from corbin_fl.secagg.messages import (
-    ADVERTISE,
-    MASK,
-    SHARE,
-    UNMASK,
-    KeyAdvert,
-    MaskReply,
-    MaskRequest,
-    SecAggError,
-    ShareKeysReply,
-)
+from corbin_fl.secagg.messages import ADVERTISE, MASK, SHARE, UNMASK, SecAggError
 from corbin_fl.secagg.server import SecAggServer
-from corbin_fl.server.round import instruction, reply_head
-from corbin_fl.server.stages import RoundState, exchange
+from corbin_fl.server.stages import RoundState, exchange, instruction
 
 logger = logging.getLogger(__name__)
 
 _STAGES: Final[tuple[str, ...]] = (secure.ADVERTISE, secure.SHARE, wire.UPDATE, secure.UNMASK)
+_STAGE_OF: Final[dict[str, str]] = {
+    ADVERTISE: secure.ADVERTISE,
+    SHARE: secure.SHARE,
+    MASK: wire.UPDATE,
+    UNMASK: secure.UNMASK,
+}
+"""Each SecAgg+ stage's CorBin-FL stage (the mask stage is the update stage)."""
+_FROM_HOST: Final[dict[str, str]] = {ours: sa for sa, ours in secure.SECAGG_RECORDS.items()}
 
 
 class SecureRound:
-    """SecAgg+ of one CorBin-FL round (module docstring). ``rt`` is the ServerRuntime."""
+    """SecAgg+ of one CorBin-FL round (module docstring). ``rt`` is the ServerRuntime.
+
+    The channel of :class:`~corbin_fl.secagg.driver.SecAggDriver`: :meth:`exchange` sends a
+    secure stage's instructions, :meth:`settled` drops the nodes SecAgg+ dropped from the
+    CorBin-FL round too.
+    """
 
     def __init__(self, rt: Any, state: RoundState, participants: list[int]) -> None:
         cfg = rt.cfg
         self.rt, self.state = rt, state
         self.levels = secure.levels_of(cfg)
-        self.masked: dict[int, MaskReply] = {}
-        self.requests: dict[int, MaskRequest] = {}
         self.assignment: dict[int, str] = {}
+        self.masking: list[int] = []
+        self.requests: dict[int, RecordDict] = {}
         self.trips0 = state.round_trips
         self.record: dict[str, Any] = {
             "on": True,
@@ -88,61 +95,33 @@ class SecureRound:
             "sampled": len(participants),
         }
         state.secure = self.record
-        self.next_keys: dict[int, KeyAdvert] = {}
-        self.advertise_next = state.round < cfg.num_rounds
-        self.not_sampled: set[int] = set()
-        self.srv: SecAggServer | None = None
         pipe, rt.secagg_next = rt.secagg_next, None
-        if (
-            pipe is not None
-            and pipe.config.server_round == state.round
-            and pipe.serves(participants)
-        ):  # the shares came with the last round's unmask replies, and they cover the sample
-            self.srv, self.not_sampled = pipe, set(pipe.sampled) - set(participants)
-            self.record["pipelined"] = True
-        else:
-            self.record["pipelined"] = False
-            if pipe is not None:  # its nodes shared with keys of its graph: re-key them all
-                logger.info("round %d: pipelined secure aggregation shares unused", state.round)
-            rnd_keys, keys = rt.secagg_keys or (-1, {})
-            self.srv = self._server(
-                state.round,
-                participants,
-                keys if rnd_keys == state.round and pipe is None else None,
-            )
-            if self.srv is None:
-                return
-        self._record_parameters()
-        if self.srv.abandoned:
-            self._abandon(self.srv.abandoned)
-
-    def _server(
-        self, rnd: int, nodes: list[int], prekeys: dict[int, KeyAdvert] | None
-    ) -> SecAggServer | None:
-        """Round ``rnd``'s SecAgg+ server over ``nodes`` (None, the round abandoned, when ``k``
-        or ``t`` is impossible for this ``n``)."""
-        cfg = self.rt.cfg
-        try:
-            return SecAggServer(
-                run_id=self.rt.run_id,
-                server_round=rnd,
-                node_ids=list(nodes),
-                levels=self.levels,
-                num_neighbours=cfg.secagg_neighbours or None,
-                threshold=cfg.secagg_threshold or None,
-                prekeys=prekeys,
-            )
-        except ValueError as exc:  # fewer than 2 nodes, or k / t impossible for this n
-            if rnd == self.state.round:
-                self._abandon(f"setup: {exc}")
-            return None
+        rnd_keys, keys = rt.secagg_keys or (-1, {})
+        self.driver = SecAggDriver(
+            self,
+            run_id=rt.run_id,
+            server_round=state.round,
+            sampled=participants,
+            levels=self.levels,
+            num_neighbours=cfg.secagg_neighbours or None,
+            threshold=cfg.secagg_threshold or None,
+            prekeys=keys if rnd_keys == state.round else None,
+            pipelined=pipe,
+            pipeline=state.round < cfg.num_rounds,
+            layout=((secure.SYMBOLS_KEY, (rt.layout.m,)),),
+        )
+        self.record["pipelined"] = self.driver.pipelined
+        if self.driver.server is not None:
+            self._record_parameters()
+        if self.driver.abandoned is not None:
+            self._abandon(self.driver.abandoned)
 
     # ------------------------------------------------------------------ helpers
     def _record_parameters(self) -> None:
         """``b``, ``k``, ``t`` of the round and their bounds (:func:`failure_probabilities` at
         the default sizing's dropout and collusion fractions, over the graph's nodes: the
         participants once drawn, else the sampled), for ``metrics.jsonl`` and the report."""
-        srv = self.srv
+        srv = self.driver.server
         assert srv is not None
         n = len(srv.participants or srv.sampled)
         k, t = min(srv.degree or srv.k, n - 1), srv.threshold
@@ -175,268 +154,162 @@ class SecureRound:
     def abandoned(self) -> bool:
         return self.record.get("abandoned") is not None
 
-    def _sync_drops(self, stage: str) -> None:
-        """Nodes SecAgg+ dropped leave the CorBin-FL round too (never the other way round)."""
-        assert self.srv is not None
-        for nid, why in sorted(self.srv.dropped.items()):
-            self.state.drop(nid, f"secure aggregation: {why}", stage)
-        if self.srv.abandoned:
-            self._abandon(self.srv.abandoned)
+    # ------------------------------------------------------------------ the driver's channel
+    def settled(self, stage: str, server: SecAggServer) -> None:
+        """Nodes SecAgg+ dropped leave the CorBin-FL round too (never the other way round);
+        ``k`` and ``t`` as sized again for the nodes with keys."""
+        if stage == ADVERTISE and server.abandoned is None:
+            self._record_parameters()
+        for nid, why in sorted(server.dropped.items()):
+            self.state.drop(nid, f"secure aggregation: {why}", _STAGE_OF[stage])
+        if server.abandoned:
+            self._abandon(server.abandoned)
 
-    def _exchange(
-        self, stage: str, bodies: dict[int, dict[str, ConfigRecord]]
-    ) -> tuple[dict[int, dict[str, RecordDict]], dict[int, str]]:
-        """One secure stage over :func:`exchange`: each node's records (:data:`secure.SECAGG_REC`,
-        and :data:`secure.NEXT_REC` where the next round's stage rides it); a reply must carry
-        the same record names, each as :mod:`corbin_fl.secagg.wire` reads it (the main one's
-        stage and round checked here). Returns the replies by node and the failures."""
+    def exchange(
+        self, stage: str, contents: Mapping[int, RecordDict]
+    ) -> tuple[dict[int, RecordDict], dict[int, str]]:
+        """One secure stage over :func:`exchange`: each node's SecAgg+ records under the
+        protocol's names; a reply must carry the same record names, its main one naming this
+        stage and round. A node that fails the unmask stage stays a participant: its masked
+        input is in the sum. Returns the replies by node (SecAgg+ records) and the failures."""
         rt, state = self.rt, self.state
-        got: dict[int, dict[str, RecordDict]] = {}
+        ours = _STAGE_OF[stage]
+        bodies = {nid: sawire.renamed(c, secure.SECAGG_RECORDS) for nid, c in contents.items()}
+        got: dict[int, RecordDict] = {}
         before = set(state.dropped)
 
         def on_reply(nid: int, reply: Message) -> None:
             content = reply.content
             wire.check_records(content, dict.fromkeys(bodies[nid], ConfigRecord))
-            rec = content.config_records[secure.SECAGG_REC]
-            wire.check_round(reply, rec, state.round)
-            inner = {n: RecordDict({sawire.RECORD: content.config_records[n]}) for n in bodies[nid]}
+            wire.check_round(reply, content.config_records[secure.SECAGG_REC], state.round)
+            inner = sawire.renamed(content, _FROM_HOST)
             try:
-                ok = sawire.stage_of(inner[secure.SECAGG_REC]) == (_INNER[stage], state.round)
+                ok = sawire.stage_of(inner) == (stage, state.round)
             except SecAggError as exc:
                 raise wire.WireError(str(exc)) from exc
             if not ok:
-                raise wire.WireError(f"{secure.SECAGG_REC} does not answer {stage}")
+                raise wire.WireError(f"{secure.SECAGG_REC} does not answer {ours}")
             got[nid] = inner
 
         exchange(
             rt.grid,
             state,
             {
-                nid: instruction(rt, stage, nid, state.round, {}, **records)
-                for nid, records in bodies.items()
+                nid: instruction(rt, ours, nid, state.round, {}, **body)
+                for nid, body in bodies.items()
             },
             on_reply,
-            timeout=rt.timeout(stage) if bodies else 0.0,
+            timeout=rt.timeout(ours) if bodies else 0.0,
             poll_interval=rt.cfg.poll_interval,
             max_inflight=rt.cfg.max_inflight,
             files=rt.files,
             link=rt.link,
         )
         failed = {n: state.dropped[n] for n in set(state.dropped) - before}
+        survivors = self.driver.server.survivors if self.driver.server is not None else ()
+        for nid in failed if stage == UNMASK else ():
+            if nid in survivors:  # its masked input is in the sum: it stays a participant
+                state.dropped.pop(nid)
+                state.active.add(nid)
         return got, failed
-
-    @staticmethod
-    def _decode(
-        got: dict[int, dict[str, RecordDict]],
-        failed: dict[int, str],
-        fn: Any,
-        name: str = secure.SECAGG_REC,
-    ) -> dict[int, Any]:
-        """``fn`` of each reply's record ``name``; a reply that does not decode goes to
-        ``failed``."""
-        out = {}
-        for nid, records in got.items():
-            if name not in records:
-                continue
-            try:
-                out[nid] = fn(records[name])
-            except (SecAggError, KeyError, TypeError, ValueError) as exc:
-                failed[nid] = f"malformed reply: {exc}"
-        return out
-
-    @staticmethod
-    def _body(request: RecordDict) -> dict[str, ConfigRecord]:
-        return {secure.SECAGG_REC: request.config_records[sawire.RECORD]}
 
     # ------------------------------------------------------------------ 1. before the update
     def begin(self) -> list[int]:
         """Advertise (where keys are missing) and share, unless the last round's unmask did;
         the nodes that mask in the update."""
-        srv, state = self.srv, self.state
-        if srv is None or self.abandoned:
-            return []
-        if srv.stage == MASK:  # pipelined: its share stage's drops are this round's
-            self._sync_drops(secure.SHARE)
-        else:
-            if srv.stage == ADVERTISE:
-                got, failed = self._exchange(
-                    secure.ADVERTISE,
-                    {
-                        u: self._body(sawire.advertise_request(state.round))
-                        for u in srv.advertise_targets()
-                    },
-                )
-                srv.receive_adverts(
-                    self._decode(got, failed, sawire.decode_advertise_reply), failed
-                )
-                if srv.abandoned is None:  # k, t sized again for the nodes with keys
-                    self._record_parameters()
-                self._sync_drops(secure.ADVERTISE)
-                if self.abandoned:
-                    return []
-            got, failed = self._exchange(
-                secure.SHARE,
-                {u: self._body(sawire.share_request(r)) for u, r in srv.share_requests().items()},
-            )
-            srv.receive_shares(self._decode(got, failed, sawire.decode_share_reply), failed)
-            self._sync_drops(secure.SHARE)
         if self.abandoned:
             return []
-        self.requests = srv.mask_requests()
-        return [nid for nid in sorted(self.requests) if nid in state.active]
+        self.requests = {
+            nid: content for nid, content in self.driver.begin().items() if nid in self.state.active
+        }
+        return sorted(self.requests)
 
     # ------------------------------------------------------------------ 2. the update stage
     def attach(self, messages: dict[int, Message]) -> None:
-        """Add each node's mask request to its update instruction."""
+        """Add each node's mask request (and the next round's advertise request) to its update
+        instruction."""
         for nid, msg in messages.items():
-            rec = sawire.mask_request(self.requests[nid], RecordDict())[sawire.RECORD]
-            msg.content[secure.SECAGG_REC] = rec
-            if self.advertise_next:  # round t+1's keys ride the reply (pipelined advertise)
-                adv = sawire.advertise_request(self.state.round + 1)
-                msg.content[secure.NEXT_REC] = adv.config_records[sawire.RECORD]
+            for name, rec in sawire.renamed(self.requests[nid], secure.SECAGG_RECORDS).items():
+                msg.content[name] = rec
             self.assignment[nid] = str(msg.content.config_records[wire.CFG][wire.ASSIGNMENT])
+        self.masking = list(messages)
 
-    def accept(self, nid: int, reply: Message) -> None:
-        """Check a secure update reply; keep its masked vector (nothing is decoded yet)."""
-        assert self.srv is not None
-        cfg, state = self.rt.cfg, self.state
-        content = reply.content
+    def check_records(self, reply: Message) -> None:
+        """The records of a secure update reply: ``corbin.reply``, the mask reply and the
+        masked vector (and the next round's keys when they were asked for)."""
         expected: dict[str, type] = {
             wire.REPLY: ConfigRecord,
             secure.SECAGG_REC: ConfigRecord,
             secure.MASKED_REC: ArrayRecord,
         }
-        if self.advertise_next:
+        if self.driver.pipeline:
             expected[secure.NEXT_REC] = ConfigRecord
-        wire.check_records(content, expected)
-        next_pk, digest, next_blob = reply_head(state, nid, reply, cfg)
-        m, bits = self.rt.layout.m, self.srv.config.bits
-        arrays = content.array_records[secure.MASKED_REC]
+        wire.check_records(reply.content, expected)
+
+    def accept(self, nid: int, reply: Message) -> None:
+        """Take a secure update reply's masked vector (nothing is decoded yet); its records and
+        its ``corbin.reply`` were checked (:meth:`check_records`)."""
+        srv = self.driver.server
+        assert srv is not None
+        arrays = reply.content.array_records[secure.MASKED_REC]
         wire.check_keys(arrays, {sawire.MASKED_ARRAY}, what="masked")
         # the careful .npy reader first: a hostile header allocates nothing
-        wire.read_array(arrays, sawire.MASKED_ARRAY, np.uint8, (m * bits + 7) // 8)
-        rec = content.config_records[secure.SECAGG_REC]
-        inner = RecordDict({sawire.RECORD: rec, sawire.MASKED_RECORD: arrays})
+        m = self.rt.layout.m
+        wire.read_array(arrays, sawire.MASKED_ARRAY, np.uint8, (m * srv.config.bits + 7) // 8)
         try:
-            if sawire.stage_of(inner) != (MASK, state.round):
-                raise wire.WireError(f"{secure.SECAGG_REC} does not answer the mask stage")
-            rep, layout = sawire.decode_mask_reply(inner, bits)
+            self.driver.take_masked(nid, sawire.renamed(reply.content, _FROM_HOST))
         except SecAggError as exc:
             raise wire.WireError(str(exc)) from exc
-        if layout != ((secure.SYMBOLS_KEY, (m,)),):
-            raise wire.WireError(f"masked update layout {layout!r:.80}, expected {m} symbols")
-        if self.advertise_next:
-            self.next_keys[nid] = _next_keys(content, state.round + 1)
-        self.masked[nid] = rep
-        if next_pk is not None:
-            state.next_pubkeys[nid] = next_pk
-        if digest is not None:
-            state.z_digests[nid] = digest
-        if next_blob is not None:
-            state.next_blobs[nid] = next_blob
 
     # ------------------------------------------------------------------ 3-4. unmask, aggregate
-    def finish(self, masking: list[int], aggregator: Any) -> None:
+    def finish(self, aggregator: Any) -> None:
         """Unmask and feed ``aggregator`` with the exact sum, or abandon (nothing applied).
 
-        ``masking``: the nodes sent an update instruction. Each survivor's release goes to the
-        ledger with what the server knows of it: ``paired`` from its assignment (the clients'
-        own metrics stay on the nodes).
+        Each survivor's release goes to the ledger with what the server knows of it: ``paired``
+        from its assignment (the clients' own metrics stay on the nodes).
         """
-        rt, state, srv = self.rt, self.state, self.srv
+        rt, state, driver = self.rt, self.state, self.driver
         rt.secagg_keys = (-1, {})
         try:
-            if srv is None or self.abandoned:
+            if driver.server is None or self.abandoned:
                 return
             failed = {
-                nid: state.dropped.get(nid, "no reply") for nid in masking if nid not in self.masked
+                nid: state.dropped.get(nid, "no reply")
+                for nid in self.masking
+                if not driver.taken(nid)
             }
-            failed.update(dict.fromkeys(self.not_sampled, "not sampled in this round"))
-            srv.receive_masked({n: r for n, r in self.masked.items() if n not in failed}, failed)
-            self._sync_drops(wire.UPDATE)
-            if self.advertise_next:  # unused until a share stage takes them
-                rt.secagg_keys = (state.round + 1, dict(self.next_keys))
-            if self.abandoned:
-                return
-            nxt = self._next_server() if self.advertise_next else None
-            shares = nxt.share_requests() if nxt is not None else {}
-            bodies = {}
-            for u, r in srv.unmask_requests().items():
-                bodies[u] = self._body(sawire.unmask_request(r))
-                if u in shares:
-                    req = sawire.share_request(shares[u]).config_records[sawire.RECORD]
-                    bodies[u][secure.NEXT_REC] = req
-            got, failed = self._exchange(secure.UNMASK, bodies)
-            replies = self._decode(got, failed, sawire.decode_unmask_reply)
-            if nxt is not None:  # round t+1's shares: a bad one drops its sender from t+1 only
-                self._pipeline(nxt, got, failed)
-            for nid in failed:  # its masked input is in the sum: it stays a participant
-                if nid in state.dropped and nid in srv.survivors:
-                    state.dropped.pop(nid)
-                    state.active.add(nid)
-            outcome = srv.receive_unmask(replies, failed)
-            self.record["faulty"] = {str(n): why for n, why in sorted(outcome.faulty.items())}
+            outcome = driver.finish(failed)
+            if driver.pipeline and driver.shared_ahead is None:  # unused until a share stage
+                rt.secagg_keys = (state.round + 1, dict(driver.next_keys))
+            if driver.shared_ahead is not None:  # the keys are in round t+1's shares now
+                rt.secagg_next = driver.shared_ahead
+                self.record["next_shared"] = len(driver.shared_ahead.alive)
+            if driver.unmasked:
+                self.record["faulty"] = {str(n): why for n, why in sorted(outcome.faulty.items())}
             if outcome.total is None:
                 self._abandon(outcome.abandoned or "unmask failed")
                 return
-            feed(aggregator, outcome.total, len(outcome.survivors), rt.cfg)
-            self.record["sum_max"] = int(outcome.total.max()) if outcome.total.size else 0
-            # who is in the sum, by assignment (the privacy report's count of the clients that
-            # quantized independently: every assignment but "paired")
-            kinds = Counter(self.assignment.get(nid, "?") for nid in outcome.survivors)
-            self.record["assignments"] = dict(sorted(kinds.items()))
-            for nid in outcome.survivors:
-                paired = self.assignment.get(nid) == wire.PAIRED
-                state.client_metrics[nid] = {wire.M_PAIRED: float(paired)}
-                if rt.on_release is not None:
-                    rt.on_release(state.round, nid, state.client_metrics[nid])
+            self._aggregate(aggregator, outcome.total, outcome.survivors)
         finally:
             self.record["survivors"] = len(state.client_metrics)
             self.record["round_trips"] = state.round_trips - self.trips0
             self.record["bytes_up"] = {s: state.bytes_up[s] for s in _STAGES if s in state.bytes_up}
             self.record.setdefault("abandoned", None)
 
-    # ------------------------------------------------------------------ the next round's share
-    def _next_server(self) -> SecAggServer | None:
-        """Round ``t+1``'s SecAgg+ server over this round's survivors with keys for it (its
-        graph derived now from their keys), or None when it cannot run."""
-        assert self.srv is not None
-        nodes = [u for u in self.srv.survivors if u in self.next_keys]
-        nxt = self._server(self.state.round + 1, nodes, self.next_keys)
-        return nxt if nxt is not None and nxt.abandoned is None else None
-
-    def _pipeline(
-        self, nxt: SecAggServer, got: dict[int, dict[str, RecordDict]], failed: dict[int, str]
-    ) -> None:
-        """Take round ``t+1``'s share replies that came with the unmask replies."""
-        rnd, bad = self.state.round + 1, dict(failed)
-
-        def decode(content: RecordDict) -> ShareKeysReply:
-            if sawire.stage_of(content) != (SHARE, rnd):
-                raise SecAggError(f"{secure.NEXT_REC} does not answer the share of round {rnd}")
-            return sawire.decode_share_reply(content)
-
-        shares = self._decode(got, bad, decode, secure.NEXT_REC)
-        nxt.receive_shares(shares, bad)
-        self.rt.secagg_keys = (-1, {})  # the keys are in round t+1's shares now
-        self.rt.secagg_next = nxt
-        self.record["next_shared"] = len(nxt.alive)
-
-
-def _next_keys(content: RecordDict, rnd: int) -> KeyAdvert:
-    """The node's SecAgg+ keys of round ``rnd`` from an update reply (:data:`secure.NEXT_REC`)."""
-    inner = RecordDict({sawire.RECORD: content.config_records[secure.NEXT_REC]})
-    try:
-        return sawire.decode_next_keys(inner, rnd)
-    except SecAggError as exc:
-        raise wire.WireError(f"{secure.NEXT_REC}: {exc}") from exc
-
-
-_INNER: Final[dict[str, str]] = {
-    secure.ADVERTISE: ADVERTISE,
-    secure.SHARE: SHARE,
-    secure.UNMASK: UNMASK,
-}
+    def _aggregate(self, aggregator: Any, total: np.ndarray, survivors: tuple[int, ...]) -> None:
+        """Feed the exact sum; each survivor's release to the ledger."""
+        rt, state = self.rt, self.state
+        feed(aggregator, total, len(survivors), rt.cfg)
+        self.record["sum_max"] = int(total.max()) if total.size else 0
+        # who is in the sum, by assignment (the privacy report's count of the clients that
+        # quantized independently: every assignment but "paired")
+        kinds = Counter(self.assignment.get(nid, "?") for nid in survivors)
+        self.record["assignments"] = dict(sorted(kinds.items()))
+        for nid in survivors:
+            paired = self.assignment.get(nid) == wire.PAIRED
+            state.client_metrics[nid] = {wire.M_PAIRED: float(paired)}
+            if rt.on_release is not None:
+                rt.on_release(state.round, nid, state.client_metrics[nid])
 
 
 def feed(aggregator: Any, total: np.ndarray, n: int, cfg: Any) -> None:

@@ -44,32 +44,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from . import wire
-from .messages import (
-    ADVERTISE,
-    MASK,
-    SHARE,
-    UNMASK,
-    KeyAdvert,
-    MalformedMessageError,
-    RoundOutcome,
-    SecAggError,
-)
+from .driver import DECODE_ERRORS, SecAggDriver
+from .messages import MASK, KeyAdvert, MalformedMessageError, RoundOutcome, SecAggError
 from .server import SecAggServer
 
 logger = logging.getLogger(__name__)
 
 
 class SecAggRound:
-    """One SecAgg+ round over a Flower grid around a strategy's train messages.
+    """One SecAgg+ round over a Flower grid around a strategy's train messages: the channel of
+    :class:`~.driver.SecAggDriver` on ``grid.send_and_receive``.
 
     Parameters
     ----------
@@ -80,18 +71,8 @@ class SecAggRound:
     train_messages
         The wrapped strategy's ``configure_train`` output: one ``train`` message per sampled
         node, whose records reach the app's train handler in the ``mask`` stage.
-    levels, num_neighbours, threshold, min_survivors
-        As in :class:`~.server.SecAggServer`.
-    prekeys
-        Keys the nodes sent for this round with the previous round's mask (or unmask) replies;
-        used only when no ``pipelined`` server is given.
-    pipelined
-        This round's server whose share stage rode the previous round's unmask
-        (:attr:`next_server` of that round): used when it fits this round's sample
-        (module docstring); otherwise every sampled node re-keys.
-    pipeline
-        Pipeline the next round: ask for its keys with the mask instruction and run its share
-        stage with this round's unmask (:attr:`next_keys`, :attr:`next_server`).
+    levels, num_neighbours, threshold, min_survivors, prekeys, pipelined, pipeline
+        As in :class:`~.driver.SecAggDriver`.
     stage_timeout
         Seconds each stage waits for replies (``grid.send_and_receive``'s timeout).
     """
@@ -114,11 +95,6 @@ class SecAggRound:
         self.grid = grid
         self.server_round = server_round
         self.stage_timeout = stage_timeout
-        self.levels = levels
-        self.num_neighbours = num_neighbours
-        self.threshold = threshold
-        self.min_survivors = min_survivors
-        self.pipeline = pipeline
         self.train: dict[int, RecordDict] = {}
         for msg in train_messages:
             if msg.metadata.message_type.split(".")[0] != wire.TRAIN:
@@ -128,52 +104,38 @@ class SecAggRound:
             self.train[msg.metadata.dst_node_id] = msg.content
         self.round_trips = 0
         self.seconds: dict[str, float] = {}
-        self.layout: wire.Layout = ()
-        self._mask_sent: dict[str, int] = {}
         self._mask_msgs: list[Message] = []
-        self.server: SecAggServer | None = None
-        self._early: RoundOutcome | None = None
-        self.pipelined = False
-        """Whether this round's share stage rode the previous round's unmask."""
-        self.not_sampled: set[int] = set()
-        self.next_keys: dict[int, KeyAdvert] = {}
-        """Keys for the next round that came with the mask replies (``pipeline``)."""
-        self.next_server: SecAggServer | None = None
-        """The next round's server, its share stage done with this round's unmask."""
-        if pipelined is not None and self._fits(pipelined):
-            self.server, self.pipelined = pipelined, True
-            self.not_sampled = set(pipelined.sampled) - set(self.train)
-            return
-        if pipelined is not None:  # its nodes shared with the keys of its graph: re-key them all
-            logger.info("secagg round %d: pipelined shares unused, re-keying", server_round)
-            prekeys = None
-        try:
-            self.server = self._new_server(server_round, sorted(self.train), prekeys)
-        except ValueError as exc:  # too few nodes for any k, t
-            self._early = RoundOutcome(
-                server_round, tuple(sorted(self.train)), abandoned=f"setup: {exc}"
-            )
-            logger.warning("secagg round %d abandoned: setup: %s", server_round, exc)
-
-    def _new_server(
-        self, rnd: int, nodes: list[int], prekeys: Mapping[int, KeyAdvert] | None
-    ) -> SecAggServer:
-        return SecAggServer(
-            run_id=self.grid.run.run_id,
-            server_round=rnd,
-            node_ids=nodes,
-            levels=self.levels,
-            num_neighbours=self.num_neighbours,
-            threshold=self.threshold,
+        self._t_mask = 0.0
+        self.driver = SecAggDriver(
+            self,
+            run_id=grid.run.run_id,
+            server_round=server_round,
+            sampled=self.train,
+            levels=levels,
+            num_neighbours=num_neighbours,
+            threshold=threshold,
+            min_survivors=min_survivors,
             prekeys=prekeys,
-            min_survivors=self.min_survivors,
+            pipelined=pipelined,
+            pipeline=pipeline,
         )
 
-    def _fits(self, srv: SecAggServer) -> bool:
-        """``srv`` (shared ahead) serves this round (:meth:`~.server.SecAggServer.serves`)."""
-        return srv.config.server_round == self.server_round and srv.serves(self.train)
+    @property
+    def pipelined(self) -> bool:
+        """Whether this round's share stage rode the previous round's unmask."""
+        return self.driver.pipelined
 
-    # ------------------------------------------------------------------ transport
+    @property
+    def next_server(self) -> SecAggServer | None:
+        """The next round's server, its share stage done with this round's unmask."""
+        return self.driver.next_server
+
+    @property
+    def layout(self) -> wire.Layout:
+        """The app's arrays (the mask replies' agreed layout; empty before :meth:`finish`)."""
+        return self.driver.layout or ()
+
+    # ------------------------------------------------------------------ the channel
     def _message(self, node: int, content: RecordDict) -> Message:
         return Message(
             content, dst_node_id=node, message_type=wire.TRAIN, group_id=str(self.server_round)
@@ -210,9 +172,10 @@ class SecAggRound:
             good[node] = reply.content
         return good, bad
 
-    def _exchange(
+    def exchange(
         self, stage: str, contents: Mapping[int, RecordDict]
     ) -> tuple[dict[int, RecordDict], dict[int, str]]:
+        """One stage over ``grid.send_and_receive`` (:class:`~.driver.Channel`)."""
         t0 = time.perf_counter()
         msgs = [self._message(node, c) for node, c in contents.items()]
         replies = list(self.grid.send_and_receive(msgs, timeout=self.stage_timeout))
@@ -221,24 +184,8 @@ class SecAggRound:
         self.seconds[stage] = time.perf_counter() - t0
         return self._collect(stage, sent, replies)
 
-    @staticmethod
-    def _decode(
-        good: Mapping[int, RecordDict], bad: dict[int, str], decoder: Any
-    ) -> dict[int, Any]:
-        out = {}
-        for node, content in good.items():
-            try:
-                out[node] = decoder(content)
-            except (MalformedMessageError, KeyError, TypeError, ValueError) as exc:
-                bad[node] = f"malformed reply: {exc}"
-        return out
-
-    def _next_of(self, content: RecordDict, stage: str) -> RecordDict | None:
-        """The next round's ``stage`` riding a reply (None when absent; malformed: raise)."""
-        _, nxt = wire.split_next(content)
-        if nxt is not None and wire.stage_of(nxt) != (stage, self.server_round + 1):
-            raise MalformedMessageError(f"'{wire.NEXT_RECORD}' does not answer the next {stage}")
-        return nxt
+    def settled(self, stage: str, server: SecAggServer) -> None:
+        """Nothing to do: the outcome reports the drops (:class:`~.driver.Channel`)."""
 
     # ------------------------------------------------------------------ stages
     def begin(self) -> list[Message]:
@@ -247,131 +194,26 @@ class SecAggRound:
 
         Returns no message if the round was abandoned (the reason is in :meth:`finish`).
         """
-        srv = self.server
-        if srv is None:
-            return []
-        if srv.stage == ADVERTISE:
-            good, bad = self._exchange(
-                ADVERTISE,
-                {u: wire.advertise_request(self.server_round) for u in srv.advertise_targets()},
-            )
-            srv.receive_adverts(self._decode(good, bad, wire.decode_advertise_reply), bad)
-        if srv.abandoned:
-            return []
-        if not self.pipelined:
-            good, bad = self._exchange(
-                SHARE, {u: wire.share_request(r) for u, r in srv.share_requests().items()}
-            )
-            srv.receive_shares(self._decode(good, bad, wire.decode_share_reply), bad)
-        if srv.abandoned:
-            return []
-        ahead = wire.advertise_request(self.server_round + 1)
-        self._mask_msgs = []
-        for u, r in srv.mask_requests().items():
-            if u not in self.train:  # pipelined, not sampled: dropped in finish
-                continue
-            content = wire.mask_request(r, self.train[u])
-            if self.pipeline:
-                content = wire.with_next(content, ahead)
-            self._mask_msgs.append(self._message(u, content))
+        contents = self.driver.begin(self.train)
+        self._mask_msgs = [self._message(u, c) for u, c in contents.items()]
         self._t_mask = time.perf_counter()
         return list(self._mask_msgs)
 
-    def _abandoned(self, srv: SecAggServer) -> RoundOutcome:
-        return RoundOutcome(
-            self.server_round,
-            srv.sampled,
-            dropped=dict(srv.dropped),
-            abandoned=srv.abandoned,
-            next_keys=dict(self.next_keys),
-        )
-
     def finish(self, replies: Iterable[Message]) -> RoundOutcome:
-        """Decode the ``mask`` replies, run ``unmask`` (with the next round's ``share`` when
+        """Take the ``mask`` replies, run ``unmask`` (with the next round's ``share`` when
         pipelining): the exact sum or the abandon reason."""
-        srv = self.server
-        if srv is None:
-            assert self._early is not None
-            return self._early
-        if srv.abandoned:
-            return self._abandoned(srv)
-        self.round_trips += 1
-        self.seconds[MASK] = time.perf_counter() - self._t_mask
-        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._mask_msgs}
-        good, bad = self._collect(MASK, sent, replies)
-        bits = srv.config.bits
-
-        def decode_mask(content: RecordDict) -> tuple[Any, wire.Layout, KeyAdvert | None]:
-            main, _ = wire.split_next(content)
-            rep, layout = wire.decode_mask_reply(main, bits)
-            nxt = self._next_of(content, ADVERTISE)
-            if nxt is None:  # no keys ahead (a mod that does not pipeline): re-keyed if sampled
-                return rep, layout, None
-            if not self.pipeline:
-                raise MalformedMessageError("keys for the next round that were not asked for")
-            return rep, layout, wire.decode_next_keys(nxt, self.server_round + 1)
-
-        decoded = self._decode(good, bad, decode_mask)
-        layouts = Counter(layout for _, layout, _ in decoded.values())
-        if layouts:
-            self.layout = max(layouts, key=lambda lay: (layouts[lay], -len(lay)))
-        masked = {}
-        for node, (rep, layout, keys) in decoded.items():
-            if layout != self.layout:
-                bad[node] = "masked update with another layout than the majority's"
-                continue
-            masked[node] = rep
-            if keys is not None:
-                self.next_keys[node] = keys
-        bad.update(dict.fromkeys(self.not_sampled, "not sampled in this round"))
-        srv.receive_masked(masked, bad)
-        if srv.abandoned:
-            return self._abandoned(srv)
-        nxt_srv = self._next_server() if self.pipeline else None
-        shares = nxt_srv.share_requests() if nxt_srv is not None else {}
-        contents = {}
-        for u, r in srv.unmask_requests().items():
-            contents[u] = wire.unmask_request(r)
-            if u in shares:
-                contents[u] = wire.with_next(contents[u], wire.share_request(shares[u]))
-        good, bad = self._exchange(UNMASK, contents)
-        decoded_unmask = self._decode(
-            good, bad, lambda c: wire.decode_unmask_reply(wire.split_next(c)[0])
-        )
-        if nxt_srv is not None:  # a bad share drops its sender from the next round only
-            bad_next = dict(bad)
-            got_next = {}
+        if self.driver.abandoned is None:
+            self.round_trips += 1
+            self.seconds[MASK] = time.perf_counter() - self._t_mask
+            sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._mask_msgs}
+            good, bad = self._collect(MASK, sent, replies)
             for node, content in good.items():
-                if node in bad_next:
-                    continue
                 try:
-                    share = self._next_of(content, SHARE)
-                except (MalformedMessageError, KeyError, TypeError, ValueError) as exc:
-                    bad_next[node] = f"malformed reply: {exc}"
-                    continue
-                if share is not None:
-                    got_next[node] = share
-            nxt_srv.receive_shares(
-                self._decode(got_next, bad_next, wire.decode_share_reply), bad_next
-            )
-            self.next_server = nxt_srv if nxt_srv.abandoned is None else None
-        outcome = srv.receive_unmask(decoded_unmask, bad)
-        # keys ahead serve the next round's share stage only if none rode this unmask: a node
-        # that answered it shared with them (its next round re-keys unless the shares are used)
-        outcome.next_keys = dict(self.next_keys) if not shares else {}
-        return outcome
-
-    def _next_server(self) -> SecAggServer | None:
-        """The next round's server over this round's survivors that sent keys for it (its
-        graph drawn now), or None when it cannot run."""
-        assert self.server is not None
-        nodes = [u for u in self.server.survivors if u in self.next_keys]
-        try:
-            nxt = self._new_server(self.server_round + 1, nodes, self.next_keys)
-        except ValueError as exc:
-            logger.info("secagg round %d: no pipelined share: %s", self.server_round + 1, exc)
-            return None
-        return nxt if nxt.abandoned is None else None
+                    self.driver.take_masked(node, content)
+                except DECODE_ERRORS as exc:
+                    bad[node] = f"malformed reply: {exc}"
+            return self.driver.finish(bad)
+        return self.driver.finish()
 
     def run(self, timeout: float | None = None) -> RoundOutcome:
         """All stages: :meth:`begin`, the ``mask`` exchange, :meth:`finish`."""

@@ -30,7 +30,7 @@ advertise on round ``t``'s ``mask`` instruction and reply, round ``t+1``'s share
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -141,6 +141,13 @@ def split_next(content: RecordDict) -> tuple[RecordDict, RecordDict | None]:
     nxt = RecordDict({RECORD: rec})
     stage_of(nxt)
     return RecordDict({k: v for k, v in content.items() if k != NEXT_RECORD}), nxt
+
+
+def renamed(content: RecordDict, names: Mapping[str, str]) -> RecordDict:
+    """The records of ``content`` that ``names`` names, each under its new name (the others
+    left out): a host protocol carries the SecAgg+ records under names of its own (CorBin-FL:
+    :data:`corbin_fl.secure.SECAGG_RECORDS`), and this maps them there and back."""
+    return RecordDict({names[name]: rec for name, rec in content.items() if name in names})
 
 
 # ---------------------------------------------------------------------- advertise

@@ -26,12 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_CYCLES: tuple[frozenset[str], ...] = ()
 """Cycles of module-level imports not broken yet (each with a comment saying why); only shrinks."""
 
-ALLOWED_FUNCTION_CYCLES: tuple[frozenset[str], ...] = (
-    # The secure-aggregation hook of one round: secure_round.py imports round.py's helpers at
-    # its top, and run_round imports SecureRound inside the function. Issue 41 item 3 (secure
-    # aggregation in one room with one glue) moves this glue; not broken in item 4.
-    frozenset({"corbin_fl.server.round", "corbin_fl.server.secure_round"}),
-)
+ALLOWED_FUNCTION_CYCLES: tuple[frozenset[str], ...] = ()
 """Cycles that exist only through imports inside functions, not broken yet; only shrinks."""
 
 
