@@ -20,41 +20,8 @@ module                    mechanism
 :mod:`.signsgd`           sign of the update, majority vote (Bernstein et al. 2019; no DP)
 :mod:`.central_gaussian`  clipped update, the server's Gaussian noise (DP-FedAvg; central DP)
 ========================  ==================================================================
+
+Import each from its module (``from corbin_fl.mechanisms.baselines.pbm import PBM``): this
+package re-exports nothing, so that importing one baseline imports no other (and no torch where
+the one imported needs none), and no file but a mechanism's own names it.
 """
-
-from corbin_fl.mechanisms.baselines.cq import cq, cq_decode, cq_shared_randomness
-from corbin_fl.mechanisms.baselines.fedcad import FedCAD
-from corbin_fl.mechanisms.baselines.gaussian import (
-    analytic_gaussian_sigma,
-    gaussian,
-    gaussian_delta,
-    gaussian_epsilon,
-    log_ndtr,
-)
-from corbin_fl.mechanisms.baselines.laplace import laplace, laplace_scale
-from corbin_fl.mechanisms.baselines.ternary import (
-    ternary,
-    ternary_decode,
-    ternary_params,
-    ternary_tradeoff,
-)
-from corbin_fl.mechanisms.baselines.vanilla import vanilla
-
-__all__ = [
-    "FedCAD",
-    "analytic_gaussian_sigma",
-    "cq",
-    "cq_decode",
-    "cq_shared_randomness",
-    "gaussian",
-    "gaussian_delta",
-    "gaussian_epsilon",
-    "laplace",
-    "laplace_scale",
-    "log_ndtr",
-    "ternary",
-    "ternary_decode",
-    "ternary_params",
-    "ternary_tradeoff",
-    "vanilla",
-]

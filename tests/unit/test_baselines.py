@@ -8,23 +8,22 @@ import numpy as np
 import pytest
 import torch
 
-from corbin_fl.mechanisms.baselines import (
-    FedCAD,
+from corbin_fl.mechanisms.baselines.cq import cq, cq_decode, cq_shared_randomness
+from corbin_fl.mechanisms.baselines.fedcad import FedCAD
+from corbin_fl.mechanisms.baselines.gaussian import (
     analytic_gaussian_sigma,
-    cq,
-    cq_decode,
-    cq_shared_randomness,
     gaussian,
     gaussian_delta,
-    laplace,
-    laplace_scale,
     log_ndtr,
+)
+from corbin_fl.mechanisms.baselines.laplace import laplace, laplace_scale
+from corbin_fl.mechanisms.baselines.ternary import (
     ternary,
     ternary_decode,
     ternary_params,
     ternary_tradeoff,
-    vanilla,
 )
+from corbin_fl.mechanisms.baselines.vanilla import vanilla
 from corbin_fl.mechanisms.quantizers import alpha
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

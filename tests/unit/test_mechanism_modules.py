@@ -84,7 +84,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.client.encode": "its encoder",
         "corbin_fl.mechanisms.accounting": _FAMILY,
         "corbin_fl.mechanisms.analytic_gaussian": _FAMILY,
-        "corbin_fl.mechanisms.baselines": "the baselines' re-exports",
         "corbin_fl.mechanisms.baselines.central_gaussian": _FAMILY,
         "corbin_fl.mechanisms.baselines.fedcad": _FAMILY,
         "corbin_fl.mechanisms.categories": _FAMILY,
@@ -96,7 +95,6 @@ ALLOWED: dict[str, dict[str, str]] = {
     "laplace": {
         "corbin_fl.server.aggregation": "the float releases' admissible bounds",
         "corbin_fl.client.encode": "its encoder",
-        "corbin_fl.mechanisms.baselines": "the baselines' re-exports",
     },
     "fedavg": {
         "corbin_fl.client.encode": "its encoder",
@@ -111,19 +109,16 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.server.round": "the server's shared seed",
         "corbin_fl.client.encode": "its encoder",
         "corbin_fl.client.handlers": "the shared seed's checks",
-        "corbin_fl.mechanisms.baselines": "the baselines' re-exports",
     },
     "ternary": {
         "corbin_fl.secure": "its symbols in a secure sum",
         "corbin_fl.wire": "its two encodings on the wire",
         "corbin_fl.server.aggregation": "its aggregator",
         "corbin_fl.client.encode": "its encoder",
-        "corbin_fl.mechanisms.baselines": "the baselines' re-exports",
     },
     "fedcad": {
         "corbin_fl.server.aggregation": "its aggregator",
         "corbin_fl.client.encode": "its encoder and its state in the node's context",
-        "corbin_fl.mechanisms.baselines": "the baselines' re-exports",
         "corbin_fl.mechanisms.report": "its report's method line",
         "corbin_fl.experiments.plots": _LEAD,
     },
