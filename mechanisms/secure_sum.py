@@ -90,7 +90,7 @@ with the same weights under both neighbouring inputs for the others. Joint conve
 configuration is ``D`` trials of client 1 that differ (``ph`` against ``pl``) and ``N = nM - D``
 trials (the other clients' and client 1's common ones) of which ``k`` are at ``ph``:
 ``P = Bin(D, ph) * Bin(k, ph) * Bin(N - k, pl)``, ``Q = Bin(D, pl) * (same)``, ``D = 1..M``,
-``k = 0..N``. :func:`pbm_profile` takes the maximum over all of them (a sound upper bound;
+``k = 0..N``. :func:`binomial_profile` takes the maximum over all of them (a sound upper bound;
 exact for ``M = 1``), composition as above.
 
 AugCorBin-FL
@@ -189,6 +189,9 @@ __all__ = [
     "VertexFamily",
     "augcorbin_guarantee",
     "augcorbin_profile",
+    "binomial_guarantee",
+    "binomial_profile",
+    "binomial_range",
     "compose",
     "compose_run",
     "corbin_against_sum",
@@ -197,9 +200,6 @@ __all__ = [
     "hockey_stick",
     "one_bit_guarantee",
     "one_bit_profile",
-    "pbm_guarantee",
-    "pbm_profile",
-    "pbm_range",
     "rr_range",
     "server_table",
 ]
@@ -262,8 +262,9 @@ def rr_range(eps_p: float) -> tuple[float, float]:
     return a, 1.0 - a
 
 
-def pbm_range(eps: float, trials: int) -> tuple[float, float]:
-    """Per-trial range ``(1/2 - theta, 1/2 + theta)``, ``theta = tanh(eps/(2M))/2`` (PBM)."""
+def binomial_range(eps: float, trials: int) -> tuple[float, float]:
+    """Per-trial range ``(1/2 - theta, 1/2 + theta)``, ``theta = tanh(eps/(2M))/2``: the range of
+    ``(eps/M)``-randomized response (the Poisson binomial mechanism's calibration)."""
     m = _integer(trials, "trials")
     return rr_range(_positive(eps, "eps") / m)
 
@@ -466,13 +467,14 @@ def one_bit_profile(eps_p: float, n: int) -> SumProfile:
     return SumProfile("one-bit", n, (fam,), float(eps_p))
 
 
-def pbm_profile(eps: float, trials: int, n: int) -> SumProfile:
-    """PBM with ``M = trials`` trials per client, ``n`` clients in the sum (module docstring)."""
+def binomial_profile(eps: float, trials: int, n: int) -> SumProfile:
+    """Symbols ``Binomial(M, p)``, ``p`` in :func:`binomial_range` (PBM with ``M = trials``
+    trials), one per client, ``n`` clients in the sum (module docstring)."""
     m = _integer(trials, "trials")
     n = _integer(n, "n")
-    pl, ph = pbm_range(eps, m)
+    pl, ph = binomial_range(eps, m)
     fams = tuple(VertexFamily(f"D={d}", d, ph, pl, n * m - d, pl, ph) for d in range(1, m + 1))
-    return SumProfile(f"pbm(M={m})", n, fams, float(eps))
+    return SumProfile(f"binomial(M={m})", n, fams, float(eps))
 
 
 def augcorbin_profile(
@@ -732,7 +734,7 @@ class SumView:
         independent clients.
     trials : int or None
         Binomial trials of one symbol (``ldpfl`` and ``rqm`` with 2 levels: 1, ``pbm``: its
-        trials): the exact worst case of :func:`one_bit_profile` / :func:`pbm_profile` applies.
+        trials): the exact worst case of :func:`one_bit_profile` / :func:`binomial_profile` applies.
         None: no analysis of the sum for this mechanism and settings.
     rounds, abandoned : int
         Rounds whose sum was unmasked; rounds abandoned (nothing unmasked, nothing applied).
@@ -790,27 +792,28 @@ def one_bit_guarantee(eps_p: float, n: int, m: int, rounds: int, delta: float) -
 
 @functools.lru_cache(maxsize=32)
 def _one_bit_cached(eps_p: float, n: int, m: int, rounds: int, delta: float) -> dict[str, Any]:
-    return _report("ldpfl/pbm(m=1)/rqm(2)", one_bit_profile(eps_p, n), m, rounds, delta)
+    return _report("one-bit", one_bit_profile(eps_p, n), m, rounds, delta)
 
 
-def pbm_guarantee(
+def binomial_guarantee(
     eps: float, trials: int, n: int, m: int, rounds: int, delta: float
 ) -> dict[str, Any]:
-    """Threat model B with secure aggregation for PBM with ``trials`` trials (native). Cached."""
+    """Threat model B with secure aggregation for symbols of ``trials`` binomial trials each
+    (:func:`binomial_profile`; PBM's native setting). Cached."""
     key = (
         _positive(eps, "eps"),
         _integer(trials, "trials"),
         _integer(n, "n"),
         *_run_args(m, rounds, delta),
     )
-    return copy.deepcopy(_pbm_cached(*key))
+    return copy.deepcopy(_binomial_cached(*key))
 
 
 @functools.lru_cache(maxsize=32)
-def _pbm_cached(
+def _binomial_cached(
     eps: float, trials: int, n: int, m: int, rounds: int, delta: float
 ) -> dict[str, Any]:
-    out = _report(f"pbm(M={trials})", pbm_profile(eps, trials, n), m, rounds, delta)
+    out = _report(f"binomial(M={trials})", binomial_profile(eps, trials, n), m, rounds, delta)
     out["bits_per_parameter"] = max(1, math.ceil(math.log2(trials + 1)))
     return out
 
@@ -987,7 +990,7 @@ def server_table(
     for n in ns:
         g = one_bit_guarantee(eps_p, n, m, rounds, delta)
         rows.append(_row("ldpfl / pbm m=1 / rqm 2", n, 1, g, ""))
-        p = pbm_guarantee(eps_p, pbm_trials, n, m, rounds, delta)
+        p = binomial_guarantee(eps_p, pbm_trials, n, m, rounds, delta)
         rows.append(_row(f"pbm m={pbm_trials}", n, p["bits_per_parameter"], p, ""))
         ac = augcorbin_guarantee(eps_p, n, gamma, m, rounds, delta)
         if "exact" in ac:

@@ -312,10 +312,11 @@ def _sum_of_binomials(b: dict[str, Any], ctx: _Sum, trials: int) -> str:
         g = ctx.ss.one_bit_guarantee(ep, ctx.n_eff, m, rounds, delta)
         what = "each symbol is one bit with P(1) in [1/(1+e^eps_p), e^eps_p/(1+e^eps_p)]"
     else:
-        g = ctx.ss.pbm_guarantee(ep, trials, ctx.n_eff, m, rounds, delta)
+        g = ctx.ss.binomial_guarantee(ep, trials, ctx.n_eff, m, rounds, delta)
         what = (
             f"each symbol counts the successes of {trials} trials with P in the range of "
-            "(eps_p/M)-randomized response (PBM's native setting, arXiv 2108.09449)"
+            "(eps_p/M)-randomized response (the Poisson binomial mechanism's native setting, "
+            "arXiv 2108.09449)"
         )
     blocks, took_a = _secure_blocks(g, ctx.view_a, m, rounds)
     b.update(blocks)

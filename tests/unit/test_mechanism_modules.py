@@ -56,6 +56,10 @@ PROTOCOL: frozenset[str] = frozenset({"corbin"})
 
 _LEAD = "the lead's experiment files (experiments/report.py, plots.py) label the figures"
 _FAMILY = "the word is also the privacy family of every Gaussian release (categories.Family)"
+_TABLE = (
+    "the sum-seeing server's table (server_table): its rows' labels are committed report text "
+    "(docs/results/quick/server/report.md)"
+)
 _PROTOCOL_ROUND = "the protocol's own pairing and its paired privacy analysis (not a plug-in)"
 ALLOWED: dict[str, dict[str, str]] = {
     "augcorbin": {
@@ -74,7 +78,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.config": "d = 0's error names the paper's LDP-FL and its mechanism",
         "corbin_fl.mechanisms.accounting": "the accounting's name aliases (another change)",
         "corbin_fl.mechanisms.report": "the report compares CorBin's MSE with LDP-FL's",
-        "corbin_fl.mechanisms.secure_sum": "the one-bit sum's label",
+        "corbin_fl.mechanisms.secure_sum": _TABLE,
         "corbin_fl.mechanisms.theory": "LDPQ's pair MSE (the paper's comparison)",
         "corbin_fl.deploy.cli": "d = 0's hint names the mechanism without common randomness",
         "corbin_fl.experiments.report": _LEAD,
@@ -123,11 +127,10 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.experiments.plots": _LEAD,
     },
     "pbm": {
-        "corbin_fl.mechanisms.secure_sum": "its binomial sum's functions",
-        "corbin_fl.mechanisms.secure_threat_models": "its binomial sum's functions",
+        "corbin_fl.mechanisms.secure_sum": _TABLE,
     },
     "rqm": {
-        "corbin_fl.mechanisms.secure_sum": "the one-bit sum's label",
+        "corbin_fl.mechanisms.secure_sum": _TABLE,
     },
     "imvu": {
         "corbin_fl.mvu_store": "its designs on disk (the cache lives in corbin_fl.fsio, which the "

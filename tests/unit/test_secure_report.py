@@ -115,7 +115,7 @@ def test_ldpfl_against_the_sum_is_dp_equals_secure_sum_and_falls_with_n() -> Non
 
 def test_pbm_trials_use_the_native_pbm_analysis() -> None:
     rep = _secure("pbm", SumView(6, trials=2, rounds=T))
-    b, g = rep["threat_models"]["B"], ss.pbm_guarantee(1.0, 2, 6, M, T, DELTA)
+    b, g = rep["threat_models"]["B"], ss.binomial_guarantee(1.0, 2, 6, M, T, DELTA)
     assert b["dp"] is True and b["all_rounds"]["eps"] == g["all_rounds"]["eps"]
     assert "2108.09449" in b["guarantee"]
 

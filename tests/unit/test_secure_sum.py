@@ -55,7 +55,7 @@ def test_ranges_are_ldpq_law() -> None:
     alpha = 1.0 / math.tanh(0.5)
     assert a == pytest.approx(0.5 - 0.5 / alpha, rel=1e-14)
     assert b / a == pytest.approx(math.e, rel=1e-14)
-    pl, ph = ss.pbm_range(2.0, 4)
+    pl, ph = ss.binomial_range(2.0, 4)
     assert ph / pl == pytest.approx(math.exp(0.5), rel=1e-14)  # theta = tanh(eps/2M)/2
     assert ph - 0.5 == pytest.approx(0.5 * math.tanh(2.0 / 8), rel=1e-12)
 
@@ -98,8 +98,8 @@ def test_envelope_is_exact_worst_case_over_all_inputs(n: int) -> None:
 def test_pbm_native_bounds_random_inputs_and_brute_force() -> None:
     """PBM with M = 2, n = 2: the vertex bound is above every enumerated input configuration."""
     eps, m_trials, n = 1.0, 2, 2
-    pl, ph = ss.pbm_range(eps, m_trials)
-    prof = ss.pbm_profile(eps, m_trials, n)
+    pl, ph = ss.binomial_range(eps, m_trials)
+    prof = ss.binomial_profile(eps, m_trials, n)
     rng = np.random.default_rng(1)
     for eps_t in (0.0, 0.3, 0.6):
         bound = prof.delta(eps_t)
