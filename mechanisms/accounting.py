@@ -215,9 +215,6 @@ class PrivacyLedger:
 # ============================================================================ accountant
 
 
-# ============================================================================ accountant
-
-
 @dataclass(frozen=True)
 class _Kind:
     """The releases that compose alike: a family, its unit, its ``eps_p`` and own ``delta``."""

@@ -14,14 +14,11 @@ from corbin_fl.mechanisms.validate import one_device, operand
 
 __all__ = [
     "COMPUTE_DTYPE",
-    "Operand",
     "clip_to_box",
     "prepare",
 ]
 
 COMPUTE_DTYPE = torch.float32
-
-Operand = torch.Tensor | float | int
 
 
 def prepare(w: object, c: object, r: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
