@@ -1,68 +1,48 @@
 """The client half of secure aggregation composed with CorBin-FL (:mod:`corbin_fl.secure`).
 
-:func:`client.mod.corbin_mod` calls this module for a run with ``secure-aggregation = true``:
+:func:`client.mod.corbin_mod` calls this module for a run with ``secure-aggregation = true``.
+The answers are the building block's (:mod:`corbin_fl.secagg.node`, which ``secagg_mod`` gives
+too: the same role, state in ``context.state``, refusals and pipelining); this module carries
+its records under the protocol's names (:data:`corbin_fl.secure.SECAGG_RECORDS`) inside
+CorBin-FL's instructions and replies, and checks what CorBin-FL adds:
 
-- ``secagg-advertise``, ``secagg-share``, ``secagg-unmask``: answered here with the pure SecAgg+
-  client role (:class:`corbin_fl.secagg.client.SecAggClient`); its state (private keys, the
-  self-mask seed until masking, the shares this node holds) lives in ``context.state`` under
-  :data:`corbin_fl.secagg.wire.STATE_RECORD`, as ``secagg_mod`` keeps it. Every refusal of the
-  building block holds here: a replayed or out-of-order instruction, a run id or round that is
-  not this node's, an unmask request that names a node both survivor and dropped.
-- Pipelined (a steady round is 2 round trips, ``update`` and ``secagg-unmask``): the update
-  instruction may carry round ``t+1``'s advertise request (:data:`corbin_fl.secure.NEXT_REC`);
-  the reply then carries the node's keys for ``t+1``, kept beside round ``t``'s held shares.
-  The unmask instruction may carry round ``t+1``'s share request there; the node unmasks round
-  ``t`` and shares round ``t+1``'s secrets in one reply, or refuses both (state unchanged).
-- ``update``: :func:`take_mask_request` removes the node's mask request from the instruction
-  before CorBin-FL checks it (and refuses an update of a secure run without one, so the server
-  cannot fall back to the plain upload), the update is quantized exactly as without secure
-  aggregation, and :func:`masked_reply` replaces the encoded update by the masked symbol vector:
-  the reply keeps ``corbin.reply`` (round, next public key, the sealed blob for the next partner)
-  and carries the mask reply (rejected senders, length, layout) and the ``b``-bit packed masked
-  vector. ``corbin.metrics`` (clip fraction, paired/fall-back flags, encode time) and the app's
+- ``secagg-advertise``, ``secagg-share``, ``secagg-unmask``: the ``corbin`` record names the
+  stage, the round and the mechanism's settings; the SecAgg+ record must name the same stage and
+  round, and a share request the mechanism's ``levels`` (:func:`answer`). Pipelined, the unmask
+  instruction may carry round ``t+1``'s share request (:data:`corbin_fl.secure.NEXT_REC`).
+- ``update``: :func:`take_mask_request` removes the node's mask request (and, pipelined, round
+  ``t+1``'s advertise request) from the instruction before CorBin-FL checks it (and refuses an
+  update of a secure run without one, so the server cannot fall back to the plain upload), the
+  update is quantized exactly as without secure aggregation, and :func:`masked_reply` replaces
+  the encoded update by the masked symbol vector: the reply keeps ``corbin.reply`` (round, next
+  public key, the sealed blob for the next partner) and carries the mask reply (rejected senders,
+  length, layout), the ``b``-bit packed masked vector and, pipelined, the node's keys of round
+  ``t+1``. ``corbin.metrics`` (clip fraction, paired/fall-back flags, encode time) and the app's
   MetricRecords (its loss, number of examples, timings) stay on the node.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from corbin_fl import registry, secure, wire
 from corbin_fl.config import RunConfig
+from corbin_fl.secagg import node
 from corbin_fl.secagg import wire as sawire
-from corbin_fl.secagg.client import SHARED, ClientState, SecAggClient
-from corbin_fl.secagg.messages import (
-    ADVERTISE,
-    MASK,
-    SHARE,
-    UNMASK,
-    MaskRequest,
-    SecAggError,
-    ShareKeysReply,
-)
+from corbin_fl.secagg.messages import ADVERTISE, MASK, SHARE, UNMASK, MaskRequest, SecAggError
 
 _STAGE_OF = {secure.ADVERTISE: ADVERTISE, secure.SHARE: SHARE, secure.UNMASK: UNMASK}
-
-
-def load(context: Context) -> SecAggClient:
-    """This node's SecAgg+ role with its state from ``context.state``."""
-    rec = context.state.config_records.get(sawire.STATE_RECORD)
-    state = ClientState.from_dict(dict(rec)) if rec else None
-    return SecAggClient(context.node_id, context.run_id, state)
-
-
-def save(context: Context, client: SecAggClient) -> None:
-    context.state.config_records[sawire.STATE_RECORD] = ConfigRecord(client.state.to_dict())
+_FROM_HOST = {ours: sa for sa, ours in secure.SECAGG_RECORDS.items()}
 
 
 def _inner(msg: Message, stage: str, rnd: int) -> RecordDict:
-    """The SecAgg+ record of a secure stage as :mod:`corbin_fl.secagg.wire` reads it."""
-    rec = msg.content.config_records.get(secure.SECAGG_REC)
-    if rec is None:
+    """The SecAgg+ records of a secure instruction as :mod:`corbin_fl.secagg.wire` reads them;
+    the main one must name ``stage`` of round ``rnd`` (the ``corbin`` record's)."""
+    if secure.SECAGG_REC not in msg.content.config_records:
         raise wire.WireError(f"no {secure.SECAGG_REC!r} record")
-    content = RecordDict({sawire.RECORD: rec})
+    content = sawire.renamed(msg.content, _FROM_HOST)
     try:
         got = sawire.stage_of(content)
     except SecAggError as exc:
@@ -88,67 +68,21 @@ def answer(msg: Message, context: Context, cfg: RunConfig, stage: str) -> Record
     wire.check_keys(head, {wire.STAGE, wire.ROUND, *registry.param_keys()}, what=f"{stage} cfg")
     rnd = wire.check_round(msg, head)
     content = _inner(msg, _STAGE_OF[stage], rnd)
-    nxt = _next(msg, SHARE, rnd) if secure.NEXT_REC in expected else None
-    client = load(context)
-    out: RecordDict
-    if stage == secure.ADVERTISE:
-        out = sawire.advertise_reply(rnd, client.advertise(rnd))
-    elif stage == secure.SHARE:
-        out = sawire.share_reply(rnd, _share(content, context, cfg, client))
-    else:
-        out = sawire.unmask_reply(rnd, client.unmask(sawire.decode_unmask_request(content)))
-    replies: dict[str, ConfigRecord | ArrayRecord | MetricRecord] = {
-        secure.SECAGG_REC: out.config_records[sawire.RECORD]
-    }
-    if nxt is not None:  # unmasked round t; now share round t+1's secrets
-        share = sawire.share_reply(rnd + 1, _share(nxt, context, cfg, client))
-        replies[secure.NEXT_REC] = share.config_records[sawire.RECORD]
-    save(context, client)  # only now: a refusal of either stage leaves the state as it was
-    return RecordDict(replies)
-
-
-def _share(
-    content: RecordDict, context: Context, cfg: RunConfig, client: SecAggClient
-) -> ShareKeysReply:
-    """The role's share reply to a share request for ``cfg``'s mechanism."""
-    req = sawire.decode_share_request(content, context.run_id)
-    if req.config.levels != secure.levels_of(cfg):
-        raise wire.WireError(
-            f"share: levels {req.config.levels} but {cfg.mechanism} has {secure.levels_of(cfg)}"
-        )
-    return client.share_keys(req)
-
-
-def _next(msg: Message, stage: str, rnd: int) -> RecordDict:
-    """The next round's SecAgg+ stage riding this instruction (:data:`secure.NEXT_REC`), as
-    :mod:`corbin_fl.secagg.wire` reads it; it must name ``stage`` of round ``rnd + 1``."""
-    content = RecordDict({sawire.RECORD: msg.content.config_records[secure.NEXT_REC]})
-    try:
-        got = sawire.stage_of(content)
-    except SecAggError as exc:
-        raise wire.WireError(f"{secure.NEXT_REC}: {exc}") from exc
-    if got != (stage, rnd + 1):
-        raise wire.WireError(f"{secure.NEXT_REC} names {got}, expected ({stage!r}, {rnd + 1})")
-    return content
+    reply = node.answer(content, context, levels=secure.levels_of(cfg))
+    return sawire.renamed(reply, secure.SECAGG_RECORDS)
 
 
 @dataclass(frozen=True)
-class MaskInstruction:
+class MaskInstruction(node.MaskInstruction):
     """The secure part of an update instruction, taken out before CorBin-FL's checks.
 
     Attributes
     ----------
-    request : MaskRequest
-        The share ciphertexts this node's neighbours addressed to it.
     records : dict[str, ConfigRecord]
         The records removed from the instruction (the caller puts them back afterwards).
-    advertise_next : bool
-        The instruction asks for this node's SecAgg+ keys of the next round (pipelined).
     """
 
-    request: MaskRequest
-    records: dict[str, ConfigRecord]
-    advertise_next: bool
+    records: dict[str, ConfigRecord] = field(default_factory=dict)
 
 
 def take_mask_request(msg: Message, context: Context, cfg: RunConfig) -> MaskInstruction | None:
@@ -167,27 +101,14 @@ def take_mask_request(msg: Message, context: Context, cfg: RunConfig) -> MaskIns
             "update without a mask request in a secure-aggregation run: the update would "
             "leave this node unmasked"
         )
-    rnd = wire.round_of(msg)
-    content = _inner(msg, MASK, rnd)
-    try:
-        req = sawire.decode_mask_request(content)
-    except SecAggError as exc:
-        raise wire.WireError(str(exc)) from exc
-    advertise_next = secure.NEXT_REC in msg.content
-    if advertise_next:
-        rec = msg.content.config_records.get(secure.NEXT_REC)
-        if not isinstance(rec, ConfigRecord):
-            raise wire.WireError(f"record {secure.NEXT_REC!r} must be a ConfigRecord")
-        try:  # round t+1's advertise request, and nothing else
-            sawire.decode_advertise_request(_next(msg, ADVERTISE, rnd))
-        except SecAggError as exc:
-            raise wire.WireError(f"{secure.NEXT_REC}: {exc}") from exc
-    load(context).expect(rnd, SHARED, "mask")
-    names = [secure.SECAGG_REC, *([secure.NEXT_REC] if advertise_next else [])]
+    names = [secure.SECAGG_REC, *([secure.NEXT_REC] if secure.NEXT_REC in msg.content else [])]
+    if not all(isinstance(msg.content[name], ConfigRecord) for name in names):
+        raise wire.WireError(f"records {names} must be ConfigRecords")
     records = {name: msg.content.config_records[name] for name in names}
+    mask = node.mask_instruction(_inner(msg, MASK, wire.round_of(msg)), context)
     for name in names:
         del msg.content[name]
-    return MaskInstruction(req, records, advertise_next)
+    return MaskInstruction(mask.request, mask.advertise_next, records)
 
 
 def masked_reply(
@@ -210,24 +131,12 @@ def masked_reply(
     if rest:
         raise ValueError("the encoded update has more than one array")
     x = secure.symbols(cfg, key, arr.numpy(), num_params)
-    client = load(context)
-    rep = client.mask(req, x)
-    packed = sawire.mask_reply(
-        req.server_round, rep, client.state.bits, ((secure.SYMBOLS_KEY, (int(num_params),)),)
-    )
-    out = RecordDict(
-        {
-            wire.REPLY: reply.config_records[wire.REPLY],
-            secure.SECAGG_REC: packed.config_records[sawire.RECORD],
-            secure.MASKED_REC: packed.array_records[sawire.MASKED_RECORD],
-        }
-    )
-    if advertise_next:
-        rnd = req.server_round + 1
-        keys = sawire.advertise_reply(rnd, client.advertise(rnd))
-        out[secure.NEXT_REC] = keys.config_records[sawire.RECORD]
-    save(context, client)
+    layout = ((secure.SYMBOLS_KEY, (int(num_params),)),)
+    masked = node.masked_reply(context, node.MaskInstruction(req, advertise_next), x, layout)
+    out = RecordDict({wire.REPLY: reply.config_records[wire.REPLY]})
+    for name, rec in sawire.renamed(masked, secure.SECAGG_RECORDS).items():
+        out[name] = rec
     return out
 
 
-__all__ = ["MaskInstruction", "answer", "load", "masked_reply", "save", "take_mask_request"]
+__all__ = ["MaskInstruction", "answer", "masked_reply", "take_mask_request"]

@@ -20,31 +20,21 @@ survivor list is disconnected in that graph, and a next-round record that is mal
 another stage than the one that may ride this instruction or another round than the next (or rides
 an unmask request that also asks for the next round's keys). Other message types (evaluate, query)
 pass through to the app. The node's protocol state lives in ``context.state``
-(:data:`.wire.STATE_RECORD`).
+(:data:`.wire.STATE_RECORD`). The answers are :mod:`.node`'s, which CorBin-FL's ``corbin_mod``
+gives too.
 """
 
 from __future__ import annotations
 
 import logging
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from . import wire
-from .client import SHARED, ClientState, SecAggClient
-from .messages import ADVERTISE, MASK, SHARE, UNMASK, MalformedMessageError, SecAggError
+from . import node, wire
+from .messages import MASK, MalformedMessageError, SecAggError
 
 logger = logging.getLogger(__name__)
-
-
-def _load(context: Context) -> SecAggClient:
-    rec = context.state.config_records.get(wire.STATE_RECORD)
-    state = ClientState.from_dict(dict(rec)) if rec else None
-    return SecAggClient(context.node_id, context.run_id, state)
-
-
-def _save(context: Context, client: SecAggClient) -> None:
-    context.state.config_records[wire.STATE_RECORD] = ConfigRecord(client.state.to_dict())
 
 
 def _refuse(msg: Message, reason: str) -> Message:
@@ -61,57 +51,22 @@ def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
             msg,
             "train message without secure aggregation: the update would leave this node unmasked",
         )
-    client = _load(context)
     try:
         stage, rnd = wire.stage_of(msg.content)
         if msg.metadata.group_id != str(rnd):
             raise MalformedMessageError(
                 f"group id {msg.metadata.group_id!r} does not name round {rnd}"
             )
-        main, nxt = wire.split_next(msg.content)
-        if nxt is not None and stage not in (MASK, UNMASK):
-            raise MalformedMessageError(f"a {stage} instruction carries no next-round stage")
-        content: RecordDict
-        if stage == ADVERTISE:
-            content = wire.advertise_reply(rnd, client.advertise(rnd))
-        elif stage == SHARE:
-            req = wire.decode_share_request(main, context.run_id)
-            content = wire.share_reply(rnd, client.share_keys(req))
-        elif stage == MASK:
-            mreq = wire.decode_mask_request(main)
-            if nxt is not None and wire.decode_advertise_request(nxt) != rnd + 1:
-                raise MalformedMessageError(f"the mask of round {rnd} advertises another round")
-            client.expect(rnd, SHARED, "mask")  # before training: refuse replays cheaply
-            app_reply = call_next(msg, context)
-            if app_reply.has_error():
-                return app_reply  # state untouched: the server drops this node
-            records = list(app_reply.content.array_records.values())
-            if len(records) != 1:
-                raise ValueError(f"the train handler returned {len(records)} ArrayRecords, not 1")
-            x, layout = wire.flatten_arrays(records[0])
-            rep = client.mask(mreq, x)
-            content = wire.mask_reply(rnd, rep, client.state.bits, layout)
-            if nxt is not None:  # round t+1's keys, kept beside round t's held shares
-                keys = wire.advertise_reply(rnd + 1, client.advertise(rnd + 1))
-                content = wire.with_next(content, keys)
-        elif stage == UNMASK:
-            ureq = wire.decode_unmask_request(main)
-            sreq = None
-            if nxt is not None:
-                if wire.stage_of(nxt) != (SHARE, rnd + 1):
-                    raise MalformedMessageError(f"the unmask of round {rnd} shares another stage")
-                if ureq.advertise_next:
-                    raise MalformedMessageError(
-                        "an unmask request that shares the next round must not re-key it"
-                    )
-                sreq = wire.decode_share_request(nxt, context.run_id)
-            content = wire.unmask_reply(rnd, client.unmask(ureq))
-            if sreq is not None:  # unmasked round t; now share round t+1's secrets
-                share = wire.share_reply(rnd + 1, client.share_keys(sreq))
-                content = wire.with_next(content, share)
-        else:  # pragma: no cover - stage_of only returns known stages
-            raise MalformedMessageError(stage)
+        if stage != MASK:
+            return Message(node.answer(msg.content, context), reply_to=msg)
+        mask = node.mask_instruction(msg.content, context)  # before training: replays refused
+        app_reply = call_next(msg, context)
+        if app_reply.has_error():
+            return app_reply  # state untouched: the server drops this node
+        records = list(app_reply.content.array_records.values())
+        if len(records) != 1:
+            raise ValueError(f"the train handler returned {len(records)} ArrayRecords, not 1")
+        x, layout = wire.flatten_arrays(records[0])
+        return Message(node.masked_reply(context, mask, x, layout), reply_to=msg)
     except (SecAggError, ValueError, TypeError, KeyError) as exc:
         return _refuse(msg, f"{type(exc).__name__}: {exc}")
-    _save(context, client)
-    return Message(content, reply_to=msg)
