@@ -3,26 +3,18 @@
 :func:`encode_update` is Alg. 3 line 19 for one client: encode the local model ``w_i`` that the
 app's train handler produced with the instruction's mechanism:
 
-============  ==========================================================  =====================
-mechanism     encoding of the update                                      wire
-============  ==========================================================  =====================
-corbin        ``corbinq(w, c, r, eps, z, d, lead)`` with the pair's ``z``  packed bits, m
-              (Alg. 2); ``ldpq`` when unpaired/partner gone/blob bad
-augcorbin     as corbin; the server's gamma-fraction is ``independent``   packed bits, m
-ldpfl         ``ldpq(w, c, r, eps)`` (Alg. 1)                             packed bits, m
-gaussian      ``clip(w) + N(0, sigma^2)``, analytic sigma for (eps, delta) float32, m
-laplace       ``clip(w) + Lap(2r/eps)``                                   float32, m
-fedavg        ``w`` (no clip, no privacy)                                 float32, m
-cq            correlated quantization with the server's shared seed       packed bits, m
-ternary       ternary stochastic compressor (fdp paper Def. 6)            2 bits or int8, m
-fedcad        FedCAD noisy update ``w - w_g`` (Fed-CAD Alg. 1)            float32, m
-pbm           Poisson binomial mechanism, ``m`` trials (Chen et al. 2022)  b-bit symbols, m
-rqm           randomized quantization, 2 or 3 levels (Youn et al. 2023)   b-bit symbols, m
-imvu          interpolated MVU, 1/2/4 bits (Guo et al. 2023)              b-bit symbols, m
-signsgd       ``sign(w - w_g)``, majority vote (Bernstein et al. 2019)    packed bits, m
-central-      ``w - w_g`` clipped to L2 norm C; the server adds the noise  float32, m
-gaussian      (DP-FedAvg; no privacy against the server)
-============  ==========================================================  =====================
+the encoder its registry entry names (:class:`corbin_fl.registry.Mechanism`), with the encoder
+contract of :mod:`corbin_fl.registry`:
+
+- :func:`encode_one_bit`: CorBin-FL's ``corbinq(w, c, r, eps, z, d, lead)`` with the pair's ``z``
+  (Alg. 2), LDPQ's ``ldpq(w, c, r, eps)`` (Alg. 1) when unpaired, independent, partner gone or
+  blob bad; packed bits;
+- :func:`encode_bits`, :func:`encode_values`: any mechanism that releases range block by range
+  block, with the ``block_release`` of its module (:mod:`corbin_fl.mechanisms.baselines.hooks`:
+  noise, a sign, a clip); packed bits or float32;
+- :func:`encode_levels`: a finite-output mechanism's ``b``-bit symbols, packed;
+- the encoders of the correlated quantizer (the server's shared seed), the ternary compressor
+  (two encodings) and Fed-CAD (its state in the node's context).
 
 ``z = expand_seed(seed, context_label(run, round, a, b), m, d, p_x)``, the same on both sides of a
 pair. Local quantization coins come from a ``torch.Generator`` seeded from the OS CSPRNG (the
@@ -48,15 +40,10 @@ from corbin_fl.client.shared import Fallback, Shared
 from corbin_fl.config import RunConfig
 from corbin_fl.devices import pick_device
 from corbin_fl.layout import ParamLayout, RangeBlock, range_blocks
-from corbin_fl.mechanisms.baselines.central_gaussian import clip_l2
 from corbin_fl.mechanisms.baselines.cq import cq as cq_quantize
 from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
 from corbin_fl.mechanisms.baselines.fedcad import FedCAD
-from corbin_fl.mechanisms.baselines.gaussian import gaussian
-from corbin_fl.mechanisms.baselines.laplace import laplace
-from corbin_fl.mechanisms.baselines.signsgd import sign_bits
 from corbin_fl.mechanisms.baselines.ternary import ternary
-from corbin_fl.mechanisms.baselines.vanilla import vanilla
 from corbin_fl.mechanisms.packing import pack_bits, pack_symbols
 from corbin_fl.mechanisms.quantizers import corbinq, ldpq
 from corbin_fl.mechanisms.randomness import (
@@ -384,33 +371,25 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def encode_gaussian(job: EncodeInput) -> Encoded:
-    """``clip(w) + N(0, sigma^2)``, analytic sigma for (eps, delta); float32 per parameter."""
-    cfg, w, gen = job.cfg, job.w, job.gen
-    out = by_block(
-        w,
-        job.blocks,
-        lambda s, c_b, r_b: gaussian(w[s], c_b, r_b, cfg.epsilon, cfg.delta, generator=gen),
-        torch.float32,
-    )
-    return wire.VALUES, _np(out), None
+def encode_bits(job: EncodeInput) -> Encoded:
+    """One bit per parameter, range block by range block: the mechanism's registered
+    ``block_release`` (:mod:`corbin_fl.mechanisms.baselines.hooks`), packed."""
+    bits = by_block(job.w, job.blocks, _block_release(job), torch.bool)
+    return wire.BITS, pack_bits(bits), None
 
 
-def encode_laplace(job: EncodeInput) -> Encoded:
-    """``clip(w) + Lap(2r/eps)``; float32 per parameter."""
-    cfg, w, gen = job.cfg, job.w, job.gen
-    out = by_block(
-        w,
-        job.blocks,
-        lambda s, c_b, r_b: laplace(w[s], c_b, r_b, cfg.epsilon, generator=gen),
-        torch.float32,
-    )
-    return wire.VALUES, _np(out), None
+def encode_values(job: EncodeInput) -> Encoded:
+    """One float32 per parameter, range block by range block: the mechanism's registered
+    ``block_release`` (:mod:`corbin_fl.mechanisms.baselines.hooks`)."""
+    return wire.VALUES, _np(by_block(job.w, job.blocks, _block_release(job), torch.float32)), None
 
 
-def encode_fedavg(job: EncodeInput) -> Encoded:
-    """``w`` itself (no clip, no privacy); float32 per parameter."""
-    return wire.VALUES, _np(vanilla(job.w)), None
+def _block_release(job: EncodeInput) -> Callable[..., torch.Tensor]:
+    hook = registry.get(job.cfg.mechanism).hook("block_release")
+    if hook is None:
+        raise ValueError(f"{job.cfg.mechanism} registers no block_release for a block encoder")
+    release: Callable[..., torch.Tensor] = hook(job)
+    return release
 
 
 def encode_cq(job: EncodeInput) -> Encoded:
@@ -443,23 +422,6 @@ def encode_ternary(job: EncodeInput) -> Encoded:
     )
     key, _, _ = wire.ternary_update_spec(w.numel(), cfg.param("ternary-encoding"))
     return key, wire.encode_ternary(_np(t), cfg.param("ternary-encoding")), None
-
-
-def encode_central(job: EncodeInput) -> Encoded:
-    """Central Gaussian: the update ``w_i - w_g`` clipped to L2 norm ``central-clip``, float32.
-
-    No noise here: the server adds it (the client trusts the server; its policy must list
-    ``central-gaussian`` explicitly)."""
-    return wire.VALUES, _np(clip_l2(job.w, job.cfg.param("central-clip")).to(torch.float32)), None
-
-
-def encode_signsgd(job: EncodeInput) -> Encoded:
-    """SignSGD: ``sign(w_i - w_g)`` per parameter, one packed bit (zeros: a fair coin)."""
-    w, gen = job.w, job.gen
-    bits = by_block(
-        w, job.blocks, lambda s, c_b, r_b: sign_bits(w[s] - c_b, generator=gen), torch.bool
-    )
-    return wire.BITS, pack_bits(bits), None
 
 
 def encode_levels(job: EncodeInput) -> Encoded:

@@ -265,6 +265,18 @@ class Mechanism:
         (integers in ``[0, levels]``) when its server estimate is affine in the sum of the
         clients' symbols, so the server needs only that sum; None: refused with secure
         aggregation. Its aggregator then implements ``from_symbol_sum``.
+    block_release : str
+        ``"module:function"`` of its :data:`corbin_fl.mechanisms.baselines.hooks.BlockRelease`, for
+        the block-wise encoders (``client.encode:encode_bits``, ``encode_values``): its release
+        of one range block; "" for an encoder of its own.
+    count_decode : str
+        ``"module:function"`` of its :data:`corbin_fl.mechanisms.baselines.hooks.CountDecode`:
+        how the one-bit aggregator (``BitsAggregator``) decodes the counts of ``+1`` bits; ""
+        (default): LDPQ's ``c + r alpha(eps) (2 k / n - 1)`` (Alg. 1 line 4).
+    release_limit : str
+        ``"module:function"`` of its :data:`corbin_fl.mechanisms.baselines.hooks.ReleaseLimit`:
+        the largest honest ``|v - c|`` of its float releases (``FloatAggregator``); "" (default):
+        no clip the server could check, ``|v| <= FLOAT_ABS_LIMIT``.
     sum_trials : Callable[[RunConfig], int | None] or None
         The privacy of its symbols in a secure sum (:mod:`corbin_fl.mechanisms.secure_sum`,
         the run's privacy report against the server): each symbol is ``Binomial(M, p)`` with
@@ -296,6 +308,9 @@ class Mechanism:
     node_default: bool | None = None
     sum_levels: Callable[[RunConfig], int] | None = None
     sum_trials: Callable[[RunConfig], int | None] | None = None
+    block_release: str = ""
+    count_decode: str = ""
+    release_limit: str = ""
 
     def __post_init__(self) -> None:
         if self.encode_device not in ENCODE_DEVICES:
@@ -369,6 +384,14 @@ class Mechanism:
         """The server aggregator class (imported now)."""
         return _resolve(self.aggregator)
 
+    def hook(self, name: str) -> Callable[..., Any] | None:
+        """Its hook ``name`` (``"block_release"``, ``"count_decode"``, ``"release_limit"``;
+        imported now), or None where it declares none."""
+        if name not in _HOOKS:
+            raise ValueError(f"{name!r} is not a hook of a mechanism ({', '.join(_HOOKS)})")
+        path: str = getattr(self, name)
+        return _resolve(path) if path else None
+
     def release(
         self, cfg: RunConfig, rnd: int, node: int, num_params: int, *, paired: bool
     ) -> PrivacyEvent:
@@ -393,6 +416,10 @@ class Mechanism:
             d=cfg.d if paired else None,
             delta=cfg.delta if self.has_delta else None,
         )
+
+
+_HOOKS: Final[tuple[str, ...]] = ("block_release", "count_decode", "release_limit")
+"""The hooks an entry may name (:mod:`corbin_fl.mechanisms.baselines.hooks`)."""
 
 
 def _resolve(path: str) -> Any:
@@ -627,6 +654,10 @@ def _fedcad_floor(value: Any, cfg: RunConfig) -> str | None:
 
 _ONE_BIT_ENCODER: Final[str] = "corbin_fl.client.encode:encode_one_bit"
 _BITS_AGGREGATOR: Final[str] = "corbin_fl.server.aggregation:BitsAggregator"
+_BITS_ENCODER: Final[str] = "corbin_fl.client.encode:encode_bits"
+_VALUES_ENCODER: Final[str] = "corbin_fl.client.encode:encode_values"
+_FLOAT_AGGREGATOR: Final[str] = "corbin_fl.server.aggregation:FloatAggregator"
+_BASELINES: Final[str] = "corbin_fl.mechanisms.baselines"
 _PAIRED_ASSIGNMENTS: Final[tuple[str, ...]] = ("paired", "partner-gone", "unpaired")
 _RR_PAIRED: Final[Privacy] = Privacy("pure", randomized_response=True, paired=True)
 
@@ -673,9 +704,11 @@ register(
         "gaussian",
         "clip + analytic Gaussian noise for (eps, delta)",
         float32,
-        "corbin_fl.client.encode:encode_gaussian",
-        "corbin_fl.server.aggregation:FloatAggregator",
+        _VALUES_ENCODER,
+        _FLOAT_AGGREGATOR,
         has_delta=True,
+        block_release=f"{_BASELINES}.gaussian:block_release",
+        release_limit=f"{_BASELINES}.gaussian:release_limit",
         privacy=Privacy("gaussian", release="(analytic Gaussian noise on the clipped value)"),
     )
 )
@@ -684,8 +717,10 @@ register(
         "laplace",
         "clip + Laplace noise of scale 2r/eps",
         float32,
-        "corbin_fl.client.encode:encode_laplace",
-        "corbin_fl.server.aggregation:FloatAggregator",
+        _VALUES_ENCODER,
+        _FLOAT_AGGREGATOR,
+        block_release=f"{_BASELINES}.laplace:block_release",
+        release_limit=f"{_BASELINES}.laplace:release_limit",
         privacy=Privacy("pure", release="released parameter carries Laplace noise"),
     )
 )
@@ -694,9 +729,10 @@ register(
         "fedavg",
         "the model in the clear (no privacy)",
         float32,
-        "corbin_fl.client.encode:encode_fedavg",
-        "corbin_fl.server.aggregation:FloatAggregator",
+        _VALUES_ENCODER,
+        _FLOAT_AGGREGATOR,
         local_dp=False,
+        block_release=f"{_BASELINES}.vanilla:block_release",
         privacy=Privacy(
             "none",
             no_dp=NoDPText(
@@ -717,8 +753,9 @@ register(
         "correlated quantization with a server-shared seed (no privacy)",
         one_bit,
         "corbin_fl.client.encode:encode_cq",
-        "corbin_fl.server.aggregation:CQAggregator",
+        _BITS_AGGREGATOR,
         local_dp=False,
+        count_decode=f"{_BASELINES}.cq:decode_counts",
         instruction_keys=wire.SHARED_SEED_KEYS,
         shared_seed=True,
         privacy=Privacy(
@@ -769,7 +806,7 @@ register(
         "FedCAD noisy update w - w_g (Fed-CAD Alg. 1)",
         float32,
         "corbin_fl.client.encode:encode_fedcad",
-        "corbin_fl.server.aggregation:FedCADAggregator",
+        "corbin_fl.server.aggregation:FloatUpdateAggregator",
         has_delta=True,
         dp_unit="update",
         own_clip=True,
@@ -902,9 +939,11 @@ register(
         "signsgd",
         "sign of the update, majority vote at the server (Bernstein et al. 2019; no privacy)",
         one_bit,
-        "corbin_fl.client.encode:encode_signsgd",
-        "corbin_fl.server.aggregation:SignAggregator",
+        _BITS_ENCODER,
+        _BITS_AGGREGATOR,
         local_dp=False,
+        block_release=f"{_BASELINES}.signsgd:block_release",
+        count_decode=f"{_BASELINES}.signsgd:decode_counts",
         update_only=True,
         privacy=Privacy(
             "none",
@@ -925,9 +964,10 @@ register(
         "central-gaussian",
         "update clipped to L2 norm C; the server adds Gaussian noise (central DP, trusts it)",
         float32,
-        "corbin_fl.client.encode:encode_central",
+        _VALUES_ENCODER,
         "corbin_fl.server.aggregation:CentralGaussianAggregator",
         local_dp=False,
+        block_release=f"{_BASELINES}.central_gaussian:block_release",
         has_delta=True,
         update_only=True,
         params=(

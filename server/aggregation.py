@@ -6,12 +6,13 @@ local model ``(1/n) sum_i w_i`` (Alg. 3 line 23):
 
 - one-bit mechanisms (corbin, augcorbin, ldpfl): a bit-sliced ``BitCounter`` counts the ``+1``
   signs ``k_j`` per parameter; ``w_bar_j = c_j + r_j alpha(eps) (2 k_j / n - 1)``, the mean of
-  the decoded values ``c + U r alpha`` (Alg. 1 line 4);
-- cq: the same counts, ``w_bar_j = c_j + r_j (2 k_j / n - 1)`` (``alpha = 1``, no privacy);
-- signsgd: the same counts, ``w_bar_j = c_j + r_j sign(2 k_j - n)`` (majority vote);
+  the decoded values ``c + U r alpha`` (Alg. 1 line 4); another one-bit mechanism decodes the
+  same counts with its registered ``count_decode`` (cq: ``alpha = 1``; signsgd: the majority
+  vote ``c_j + r_j sign(2 k_j - n)``);
 - pbm, rqm, imvu: the float64 sum of the decoded levels, ``w_bar_j = c_j + r_j (sum v) / n``;
 - ternary: the sum of ``t_j`` in {-1, 0, 1}; ``w_bar_j = c_j + B_j (sum t_j) / n`` (fdp Def. 6);
-- float mechanisms (gaussian, laplace, fedavg): float64 sum of the released models / n;
+- float mechanisms (gaussian, laplace, fedavg): float64 sum of the released models / n, each
+  release within its registered ``release_limit``;
 - fedcad: float64 sum of the released updates / n, added to the global model;
 - central-gaussian: float64 sum of the clipped updates plus the server's Gaussian noise, divided
   by the round's cohort (DP-FedAvg's Gaussian sum query);
@@ -38,9 +39,6 @@ from corbin_fl.mechanisms.baselines.central_gaussian import (
     central_noise,
     central_noise_multiplier,
 )
-from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma
-from corbin_fl.mechanisms.baselines.laplace import laplace_scale
-from corbin_fl.mechanisms.baselines.signsgd import majority_vote
 from corbin_fl.mechanisms.baselines.ternary import ternary_params
 from corbin_fl.mechanisms.packing import BitCounter, mean_from_counts, unpack_symbols
 from corbin_fl.registry import finite_mechanism
@@ -147,10 +145,12 @@ class _SummedCounts:
 
 
 class BitsAggregator(Aggregator):
-    """One bit per parameter (corbin, augcorbin, ldpfl, cq), counted by a ``BitCounter``."""
+    """One bit per parameter, counted by a ``BitCounter``, decoded with the mechanism's
+    registered ``count_decode`` (LDPQ's decode where it has none)."""
 
     def _start(self) -> None:
         self.counter = BitCounter(self.m)
+        self.count_decode = registry.get(self.cfg.mechanism).hook("count_decode")
         pad = 8 * self.length - self.m
         self._pad_mask = np.uint8((1 << pad) - 1) if pad else None
 
@@ -164,7 +164,7 @@ class BitsAggregator(Aggregator):
         self.counter = _SummedCounts(self._take_sum(total, n).astype(np.int32))  # type: ignore[assignment]
 
     def _estimate(self) -> torch.Tensor:
-        """``w_bar = c + r alpha (2 k / n - 1)`` per block (``alpha = 1`` for cq).
+        """``w_bar = c + r alpha (2 k / n - 1)`` per block (or the registered ``count_decode``).
 
         The int32 counts ``k`` are overwritten block by block with the float32 estimate (same
         size), so the estimate needs no second model-sized buffer.
@@ -180,28 +180,12 @@ class BitsAggregator(Aggregator):
     def _decode(
         self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
     ) -> torch.Tensor:
-        """``c + r alpha(eps) (2 k / n - 1)``: the mean of the decoded bits (Alg. 1 line 4)."""
+        """``c + r alpha(eps) (2 k / n - 1)``: the mean of the decoded bits (Alg. 1 line 4), or
+        the mechanism's own ``count_decode(k, n, c, r, cfg)``."""
+        if self.count_decode is not None:
+            out: torch.Tensor = self.count_decode(k, self.n, c, r, self.cfg)
+            return out
         return mean_from_counts(k, self.n, c, r, self.cfg.epsilon)
-
-
-class CQAggregator(BitsAggregator):
-    """Correlated quantization (no privacy): the same counts, decoded with ``alpha = 1``."""
-
-    def _decode(
-        self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
-    ) -> torch.Tensor:
-        """``c + r (2 k / n - 1)``."""
-        return c + r * (2.0 * k.to(torch.float64) / self.n - 1.0)
-
-
-class SignAggregator(BitsAggregator):
-    """SignSGD with majority vote: the same counts, ``c + r sign(2 k - n)`` (no privacy)."""
-
-    def _decode(
-        self, k: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | float
-    ) -> torch.Tensor:
-        """``c + r sign(2 k - n)``: the layer's step ``r = R`` in the voted direction."""
-        return c + r * majority_vote(k, self.n)
 
 
 class TernaryAggregator(Aggregator):
@@ -274,12 +258,6 @@ FLOAT_ABS_LIMIT: Final[float] = 1e6
 could check, no noise scale it knows). No weight of this project's models comes near it; it
 keeps one float32 near ``3.4e38`` from swamping the average. A sanity bound, not robustness:
 these two baselines let one client move the mean by up to ``2 FLOAT_ABS_LIMIT / n``."""
-GAUSS_TAIL_Z: Final[float] = 12.0
-"""Gaussian releases: at most ``GAUSS_TAIL_Z`` noise standard deviations outside the clip box;
-``P(|N(0, 1)| > 12) = erfc(12 / sqrt 2) < 4e-33`` per parameter."""
-LAPLACE_TAIL_K: Final[float] = 75.0
-"""Laplace releases: at most ``LAPLACE_TAIL_K`` noise scales outside the clip box;
-``P(|Lap(b)| > 75 b) = e^-75 < 3e-33`` per parameter."""
 
 
 def float_release_bounds(
@@ -287,11 +265,10 @@ def float_release_bounds(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(reference, limit)`` of the admissible float releases: ``|v - reference| <= limit``.
 
-    - gaussian: ``v = clip(w) + N(0, sigma^2)``, ``clip(w)`` in ``[c - r, c + r]``,
-      ``sigma = 2 r sigma_1(eps, delta)`` (analytic Gaussian, unit sensitivity), so
-      ``limit = r + GAUSS_TAIL_Z * sigma``;
-    - laplace: ``v = clip(w) + Lap(b)``, ``b = 2 r / eps``, so ``limit = r + LAPLACE_TAIL_K * b``;
-    - fedavg, fedcad: ``reference = 0``, ``limit = FLOAT_ABS_LIMIT``.
+    - a mechanism with a registered ``release_limit`` (a clip and noise the server knows):
+      ``reference = c``, ``limit = release_limit(cfg, c, r)`` (gaussian: ``r + 12 sigma``,
+      ``sigma = 2 r sigma_1(eps, delta)``; laplace: ``r + 75 b``, ``b = 2 r / eps``);
+    - any other (fedavg, fedcad): ``reference = 0``, ``limit = FLOAT_ABS_LIMIT``.
 
     Both limits get a relative slack of ``1e-5`` of ``|c| + limit`` for float32 rounding. An
     honest release falls outside with probability below ``4e-33`` per parameter; what falls
@@ -306,14 +283,11 @@ def float_release_bounds(
     """
     c64 = torch.as_tensor(c).to(torch.float64)
     r64 = torch.as_tensor(r).to(device=c64.device, dtype=torch.float64)
-    if cfg.mechanism == "gaussian":
-        sigma = 2.0 * analytic_gaussian_sigma(cfg.epsilon, cfg.delta, 1.0) * r64
-        limit = r64 + GAUSS_TAIL_Z * sigma
-    elif cfg.mechanism == "laplace":
-        limit = r64 + LAPLACE_TAIL_K * laplace_scale(r64, cfg.epsilon)
-    else:
+    release_limit = registry.get(cfg.mechanism).hook("release_limit")
+    if release_limit is None:
         zero = torch.zeros((), dtype=torch.float64, device=c64.device)
         return zero, torch.full((), FLOAT_ABS_LIMIT, dtype=torch.float64, device=c64.device)
+    limit: torch.Tensor = release_limit(cfg, c64, r64)
     return c64, limit + 1e-5 * (c64.abs() + limit)
 
 
@@ -382,8 +356,9 @@ class CentralGaussianAggregator(Aggregator):
         return (self.total.add_(noise)).div_(denominator)
 
 
-class FedCADAggregator(FloatAggregator):
-    """FedCAD releases updates ``w_i - w_g``: their mean is added back to the global model."""
+class FloatUpdateAggregator(FloatAggregator):
+    """Float releases of the updates ``w_i - w_g`` (fedcad): their mean is added back to the
+    global model."""
 
     def _estimate(self) -> torch.Tensor:
         return self.w_global.to("cpu", torch.float64) + super()._estimate()

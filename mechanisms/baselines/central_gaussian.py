@@ -33,9 +33,16 @@ import math
 import torch
 
 from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob
 from corbin_fl.mechanisms.validate import integer, positive, probability, torch_generator
 
-__all__ = ["central_epsilon", "central_noise", "central_noise_multiplier", "clip_l2"]
+__all__ = [
+    "block_release",
+    "central_epsilon",
+    "central_noise",
+    "central_noise_multiplier",
+    "clip_l2",
+]
 
 
 def clip_l2(delta: torch.Tensor, clip: float) -> torch.Tensor:
@@ -73,3 +80,11 @@ def central_noise(
     sigma = positive(z, "z") * positive(clip, "clip")
     g = torch_generator(generator, torch.device("cpu"))
     return sigma * torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def block_release(job: EncodeJob) -> Block:
+    """The client's release (:data:`.hooks.BlockRelease`): the update ``w_i - w_g`` clipped to
+    L2 norm ``central-clip`` as a whole (float32), block by block. No noise: the server adds
+    it (the client trusts the server; its policy must admit the mechanism explicitly)."""
+    clipped = clip_l2(job.w, job.cfg.param("central-clip")).to(torch.float32)
+    return lambda s, c, r: clipped[s]

@@ -44,11 +44,12 @@ from corbin_fl.mechanisms.baselines._common import (
     clip_to_box,
     prepare,
 )
+from corbin_fl.mechanisms.baselines.hooks import Settings
 from corbin_fl.mechanisms.validate import integer, torch_generator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cq", "cq_decode", "cq_shared_randomness"]
+__all__ = ["cq", "cq_decode", "cq_shared_randomness", "decode_counts"]
 
 
 def cq_shared_randomness(
@@ -183,3 +184,11 @@ def cq_decode(bits: torch.Tensor, c: torch.Tensor | float, r: torch.Tensor | flo
     _, ct, rt = prepare(bits.to(COMPUTE_DTYPE), c, r)
     sign = bits.to(COMPUTE_DTYPE) * 2.0 - 1.0
     return ct + rt * sign
+
+
+def decode_counts(
+    k: torch.Tensor, n: int, c: torch.Tensor | float, r: torch.Tensor | float, cfg: Settings
+) -> torch.Tensor:
+    """``c + r (2 k / n - 1)`` (:data:`.hooks.CountDecode`): the mean of the decoded bits
+    ``c + U r`` of ``n`` clients (``alpha = 1``: no privacy budget)."""
+    return c + r * (2.0 * k.to(torch.float64) / n - 1.0)

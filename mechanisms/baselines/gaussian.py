@@ -37,15 +37,24 @@ from corbin_fl.mechanisms.baselines._common import (
     clip_to_box,
     prepare,
 )
+from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob, Settings
 from corbin_fl.mechanisms.validate import torch_generator
 
 __all__ = [
+    "GAUSS_TAIL_Z",
     "analytic_gaussian_sigma",
+    "block_release",
     "gaussian",
     "gaussian_delta",
     "gaussian_epsilon",
     "log_ndtr",
+    "release_limit",
 ]
+
+GAUSS_TAIL_Z = 12.0
+"""The server admits a release at most ``GAUSS_TAIL_Z`` noise standard deviations outside the
+clip box (:func:`release_limit`); ``P(|N(0, 1)| > 12) = erfc(12 / sqrt 2) < 4e-33`` per
+parameter."""
 
 
 def gaussian(
@@ -86,3 +95,18 @@ def gaussian(
     g = torch_generator(generator, wt.device)
     noise = torch.randn(wt.shape, generator=g, dtype=wt.dtype, device=wt.device)
     return clip_to_box(wt, ct, rt) + noise * (2.0 * sigma_unit) * rt
+
+
+def block_release(job: EncodeJob) -> Block:
+    """The client's release of one range block (:data:`.hooks.BlockRelease`):
+    ``clip(w) + N(0, sigma^2)``, the analytic sigma for (eps, delta)."""
+    w, gen, cfg = job.w, job.gen, job.cfg
+    return lambda s, c, r: gaussian(w[s], c, r, cfg.epsilon, cfg.delta, generator=gen)
+
+
+def release_limit(cfg: Settings, c: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``r + GAUSS_TAIL_Z sigma`` (:data:`.hooks.ReleaseLimit`): ``clip(w)`` lies in
+    ``[c - r, c + r]`` and its noise has ``sigma = 2 r sigma_1(eps, delta)`` (unit
+    sensitivity)."""
+    sigma = 2.0 * analytic_gaussian_sigma(cfg.epsilon, cfg.delta, 1.0) * r
+    return r + GAUSS_TAIL_Z * sigma

@@ -21,11 +21,16 @@ from numbers import Real
 import torch
 
 from corbin_fl.mechanisms.baselines._common import clip_to_box, prepare
+from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob, Settings
 from corbin_fl.mechanisms.validate import positive, torch_generator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["laplace", "laplace_scale"]
+__all__ = ["LAPLACE_TAIL_K", "block_release", "laplace", "laplace_scale", "release_limit"]
+
+LAPLACE_TAIL_K = 75.0
+"""The server admits a release at most ``LAPLACE_TAIL_K`` noise scales outside the clip box
+(:func:`release_limit`); ``P(|Lap(b)| > 75 b) = e^-75 < 3e-33`` per parameter."""
 
 
 def laplace_scale(r: torch.Tensor | float, eps: float) -> torch.Tensor | float:
@@ -93,3 +98,15 @@ def laplace(
     x = torch.where(neg, -magnitude, magnitude)
     b = (2.0 / e) * rt.to(torch.float64)
     return clip_to_box(wt, ct, rt) + (x * b).to(wt.dtype)
+
+
+def block_release(job: EncodeJob) -> Block:
+    """The client's release of one range block (:data:`.hooks.BlockRelease`):
+    ``clip(w) + Lap(2 r / eps)``."""
+    w, gen, cfg = job.w, job.gen, job.cfg
+    return lambda s, c, r: laplace(w[s], c, r, cfg.epsilon, generator=gen)
+
+
+def release_limit(cfg: Settings, c: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``r + LAPLACE_TAIL_K b``, ``b = 2 r / eps`` (:data:`.hooks.ReleaseLimit`)."""
+    return r + LAPLACE_TAIL_K * laplace_scale(r, cfg.epsilon)

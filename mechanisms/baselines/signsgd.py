@@ -21,9 +21,10 @@ from __future__ import annotations
 import torch
 
 from corbin_fl.mechanisms.baselines._common import prepare
+from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob, Settings
 from corbin_fl.mechanisms.validate import torch_generator
 
-__all__ = ["majority_vote", "sign_bits"]
+__all__ = ["block_release", "decode_counts", "majority_vote", "sign_bits"]
 
 
 def sign_bits(
@@ -45,3 +46,19 @@ def majority_vote(plus: torch.Tensor, n: int) -> torch.Tensor:
     if n < 1:
         raise ValueError(f"a vote needs at least one voter, got n = {n}")
     return torch.sign(2.0 * plus.to(torch.float64) - n)
+
+
+def block_release(job: EncodeJob) -> Block:
+    """The client's release of one range block (:data:`.hooks.BlockRelease`): the signs of
+    ``w - c``, one bit each (the update's signs: its registry entry needs range-mode "update",
+    where ``c`` is 0)."""
+    w, gen = job.w, job.gen
+    return lambda s, c, r: sign_bits(w[s] - c, generator=gen)
+
+
+def decode_counts(
+    k: torch.Tensor, n: int, c: torch.Tensor | float, r: torch.Tensor | float, cfg: Settings
+) -> torch.Tensor:
+    """``c + r sign(2 k - n)`` (:data:`.hooks.CountDecode`): the layer's step ``r = R`` in the
+    direction the majority of the ``n`` clients voted for."""
+    return c + r * majority_vote(k, n)

@@ -15,10 +15,11 @@ import logging
 import torch
 
 from corbin_fl.mechanisms.baselines._common import COMPUTE_DTYPE, clip_to_box, prepare
+from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["vanilla"]
+__all__ = ["block_release", "vanilla"]
 
 
 def vanilla(
@@ -55,3 +56,10 @@ def vanilla(
         raise ValueError("clip=True needs both c and r")
     wt, ct, rt = prepare(w, c, r)
     return clip_to_box(wt, ct, rt)
+
+
+def block_release(job: EncodeJob) -> Block:
+    """The client's release of one range block (:data:`.hooks.BlockRelease`): ``w`` itself, no
+    clip, no privacy (FedAvg)."""
+    w = job.w
+    return lambda s, c, r: vanilla(w[s])

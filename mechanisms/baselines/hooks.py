@@ -1,0 +1,75 @@
+"""The shapes of the hooks a mechanism's module gives the protocol (the registry names them).
+
+A mechanism's registry entry (:class:`corbin_fl.registry.Mechanism`) names its hooks by
+``"module:function"``; the client's and the server's generic steps call them, so that no code
+outside the mechanism's module (and its one entry) depends on which mechanism it is:
+
+- :data:`BlockRelease` (``block_release``): the client encodes ``w`` range block by range block
+  (:func:`corbin_fl.client.encode.encode_bits`, ``encode_values``): ``hook(job)`` prepares what the
+  whole update needs (a shared offset, an L2 clip) and returns ``release(s, c, r)``, the released
+  tensor of the slice ``s`` of ``job.w`` with that block's center ``c`` and radius ``r``;
+- :data:`CountDecode` (``count_decode``): the server's one-bit aggregator
+  (:class:`corbin_fl.server.aggregation.BitsAggregator`) turns the counts ``k`` of ``+1`` bits of
+  ``n`` clients into the estimate of the mean, ``hook(k, n, c, r, cfg)``;
+- :data:`ReleaseLimit` (``release_limit``): the server's float aggregator
+  (:func:`corbin_fl.server.aggregation.float_release_bounds`) admits a release ``v`` when
+  ``|v - c| <= hook(cfg, c, r)`` (float64 tensors; the honest releases' tail beyond it is
+  negligible).
+
+``cfg`` is the run's :class:`corbin_fl.config.RunConfig` and ``job`` the client encoder's
+:class:`corbin_fl.client.encode.EncodeInput`; the math reads them through the protocols below (it
+imports nothing of the rest of the project).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Block", "BlockRelease", "CountDecode", "EncodeJob", "ReleaseLimit", "Settings"]
+
+
+class Settings(Protocol):
+    """What a hook reads of the run's configuration (:class:`corbin_fl.config.RunConfig`)."""
+
+    @property
+    def epsilon(self) -> float: ...
+
+    @property
+    def delta(self) -> float: ...
+
+    def param(self, key: str) -> Any:
+        """A registered parameter of the run (``"central-clip"``, ...)."""
+
+
+class EncodeJob(Protocol):
+    """What a block release reads of the encoder's input
+    (:class:`corbin_fl.client.encode.EncodeInput`)."""
+
+    @property
+    def cfg(self) -> Any: ...
+
+    @property
+    def w(self) -> torch.Tensor: ...
+
+    @property
+    def gen(self) -> torch.Generator: ...
+
+
+Block = Callable[[slice, "torch.Tensor | float", "torch.Tensor | float"], "torch.Tensor"]
+"""``release(s, c, r)``: the released tensor of ``job.w[s]`` with the block's ``c`` and ``r``."""
+
+BlockRelease = Callable[[EncodeJob], Block]
+"""``hook(job) -> release``: one update's per-block release (module docstring)."""
+
+CountDecode = Callable[
+    ["torch.Tensor", int, "torch.Tensor | float", "torch.Tensor | float", Settings],
+    "torch.Tensor",
+]
+"""``hook(k, n, c, r, cfg)``: the estimate of the mean from the counts ``k`` of ``+1`` bits."""
+
+ReleaseLimit = Callable[[Settings, "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+"""``hook(cfg, c, r)``: the largest honest ``|v - c|`` of a float release (float64)."""
