@@ -275,3 +275,54 @@ def test_the_v1_parameter_order_is_the_order_of_the_config_keys() -> None:
     start = keys.index(registry.V1_PARAMETER_KEYS[0])
     assert keys[start - 1] == "test-z-digest" and keys[start + len(specs)] == "dropout-prob"
     assert tuple(RunConfig().to_flower()) == keys
+
+
+# ----------------------------------------------------------------------------- a shipped one
+def test_a_shipped_mechanism_is_its_module_and_its_entry() -> None:
+    """PBM, a shipped parameterised mechanism, as the issue's registration shows it: its math is
+    ``mechanisms/baselines/pbm.py``, its one entry in the registry declares its parameter
+    (``pbm-trials``: type, default, check, doc), wire format, symbol levels, sum form, privacy
+    category and node-policy default, and every other part derives from that entry: the config's
+    key, default and check, the wire's ``PARAM_KEYS``, ``CorBin``'s keyword, the node policy,
+    the accounting's category, the secure sum's levels and binomial trials, the encoder and the
+    aggregator. No other product file names it but the sum-seeing server's committed table
+    (tests/unit/test_mechanism_modules.py)."""
+    from flwr.serverapp.strategy import FedAvg
+    from test_mechanism_modules import ALLOWED, MODULES, REGISTRATION_LIST, naming_modules
+
+    from corbin_fl import secure
+    from corbin_fl.client.policy import private_mechanisms
+    from corbin_fl.mechanisms.baselines.pbm import PBM
+    from corbin_fl.server.aggregation import LevelsAggregator
+    from corbin_fl.server.strategy import CorBin
+
+    pbm = registry.get("pbm")
+    (spec,) = pbm.params
+    assert (spec.key, spec.type, spec.default) == ("pbm-trials", int, 1)
+    assert spec.problem(0, RunConfig()) == "must be in [1, 255], got 0"
+    assert registry.param_specs()["pbm-trials"] is spec
+    # the config: key, default, check (with the key in the message), coercion
+    assert "pbm-trials" in set(RunConfig.keys()) and RunConfig().param("pbm-trials") == 1
+    with pytest.raises(ConfigError) as bad:
+        RunConfig.from_flower({"mechanism": "pbm", "pbm-trials": 256})
+    assert bad.value.errors == {"pbm-trials": "must be in [1, 255], got 256"}
+    cfg = RunConfig.from_flower({"mechanism": "pbm", "pbm-trials": 3.0, "epsilon": 2.0})
+    assert cfg.param("pbm-trials") == 3 and type(cfg.param("pbm-trials")) is int
+    # the wire and CorBin's keyword
+    assert "pbm-trials" in registry.PARAM_KEYS
+    strategy = CorBin(FedAvg(), mechanism="pbm", pbm_trials=3, epsilon=2.0)
+    assert strategy.cfg == cfg.replace(update_radius=strategy.cfg.update_radius)
+    # its wire format, symbols, sum form, privacy and policy default
+    assert registry.update_spec(cfg, 100) == (wire.BITS, np.dtype(np.uint8), 25)  # 2 bits
+    mech = registry.finite_mechanism(cfg)
+    assert isinstance(mech, PBM) and (mech.trials, mech.eps) == (3, 2.0)
+    assert secure.levels_of(cfg) == 3 and pbm.sum_trials is not None
+    assert pbm.sum_trials(cfg) == 3 and "pbm" in secure.secure_mechanisms()
+    assert categories.category("pbm") is pbm.category and pbm.category.family == "pure"
+    assert pbm.policy_default and "pbm" in private_mechanisms()
+    assert "pbm" in Policy.from_node({}, {}).mechanisms
+    assert pbm.aggregator_class() is LevelsAggregator and callable(pbm.encode_fn())
+    # where its name is written: its module, the registration list, the committed table
+    assert MODULES["pbm"] == "corbin_fl.mechanisms.baselines.pbm"
+    assert naming_modules("pbm") == {MODULES["pbm"], REGISTRATION_LIST, *ALLOWED["pbm"]}
+    assert set(ALLOWED["pbm"]) == {"corbin_fl.mechanisms.secure_sum"}
