@@ -21,18 +21,27 @@ Everything else is derived from the registered entries, or checked against them 
 - the defaults in ``pyproject.toml``: the keys there must equal their registered defaults; a
   mechanism registered later takes its defaults from its entry, and pyproject need not change.
 
-**The 4-file rule.** A new parameterised one-bit mechanism touches exactly these files:
+**One module and one entry.** A mechanism is its module and its entry in this one registration
+list, and no other product file names it (``tests/unit/test_mechanism_modules.py`` holds every
+shipped one to that, with the exceptions still left listed there):
 
-1. its math: ``mechanisms/baselines/<name>.py`` (pure torch, no Flower);
-2. its encoder: a function in ``client/encode.py`` (one-bit updates decode with the existing
-   :class:`server.aggregation.BitsAggregator`; a new wire format adds its aggregator to
-   ``server/aggregation.py``);
-3. its registration: one :func:`register` call in this module, with its :class:`Param` specs and
-   its :class:`~corbin_fl.mechanisms.categories.Privacy` category;
-4. its tests.
+1. its module ``mechanisms/baselines/<name>.py`` (pure torch, no Flower): its math and its
+   hooks (:mod:`corbin_fl.mechanisms.baselines.hooks`): ``block_release``, its release of one
+   range block, which the generic encoders ``client.encode:encode_bits`` / ``encode_values``
+   call; ``count_decode``, how :class:`server.aggregation.BitsAggregator` decodes its bits'
+   counts; ``release_limit``, the float releases the server admits; a finite-output mechanism
+   is its :class:`~corbin_fl.mechanisms.baselines.levels.FiniteMechanism`, which
+   ``encode_levels`` and ``LevelsAggregator`` use;
+2. its entry: one :class:`Mechanism` registered in this module, with its :class:`Param` specs,
+   wire format, symbol bits, sum form, :class:`~corbin_fl.mechanisms.categories.Privacy`
+   category, node-policy default and the ``"module:function"`` of its hooks;
+3. its tests.
 
-``tests/protocol/test_registration.py`` registers such a mechanism, with a parameter, and follows it
-through the config, the wire, the node policy, the accounting and a protocol round.
+``tests/protocol/test_registration.py`` registers a toy one, with a parameter, and follows it
+through the config, the wire, the node policy, the accounting and a protocol round;
+``tests/unit/test_registry.py`` shows the same for a shipped one (pbm). The entries live here,
+not in their modules, because the math imports torch (and some of it scipy), which a ClientApp
+process must not pay for before it trains: this module and the config import no torch.
 
 Encoders and aggregators are named by ``"module:attribute"`` and imported on first use, so this
 module (imported by ``corbin_fl.config``) stays free of torch.
