@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final
 
 import torch
@@ -60,6 +60,7 @@ from corbin_fl.server.records import build_summary, round_record
 from corbin_fl.server.round import ServerRuntime, run_round, skipped_round
 from corbin_fl.server.round import wait_for_nodes as wait_for_connected_nodes
 from corbin_fl.server.stages import collect
+from corbin_fl.wrapper import StrategyWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class PolicyRefusedError(RunFailedError):
     limits change. The message names both, as the nodes gave them."""
 
 
-class CorBin(Strategy):
+class CorBin(StrategyWrapper):
     """Wrap a Flower Message-API strategy so that every update is released through CorBin-FL.
 
     Every keyword but ``strategy``, ``update_radius`` and ``select_metric`` is the protocol
@@ -313,35 +314,7 @@ class CorBin(Strategy):
             c.range_mode,
             c.global_lr,
         )
-        self.strategy.summary()
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """The wrapped strategy's train messages: who takes part, with which train config.
-
-        :meth:`start` never sends them as they are: their records become the app's part of the
-        update instruction (:func:`server.round.run_round`).
-        """
-        return self.strategy.configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The wrapped strategy's aggregation of the round's aggregate (see the module text)."""
-        return self.strategy.aggregate_train(server_round, replies)
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Federated evaluation, as the wrapped strategy configures it."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Federated evaluation metrics, as the wrapped strategy aggregates them."""
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        super().summary()
 
     # ------------------------------------------------------------------ the run
     def start(
@@ -608,18 +581,7 @@ class CorBin(Strategy):
         state = run_round(rt, rnd, sampled, app_records, key, node_records)
         if state.aggregate is None:
             return state
-        weight_key = getattr(self.strategy, "weighted_by_key", wire.M_NUM_EXAMPLES)
-        reply = Message(
-            RecordDict(
-                {
-                    arrays_key(self.strategy, app_records): state.aggregate,
-                    "metrics": MetricRecord({weight_key: 1}),
-                }
-            ),
-            dst_node_id=0,
-            message_type=wire.TRAIN,
-        )
-        state.aggregate = None
+        aggregate, state.aggregate = state.aggregate, None
         logger.info(
             "round %d: %d of %d sampled node(s) sent an update (%d dropped); their decoded mean "
             "goes to %s.aggregate_train as one result",
@@ -629,12 +591,12 @@ class CorBin(Strategy):
             len(state.dropped),
             type(self.strategy).__name__,
         )
-        new_arrays, _ = self.strategy.aggregate_train(rnd, [reply])
+        new_arrays, _ = self.aggregate_one(rnd, key, aggregate, {})
         if new_arrays is not None:  # its non-float arrays (cast to float by FedAvg) are ignored
             rt.weights = torch.from_numpy(flatten_arrays(new_arrays, rt.layout)).to(
                 rt.weights.device
             )
-        metrics = self._client_metrics(state, weight_key)
+        metrics = self._client_metrics(state, self.weight_key())
         if metrics is not None:
             result.train_metrics_clientapp[rnd] = metrics
         return state

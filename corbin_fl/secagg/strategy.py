@@ -44,11 +44,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+
+from corbin_fl.wrapper import StrategyWrapper
 
 from . import wire
 from .driver import DECODE_ERRORS, SecAggDriver
@@ -234,7 +237,7 @@ class SecAggRound:
         return wire.unflatten(outcome.total, self.layout)
 
 
-class SecAggPlus(Strategy):
+class SecAggPlus(StrategyWrapper):
     """A Message-API strategy wrapper: the wrapped strategy sees only the sum of the updates.
 
     ``SecAggPlus(MyStrategy(...), levels=L)`` with ``ClientApp(mods=[secagg_mod])``; clients'
@@ -268,9 +271,7 @@ class SecAggPlus(Strategy):
         self.stage_timeout = stage_timeout
         self.min_survivors = min_survivors
         self.arrays_key = arrays_key
-        self.weighted_by_key: str = str(
-            weighted_by_key or getattr(strategy, "weighted_by_key", None) or "num-examples"
-        )
+        self.weighted_by_key: str = weighted_by_key or super().weight_key()
         self.outcomes: dict[int, RoundOutcome] = {}
         self.round_trips: dict[int, int] = {}
         self._round: SecAggRound | None = None
@@ -286,24 +287,15 @@ class SecAggPlus(Strategy):
         grid: Grid,
         initial_arrays: ArrayRecord,
         num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        *args: Any,
+        **kwargs: Any,
     ) -> Result:
-        """:meth:`Strategy.start`, knowing the last round (it asks for no keys ahead)."""
+        """:meth:`Strategy.start` (the same arguments), knowing the last round: it asks for no
+        keys ahead."""
         self.num_rounds = num_rounds
         self._pipe, self._prekeys = None, (-1, {})
         try:
-            return super().start(
-                grid,
-                initial_arrays,
-                num_rounds,
-                timeout,
-                train_config,
-                evaluate_config,
-                evaluate_fn,
-            )
+            return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
         finally:
             self.num_rounds = None
 
@@ -353,29 +345,16 @@ class SecAggPlus(Strategy):
             len(outcome.dropped),
             rnd.round_trips,
         )
-        reply = Message(
-            RecordDict(
-                {
-                    self.arrays_key: rnd.aggregate_arrays(outcome),
-                    "metrics": MetricRecord(
-                        {self.weighted_by_key: 1, "secagg-survivors": len(outcome.survivors)}
-                    ),
-                }
-            ),
-            dst_node_id=0,
-            message_type=wire.TRAIN,
+        return self.aggregate_one(
+            server_round,
+            self.arrays_key,
+            rnd.aggregate_arrays(outcome),
+            {"secagg-survivors": len(outcome.survivors)},
         )
-        return self.strategy.aggregate_train(server_round, [reply])
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)
+    def weight_key(self) -> str:
+        """``weighted_by_key``: the key the wrapped strategy weights the one reply by."""
+        return self.weighted_by_key
 
     def summary(self) -> None:
         logger.info(
@@ -385,4 +364,4 @@ class SecAggPlus(Strategy):
             self.threshold,
             type(self.strategy).__name__,
         )
-        self.strategy.summary()
+        super().summary()
