@@ -15,14 +15,8 @@ advertise request in :data:`.wire.NEXT_RECORD`; the reply then carries this node
 in one reply, or refuses both.
 
 Every refusal raises :class:`~.messages.SecAggError` (a malformed record:
-:class:`~.messages.MalformedMessageError`) and leaves the state as it was: the state is saved
-only once every part of a reply is made. The role refuses a replayed or out-of-order
-instruction, a message of another wire version, a share request whose neighbour set is not the
-graph derived from every participant's keys (or with ``t < 2``, or fewer than 3 participants),
-an unmask request that names a node both survivor and dropped or whose survivors are
-disconnected in that graph; this glue refuses a next-round record that is malformed, names
-another stage than the one that may ride the instruction or another round than the next, or
-rides an unmask request that also asks for the next round's keys.
+:class:`~.messages.MalformedMessageError`) and leaves the state as it was: it is saved only once
+every part of a reply is made. What is refused, for both hosts, is listed in :mod:`.mod`.
 """
 
 from __future__ import annotations

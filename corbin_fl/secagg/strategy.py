@@ -10,7 +10,8 @@ strategy's ``aggregate_train`` ONE reply holding the sum, so ``Strategy.start`` 
 unchanged.
 
 Round trips per round: ``mask`` -> ``unmask`` (2) in the steady state, pipelined one round
-ahead as the composition with CorBin-FL (``server/secure_round.py``) is:
+ahead by the round driver (:mod:`.driver`, which the composition with CorBin-FL runs too,
+``server/secure_round.py``):
 
 - the ``mask`` instruction of round ``t`` also carries round ``t+1``'s advertise request
   (:data:`.wire.NEXT_RECORD`); the mask reply carries the node's keys for ``t+1`` (the client
