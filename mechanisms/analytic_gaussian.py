@@ -91,8 +91,7 @@ def gaussian_delta(eps: float, mu: float) -> float:
     float
         ``delta(eps)`` in ``[0, 1]``.
     """
-    if not (math.isfinite(mu) and mu > 0.0):
-        raise ValueError(f"mu must be finite and > 0, got {mu!r}")
+    mu = positive(mu, "mu")
     if math.isnan(eps):
         raise ValueError("eps must not be NaN")
     a = mu / 2.0 - eps / mu
@@ -164,11 +163,7 @@ def analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float) -> flo
     """
     eps = positive(eps)
     delta = probability(delta, "delta")
-    if isinstance(sensitivity, bool):
-        raise TypeError("sensitivity must be a real number, not bool")
-    sens = float(sensitivity)
-    if not (math.isfinite(sens) and sens > 0.0):
-        raise ValueError(f"sensitivity must be finite and > 0, got {sensitivity!r}")
+    sens = positive(sensitivity, "sensitivity")
 
     def excess(sigma: float) -> float:
         return gaussian_delta(eps, 1.0 / sigma) - delta

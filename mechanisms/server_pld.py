@@ -79,6 +79,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from corbin_fl.mechanisms.validate import positive
+
 if TYPE_CHECKING:  # secure_sum imports this module
     from corbin_fl.mechanisms.secure_sum import SumProfile, VertexFamily
 
@@ -223,8 +225,7 @@ def pair_pld(upper: Array, lower: Array, gap: float, *, pessimistic: bool = True
     q = np.asarray(lower, dtype=np.float64)
     if p.shape != q.shape or p.ndim != 1:
         raise ValueError(f"upper and lower must be 1-d pmfs of one shape, got {p.shape}, {q.shape}")
-    if not (math.isfinite(gap) and gap > 0):
-        raise ValueError(f"gap must be finite and > 0, got {gap!r}")
+    gap = positive(gap, "gap")
     both = (p >= TINY) & (q >= TINY)
     up: dict[Any, float] = {int(i): math.log(p[i]) for i in np.flatnonzero(both)}
     lo: dict[Any, float] = {int(i): math.log(q[i]) for i in np.flatnonzero(both)}
