@@ -13,8 +13,9 @@ contract of :mod:`corbin_fl.registry`:
   block, with the ``block_release`` of its module (:mod:`corbin_fl.mechanisms.baselines.hooks`:
   noise, a sign, a clip); packed bits or float32;
 - :func:`encode_levels`: a finite-output mechanism's ``b``-bit symbols, packed;
-- the encoders of the correlated quantizer (the server's shared seed), the ternary compressor
-  (two encodings) and Fed-CAD (its state in the node's context).
+- :func:`encode_symbols`: integer symbols in a wire form of the mechanism's own (its ``pack``);
+- the encoders of the correlated quantizer (the server's shared seed) and Fed-CAD (its state in
+  the node's context).
 
 ``z = expand_seed(seed, context_label(run, round, a, b), m, d, p_x)``, the same on both sides of a
 pair. Local quantization coins come from a ``torch.Generator`` seeded from the OS CSPRNG (the
@@ -43,7 +44,6 @@ from corbin_fl.layout import ParamLayout, RangeBlock, range_blocks
 from corbin_fl.mechanisms.baselines.cq import cq as cq_quantize
 from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
 from corbin_fl.mechanisms.baselines.fedcad import FedCAD
-from corbin_fl.mechanisms.baselines.ternary import ternary
 from corbin_fl.mechanisms.packing import pack_bits, pack_symbols
 from corbin_fl.mechanisms.quantizers import corbinq, ldpq
 from corbin_fl.mechanisms.randomness import (
@@ -410,18 +410,16 @@ def encode_cq(job: EncodeInput) -> Encoded:
     return wire.BITS, pack_bits(bits), None
 
 
-def encode_ternary(job: EncodeInput) -> Encoded:
-    """Ternary stochastic compressor (fdp paper Def. 6): 2 bits or one int8 per parameter."""
-    cfg, w, gen = job.cfg, job.w, job.gen
-    sparsity = cfg.param("ternary-sparsity")
-    t = by_block(
-        w,
-        job.blocks,
-        lambda s, c_b, r_b: ternary(w[s], c_b, r_b, cfg.epsilon, sparsity, generator=gen),
-        torch.int8,
-    )
-    key, _, _ = wire.ternary_update_spec(w.numel(), cfg.param("ternary-encoding"))
-    return key, wire.encode_ternary(_np(t), cfg.param("ternary-encoding")), None
+def encode_symbols(job: EncodeInput) -> Encoded:
+    """Integer symbols in a wire form of the mechanism's own: its registered ``block_release``
+    range block by range block (int8), then its ``pack``
+    (:mod:`corbin_fl.mechanisms.baselines.hooks`); the array key of its registered wire format."""
+    pack = registry.get(job.cfg.mechanism).hook("pack")
+    if pack is None:
+        raise ValueError(f"{job.cfg.mechanism} registers no pack for encode_symbols")
+    t = by_block(job.w, job.blocks, _block_release(job), torch.int8)
+    key, _, _ = registry.update_spec(job.cfg, job.w.numel())
+    return key, pack(_np(t), job.cfg), None
 
 
 def encode_levels(job: EncodeInput) -> Encoded:

@@ -182,7 +182,9 @@ def float32(num_params: int, cfg: RunConfig) -> WireSpec:
 
 def ternary_wire(num_params: int, cfg: RunConfig) -> WireSpec:
     """Ternary symbols: 2 packed bits per parameter (``bits``) or one int8 (``int8``)."""
-    return wire.ternary_update_spec(num_params, cfg.param("ternary-encoding"))
+    if cfg.param("ternary-encoding") == "bits":
+        return wire.BITS, np.dtype(np.uint8), wire.packed_len(2 * num_params)
+    return wire.VALUES, np.dtype(np.int8), num_params
 
 
 def symbols_wire(num_params: int, cfg: RunConfig) -> WireSpec:
@@ -286,6 +288,12 @@ class Mechanism:
         ``"module:function"`` of its :data:`corbin_fl.mechanisms.baselines.hooks.ReleaseLimit`:
         the largest honest ``|v - c|`` of its float releases (``FloatAggregator``); "" (default):
         no clip the server could check, ``|v| <= FLOAT_ABS_LIMIT``.
+    pack, symbols, sum_decode : str
+        ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.Pack`,
+        :data:`~corbin_fl.mechanisms.baselines.hooks.Symbols` and
+        :data:`~corbin_fl.mechanisms.baselines.hooks.SumDecode`: an update of integer symbols in
+        a wire form of its own (``client.encode:encode_symbols``,
+        ``server.aggregation:SymbolSumAggregator``, a secure sum's reader); "" for none.
     sum_trials : Callable[[RunConfig], int | None] or None
         The privacy of its symbols in a secure sum (:mod:`corbin_fl.mechanisms.secure_sum`,
         the run's privacy report against the server): each symbol is ``Binomial(M, p)`` with
@@ -320,6 +328,9 @@ class Mechanism:
     block_release: str = ""
     count_decode: str = ""
     release_limit: str = ""
+    pack: str = ""
+    symbols: str = ""
+    sum_decode: str = ""
 
     def __post_init__(self) -> None:
         if self.encode_device not in ENCODE_DEVICES:
@@ -394,8 +405,8 @@ class Mechanism:
         return _resolve(self.aggregator)
 
     def hook(self, name: str) -> Callable[..., Any] | None:
-        """Its hook ``name`` (``"block_release"``, ``"count_decode"``, ``"release_limit"``;
-        imported now), or None where it declares none."""
+        """Its hook ``name`` (one of :data:`_HOOKS`; imported now), or None where it declares
+        none."""
         if name not in _HOOKS:
             raise ValueError(f"{name!r} is not a hook of a mechanism ({', '.join(_HOOKS)})")
         path: str = getattr(self, name)
@@ -427,7 +438,14 @@ class Mechanism:
         )
 
 
-_HOOKS: Final[tuple[str, ...]] = ("block_release", "count_decode", "release_limit")
+_HOOKS: Final[tuple[str, ...]] = (
+    "block_release",
+    "count_decode",
+    "release_limit",
+    "pack",
+    "symbols",
+    "sum_decode",
+)
 """The hooks an entry may name (:mod:`corbin_fl.mechanisms.baselines.hooks`)."""
 
 
@@ -786,8 +804,8 @@ register(
         "ternary",
         "ternary stochastic compressor (fdp paper Def. 6)",
         ternary_wire,
-        "corbin_fl.client.encode:encode_ternary",
-        "corbin_fl.server.aggregation:TernaryAggregator",
+        "corbin_fl.client.encode:encode_symbols",
+        "corbin_fl.server.aggregation:SymbolSumAggregator",
         params=(
             Param(
                 "ternary-sparsity",
@@ -807,6 +825,10 @@ register(
         ),
         privacy=Privacy("pure", release="released parameter is ternary stochastic rounding"),
         sum_levels=_ternary_levels,
+        block_release=f"{_BASELINES}.ternary:block_release",
+        pack=f"{_BASELINES}.ternary:pack",
+        symbols=f"{_BASELINES}.ternary:symbols",
+        sum_decode=f"{_BASELINES}.ternary:sum_decode",
     )
 )
 register(

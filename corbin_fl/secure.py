@@ -197,9 +197,12 @@ def _levels(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
     return unpack_symbols(arr.astype(np.uint8, copy=False), m, registry.symbol_bits_of(cfg))
 
 
-def _ternary(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
-    """Ternary ``t`` in {-1, 0, 1} as ``t + 1`` (:func:`corbin_fl.registry.ternary_wire`)."""
-    return wire.decode_ternary(arr, m, cfg.param("ternary-encoding")).astype(np.int64) + 1
+def _own(cfg: RunConfig, key: str, arr: np.ndarray, m: int) -> np.ndarray:
+    """Symbols in a wire form of the mechanism's own: its registered ``symbols`` hook."""
+    read = registry.get(cfg.mechanism).hook("symbols")
+    assert read is not None  # symbols() reads with it only where the entry names one
+    out: np.ndarray = read(arr, m, cfg)
+    return out
 
 
 class _Reader(Protocol):
@@ -211,9 +214,9 @@ class _Reader(Protocol):
 _READERS: Final[dict[object, _Reader]] = {
     registry.one_bit: _bits,
     registry.symbols_wire: _levels,
-    registry.ternary_wire: _ternary,
 }
-"""The symbol reader of each wire format that carries symbols (by the entry's ``wire``)."""
+"""The symbol reader of each wire format that carries symbols (by the entry's ``wire``); an
+entry with a ``symbols`` hook is read with it."""
 
 
 def symbols(cfg: RunConfig, key: str, array: np.ndarray, num_params: int) -> np.ndarray:
@@ -225,7 +228,8 @@ def symbols(cfg: RunConfig, key: str, array: np.ndarray, num_params: int) -> np.
     """
     m = int(num_params)
     arr = np.asarray(array)
-    read = _READERS.get(registry.get(cfg.mechanism).wire)
+    entry = registry.get(cfg.mechanism)
+    read = _own if entry.symbols else _READERS.get(entry.wire)
     if read is None:
         raise ValueError(refusal(cfg.mechanism) or f"{cfg.mechanism}: no symbol reader")
     out = read(cfg, key, arr, m)

@@ -234,39 +234,6 @@ def packed_len(num_bits: int) -> int:
     return (num_bits + 7) // 8
 
 
-def ternary_update_spec(num_params: int, encoding: str) -> tuple[str, np.dtype[Any], int]:
-    """Array key, dtype and length of a ternary update (2 bits or one int8 per parameter)."""
-    if encoding == "bits":
-        return BITS, np.dtype(np.uint8), packed_len(2 * num_params)
-    return VALUES, np.dtype(np.int8), num_params
-
-
-def encode_ternary(t: np.ndarray, encoding: str) -> np.ndarray:
-    """Wire form of ternary symbols: ``int8`` as is, or 2 bits per symbol.
-
-    ``bits``: the first ``m`` bits say ``t != 0``, the next ``m`` say ``t > 0``, packed MSB-first
-    with ``np.packbits`` (``2m`` bits, ``ceil(2m/8)`` bytes).
-    """
-    if encoding == "int8":
-        return t.astype(np.int8, copy=False)
-    return np.packbits(np.concatenate([t != 0, t > 0]))
-
-
-def decode_ternary(values: np.ndarray, m: int, encoding: str) -> np.ndarray:
-    """Inverse of :func:`encode_ternary`; rejects symbols outside {-1, 0, 1} (WireError)."""
-    if encoding == "int8":
-        if values.size and (values.min() < -1 or values.max() > 1):
-            raise WireError("ternary symbols must be in {-1, 0, 1}")
-        return values.astype(np.int8)
-    bits = np.unpackbits(values, count=2 * m)
-    if np.unpackbits(values)[2 * m :].any():
-        raise WireError("update has non-zero padding bits")
-    nonzero, positive = bits[:m].astype(bool), bits[m:].astype(bool)
-    if (positive & ~nonzero).any():
-        raise WireError("ternary sign bit set on a zero symbol")
-    return np.where(nonzero, np.where(positive, 1, -1), 0).astype(np.int8)
-
-
 def pipelined(paired: bool, cr_mode: str) -> bool:
     """Whether the pair stage rides one round ahead: a pairing mechanism in ``relay`` mode.
 

@@ -10,7 +10,8 @@ local model ``(1/n) sum_i w_i`` (Alg. 3 line 23):
   same counts with its registered ``count_decode`` (cq: ``alpha = 1``; signsgd: the majority
   vote ``c_j + r_j sign(2 k_j - n)``);
 - pbm, rqm, imvu: the float64 sum of the decoded levels, ``w_bar_j = c_j + r_j (sum v) / n``;
-- ternary: the sum of ``t_j`` in {-1, 0, 1}; ``w_bar_j = c_j + B_j (sum t_j) / n`` (fdp Def. 6);
+- integer symbols in a wire form of the mechanism's own (ternary: ``t_j + 1``, ``t_j`` in
+  {-1, 0, 1}): their exact sum, decoded by its ``sum_decode`` (``c_j + B_j (sum t_j) / n``);
 - float mechanisms (gaussian, laplace, fedavg): float64 sum of the released models / n, each
   release within its registered ``release_limit``;
 - fedcad: float64 sum of the released updates / n, added to the global model;
@@ -39,7 +40,6 @@ from corbin_fl.mechanisms.baselines.central_gaussian import (
     central_noise,
     central_noise_multiplier,
 )
-from corbin_fl.mechanisms.baselines.ternary import ternary_params
 from corbin_fl.mechanisms.packing import BitCounter, mean_from_counts, unpack_symbols
 from corbin_fl.registry import finite_mechanism
 
@@ -188,25 +188,35 @@ class BitsAggregator(Aggregator):
         return mean_from_counts(k, self.n, c, r, self.cfg.epsilon)
 
 
-class TernaryAggregator(Aggregator):
-    """Ternary compressor: sum of ``t`` in {-1, 0, 1}; decode ``c + B * mean(t)``."""
+class SymbolSumAggregator(Aggregator):
+    """Integer symbols in ``[0, levels]`` in a wire form of the mechanism's own (ternary: ``t +
+    1``): read back with its registered ``symbols`` hook (a bad update is a
+    :class:`~corbin_fl.wire.WireError`), summed exactly (int32), the sum ``S`` decoded with its
+    ``sum_decode`` (ternary: ``c + B (S - n) / n``)."""
 
     def _start(self) -> None:
+        entry = registry.get(self.cfg.mechanism)
+        read, decode = entry.hook("symbols"), entry.hook("sum_decode")
+        if read is None or decode is None:
+            raise ValueError(f"{entry.name} registers no symbols / sum_decode hooks")
+        self.read, self.decode = read, decode
         self.total = torch.zeros(self.m, dtype=torch.int32)
 
     def _add(self, values: np.ndarray) -> None:
-        t = wire.decode_ternary(values, self.m, self.cfg.param("ternary-encoding"))
-        self.total += torch.from_numpy(t).to(self.total.device, torch.int32)
+        try:
+            symbols = self.read(values, self.m, self.cfg)
+        except ValueError as exc:
+            raise wire.WireError(str(exc)) from exc
+        self.total += torch.from_numpy(symbols).to(self.total.device, torch.int32)
 
     def from_symbol_sum(self, total: np.ndarray, n: int) -> None:
-        """Symbols are ``t + 1``: the sum of ``t`` is ``S - n``."""
-        self.total = torch.from_numpy(self._take_sum(total, n) - n).to(torch.int32)
+        """The secure sum is the sum of the same symbols."""
+        self.total = torch.from_numpy(self._take_sum(total, n)).to(torch.int32)
 
     def _estimate(self) -> torch.Tensor:
         out = torch.empty(self.m, dtype=torch.float32)
         for lo, hi, c, r in _chunks(self.blocks):
-            _, big_b = ternary_params(r, self.cfg.epsilon, self.cfg.param("ternary-sparsity"))
-            out[lo:hi] = c + big_b * (self.total[lo:hi].to(torch.float64) / self.n)
+            out[lo:hi] = self.decode(self.total[lo:hi], self.n, c, r, self.cfg)
         return out
 
 

@@ -11,6 +11,13 @@ outside the mechanism's module (and its one entry) depends on which mechanism it
 - :data:`CountDecode` (``count_decode``): the server's one-bit aggregator
   (:class:`corbin_fl.server.aggregation.BitsAggregator`) turns the counts ``k`` of ``+1`` bits of
   ``n`` clients into the estimate of the mean, ``hook(k, n, c, r, cfg)``;
+- :data:`Pack`, :data:`Symbols`, :data:`SumDecode` (``pack``, ``symbols``, ``sum_decode``): a
+  mechanism whose update is integer symbols in ``[0, levels]`` (its entry's ``sum_levels``)
+  in a wire form of its own: the client's ``encode_symbols`` packs the block releases,
+  ``hook(t, cfg)``; the server (``SymbolSumAggregator``) and a secure sum
+  (:func:`corbin_fl.secure.symbols`) read them back, ``hook(values, m, cfg)`` (ValueError on a
+  bad update), and the aggregator decodes their exact sum ``S`` of ``n`` clients,
+  ``hook(S, n, c, r, cfg)``;
 - :data:`ReleaseLimit` (``release_limit``): the server's float aggregator
   (:func:`corbin_fl.server.aggregation.float_release_bounds`) admits a release ``v`` when
   ``|v - c| <= hook(cfg, c, r)`` (float64 tensors; the honest releases' tail beyond it is
@@ -27,9 +34,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
-__all__ = ["Block", "BlockRelease", "CountDecode", "EncodeJob", "ReleaseLimit", "Settings"]
+__all__ = [
+    "Block",
+    "BlockRelease",
+    "CountDecode",
+    "EncodeJob",
+    "Pack",
+    "ReleaseLimit",
+    "Settings",
+    "SumDecode",
+    "Symbols",
+]
 
 
 class Settings(Protocol):
@@ -73,3 +91,15 @@ CountDecode = Callable[
 
 ReleaseLimit = Callable[[Settings, "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """``hook(cfg, c, r)``: the largest honest ``|v - c|`` of a float release (float64)."""
+
+Pack = Callable[["np.ndarray", Settings], "np.ndarray"]
+"""``hook(t, cfg)``: the update's array from the block releases ``t`` (host numpy)."""
+
+Symbols = Callable[["np.ndarray", int, Settings], "np.ndarray"]
+"""``hook(values, m, cfg)``: the ``m`` symbols in ``[0, levels]`` of an update's array."""
+
+SumDecode = Callable[
+    ["torch.Tensor", int, "torch.Tensor | float", "torch.Tensor | float", Settings],
+    "torch.Tensor",
+]
+"""``hook(S, n, c, r, cfg)``: the estimate of the mean from the sum ``S`` of ``n`` symbols."""

@@ -39,12 +39,24 @@ from corbin_fl.mechanisms.baselines._common import (
     clip_to_box,
     prepare,
 )
+from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob, Settings
 from corbin_fl.mechanisms.quantizers import alpha
 from corbin_fl.mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ternary", "ternary_decode", "ternary_params", "ternary_tradeoff"]
+__all__ = [
+    "block_release",
+    "decode_ternary",
+    "encode_ternary",
+    "pack",
+    "sum_decode",
+    "symbols",
+    "ternary",
+    "ternary_decode",
+    "ternary_params",
+    "ternary_tradeoff",
+]
 
 
 def ternary_params(
@@ -197,3 +209,67 @@ def ternary_tradeoff(alpha_grid: ArrayLike, A: float, B: float, c: float) -> NDA
         1.0 - ratio * x,
         np.where(x <= last_start, 1.0 - cc / big_b - x, (1.0 - x) / ratio),
     )
+
+
+# ----------------------------------------------------------------------------- on the wire
+def encode_ternary(t: np.ndarray, encoding: str) -> np.ndarray:
+    """Wire form of ternary symbols (run config ``ternary-encoding``): ``int8`` as is, or 2 bits
+    per symbol.
+
+    ``bits``: the first ``m`` bits say ``t != 0``, the next ``m`` say ``t > 0``, packed MSB-first
+    with ``np.packbits`` (``2m`` bits, ``ceil(2m/8)`` bytes).
+    """
+    if encoding == "int8":
+        return t.astype(np.int8, copy=False)
+    return np.packbits(np.concatenate([t != 0, t > 0]))
+
+
+def decode_ternary(values: np.ndarray, m: int, encoding: str) -> np.ndarray:
+    """Inverse of :func:`encode_ternary`.
+
+    Raises
+    ------
+    ValueError
+        If a symbol is outside {-1, 0, 1}, a padding bit is set, or a sign bit is set on a zero
+        symbol (the server reports it as a bad update).
+    """
+    if encoding == "int8":
+        if values.size and (values.min() < -1 or values.max() > 1):
+            raise ValueError("ternary symbols must be in {-1, 0, 1}")
+        return values.astype(np.int8)
+    bits = np.unpackbits(values, count=2 * m)
+    if np.unpackbits(values)[2 * m :].any():
+        raise ValueError("update has non-zero padding bits")
+    nonzero, positive = bits[:m].astype(bool), bits[m:].astype(bool)
+    if (positive & ~nonzero).any():
+        raise ValueError("ternary sign bit set on a zero symbol")
+    return np.where(nonzero, np.where(positive, 1, -1), 0).astype(np.int8)
+
+
+# ----------------------------------------------------------------------------- the hooks
+def block_release(job: EncodeJob) -> Block:
+    """The client's release of one range block (:data:`.hooks.BlockRelease`): the ternary
+    symbols ``t`` in {-1, 0, 1} (int8) of ``clip(w)`` at ``ternary-sparsity``."""
+    w, gen, cfg = job.w, job.gen, job.cfg
+    sparsity = cfg.param("ternary-sparsity")
+    return lambda s, c, r: ternary(w[s], c, r, cfg.epsilon, sparsity, generator=gen)
+
+
+def pack(t: np.ndarray, cfg: Settings) -> np.ndarray:
+    """The update's array (:data:`.hooks.Pack`): ``t`` in the run's ``ternary-encoding``."""
+    return encode_ternary(t, cfg.param("ternary-encoding"))
+
+
+def symbols(values: np.ndarray, m: int, cfg: Settings) -> np.ndarray:
+    """The update's symbols ``t + 1`` in {0, 1, 2} (:data:`.hooks.Symbols`; int64), what the
+    server and a secure sum add up; ValueError on a bad update."""
+    return decode_ternary(values, m, cfg.param("ternary-encoding")).astype(np.int64) + 1
+
+
+def sum_decode(
+    total: torch.Tensor, n: int, c: torch.Tensor | float, r: torch.Tensor | float, cfg: Settings
+) -> torch.Tensor:
+    """``c + B (S - n) / n`` (:data:`.hooks.SumDecode`): the mean of the decoded ``c + B t`` of
+    ``n`` clients from the sum ``S`` of their symbols ``t + 1`` (fdp paper Def. 6)."""
+    _, big_b = ternary_params(r, cfg.epsilon, cfg.param("ternary-sparsity"))
+    return c + big_b * ((total - n).to(torch.float64) / n)

@@ -90,6 +90,7 @@ from corbin_fl.client.policy import Policy, PolicyError
 from corbin_fl.client.shared import assignments_of
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
 from corbin_fl.deploy.run import node_policy
+from corbin_fl.mechanisms.baselines import ternary
 from corbin_fl.server import round as server_round
 from corbin_fl.server.aggregation import float_release_bounds, make_aggregator
 from corbin_fl.server.stages import RoundState, exchange
@@ -884,8 +885,8 @@ def honest_update(
         key, values = wire.BITS, np.packbits(rng.integers(0, 2, m).astype(bool))
     elif mech == "ternary":
         t = rng.integers(-1, 2, m).astype(np.int8)
-        key, _, _ = wire.ternary_update_spec(m, cfg.param("ternary-encoding"))
-        values = wire.encode_ternary(t, cfg.param("ternary-encoding"))
+        key, _, _ = registry.update_spec(cfg, m)
+        values = ternary.encode_ternary(t, cfg.param("ternary-encoding"))
     else:
         noise = rng.normal(0.0, 1.0, m)
         values = (c.numpy() + r.numpy() * np.clip(noise, -1, 1)).astype(np.float32)

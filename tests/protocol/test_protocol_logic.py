@@ -39,6 +39,7 @@ from corbin_fl import registry, wire
 from corbin_fl.app import client_app
 from corbin_fl.client import handlers, pair_crypto
 from corbin_fl.config import RunConfig
+from corbin_fl.mechanisms.baselines import ternary
 from corbin_fl.server import round as server_round
 from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
 from corbin_fl.server.metrics import RunFiles
@@ -577,7 +578,7 @@ def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, l
             raw = gen.integers(0, 256, length, dtype=np.uint8)
             raw[-1] &= np.uint8((0xFF << (8 * length - m)) & 0xFF)
         elif mechanism == "ternary":
-            raw = wire.encode_ternary(
+            raw = ternary.encode_ternary(
                 gen.integers(-1, 2, m).astype(np.int8), cfg.param("ternary-encoding")
             )
         else:

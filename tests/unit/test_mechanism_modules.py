@@ -107,12 +107,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.client.encode": "its encoder",
         "corbin_fl.client.handlers": "the shared seed's checks",
     },
-    "ternary": {
-        "corbin_fl.secure": "its symbols in a secure sum",
-        "corbin_fl.wire": "its two encodings on the wire",
-        "corbin_fl.server.aggregation": "its aggregator",
-        "corbin_fl.client.encode": "its encoder",
-    },
     "fedcad": {
         "corbin_fl.client.encode": "its encoder and its state in the node's context",
         "corbin_fl.mechanisms.report": "its report's method line",

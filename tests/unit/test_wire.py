@@ -6,10 +6,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
+from corbin_fl.mechanisms.baselines import ternary
 
 
 def test_message_types_are_valid_flower_types() -> None:
@@ -160,17 +162,28 @@ def test_update_spec_ternary_int8_and_unknown() -> None:
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 100])
 def test_ternary_codec_round_trip(encoding: str, m: int) -> None:
     t = np.random.default_rng(m).integers(-1, 2, size=m).astype(np.int8)
-    wire_form = wire.encode_ternary(t, encoding)
-    _key, dtype, length = wire.ternary_update_spec(m, encoding)
+    wire_form = ternary.encode_ternary(t, encoding)
+    cfg = RunConfig().replace(mechanism="ternary", ternary_encoding=encoding)
+    _key, dtype, length = registry.update_spec(cfg, m)
     assert wire_form.dtype == dtype and wire_form.shape == (length,)
-    np.testing.assert_array_equal(wire.decode_ternary(wire_form, m, encoding), t)
+    np.testing.assert_array_equal(ternary.decode_ternary(wire_form, m, encoding), t)
+    np.testing.assert_array_equal(ternary.symbols(wire_form, m, cfg), t + 1)
 
 
 def test_ternary_codec_rejects_bad_symbols() -> None:
-    with pytest.raises(wire.WireError, match=r"\{-1, 0, 1\}"):
-        wire.decode_ternary(np.array([0, 2], np.int8), 2, "int8")
-    with pytest.raises(wire.WireError, match="padding"):
-        wire.decode_ternary(np.array([0b00000011], np.uint8), 3, "bits")
+    """The codec refuses them; the server's aggregator reports them as a bad update."""
+    from corbin_fl.server.aggregation import make_aggregator
+
+    with pytest.raises(ValueError, match=r"\{-1, 0, 1\}"):
+        ternary.decode_ternary(np.array([0, 2], np.int8), 2, "int8")
+    with pytest.raises(ValueError, match="padding"):
+        ternary.decode_ternary(np.array([0b00000011], np.uint8), 3, "bits")
+    for encoding, bad, m in (("int8", [0, 2], 2), ("bits", [0b00000011], 3)):
+        cfg = RunConfig().replace(mechanism="ternary", ternary_encoding=encoding)
+        agg = make_aggregator(cfg, torch.zeros(m), torch.zeros(m), torch.ones(m))
+        key, dtype, _ = registry.update_spec(cfg, m)
+        with pytest.raises(wire.WireError, match=r"\{-1, 0, 1\}|padding"):
+            agg.add(ArrayRecord({key: wire.to_array(np.array(bad, dtype))}))
 
 
 def test_cfg_key_sets() -> None:
