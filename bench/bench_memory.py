@@ -240,7 +240,7 @@ def _child(scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
             rnd=1,
             assignment=wire.PAIRED,
             shared=shared,
-            cq=None,
+            shared_seed=None,
         )
         assert key == wire.BITS and packed.shape == (nbytes,)
         mark("encode: z, corbinq per layer, pack_bits")

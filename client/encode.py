@@ -14,8 +14,7 @@ contract of :mod:`corbin_fl.registry`:
   noise, a sign, a clip); packed bits or float32;
 - :func:`encode_levels`: a finite-output mechanism's ``b``-bit symbols, packed;
 - :func:`encode_symbols`: integer symbols in a wire form of the mechanism's own (its ``pack``);
-- the encoders of the correlated quantizer (the server's shared seed) and Fed-CAD (its state in
-  the node's context).
+- Fed-CAD's encoder (its state in the node's context).
 
 ``z = expand_seed(seed, context_label(run, round, a, b), m, d, p_x)``, the same on both sides of a
 pair. Local quantization coins come from a ``torch.Generator`` seeded from the OS CSPRNG (the
@@ -41,8 +40,6 @@ from corbin_fl.client.shared import Fallback, Shared
 from corbin_fl.config import RunConfig
 from corbin_fl.devices import pick_device
 from corbin_fl.layout import ParamLayout, RangeBlock, range_blocks
-from corbin_fl.mechanisms.baselines.cq import cq as cq_quantize
-from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
 from corbin_fl.mechanisms.baselines.fedcad import FedCAD
 from corbin_fl.mechanisms.packing import pack_bits, pack_symbols
 from corbin_fl.mechanisms.quantizers import corbinq, ldpq
@@ -93,7 +90,7 @@ def encode_update(
     radius: np.ndarray,
     assignment: str,
     shared: Shared | Fallback | None,
-    cq: tuple[int, int, int] | None,
+    shared_seed: tuple[int, int, int] | None,
 ) -> EncodeResult:
     """Encode the trained model of one client (Alg. 3 line 19), on the GPU when there is one.
 
@@ -118,8 +115,8 @@ def encode_update(
         The server's assignment (``paired``, ``unpaired``, ...).
     shared : Shared | Fallback | None
         Resolved common randomness, the reason for a fall-back, or None (solo mechanisms).
-    cq : tuple[int, int, int] | None
-        ``(seed, rank, clients)`` of the CQ baseline.
+    shared_seed : tuple[int, int, int] | None
+        ``(seed, rank, clients)`` of a mechanism with a server-shared seed, else None.
 
     Returns
     -------
@@ -145,7 +142,7 @@ def encode_update(
         rnd=rnd,
         assignment=assignment,
         shared=shared,
-        cq=cq,
+        shared_seed=shared_seed,
     )
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -234,8 +231,8 @@ class EncodeInput:
         Round.
     shared : Shared | Fallback | None
         The pair's common randomness, the reason for a fall-back, or None.
-    cq : tuple[int, int, int] | None
-        ``(seed, rank, clients)`` of the CQ baseline.
+    shared_seed : tuple[int, int, int] | None
+        ``(seed, rank, clients)`` of a mechanism with a server-shared seed, else None.
     flags : dict[str, float]
         The mechanism metrics (``paired``, ``fallback``, ``fallback-code``), filled in place.
     """
@@ -248,7 +245,7 @@ class EncodeInput:
     gen: torch.Generator
     rnd: int
     shared: Shared | Fallback | None
-    cq: tuple[int, int, int] | None
+    shared_seed: tuple[int, int, int] | None
     flags: dict[str, float]
 
 
@@ -267,7 +264,7 @@ def encode(
     rnd: int,
     assignment: str,
     shared: Shared | Fallback | None,
-    cq: tuple[int, int, int] | None,
+    shared_seed: tuple[int, int, int] | None,
     layout: ParamLayout | None = None,
 ) -> tuple[str, np.ndarray, dict[str, float], bytes | None]:
     """Encode ``w`` with the registered encoder of ``cfg.mechanism`` (:mod:`corbin_fl.registry`).
@@ -303,7 +300,7 @@ def encode(
         gen=quantization_generator(w.device),
         rnd=rnd,
         shared=shared,
-        cq=cq,
+        shared_seed=shared_seed,
         flags=flags,
     )
     key, array, digest = mech.encode_fn()(job)
@@ -390,24 +387,6 @@ def _block_release(job: EncodeInput) -> Callable[..., torch.Tensor]:
         raise ValueError(f"{job.cfg.mechanism} registers no block_release for a block encoder")
     release: Callable[..., torch.Tensor] = hook(job)
     return release
-
-
-def encode_cq(job: EncodeInput) -> Encoded:
-    """Correlated quantization with the server's shared seed and this client's rank."""
-    if job.cq is None:
-        raise ValueError("cq needs the shared seed, rank and client count")
-    w, gen = job.w, job.gen
-    seed, rank, n = job.cq
-    _, offsets = cq_shared_randomness(seed, n, (w.numel(),), device=w.device)
-    bits = by_block(
-        w,
-        job.blocks,
-        lambda s, c_b, r_b: cq_quantize(
-            w[s], c_b, r_b, rank, n, shared_offset=offsets[s], generator=gen
-        ),
-        torch.bool,
-    )
-    return wire.BITS, pack_bits(bits), None
 
 
 def encode_symbols(job: EncodeInput) -> Encoded:

@@ -223,8 +223,9 @@ class UpdatePlan:
         Per-layer (per array) center and radius, float32 ``[L]``.
     shared : Shared | Fallback | None
         The pair's common randomness, the reason for a fall-back, or None (solo mechanisms).
-    cq : tuple[int, int, int] | None
-        ``(seed, rank, clients)`` of the CQ baseline.
+    shared_seed : tuple[int, int, int] | None
+        ``(seed, rank, clients)`` of a mechanism with a server-shared seed (its registry entry's
+        ``shared_seed`` keys), else None.
     next_pair : tuple[int, bytes] | None
         Pipelined relay: the partner of round ``t+1`` and its public key (of round ``t``).
     """
@@ -237,7 +238,7 @@ class UpdatePlan:
     center: np.ndarray
     radius: np.ndarray
     shared: Shared | Fallback | None
-    cq: tuple[int, int, int] | None
+    shared_seed: tuple[int, int, int] | None
     next_pair: tuple[int, bytes] | None = None
 
 
@@ -296,7 +297,8 @@ def prepare_update(
     radius = wire.read_array(range_rec, wire.RADIUS, np.float32, layout.num_layers, finite=True)
     if not (radius > 0).all():
         raise wire.WireError("radius must be > 0 in every layer")
-    cq = _cq_instruction(cfg_rec) if registry.get(cfg.mechanism).shared_seed else None
+    seed_keys = registry.get(cfg.mechanism).shared_seed
+    shared_seed = _shared_seed(cfg_rec, seed_keys) if seed_keys else None
     next_pair = _next_pair(cfg_rec, context) if pipelined else None
     # Common randomness first: cheap, and a failure is a fall-back, not an error.
     shared = _resolve_common_randomness(cfg_rec, context, cfg, rnd, assignment)
@@ -318,7 +320,7 @@ def prepare_update(
         center=center,
         radius=radius,
         shared=shared,
-        cq=cq,
+        shared_seed=shared_seed,
         next_pair=next_pair,
     )
 
@@ -391,7 +393,7 @@ def finish_update(
         radius=plan.radius,
         assignment=plan.assignment,
         shared=plan.shared,
-        cq=plan.cq,
+        shared_seed=plan.shared_seed,
     )
     reply_cfg: dict[str, Any] = {wire.ROUND: plan.round}
     context.state.config_records.pop(STATE_PAIR, None)
@@ -443,15 +445,16 @@ def _seal_next(
         return None
 
 
-def _cq_instruction(cfg_rec: ConfigRecord) -> tuple[int, int, int]:
-    """``(shared seed, rank, clients)`` of the CQ baseline."""
-    seed = int.from_bytes(wire.get_bytes(cfg_rec, wire.CQ_SEED, wire.CQ_SEED_BYTES), "big")
-    clients = wire.get_int(cfg_rec, wire.CQ_CLIENTS, low=1)
-    if clients > wire.MAX_CQ_CLIENTS:
-        raise wire.WireError(f"cq-clients {clients} above the limit {wire.MAX_CQ_CLIENTS}")
-    rank = wire.get_int(cfg_rec, wire.CQ_RANK, low=0)
+def _shared_seed(cfg_rec: ConfigRecord, keys: tuple[str, ...]) -> tuple[int, int, int]:
+    """``(shared seed, rank, clients)`` under the mechanism's ``keys`` (seed, rank, clients)."""
+    seed_key, rank_key, clients_key = keys
+    seed = int.from_bytes(wire.get_bytes(cfg_rec, seed_key, wire.SHARED_SEED_BYTES), "big")
+    clients = wire.get_int(cfg_rec, clients_key, low=1)
+    if clients > wire.MAX_SHARED_CLIENTS:
+        raise wire.WireError(f"{clients_key} {clients} above the limit {wire.MAX_SHARED_CLIENTS}")
+    rank = wire.get_int(cfg_rec, rank_key, low=0)
     if rank >= clients:
-        raise wire.WireError(f"cq-rank {rank} not below cq-clients {clients}")
+        raise wire.WireError(f"{rank_key} {rank} not below {clients_key} {clients}")
     return seed, rank, clients
 
 

@@ -259,10 +259,12 @@ class Mechanism:
         A finite-output mechanism: bits per parameter under ``cfg`` (no solve needed).
     finite : Callable[[RunConfig], FiniteMechanism] or None
         A finite-output mechanism: its object under ``cfg``, the same on both sides.
-    shared_seed : bool
-        The server draws one seed per round and sends each node the seed, its rank in the
-        seed's permutation and the number of participants (CQ: ``cq-seed``, ``cq-rank``,
-        ``cq-clients``, which must be among ``instruction_keys``).
+    shared_seed : tuple[str, ...]
+        ``(seed key, rank key, clients key)``: the server draws one seed per round and sends
+        each node the seed, its rank in the seed's permutation (the entry's ``shared_ranks``
+        hook) and the number of participants under these keys of its update instruction (they
+        must be among ``instruction_keys``); the client's encoder gets ``(seed, rank, n)``. ()
+        (default): none.
     update_only : bool
         It works on the updates ``w_i - w_g``: the config requires ``range-mode = "update"``.
     own_clip : bool
@@ -288,6 +290,9 @@ class Mechanism:
         ``"module:function"`` of its :data:`corbin_fl.mechanisms.baselines.hooks.ReleaseLimit`:
         the largest honest ``|v - c|`` of its float releases (``FloatAggregator``); "" (default):
         no clip the server could check, ``|v| <= FLOAT_ABS_LIMIT``.
+    shared_ranks : str
+        ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.SharedRanks`
+        (with ``shared_seed``).
     pack, symbols, sum_decode : str
         ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.Pack`,
         :data:`~corbin_fl.mechanisms.baselines.hooks.Symbols` and
@@ -319,7 +324,7 @@ class Mechanism:
     privacy: Privacy | None = None
     symbol_bits: Callable[[RunConfig], int] | None = None
     finite: Callable[[RunConfig], FiniteMechanism] | None = None
-    shared_seed: bool = False
+    shared_seed: tuple[str, ...] = ()
     update_only: bool = False
     own_clip: bool = False
     node_default: bool | None = None
@@ -328,6 +333,7 @@ class Mechanism:
     block_release: str = ""
     count_decode: str = ""
     release_limit: str = ""
+    shared_ranks: str = ""
     pack: str = ""
     symbols: str = ""
     sum_decode: str = ""
@@ -346,8 +352,12 @@ class Mechanism:
             raise ValueError(f"{self.name}: privacy.paired must equal pairs")
         if priv.family == "gaussian" and not self.has_delta:
             raise ValueError(f"{self.name}: a Gaussian release needs has_delta")
-        if self.shared_seed and not self.instruction_keys >= wire.SHARED_SEED_KEYS:
-            raise ValueError(f"{self.name}: a shared seed rides in {sorted(wire.SHARED_SEED_KEYS)}")
+        if self.shared_seed and (
+            len(self.shared_seed) != 3 or not self.instruction_keys >= set(self.shared_seed)
+        ):
+            raise ValueError(f"{self.name}: a shared seed rides in 3 of its instruction_keys")
+        if bool(self.shared_seed) != bool(self.shared_ranks):
+            raise ValueError(f"{self.name}: a shared seed needs its shared_ranks, and only it")
         keys = [p.key for p in self.params]
         if len(set(keys)) != len(keys):
             raise ValueError(f"{self.name}: a parameter key is given twice")
@@ -442,6 +452,7 @@ _HOOKS: Final[tuple[str, ...]] = (
     "block_release",
     "count_decode",
     "release_limit",
+    "shared_ranks",
     "pack",
     "symbols",
     "sum_decode",
@@ -685,6 +696,8 @@ _BITS_ENCODER: Final[str] = "corbin_fl.client.encode:encode_bits"
 _VALUES_ENCODER: Final[str] = "corbin_fl.client.encode:encode_values"
 _FLOAT_AGGREGATOR: Final[str] = "corbin_fl.server.aggregation:FloatAggregator"
 _BASELINES: Final[str] = "corbin_fl.mechanisms.baselines"
+_CQ_SHARED_SEED: Final[tuple[str, str, str]] = ("cq-seed", "cq-rank", "cq-clients")
+"""CQ's shared seed on the wire (v1): the seed, the node's rank, the participants."""
 _PAIRED_ASSIGNMENTS: Final[tuple[str, ...]] = ("paired", "partner-gone", "unpaired")
 _RR_PAIRED: Final[Privacy] = Privacy("pure", randomized_response=True, paired=True)
 
@@ -779,12 +792,14 @@ register(
         "cq",
         "correlated quantization with a server-shared seed (no privacy)",
         one_bit,
-        "corbin_fl.client.encode:encode_cq",
+        _BITS_ENCODER,
         _BITS_AGGREGATOR,
         local_dp=False,
+        block_release=f"{_BASELINES}.cq:block_release",
         count_decode=f"{_BASELINES}.cq:decode_counts",
-        instruction_keys=wire.SHARED_SEED_KEYS,
-        shared_seed=True,
+        instruction_keys=frozenset(_CQ_SHARED_SEED),
+        shared_seed=_CQ_SHARED_SEED,
+        shared_ranks=f"{_BASELINES}.cq:shared_ranks",
         privacy=Privacy(
             "none",
             no_dp=NoDPText(

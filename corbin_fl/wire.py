@@ -72,11 +72,13 @@ NONCE_BYTES: Final[int] = 12
 """AES-GCM nonce length (random, prefixed to the ciphertext)."""
 TAG_BYTES: Final[int] = 16
 """AES-GCM authentication tag length."""
-CQ_SEED_BYTES: Final[int] = 8
-"""Length of the CQ baseline's shared seed (a 64-bit integer, big-endian)."""
-MAX_CQ_CLIENTS: Final[int] = 1_000_000
-"""Largest ``cq-clients`` a client accepts: it draws a permutation of that many ranks (8 bytes
-each), so an unbounded value would let an instruction exhaust the client's memory."""
+SHARED_SEED_BYTES: Final[int] = 8
+"""Length of a server-shared seed (a 64-bit integer, big-endian; the keys are the mechanism's:
+``corbin_fl.registry.Mechanism.shared_seed``)."""
+MAX_SHARED_CLIENTS: Final[int] = 1_000_000
+"""Largest number of participants of a shared seed a client accepts: it draws a permutation of
+that many ranks (8 bytes each), so an unbounded value would let an instruction exhaust the
+client's memory."""
 
 # ----------------------------------------------------------------------------- message types
 TRAIN: Final[str] = "train"
@@ -118,9 +120,6 @@ NUM_PARAMS: Final[str] = "num-params"
 BLOB: Final[str] = "blob"
 MECHANISM: Final[str] = "mechanism"
 ASSIGNMENT: Final[str] = "assignment"
-CQ_SEED: Final[str] = "cq-seed"
-CQ_RANK: Final[str] = "cq-rank"
-CQ_CLIENTS: Final[str] = "cq-clients"
 NEXT_PUBKEY: Final[str] = "next-pubkey"
 NEXT_PARTNER: Final[str] = "next-partner"
 NEXT_PARTNER_PUBKEY: Final[str] = "next-partner-pubkey"
@@ -172,10 +171,6 @@ parameters of the registered mechanisms go before the last one
 TRAILING_PARAM_KEYS: Final[tuple[str, ...]] = ("secure-aggregation",)
 """Settings every instruction carries after the v1 keys (``PARAM_KEYS`` ends with them):
 ``secure-aggregation`` lets a node whose policy requires it refuse a run without it."""
-
-SHARED_SEED_KEYS: Final[frozenset[str]] = frozenset({CQ_SEED, CQ_RANK, CQ_CLIENTS})
-"""The update-instruction keys of a mechanism with a server-shared seed
-(``corbin_fl.registry.Mechanism.shared_seed``: CQ)."""
 
 
 FALLBACK_REASONS: Final[tuple[str, ...]] = (

@@ -42,7 +42,6 @@ from corbin_fl import registry, wire
 from corbin_fl.arrays import unflatten_arrays
 from corbin_fl.config import RunConfig
 from corbin_fl.layout import layer_center_radius
-from corbin_fl.mechanisms.baselines.cq import cq_shared_randomness
 from corbin_fl.mechanisms.pairing import augcorbin_split, random_pairing
 from corbin_fl.secagg.messages import KeyAdvert
 from corbin_fl.secagg.server import SecAggServer
@@ -375,7 +374,7 @@ def update_stage(
     )
     if pipelined and rnd < cfg.num_rounds:  # no blob for a round that will not run
         pair_next_round(rt, state, participants)
-    cq_seed = secrets.token_bytes(wire.CQ_SEED_BYTES)
+    shared_seed = secrets.token_bytes(wire.SHARED_SEED_BYTES)
 
     def on_update(nid: int, reply: Message) -> None:
         if secure is not None:
@@ -394,7 +393,7 @@ def update_stage(
             (node_records or {}).get(nid, app_records),
             arrays_key,
             participants,
-            cq_seed,
+            shared_seed,
         )
         for nid in participants
     }
@@ -525,7 +524,7 @@ def update_instruction(
     app_records: RecordDict,
     arrays_key: str,
     participants: list[int],
-    cq_seed: bytes,
+    shared_seed: bytes,
 ) -> Message:
     """Update stage: assignment and what the pair needs, the per-layer range, and the app's
     records (the global model under ``arrays_key`` and the train config)."""
@@ -547,12 +546,16 @@ def update_instruction(
         nxt = state.next_partner[nid]
         body[wire.NEXT_PARTNER] = nxt
         body[wire.NEXT_PARTNER_PUBKEY] = round_key(rt, state, nxt)
-    if registry.get(cfg.mechanism).shared_seed:
-        seed = int.from_bytes(cq_seed, "big")
-        perm, _ = cq_shared_randomness(seed, len(participants), (0,))
-        body[wire.CQ_SEED] = cq_seed
-        body[wire.CQ_RANK] = int(perm[sorted(participants).index(nid)])
-        body[wire.CQ_CLIENTS] = len(participants)
+    entry = registry.get(cfg.mechanism)
+    if entry.shared_seed:  # the seed, this node's rank, the participants
+        seed_key, rank_key, clients_key = entry.shared_seed
+        ranks = entry.hook("shared_ranks")
+        assert ranks is not None  # the entry's own check
+        body[seed_key] = shared_seed
+        body[rank_key] = ranks(int.from_bytes(shared_seed, "big"), len(participants))[
+            sorted(participants).index(nid)
+        ]
+        body[clients_key] = len(participants)
     records = {name: rec for name, rec in app_records.items() if not wire.is_protocol_record(name)}
     return instruction(
         rt, wire.UPDATE, nid, state.round, body, **records, **{wire.RANGE: range_rec}

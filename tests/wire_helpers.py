@@ -70,7 +70,7 @@ def encode_solo(
     r: Any,
     *,
     shared: Any = None,
-    cq: tuple[int, int, int] | None = None,
+    shared_seed: tuple[int, int, int] | None = None,
 ) -> tuple[str, Any, Any]:
     """One client's update of ``w`` (an update, ``w_g = 0``) with ``cfg``'s mechanism, as the
     mod encodes it (``client.encode.encode``): ``(array key, array, metric flags)``."""
@@ -90,6 +90,6 @@ def encode_solo(
         rnd=1,
         assignment="solo",
         shared=shared,
-        cq=cq,
+        shared_seed=shared_seed,
     )
     return key, array, flags

@@ -44,12 +44,19 @@ from corbin_fl.mechanisms.baselines._common import (
     clip_to_box,
     prepare,
 )
-from corbin_fl.mechanisms.baselines.hooks import Settings
+from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob, Settings
 from corbin_fl.mechanisms.validate import integer, torch_generator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cq", "cq_decode", "cq_shared_randomness", "decode_counts"]
+__all__ = [
+    "block_release",
+    "cq",
+    "cq_decode",
+    "cq_shared_randomness",
+    "decode_counts",
+    "shared_ranks",
+]
 
 
 def cq_shared_randomness(
@@ -192,3 +199,23 @@ def decode_counts(
     """``c + r (2 k / n - 1)`` (:data:`.hooks.CountDecode`): the mean of the decoded bits
     ``c + U r`` of ``n`` clients (``alpha = 1``: no privacy budget)."""
     return c + r * (2.0 * k.to(torch.float64) / n - 1.0)
+
+
+def shared_ranks(seed: int, n: int) -> list[int]:
+    """The ranks in ``pi_0`` of the round's ``n`` participants, in the order of their node ids
+    (:data:`.hooks.SharedRanks`; the server sends each its own)."""
+    perm, _ = cq_shared_randomness(seed, n, (0,))
+    return [int(p) for p in perm]
+
+
+def block_release(job: EncodeJob) -> Block:
+    """The client's release of one range block (:data:`.hooks.BlockRelease`): correlated
+    quantization with the round's shared seed, this client's rank and the participants
+    (``job.shared_seed``), one bit per parameter."""
+    shared = getattr(job, "shared_seed", None)
+    if shared is None:
+        raise ValueError("cq needs the shared seed, rank and client count")
+    seed, rank, n = shared
+    w, gen = job.w, job.gen
+    _, offsets = cq_shared_randomness(seed, n, (w.numel(),), device=w.device)
+    return lambda s, c, r: cq(w[s], c, r, rank, n, shared_offset=offsets[s], generator=gen)

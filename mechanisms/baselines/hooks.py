@@ -18,6 +18,10 @@ outside the mechanism's module (and its one entry) depends on which mechanism it
   (:func:`corbin_fl.secure.symbols`) read them back, ``hook(values, m, cfg)`` (ValueError on a
   bad update), and the aggregator decodes their exact sum ``S`` of ``n`` clients,
   ``hook(S, n, c, r, cfg)``;
+- :data:`SharedRanks` (``shared_ranks``): a mechanism with a server-shared seed (its entry's
+  ``shared_seed`` keys): the rank the server sends each of the round's participants,
+  ``hook(seed, n)[i]`` for the ``i``-th by node id; the client's encoder finds
+  ``(seed, rank, n)`` in ``job.shared_seed``;
 - :data:`ReleaseLimit` (``release_limit``): the server's float aggregator
   (:func:`corbin_fl.server.aggregation.float_release_bounds`) admits a release ``v`` when
   ``|v - c| <= hook(cfg, c, r)`` (float64 tensors; the honest releases' tail beyond it is
@@ -45,6 +49,7 @@ __all__ = [
     "Pack",
     "ReleaseLimit",
     "Settings",
+    "SharedRanks",
     "SumDecode",
     "Symbols",
 ]
@@ -103,3 +108,6 @@ SumDecode = Callable[
     "torch.Tensor",
 ]
 """``hook(S, n, c, r, cfg)``: the estimate of the mean from the sum ``S`` of ``n`` symbols."""
+
+SharedRanks = Callable[[int, int], "list[int]"]
+"""``hook(seed, n)``: the rank of each of ``n`` participants (by node id) under a shared seed."""

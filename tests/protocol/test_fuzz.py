@@ -97,6 +97,8 @@ from corbin_fl.server.stages import RoundState, exchange
 
 pytestmark = pytest.mark.fuzz
 
+CQ_SEED, CQ_RANK, CQ_CLIENTS = registry.get("cq").shared_seed
+"""CQ's shared-seed keys of the update instruction (its registry entry's)."""
 _SCALE = max(1, int(os.environ.get("CORBIN_FUZZ_SCALE", "1")))
 
 
@@ -187,9 +189,9 @@ ALL_NAMES: tuple[str, ...] = (
     wire.BLOB,
     wire.MECHANISM,
     wire.ASSIGNMENT,
-    wire.CQ_SEED,
-    wire.CQ_RANK,
-    wire.CQ_CLIENTS,
+    CQ_SEED,
+    CQ_RANK,
+    CQ_CLIENTS,
     wire.NEXT_PUBKEY,
     wire.Z_DIGEST,
     wire.CENTER,
@@ -1400,7 +1402,7 @@ def update_setup(
         elif assignment == wire.PARTNER_GONE:
             body[wire.PARTNER] = PARTNER
     if cfg.mechanism == "cq":
-        body |= {wire.CQ_SEED: os.urandom(8), wire.CQ_RANK: 1, wire.CQ_CLIENTS: 3}
+        body |= {CQ_SEED: os.urandom(8), CQ_RANK: 1, CQ_CLIENTS: 3}
     ranges = ArrayRecord(
         {
             wire.CENTER: wire.to_array(np.zeros(layout.num_layers, np.float32)),
@@ -1483,10 +1485,10 @@ def spec_update_instruction(plan: ClientPlan, cfg: RunConfig) -> bool | None:
     if not (np.isfinite(radius).all() and (radius > 0).all()):
         return False
     if cfg.mechanism == "cq":
-        seed, clients, rank = rec[wire.CQ_SEED], rec[wire.CQ_CLIENTS], rec[wire.CQ_RANK]
-        if not (isinstance(seed, bytes) and len(seed) == wire.CQ_SEED_BYTES):
+        seed, clients, rank = rec[CQ_SEED], rec[CQ_CLIENTS], rec[CQ_RANK]
+        if not (isinstance(seed, bytes) and len(seed) == wire.SHARED_SEED_BYTES):
             return False
-        if not is_int(clients, 1, wire.MAX_CQ_CLIENTS + 1) or not is_int(rank, 0, clients):
+        if not is_int(clients, 1, wire.MAX_SHARED_CLIENTS + 1) or not is_int(rank, 0, clients):
             return False
     if assignment in (wire.PAIRED, wire.PARTNER_GONE):
         partner = rec[wire.PARTNER]

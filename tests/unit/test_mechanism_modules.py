@@ -101,12 +101,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.app.server_app": "Flower's FedAvg, the strategy CorBin wraps (not this one)",
         "corbin_fl.experiments.report": _LEAD,
     },
-    "cq": {
-        "corbin_fl.wire": "the shared seed's record keys",
-        "corbin_fl.server.round": "the server's shared seed",
-        "corbin_fl.client.encode": "its encoder",
-        "corbin_fl.client.handlers": "the shared seed's checks",
-    },
     "fedcad": {
         "corbin_fl.client.encode": "its encoder and its state in the node's context",
         "corbin_fl.mechanisms.report": "its report's method line",

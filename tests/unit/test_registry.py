@@ -73,8 +73,8 @@ def test_every_encoder_speaks_its_registered_wire_format(name: str) -> None:
     w = torch.rand(m, generator=gen) - 0.5
     c, r = torch.zeros(m), torch.ones(m)
     shared = Fallback("unpaired") if mech_pairs(name) else None
-    cq = (123, 0, 2) if name == "cq" else None
-    key, array, flags = encode_solo(cfg, 5, w, c, r, shared=shared, cq=cq)
+    seed = (123, 0, 2) if registry.get(name).shared_seed else None
+    key, array, flags = encode_solo(cfg, 5, w, c, r, shared=shared, shared_seed=seed)
     want_key, want_dtype, want_len = registry.update_spec(cfg, m)
     assert (key, array.dtype, array.shape) == (want_key, want_dtype, (want_len,))
     assert set(flags) <= wire.METRIC_KEYS

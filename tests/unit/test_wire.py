@@ -13,6 +13,9 @@ from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 from corbin_fl.mechanisms.baselines import ternary
 
+CQ_SEED, CQ_RANK, CQ_CLIENTS = registry.get("cq").shared_seed
+"""CQ's shared-seed keys of the update instruction (its registry entry's)."""
+
 
 def test_message_types_are_valid_flower_types() -> None:
     """Every protocol message is a Flower ``train`` message; the stage is named in the record."""
@@ -212,9 +215,9 @@ def test_cfg_key_sets() -> None:
         wire.ARRAYS_KEY,
     }
     assert registry.update_cfg_keys("cq", wire.SOLO, "relay") >= {
-        wire.CQ_SEED,
-        wire.CQ_RANK,
-        wire.CQ_CLIENTS,
+        CQ_SEED,
+        CQ_RANK,
+        CQ_CLIENTS,
     }
     assert registry.pair_cfg_keys("relay") == common | {wire.PARTNER, wire.PARTNER_PUBKEY}
     assert registry.pair_cfg_keys("exact") == registry.pair_cfg_keys("relay") | {wire.NUM_PARAMS}
