@@ -293,6 +293,10 @@ class Mechanism:
     shared_ranks : str
         ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.SharedRanks`
         (with ``shared_seed``).
+    update_bound, server_noise : str
+        ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.UpdateBound`
+        and :data:`~corbin_fl.mechanisms.baselines.hooks.ServerNoise`: central DP, the server's
+        noise (``server.aggregation:NoisySumAggregator``); "" for none.
     pack, symbols, sum_decode : str
         ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.Pack`,
         :data:`~corbin_fl.mechanisms.baselines.hooks.Symbols` and
@@ -334,6 +338,8 @@ class Mechanism:
     count_decode: str = ""
     release_limit: str = ""
     shared_ranks: str = ""
+    update_bound: str = ""
+    server_noise: str = ""
     pack: str = ""
     symbols: str = ""
     sum_decode: str = ""
@@ -453,6 +459,8 @@ _HOOKS: Final[tuple[str, ...]] = (
     "count_decode",
     "release_limit",
     "shared_ranks",
+    "update_bound",
+    "server_noise",
     "pack",
     "symbols",
     "sum_decode",
@@ -1011,9 +1019,11 @@ register(
         "update clipped to L2 norm C; the server adds Gaussian noise (central DP, trusts it)",
         float32,
         _VALUES_ENCODER,
-        "corbin_fl.server.aggregation:CentralGaussianAggregator",
+        "corbin_fl.server.aggregation:NoisySumAggregator",
         local_dp=False,
         block_release=f"{_BASELINES}.central_gaussian:block_release",
+        update_bound=f"{_BASELINES}.central_gaussian:update_bound",
+        server_noise=f"{_BASELINES}.central_gaussian:server_noise",
         has_delta=True,
         update_only=True,
         params=(

@@ -15,8 +15,8 @@ local model ``(1/n) sum_i w_i`` (Alg. 3 line 23):
 - float mechanisms (gaussian, laplace, fedavg): float64 sum of the released models / n, each
   release within its registered ``release_limit``;
 - fedcad: float64 sum of the released updates / n, added to the global model;
-- central-gaussian: float64 sum of the clipped updates plus the server's Gaussian noise, divided
-  by the round's cohort (DP-FedAvg's Gaussian sum query);
+- central DP (central-gaussian): float64 sum of the clipped updates plus the server's noise (the
+  entry's ``server_noise``), divided by the round's cohort (DP-FedAvg's Gaussian sum query);
   a float release outside :func:`float_release_bounds` (or NaN/inf) is rejected, not averaged.
 
 :func:`apply_global_lr` is paper eq. (6): ``w_g <- (1 - lambda) w_g + lambda w_bar``.
@@ -36,10 +36,6 @@ from flwr.app import ArrayRecord
 from corbin_fl import registry, wire
 from corbin_fl.config import RunConfig
 from corbin_fl.layout import ParamLayout, RangeBlock, range_blocks
-from corbin_fl.mechanisms.baselines.central_gaussian import (
-    central_noise,
-    central_noise_multiplier,
-)
 from corbin_fl.mechanisms.packing import BitCounter, mean_from_counts, unpack_symbols
 from corbin_fl.registry import finite_mechanism
 
@@ -330,40 +326,44 @@ class FloatAggregator(Aggregator):
         return self.total / self.n
 
 
-class CentralGaussianAggregator(Aggregator):
-    """Gaussian central DP (``mechanisms/baselines/central_gaussian.py``): the server's noise.
+class NoisySumAggregator(Aggregator):
+    """Central DP (central-gaussian, DP-FedAvg's Gaussian sum query): the server's noise.
 
-    Each update is the client's clipped ``w_i - w_g``; one whose L2 norm exceeds ``C`` (with a
-    float32 slack of ``1e-5``) or that is not finite is rejected, so no client can exceed the
-    sensitivity the accounting assumes. The estimate is ``(sum + N(0, z^2 C^2 I)) / cohort``,
-    with ``z`` for (epsilon, delta) over ``num-rounds`` rounds and the noise from a generator
-    seeded by the OS CSPRNG (:attr:`noise_generator`, None, in production).
+    Each update is the client's clipped ``w_i - w_g``; one whose L2 norm exceeds the entry's
+    ``update_bound`` ``C`` (with a float32 slack of ``1e-5``) or that is not finite is rejected,
+    so no client can exceed the sensitivity the accounting assumes. The estimate is
+    ``(sum + noise) / cohort`` with the entry's ``server_noise`` (central-gaussian:
+    ``N(0, z^2 C^2 I)``, ``z`` for (epsilon, delta) over ``num-rounds`` rounds), drawn from a
+    generator seeded by the OS CSPRNG (:attr:`noise_generator`, None, in production).
     """
 
     noise_generator: torch.Generator | None = None
 
     def _start(self) -> None:
+        entry = registry.get(self.cfg.mechanism)
+        bound, noise = entry.hook("update_bound"), entry.hook("server_noise")
+        if bound is None or noise is None:
+            raise ValueError(f"{entry.name} registers no update_bound / server_noise hooks")
+        self.bound, self.noise = bound, noise
         self.total = torch.zeros(self.m, dtype=torch.float64)
-        self.z = central_noise_multiplier(self.cfg.epsilon, self.cfg.delta, self.cfg.num_rounds)
 
     def _add(self, values: np.ndarray) -> None:
         v = torch.from_numpy(values).to(torch.float64)
         norm = float(torch.linalg.vector_norm(v))
-        clip = self.cfg.param("central-clip")
+        clip = float(self.bound(self.cfg))
         limit = clip * (1.0 + 1e-5)
         if not norm <= limit:  # also NaN
             raise wire.WireError(
                 f"update L2 norm {norm:.6g} is above the clip {clip:g} of "
-                "central-gaussian (the sensitivity the accounting assumes)"
+                f"{self.cfg.mechanism} (the sensitivity the accounting assumes)"
             )
         self.total += v
 
     def _estimate(self) -> torch.Tensor:
-        noise = central_noise(
-            (self.m,), self.z, self.cfg.param("central-clip"), generator=self.noise_generator
-        )
+        noise = self.noise(self.cfg, self.m, self.noise_generator)
         denominator = self.cohort if self.cohort else self.n
-        return (self.total.add_(noise)).div_(denominator)
+        total: torch.Tensor = self.total.add_(noise).div_(denominator)
+        return total
 
 
 class FloatUpdateAggregator(FloatAggregator):

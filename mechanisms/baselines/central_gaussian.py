@@ -33,7 +33,7 @@ import math
 import torch
 
 from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
-from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob
+from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob, Settings
 from corbin_fl.mechanisms.validate import integer, positive, probability, torch_generator
 
 __all__ = [
@@ -42,6 +42,8 @@ __all__ = [
     "central_noise",
     "central_noise_multiplier",
     "clip_l2",
+    "server_noise",
+    "update_bound",
 ]
 
 
@@ -88,3 +90,16 @@ def block_release(job: EncodeJob) -> Block:
     it (the client trusts the server; its policy must admit the mechanism explicitly)."""
     clipped = clip_l2(job.w, job.cfg.param("central-clip")).to(torch.float32)
     return lambda s, c, r: clipped[s]
+
+
+def update_bound(cfg: Settings) -> float:
+    """``C = central-clip`` (:data:`.hooks.UpdateBound`): the sensitivity of the server's sum
+    that the accounting assumes."""
+    return float(cfg.param("central-clip"))
+
+
+def server_noise(cfg: Settings, m: int, generator: torch.Generator | None) -> torch.Tensor:
+    """``N(0, (z C)^2 I_m)`` (:data:`.hooks.ServerNoise`), ``z`` for (epsilon, delta) over
+    ``num-rounds`` rounds (:func:`central_noise_multiplier`)."""
+    z = central_noise_multiplier(cfg.epsilon, cfg.delta, cfg.num_rounds)
+    return central_noise((m,), z, update_bound(cfg), generator=generator)

@@ -22,6 +22,9 @@ outside the mechanism's module (and its one entry) depends on which mechanism it
   ``shared_seed`` keys): the rank the server sends each of the round's participants,
   ``hook(seed, n)[i]`` for the ``i``-th by node id; the client's encoder finds
   ``(seed, rank, n)`` in ``job.shared_seed``;
+- :data:`UpdateBound`, :data:`ServerNoise` (``update_bound``, ``server_noise``): central DP, the
+  server's noise on the clients' clipped updates (``NoisySumAggregator``): it refuses an update
+  whose L2 norm is above ``hook(cfg)`` and adds ``hook(cfg, m, generator)`` to their sum;
 - :data:`ReleaseLimit` (``release_limit``): the server's float aggregator
   (:func:`corbin_fl.server.aggregation.float_release_bounds`) admits a release ``v`` when
   ``|v - c| <= hook(cfg, c, r)`` (float64 tensors; the honest releases' tail beyond it is
@@ -48,10 +51,12 @@ __all__ = [
     "EncodeJob",
     "Pack",
     "ReleaseLimit",
+    "ServerNoise",
     "Settings",
     "SharedRanks",
     "SumDecode",
     "Symbols",
+    "UpdateBound",
 ]
 
 
@@ -63,6 +68,9 @@ class Settings(Protocol):
 
     @property
     def delta(self) -> float: ...
+
+    @property
+    def num_rounds(self) -> int: ...
 
     def param(self, key: str) -> Any:
         """A registered parameter of the run (``"central-clip"``, ...)."""
@@ -111,3 +119,9 @@ SumDecode = Callable[
 
 SharedRanks = Callable[[int, int], "list[int]"]
 """``hook(seed, n)``: the rank of each of ``n`` participants (by node id) under a shared seed."""
+
+UpdateBound = Callable[[Settings], float]
+"""``hook(cfg)``: the largest L2 norm of a client's (clipped) update the server admits."""
+
+ServerNoise = Callable[[Settings, int, "torch.Generator | None"], "torch.Tensor"]
+"""``hook(cfg, m, generator)``: the server's noise on the sum of the updates (float64 ``[m]``)."""

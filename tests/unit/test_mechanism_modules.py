@@ -84,7 +84,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.experiments.report": _LEAD,
     },
     "gaussian": {
-        "corbin_fl.server.aggregation": "central-gaussian's aggregator (its name has the word)",
         "corbin_fl.mechanisms.accounting": _FAMILY,
         "corbin_fl.mechanisms.analytic_gaussian": _FAMILY,
         "corbin_fl.mechanisms.baselines.central_gaussian": _FAMILY,
@@ -117,7 +116,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "math may not import)",
     },
     "central-gaussian": {
-        "corbin_fl.server.aggregation": "its aggregator (the server's noise)",
         "corbin_fl.mechanisms.threat_models": "the central guarantee's sentences",
         "corbin_fl.experiments.plots": _LEAD,
     },
