@@ -14,7 +14,8 @@ contract of :mod:`corbin_fl.registry`:
   noise, a sign, a clip); packed bits or float32;
 - :func:`encode_levels`: a finite-output mechanism's ``b``-bit symbols, packed;
 - :func:`encode_symbols`: integer symbols in a wire form of the mechanism's own (its ``pack``);
-- Fed-CAD's encoder (its state in the node's context).
+- :func:`encode_stateful`: a mechanism with a state on the node across rounds (Fed-CAD), kept
+  in the node's ``context.state``.
 
 ``z = expand_seed(seed, context_label(run, round, a, b), m, d, p_x)``, the same on both sides of a
 pair. Local quantization coins come from a ``torch.Generator`` seeded from the OS CSPRNG (the
@@ -40,7 +41,6 @@ from corbin_fl.client.shared import Fallback, Shared
 from corbin_fl.config import RunConfig
 from corbin_fl.devices import pick_device
 from corbin_fl.layout import ParamLayout, RangeBlock, range_blocks
-from corbin_fl.mechanisms.baselines.fedcad import FedCAD
 from corbin_fl.mechanisms.packing import pack_bits, pack_symbols
 from corbin_fl.mechanisms.quantizers import corbinq, ldpq
 from corbin_fl.mechanisms.randomness import (
@@ -54,10 +54,10 @@ from corbin_fl.registry import finite_mechanism
 
 logger = logging.getLogger(__name__)
 
-STATE_FEDCAD = "corbin.fedcad"
-STATE_FEDCAD_ARRAYS = "corbin.fedcad.arrays"
-"""``context.state`` ConfigRecord of the FedCAD scalars (round, v, E[Diff]); the tensors
-``prev_update`` and ``mu`` are the ArrayRecord :data:`STATE_FEDCAD_ARRAYS`."""
+STATE_RECORD = "corbin.{mechanism}"
+"""``context.state`` ConfigRecord of a stateful mechanism's numbers (its ``STATE_SCALARS``); its
+tensors are the ArrayRecord of the same name plus :data:`ARRAYS_SUFFIX`."""
+ARRAYS_SUFFIX = ".arrays"
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def encode_update(
     cfg : RunConfig
         The mechanism's settings, from the instruction.
     context : Context
-        Node context (FedCAD keeps its state in ``context.state``).
+        Node context (a stateful mechanism keeps its state in ``context.state``).
     rnd : int
         Round.
     layout : ParamLayout
@@ -217,7 +217,7 @@ class EncodeInput:
     cfg : RunConfig
         The mechanism's settings, from the instruction.
     context : Context
-        Node context (FedCAD keeps its state in ``context.state``).
+        Node context (a stateful mechanism keeps its state in ``context.state``).
     w : torch.Tensor
         What is quantized: the trained model ``w_i``, or ``w_i - w_g`` in update range mode.
         Every tensor here and ``gen`` are on ``w.device`` (the registry's encoder contract).
@@ -411,54 +411,50 @@ def encode_levels(job: EncodeInput) -> Encoded:
     return wire.BITS, pack_symbols(symbols, mech.bits), None
 
 
-def encode_fedcad(job: EncodeInput) -> Encoded:
-    """FedCAD noisy update ``w - w_g`` (Fed-CAD Alg. 1); its state lives in ``context.state``."""
-    fed = _load_fedcad(job.cfg, job.context)
-    noisy = fed.perturb(job.w - job.w_global.to(job.w.device), generator=job.gen)
-    _save_fedcad(fed, job.context)
-    return wire.VALUES, _np(noisy), None
+def encode_stateful(job: EncodeInput) -> Encoded:
+    """A mechanism with a state on the node across rounds (its registered ``node_state`` and
+    ``stateful_release``, :mod:`corbin_fl.mechanisms.baselines.hooks`): the state saved in the
+    node's ``context.state`` is restored, advanced by the release and saved again; float32."""
+    entry = registry.get(job.cfg.mechanism)
+    new, release = entry.hook("node_state"), entry.hook("stateful_release")
+    if new is None or release is None:
+        raise ValueError(f"{entry.name} registers no node_state / stateful_release hooks")
+    name = STATE_RECORD.format(mechanism=entry.name)
+    state = _load_state(new(job.cfg), job.context, name)
+    out = release(state, job)
+    _save_state(state, job.context, name)
+    return wire.VALUES, _np(out), None
 
 
-# ----------------------------------------------------------------------------- FedCAD state
-_FEDCAD_SCALARS = ("version", "round", "v", "expected_diff")
-
-
-def _new_fedcad(cfg: RunConfig) -> Any:
-    return FedCAD(
-        cfg.param("fedcad-clip"),
-        cfg.epsilon,
-        cfg.delta,
-        gamma=cfg.param("fedcad-gamma"),
-        sigma_diff=cfg.param("fedcad-sigma-diff"),
-        diff_init=cfg.param("fedcad-diff-init"),
-        diff_floor=cfg.param("fedcad-diff-floor"),
-    )
-
-
-def _load_fedcad(cfg: RunConfig, context: Context) -> Any:
-    """The node's FedCAD object, restored from ``context.state`` (fresh in its first round)."""
-    fed = _new_fedcad(cfg)
-    scalars = context.state.config_records.get(STATE_FEDCAD)
+# ----------------------------------------------------------------------------- node state
+def _load_state(state: Any, context: Context, name: str) -> Any:
+    """``state`` with what ``context.state`` keeps under ``name`` (unchanged in its first
+    round): its ``STATE_SCALARS`` from the ConfigRecord ``name``, its ``STATE_TENSORS`` from the
+    ArrayRecord ``name + ".arrays"`` (None where absent)."""
+    scalars = context.state.config_records.get(name)
     if scalars is None:
-        return fed
-    state: dict[str, Any] = {**fed.state_dict(), **{k: scalars[k] for k in _FEDCAD_SCALARS}}
-    tensors = context.state.array_records.get(STATE_FEDCAD_ARRAYS)
-    for key in ("prev_update", "mu"):
-        state[key] = (
+        return state
+    loaded: dict[str, Any] = {
+        **state.state_dict(),
+        **{k: scalars[k] for k in state.STATE_SCALARS},
+    }
+    tensors = context.state.array_records.get(name + ARRAYS_SUFFIX)
+    for key in state.STATE_TENSORS:
+        loaded[key] = (
             torch.from_numpy(tensors[key].numpy().copy())
             if tensors is not None and key in tensors
             else None
         )
-    fed.load_state_dict(state)
-    return fed
+    state.load_state_dict(loaded)
+    return state
 
 
-def _save_fedcad(fed: Any, context: Context) -> None:
-    state = fed.state_dict()
-    context.state.config_records[STATE_FEDCAD] = ConfigRecord(
-        {k: state[k] for k in _FEDCAD_SCALARS}
-    )
-    if state["prev_update"] is not None:
-        context.state.array_records[STATE_FEDCAD_ARRAYS] = ArrayRecord(
-            {k: wire.to_array(_np(state[k])) for k in ("prev_update", "mu")}
+def _save_state(state: Any, context: Context, name: str) -> None:
+    """Keep ``state``'s ``STATE_SCALARS`` (and its ``STATE_TENSORS`` once it has them) in
+    ``context.state`` under ``name``."""
+    saved = state.state_dict()
+    context.state.config_records[name] = ConfigRecord({k: saved[k] for k in state.STATE_SCALARS})
+    if all(saved[k] is not None for k in state.STATE_TENSORS):
+        context.state.array_records[name + ARRAYS_SUFFIX] = ArrayRecord(
+            {k: wire.to_array(_np(saved[k])) for k in state.STATE_TENSORS}
         )

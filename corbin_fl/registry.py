@@ -293,6 +293,10 @@ class Mechanism:
     shared_ranks : str
         ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.SharedRanks`
         (with ``shared_seed``).
+    node_state, stateful_release : str
+        ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.NodeState` and
+        :data:`~corbin_fl.mechanisms.baselines.hooks.StatefulRelease`: a state kept on the node
+        across rounds (``client.encode:encode_stateful``); "" for none.
     update_bound, server_noise : str
         ``"module:function"`` of its :data:`~corbin_fl.mechanisms.baselines.hooks.UpdateBound`
         and :data:`~corbin_fl.mechanisms.baselines.hooks.ServerNoise`: central DP, the server's
@@ -340,6 +344,8 @@ class Mechanism:
     shared_ranks: str = ""
     update_bound: str = ""
     server_noise: str = ""
+    node_state: str = ""
+    stateful_release: str = ""
     pack: str = ""
     symbols: str = ""
     sum_decode: str = ""
@@ -461,6 +467,8 @@ _HOOKS: Final[tuple[str, ...]] = (
     "shared_ranks",
     "update_bound",
     "server_noise",
+    "node_state",
+    "stateful_release",
     "pack",
     "symbols",
     "sum_decode",
@@ -859,11 +867,13 @@ register(
         "fedcad",
         "FedCAD noisy update w - w_g (Fed-CAD Alg. 1)",
         float32,
-        "corbin_fl.client.encode:encode_fedcad",
+        "corbin_fl.client.encode:encode_stateful",
         "corbin_fl.server.aggregation:FloatUpdateAggregator",
         has_delta=True,
         dp_unit="update",
         own_clip=True,
+        node_state=f"{_BASELINES}.fedcad:node_state",
+        stateful_release=f"{_BASELINES}.fedcad:stateful_release",
         params=(
             Param(
                 "fedcad-clip",

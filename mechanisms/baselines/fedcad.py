@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -63,11 +63,12 @@ from corbin_fl.mechanisms.baselines._common import (
     COMPUTE_DTYPE,
 )
 from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma
+from corbin_fl.mechanisms.baselines.hooks import EncodeJob, Settings
 from corbin_fl.mechanisms.validate import positive, probability, torch_generator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FedCAD"]
+__all__ = ["FedCAD", "node_state", "stateful_release"]
 
 _STATE_VERSION = 1
 _MAX_REL_DIFF = 1.0 - 1e-6
@@ -104,6 +105,12 @@ class FedCAD:
         Smallest ``E[Diff]`` as a fraction of ``C`` (keeps line 20 well defined), in
         ``(0, diff_init]``.
     """
+
+    STATE_SCALARS: ClassVar[tuple[str, ...]] = ("version", "round", "v", "expected_diff")
+    """The entries of :meth:`state_dict` a node keeps across rounds as numbers (the
+    configuration entries come from the run's settings each round)."""
+    STATE_TENSORS: ClassVar[tuple[str, ...]] = ("prev_update", "mu")
+    """The entries of :meth:`state_dict` a node keeps as tensors (both or neither)."""
 
     def __init__(
         self,
@@ -314,3 +321,23 @@ class FedCAD:
         self.expected_diff = new_diff
         self.round += 1
         return out
+
+
+def node_state(cfg: Settings) -> FedCAD:
+    """A node's Fed-CAD under the run's settings, before its first round
+    (:data:`.hooks.NodeState`; the node restores its saved state into it)."""
+    return FedCAD(
+        cfg.param("fedcad-clip"),
+        cfg.epsilon,
+        cfg.delta,
+        gamma=cfg.param("fedcad-gamma"),
+        sigma_diff=cfg.param("fedcad-sigma-diff"),
+        diff_init=cfg.param("fedcad-diff-init"),
+        diff_floor=cfg.param("fedcad-diff-floor"),
+    )
+
+
+def stateful_release(state: FedCAD, job: EncodeJob) -> torch.Tensor:
+    """The noisy update ``w - w_g`` (Fed-CAD Alg. 1), advancing ``state``
+    (:data:`.hooks.StatefulRelease`)."""
+    return state.perturb(job.w - job.w_global.to(job.w.device), generator=job.gen)

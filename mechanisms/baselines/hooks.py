@@ -25,6 +25,11 @@ outside the mechanism's module (and its one entry) depends on which mechanism it
 - :data:`UpdateBound`, :data:`ServerNoise` (``update_bound``, ``server_noise``): central DP, the
   server's noise on the clients' clipped updates (``NoisySumAggregator``): it refuses an update
   whose L2 norm is above ``hook(cfg)`` and adds ``hook(cfg, m, generator)`` to their sum;
+- :data:`NodeState`, :data:`StatefulRelease` (``node_state``, ``stateful_release``): a
+  mechanism with a state on the node across rounds (``client.encode:encode_stateful``):
+  ``hook(cfg)`` builds it (an object with ``state_dict``, ``load_state_dict`` and the keys it
+  keeps, ``STATE_SCALARS`` and ``STATE_TENSORS``), the node restores its saved state into it,
+  ``hook(state, job)`` releases the update (float32) and advances it, and the node saves it;
 - :data:`ReleaseLimit` (``release_limit``): the server's float aggregator
   (:func:`corbin_fl.server.aggregation.float_release_bounds`) admits a release ``v`` when
   ``|v - c| <= hook(cfg, c, r)`` (float64 tensors; the honest releases' tail beyond it is
@@ -49,11 +54,13 @@ __all__ = [
     "BlockRelease",
     "CountDecode",
     "EncodeJob",
+    "NodeState",
     "Pack",
     "ReleaseLimit",
     "ServerNoise",
     "Settings",
     "SharedRanks",
+    "StatefulRelease",
     "SumDecode",
     "Symbols",
     "UpdateBound",
@@ -85,6 +92,9 @@ class EncodeJob(Protocol):
 
     @property
     def w(self) -> torch.Tensor: ...
+
+    @property
+    def w_global(self) -> torch.Tensor: ...
 
     @property
     def gen(self) -> torch.Generator: ...
@@ -125,3 +135,9 @@ UpdateBound = Callable[[Settings], float]
 
 ServerNoise = Callable[[Settings, int, "torch.Generator | None"], "torch.Tensor"]
 """``hook(cfg, m, generator)``: the server's noise on the sum of the updates (float64 ``[m]``)."""
+
+NodeState = Callable[[Settings], Any]
+"""``hook(cfg)``: a node's state of a stateful mechanism before its first round."""
+
+StatefulRelease = Callable[[Any, EncodeJob], "torch.Tensor"]
+"""``hook(state, job)``: the release of the update, advancing ``state``."""

@@ -101,7 +101,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.experiments.report": _LEAD,
     },
     "fedcad": {
-        "corbin_fl.client.encode": "its encoder and its state in the node's context",
         "corbin_fl.mechanisms.report": "its report's method line",
         "corbin_fl.experiments.plots": _LEAD,
     },
