@@ -198,42 +198,15 @@ def run(
     todo = to_do(planned)[:max_runs]
     done = sum(s is RunState.DONE for _, s in planned)
     outcome = Outcome(total=done + len(to_do(planned)), skipped=done)
-    how: dict[str, Any] = {"experiment": spec.name, "timeout_s": spec.run_timeout_s}
-
-    def execute(run: Run, on_round: Callable[[int], None]) -> str | None:
-        """``None`` once ``run`` succeeds, or why its last of ``1 + retries`` attempts failed."""
-        for attempt in range(1 + spec.retries):
-            try:
-                sweep.execute_run(run, be, pool / run.run_id, on_round=on_round, **how)
-                return None
-            except sweep.RunFailedError as exc:
-                error = str(exc)
-            if attempt < spec.retries:
-                logger.warning(
-                    "run %s failed (%s); attempt %d of %d in %.0f s",
-                    *(run.run_id, error.splitlines()[0], attempt + 2, 1 + spec.retries),
-                    spec.retry_delay_s,
-                )
-                time.sleep(spec.retry_delay_s)
-        return error
-
     runs_bar = view.add_task("runs to do", total=len(todo))
     round_bar = view.add_task("round", total=1, visible=False)
     started = time.monotonic()
     tried: set[str] = set()
 
-    def next_run() -> tuple[Run, RunState] | None:
-        """The first run of the plan to execute that this invocation has not tried, the plan
-        read again (a setting's lambda is chosen once its lambda-choosing runs are done)."""
-        for run, state in plan(spec, results_root):
-            if state in (RunState.MISSING, RunState.PARTIAL) and run.run_id not in tried:
-                return run, state
-        return None
-
     try:
         with view:
             for index in range(len(todo)):
-                if (upcoming := next_run()) is None:
+                if (upcoming := next_run(spec, results_root, tried)) is None:
                     logger.warning("the runs left wait for a lambda choice whose runs failed")
                     break
                 run, state = upcoming
@@ -246,7 +219,8 @@ def run(
                     round_bar, description=run.run_id, total=rounds, completed=0, visible=True
                 )
                 t0 = time.monotonic()
-                if (error := execute(run, lambda n: view.update(round_bar, completed=n))) is None:
+                on_round = lambda n: view.update(round_bar, completed=n)  # noqa: E731
+                if (error := execute(spec, run, be, pool, on_round)) is None:
                     outcome.executed += 1
                     logger.info("run %s done in %.1f s", run.run_id, time.monotonic() - t0)
                 else:
@@ -258,6 +232,38 @@ def run(
         logger.warning("interrupted; run the same command again to resume")
     outcome.targets, outcome.report = finalize(spec, results_root, failures=outcome.failed)
     return outcome
+
+
+def next_run(
+    spec: ExperimentSpec, results_root: Path, tried: set[str]
+) -> tuple[Run, RunState] | None:
+    """The first run of the plan to execute that is not in ``tried``, the plan read again (a
+    setting's lambda is chosen once its lambda-choosing runs are done)."""
+    for run, state in plan(spec, results_root):
+        if state in (RunState.MISSING, RunState.PARTIAL) and run.run_id not in tried:
+            return run, state
+    return None
+
+
+def execute(
+    spec: ExperimentSpec, run: Run, backend: Backend, pool: Path, on_round: Callable[[int], None]
+) -> str | None:
+    """``None`` once ``run`` succeeds, or why its last of ``1 + retries`` attempts failed."""
+    how: dict[str, Any] = {"experiment": spec.name, "timeout_s": spec.run_timeout_s}
+    for attempt in range(1 + spec.retries):
+        try:
+            sweep.execute_run(run, backend, pool / run.run_id, on_round=on_round, **how)
+            return None
+        except sweep.RunFailedError as exc:
+            error = str(exc)
+        if attempt < spec.retries:
+            logger.warning(
+                "run %s failed (%s); attempt %d of %d in %.0f s",
+                *(run.run_id, error.splitlines()[0], attempt + 2, 1 + spec.retries),
+                spec.retry_delay_s,
+            )
+            time.sleep(spec.retry_delay_s)
+    return error
 
 
 def progress_line(name: str, outcome: Outcome, index: int, todo: int, started: float) -> str:

@@ -21,7 +21,7 @@ from corbin_fl.config import RunConfig
 from corbin_fl.experiments import plots
 from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
-from corbin_fl.experiments.spec import ExperimentSpec
+from corbin_fl.experiments.spec import ExperimentSpec, RunValue
 from corbin_fl.fsio import atomic_write_text
 from corbin_fl.mechanisms import secure_sum as ss
 from corbin_fl.mechanisms.accounting import THREAT_MODELS
@@ -330,6 +330,33 @@ _GROUP_FIGURES = {
 }
 
 
+def against_table(groups: Sequence[GroupResult], keys: Sequence[str], key: str) -> list[str]:
+    """The test accuracy at the validation-selected round (mean ± std over seeds) with one row
+    per setting of the other ``keys`` and one column per value of ``key`` (the paper's table
+    against eps_p); the settings that do not read ``key`` (FedAvg's eps_p) on a line below.
+    Empty unless ``key`` varies over two values or more."""
+    reading = [g for g in groups if key in g.setting and rs.reads(key, g.setting)]
+    columns = sorted({g.setting[key] for g in reading}, key=lambda v: (str(type(v)), v))
+    if key not in keys or len(columns) < 2:
+        return []
+    others = [k for k in keys if k != key]
+    rows: dict[str, dict[RunValue, str]] = {}
+    for g in reading:
+        rows.setdefault(group_label(g.setting, others), {})[g.setting[key]] = g.test.fmt()
+    head = ["setting", *(f"{key}={v:g}" if isinstance(v, float) else f"{key}={v}" for v in columns)]
+    body = [[label, *(cells.get(v, "—") for v in columns)] for label, cells in rows.items()]
+    lines = [f"### Test accuracy against {key} (at the validation-selected round)", ""]
+    lines += [table(head, body), ""]
+    if rest := [g for g in groups if all(g is not r for r in reading)]:
+        lines += [
+            f"Not reading {key}: "
+            + "; ".join(f"{group_label(g.setting, others)} {g.test.fmt()}" for g in rest)
+            + ".",
+            "",
+        ]
+    return lines
+
+
 def lambda_text(spec: ExperimentSpec) -> str:
     """The lambda grid, and with ``lambda-seeds`` the seeds that choose and those that run only
     at the chosen lambda (the report's Setup)."""
@@ -385,6 +412,7 @@ def finalize_federated(
             table(["setting", *(head for head, _ in _RESULT_COLUMNS)], rows),
         ),
     ]
+    lines += against_table(groups, keys, "epsilon")
     if len(spec.lambda_grid) > 1:  # each lambda's mean, the chosen one ticked
 
         def cell(g: GroupResult, lam: float) -> str:

@@ -342,7 +342,7 @@ _DEFAULTS = RunConfig().result_config()
 _MECHANISM_KEYS = frozenset().union(*(m.own_keys for m in REGISTRY.values()))
 
 
-def _inert(key: str, setting: Mapping[str, RunValue]) -> bool:
+def inert(key: str, setting: Mapping[str, RunValue]) -> bool:
     """``key`` is read only by other mechanisms than the setting's (``pbm-trials`` in an
     ``ldpfl`` setting, ``gamma`` outside AugCorBin; ``Mechanism.own_keys``) and has its default
     value: its runs do not read it."""
@@ -355,10 +355,19 @@ def _inert(key: str, setting: Mapping[str, RunValue]) -> bool:
     )
 
 
+def reads(key: str, setting: Mapping[str, RunValue]) -> bool:
+    """Whether the setting's runs read ``key``: not :func:`inert`, and for ``epsilon`` a
+    mechanism with some privacy (FedAvg's runs carry an epsilon that nothing reads)."""
+    if inert(key, setting):
+        return False
+    mechanism = REGISTRY.get(str(setting.get("mechanism", "")))
+    return key != "epsilon" or mechanism is None or mechanism.privacy.family != "none"
+
+
 def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
     """A label such as ``"corbin, epsilon=0.5"`` from the varying ``keys``, without a key of
-    another mechanism at its default (:func:`_inert`)."""
-    values = {key: setting.get(key, "default") for key in keys if not _inert(key, setting)}
+    another mechanism at its default (:func:`inert`)."""
+    values = {key: setting.get(key, "default") for key in keys if not inert(key, setting)}
     parts = [str(v) if k == "mechanism" else f"{k}={v}" for k, v in values.items()]
     return ", ".join(parts) if parts else str(setting.get("mechanism", "run"))
 
