@@ -361,7 +361,8 @@ def reads(key: str, setting: Mapping[str, RunValue]) -> bool:
     if inert(key, setting):
         return False
     mechanism = REGISTRY.get(str(setting.get("mechanism", "")))
-    return key != "epsilon" or mechanism is None or mechanism.privacy.family != "none"
+    privacy = mechanism.privacy if mechanism is not None else None
+    return key != "epsilon" or privacy is None or privacy.family != "none"
 
 
 def group_label(setting: Mapping[str, RunValue], keys: Sequence[str]) -> str:
