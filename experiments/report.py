@@ -317,6 +317,7 @@ _RESULT_COLUMNS: tuple[tuple[str, Callable[[GroupResult], str]], ...] = (
     ("seeds", lambda g: str(g.test.n)),
     ("eps_p", lambda g: _num(g.privacy("eps_p"))),
     ("uplink MB / run", lambda g: _num(g.uplink_bytes.mean / 1e6, 3) if g.uplink_bytes.n else "—"),
+    ("uplink bits / parameter", lambda g: _num(plots.uplink_bits(g), 4) if g.runs else "—"),
     ("s / run", lambda g: _num(g.seconds.mean, 3)),
 )
 """The results table's columns after ``setting``: header and cell of a group."""

@@ -34,3 +34,16 @@ def test_the_table_against_epsilon_has_a_column_per_eps_and_fedavg_apart(tmp_pat
     assert against_table(groups, keys, "d") == []
     one_eps = [g for g in groups if g.setting.get("epsilon") != 0.5]
     assert against_table(one_eps, keys, "epsilon") == []
+
+
+def test_the_results_table_gives_the_uplink_bits_per_parameter(tmp_path: Path) -> None:
+    spec, root = spec_from(TINY), tmp_path / "r"
+    out = ex.run(spec, root, app_dir=fake_app_dir(tmp_path), backend=FakeBackend(), progress=False)
+    report = out.report.read_text(encoding="utf-8") if out.report else ""
+    results_table = report.split("## Results", 1)[1].split("###", 1)[0]
+    assert "| uplink bits / parameter |" in results_table
+    for g in group_results(ex.load_finished(spec, root)):
+        run = g.runs[0]  # bytes up per client and round over the model's parameters
+        clients = sum(row["participants"] for row in run.rows)
+        bits = 8 * run.uplink_bytes / (clients * run.summary["num_params"])
+        assert f"| {bits:.4g} |" in results_table
