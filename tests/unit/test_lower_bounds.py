@@ -220,12 +220,12 @@ def test_pbm_sum_guarantee_is_never_below_a_realisable_vertex(eps: float, n: int
     from scipy import stats
 
     m, trials = 20, 2
-    pl, ph = ss.pbm_range(eps, trials)
+    pl, ph = ss.binomial_range(eps, trials)
     others = stats.binom.pmf(np.arange(trials * (n - 1) + 1), trials * (n - 1), pl)
     x = np.arange(trials + 1)
     p = np.convolve(stats.binom.pmf(x, trials, ph), others)
     q = np.convolve(stats.binom.pmf(x, trials, pl), others)
-    g = ss.pbm_guarantee(eps, trials, n, m, 1, DELTA)
+    g = ss.binomial_guarantee(eps, trials, n, m, 1, DELTA)
     assert g["per_parameter"]["eps"] >= lb.pair_epsilon(p, q, DELTA) * (1 - REL)
     assert g["per_update"]["eps"] >= lb.composed_epsilon(p, q, m, DELTA) * (1 - REL)
 

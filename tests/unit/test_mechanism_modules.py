@@ -96,7 +96,8 @@ ALLOWED: dict[str, dict[str, str]] = {
     },
     "fedavg": {
         "corbin_fl.mechanisms.accounting": "the accounting's name aliases (another change)",
-        "corbin_fl.mechanisms.threat_models": "the no-DP sentences",
+        "corbin_fl.mechanisms.threat_models": "DP-FedAvg, the central mechanism's algorithm (not "
+        "this one)",
         "corbin_fl.app.server_app": "Flower's FedAvg, the strategy CorBin wraps (not this one)",
         "corbin_fl.experiments.report": _LEAD,
     },

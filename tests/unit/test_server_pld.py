@@ -199,7 +199,7 @@ def test_an_adaptive_adversary_over_mixed_vertices_stays_below_the_project(
 
 
 def test_pbm_and_augcorbin_still_compose_above_their_worst_fixed_vertex() -> None:
-    pbm = ss.pbm_profile(1.0, 2, 3)
+    pbm = ss.binomial_profile(1.0, 2, 3)
     aug = ss.augcorbin_profile(1.0, 50, 0.8, independent=40, paired=True)
     for prof, steps, delta in ((pbm, 500, 1e-5), (aug, 100, 1e-3)):
         comp = ss.compose(prof, steps, delta)
