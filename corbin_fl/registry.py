@@ -370,6 +370,10 @@ class Mechanism:
             raise ValueError(f"{self.name}: a shared seed rides in 3 of its instruction_keys")
         if bool(self.shared_seed) != bool(self.shared_ranks):
             raise ValueError(f"{self.name}: a shared seed needs its shared_ranks, and only it")
+        for together in _HOOKS_TOGETHER:
+            given = [hook for hook in together if getattr(self, hook)]
+            if given and len(given) != len(together):
+                raise ValueError(f"{self.name}: hooks {', '.join(together)} go together")
         keys = [p.key for p in self.params]
         if len(set(keys)) != len(keys):
             raise ValueError(f"{self.name}: a parameter key is given twice")
@@ -474,6 +478,12 @@ _HOOKS: Final[tuple[str, ...]] = (
     "sum_decode",
 )
 """The hooks an entry may name (:mod:`corbin_fl.mechanisms.baselines.hooks`)."""
+_HOOKS_TOGETHER: Final[tuple[tuple[str, ...], ...]] = (
+    ("pack", "symbols", "sum_decode"),
+    ("update_bound", "server_noise"),
+    ("node_state", "stateful_release"),
+)
+"""Hooks that one generic step calls together: an entry names all of a group or none."""
 
 
 def _resolve(path: str) -> Any:

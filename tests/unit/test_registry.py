@@ -326,3 +326,29 @@ def test_a_shipped_mechanism_is_its_module_and_its_entry() -> None:
     assert MODULES["pbm"] == "corbin_fl.mechanisms.baselines.pbm"
     assert naming_modules("pbm") == {MODULES["pbm"], REGISTRATION_LIST, *ALLOWED["pbm"]}
     assert set(ALLOWED["pbm"]) == {"corbin_fl.mechanisms.secure_sum"}
+
+
+def test_an_entry_names_the_hooks_of_one_step_together() -> None:
+    """A generic step calls its hooks together (mechanisms/baselines/hooks.py): an entry that
+    names one of them names all, and a shared seed comes with its ranks."""
+    base: dict[str, Any] = {"local_dp": False}
+    with pytest.raises(ValueError, match="hooks pack, symbols, sum_decode go together"):
+        registry.Mechanism("x", "x", registry.one_bit, "a:b", "c:d", pack="m:f", **base)
+    with pytest.raises(ValueError, match="update_bound, server_noise go together"):
+        registry.Mechanism("x", "x", registry.float32, "a:b", "c:d", server_noise="m:f", **base)
+    with pytest.raises(ValueError, match="node_state, stateful_release go together"):
+        registry.Mechanism("x", "x", registry.float32, "a:b", "c:d", node_state="m:f", **base)
+    with pytest.raises(ValueError, match="shared_ranks"):
+        registry.Mechanism(
+            "x", "x", registry.one_bit, "a:b", "c:d", shared_seed=("s", "r", "n"),
+            instruction_keys=frozenset({"s", "r", "n"}), **base,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="not a hook"):
+        registry.get("pbm").hook("aggregator")
+    for name, mech in registry.REGISTRY.items():  # every named hook resolves
+        for hook in (
+            *("block_release", "count_decode", "release_limit", "shared_ranks"),
+            *("update_bound", "server_noise", "node_state", "stateful_release"),
+            *("pack", "symbols", "sum_decode"),
+        ):
+            assert getattr(mech, hook) == "" or callable(mech.hook(hook)), (name, hook)
