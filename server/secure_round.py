@@ -25,20 +25,14 @@ and keeps the round's ``secure_aggregation`` record:
    (the ``BitCounter``'s counts ARE the symbol sums), so the estimate equals the plain path's
    bit for bit given the same bits.
 
-A steady round is 2 round trips, ``update`` -> ``secagg-unmask`` (the plain round is 1). Round
-``t+1`` uses the pipelined share stage when its sample (the wrapped strategy's, drawn after round
-``t``'s aggregate) is a subset of round ``t``'s survivors that shared and keeps ``t`` sampled
-holders of every secret its unmask would need (:meth:`SecAggServer.serves`): a pipelined node
-not sampled counts as dropped before masking (its mask key is recovered, it masked nothing); a
-pipelined node whose share failed is dropped at ``secagg-share`` as in an unpipelined round.
-Otherwise the round re-keys every node (advertise, share: 4 round trips; a node re-keys only
-before it masked, :meth:`corbin_fl.secagg.client.SecAggClient.advertise`). Nothing of the
-pipeline is checkpointed: a resumed run has a new Flower run id, which every SecAgg+ key
-derivation binds, and bootstraps afresh (as the pipelined relay, :class:`server.round.Pipeline`).
-A round that loses too many nodes (fewer than ``t`` holders of a needed secret, fewer than 2
-masked inputs) is abandoned with its reason in ``metrics.jsonl``
-(``secure_aggregation.abandoned``); nothing of it is applied (no update is counted, the global
-model stays).
+A steady round is 2 round trips, ``update`` -> ``secagg-unmask`` (the plain round is 1); when
+the pipelined shares do not serve the round's sample, it re-keys every node (4), by the
+driver's rules (:mod:`corbin_fl.secagg.driver`). Nothing of the pipeline is checkpointed: a
+resumed run has a new Flower run id, which every SecAgg+ key derivation binds, and bootstraps
+afresh (as the pipelined relay, :class:`server.round.Pipeline`). A round that loses too many
+nodes (fewer than ``t`` holders of a needed secret, fewer than 2 masked inputs) is abandoned
+with its reason in ``metrics.jsonl`` (``secure_aggregation.abandoned``); nothing of it is
+applied (no update is counted, the global model stays).
 """
 
 from __future__ import annotations

@@ -6,24 +6,46 @@ the host's transport: the standalone strategy's channel is Flower's ``grid.send_
 misdirection checks (``server/secure_round.py``). The driver speaks the records of :mod:`.wire`
 only; a channel may carry them under names of its own.
 
-One round, pipelined one round ahead (the strategy module's docstring says why no two stages
-merge):
+One round:
 
 1. :meth:`SecAggDriver.begin`: ``advertise`` (nodes without keys) and ``share``, unless the
-   previous round's ``unmask`` already did them (a ``pipelined`` server that fits this round's
-   sample, :meth:`~.server.SecAggServer.serves`); then each sampled node's ``mask`` request,
-   with round ``t+1``'s advertise request riding it when ``pipeline`` is set;
+   previous round's ``unmask`` already did them; then each sampled node's ``mask`` request;
 2. the host sends the ``mask`` requests with the app's records (the app trains there) and
    hands each reply to :meth:`SecAggDriver.take_masked`;
-3. :meth:`SecAggDriver.finish`: ``unmask`` over the survivors, with round ``t+1``'s share
-   request (its neighbour graph drawn now over the survivors that sent keys for it) riding it;
-   the exact sum of the survivors' inputs, or the reason the round was abandoned
-   (:class:`~.messages.RoundOutcome`).
+3. :meth:`SecAggDriver.finish`: ``unmask`` over the survivors; the exact sum of their inputs,
+   or the reason the round was abandoned (:class:`~.messages.RoundOutcome`).
 
-A pipelined node that is not in this round's sample is dropped before masking ("not sampled in
-this round": its mask key is recovered, it masked nothing). Every security check is the
-server role's (:mod:`.server`) and the client role's (:mod:`.client`); the driver only moves
-their messages.
+Pipelined one round ahead (``pipeline``; round trips per round: ``mask`` -> ``unmask`` (2) in
+the steady state):
+
+- the ``mask`` instruction of round ``t`` also carries round ``t+1``'s advertise request
+  (:data:`.wire.NEXT_RECORD`); the mask reply carries the node's keys for ``t+1`` (the client
+  role keeps them beside round ``t``'s held shares, :meth:`~.client.SecAggClient.advertise`);
+- the ``unmask`` instruction of round ``t`` carries round ``t+1``'s share request, built by a
+  round-``t+1`` :class:`~.server.SecAggServer` over round ``t``'s survivors that sent keys (its
+  neighbour graph drawn then); each unmask reply carries round ``t``'s unmask shares and round
+  ``t+1``'s share reply, or the node refuses both (its state unchanged). A node whose share
+  part is missing or bad stays in round ``t``'s sum and is dropped from round ``t+1`` only;
+- round ``t+1`` reuses that server when its sample is a subset of the nodes it was drawn over
+  and every secret its unmask would need keeps ``t`` sampled holders (else the round would be
+  abandoned even if every node answered). A pipelined node not sampled is dropped before masking
+  ("not sampled in this round": its mask key is recovered, it masked nothing); a sampled node
+  whose pipelined share failed is dropped at ``share``. Otherwise (the host samples
+  another set: a new node, a node back after a dropout) the round re-keys every node:
+  ``advertise`` -> ``share`` -> ``mask`` -> ``unmask`` (4), as round 1 does; a node re-keys a
+  round it shared but did not mask. A round whose pipelined share was not sent (round ``t``
+  abandoned before its unmask; fewer than 2 of its survivors with keys, or ``k``/``t``
+  impossible for them) uses the keys of the mask replies and adds the ``share`` trip (3), plus
+  ``advertise`` for nodes without keys; one whose pipelined share was sent but lost too many
+  nodes re-keys (4).
+
+``mask`` and ``unmask`` cannot merge (unmasking needs the set of masked inputs received), nor
+``share`` and ``mask`` of one round (a client must know which neighbours' shares arrived before
+it masks), nor ``advertise`` and ``share`` of one round (shares are encrypted to neighbours'
+keys): each round's stages ride the previous round's instead.
+
+Every security check is the server role's (:mod:`.server`) and the client role's
+(:mod:`.client`); the driver only moves their messages.
 """
 
 from __future__ import annotations

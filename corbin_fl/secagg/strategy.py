@@ -9,35 +9,10 @@ stage (the app trains there), and ``aggregate_train`` runs ``unmask`` and hands 
 strategy's ``aggregate_train`` ONE reply holding the sum, so ``Strategy.start`` drives it
 unchanged.
 
-Round trips per round: ``mask`` -> ``unmask`` (2) in the steady state, pipelined one round
-ahead by the round driver (:mod:`.driver`, which the composition with CorBin-FL runs too,
-``server/secure_round.py``):
-
-- the ``mask`` instruction of round ``t`` also carries round ``t+1``'s advertise request
-  (:data:`.wire.NEXT_RECORD`); the mask reply carries the node's keys for ``t+1`` (the client
-  role keeps them beside round ``t``'s held shares, :meth:`~.client.SecAggClient.advertise`);
-- the ``unmask`` instruction of round ``t`` carries round ``t+1``'s share request, built by a
-  round-``t+1`` :class:`~.server.SecAggServer` over round ``t``'s survivors that sent keys (its
-  neighbour graph drawn then); each unmask reply carries round ``t``'s unmask shares and round
-  ``t+1``'s share reply, or the node refuses both (its state unchanged). A node whose share
-  part is missing or bad stays in round ``t``'s sum and is dropped from round ``t+1`` only;
-- round ``t+1`` reuses that server when its sample is a subset of the nodes it was drawn over
-  and every secret its unmask would need keeps ``t`` sampled holders (else the round would be
-  abandoned even if every node answered). A pipelined node not sampled is dropped before masking
-  ("not sampled in this round": its mask key is recovered, it masked nothing); a sampled node
-  whose pipelined share failed is dropped at ``share``. Otherwise (the wrapped strategy samples
-  another set: a new node, a node back after a dropout) the round re-keys every node:
-  ``advertise`` -> ``share`` -> ``mask`` -> ``unmask`` (4), as round 1 does; a node re-keys a
-  round it shared but did not mask. A round whose pipelined share was not sent (round ``t``
-  abandoned before its unmask; fewer than 2 of its survivors with keys, or ``k``/``t``
-  impossible for them) uses the keys of the mask replies and adds the ``share`` trip (3), plus
-  ``advertise`` for nodes without keys; one whose pipelined share was sent but lost too many
-  nodes re-keys (4).
-
-``mask`` and ``unmask`` cannot merge (unmasking needs the set of masked inputs received), nor
-``share`` and ``mask`` of one round (a client must know which neighbours' shares arrived before
-it masks), nor ``advertise`` and ``share`` of one round (shares are encrypted to neighbours'
-keys): each round's stages ride the previous round's instead. The last round of
+Round trips per round: ``mask`` -> ``unmask`` (2) in the steady state, each round's
+``advertise`` and ``share`` riding the previous round's ``mask`` and ``unmask``; a round whose
+sample the pipelined shares do not serve re-keys (4, as round 1). The rules are the round
+driver's (:mod:`.driver`, which the composition with CorBin-FL runs too). The last round of
 ``Strategy.start`` asks for nothing ahead.
 """
 
