@@ -21,7 +21,7 @@ Every record carries ``version`` (:data:`VERSION`); a message of another version
 Version 2 (issue 38): the share instruction lists every participant's keys (the client derives
 the neighbour graph from them) and the unmask instruction every survivor.
 
-Pipelined (:class:`~.strategy.SecAggPlus`): the next round's stage may ride an instruction and
+Pipelined (:mod:`.driver`): the next round's stage may ride an instruction and
 its reply in a second ConfigRecord, ``secagg-next`` (:data:`NEXT_RECORD`), with the keys that
 stage's own ``secagg`` record has (:func:`with_next`, :func:`split_next`): round ``t+1``'s
 advertise on round ``t``'s ``mask`` instruction and reply, round ``t+1``'s share on round

@@ -25,6 +25,7 @@ NO_TORCH = [
     "corbin_fl.mechanisms",
     "corbin_fl.mechanisms.categories",
     "corbin_fl.secagg.client",
+    "corbin_fl.secagg.node",
 ]
 
 
