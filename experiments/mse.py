@@ -14,9 +14,6 @@ and closed form.
 from __future__ import annotations
 
 import copy
-import dataclasses
-import io
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -38,7 +35,7 @@ from corbin_fl.experiments import report as rp
 from corbin_fl.experiments.plots import THREAT_NOTE, annotate, new_figure, save
 from corbin_fl.experiments.results import TEXTS, Stat, write_table
 from corbin_fl.experiments.spec import ExperimentSpec, MSESpec
-from corbin_fl.fsio import atomic_write_bytes, atomic_write_text
+from corbin_fl.fsio import atomic_write_text
 from corbin_fl.layout import flatten, layer_ids, layout_of
 from corbin_fl.mechanisms.quantizers import corbinq, decode, ldpq
 from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
@@ -256,44 +253,114 @@ def measure_real_weights(
     )
 
 
-def table(data: GridMSE | RealWeightsMSE) -> pd.DataFrame:
-    """The CSV of a measurement, one row per ``(eps, w1, w2)`` of a grid or per ``(eps, layer)``
-    on real weights: the measured mean, its SE and the closed form of both quantizers."""
-    if isinstance(data, GridMSE):
-        eps, w1, w2 = np.meshgrid(data.epsilons, data.w, data.w, indexing="ij")
-        columns: dict[str, Any] = {"epsilon": eps, "w1": w1, "w2": w2}
-    else:
-        n = len(data.epsilons)
-        columns = {"epsilon": np.repeat(data.epsilons, len(data.layers))}
-        columns["layer"] = np.tile(np.array(data.layers, dtype=object), n)
-        columns |= {"params": np.tile(data.sizes, n), "radius": np.tile(data.radius, n)}
-    return pd.DataFrame(
-        {k: np.ravel(v) for k, v in (columns | {a: getattr(data, a) for a in _ARRAYS}).items()}
+MEASUREMENT = "mse_measurement.csv"
+"""The measurement of an mse experiment, in its folder: :func:`measurement_table` as CSV."""
+COLUMNS = (
+    *("part", "epsilon", "seed", "w1", "w2", "layer", "params", "center", "radius", "d", "draws"),
+    *_ARRAYS,
+)
+"""The measurement's columns; ``part``: ``grid`` (a grid point, seeds pooled), ``grid-seed``
+(the grid average of one seed: ``*_measured`` only) or ``real-weights`` (a layer, ``all`` last)."""
+_INT_COLUMNS = ("seed", "params", "d", "draws")
+"""The integer columns (empty in the rows of a part without them)."""
+
+
+def measurement_table(grid: GridMSE, real: RealWeightsMSE | None = None) -> pd.DataFrame:
+    """The measurement in long format, :data:`COLUMNS`: one row per ``(eps, w1, w2)`` of the
+    grid, per ``(eps, seed)`` and per ``(eps, layer)`` of ``real``; ``draws``: the draws per
+    point that a row's measured value averages (samples x seeds, samples, repeats)."""
+    eps, w1, w2 = np.meshgrid(grid.epsilons, grid.w, grid.w, indexing="ij")
+    fixed = {"center": grid.center, "radius": grid.radius, "d": grid.d}
+    points = {"part": "grid", "epsilon": eps, "w1": w1, "w2": w2} | fixed
+    points |= {"draws": grid.samples_per_seed * len(grid.seeds)}
+    points |= {a: getattr(grid, a) for a in _ARRAYS}
+    eps_s, seed = np.meshgrid(grid.epsilons, grid.seeds, indexing="ij")
+    seeds = {"part": "grid-seed", "epsilon": eps_s, "seed": seed} | fixed
+    seeds |= {"draws": grid.samples_per_seed}
+    seeds |= {f"{q}_measured": getattr(grid, f"{q}_seed_means").T for q in _NAMES}
+    parts = [points, seeds]
+    if real is not None:
+        n = len(real.epsilons)
+        parts.append(
+            {"part": "real-weights", "epsilon": np.repeat(real.epsilons, len(real.layers))}
+            | {"layer": np.tile(np.array(real.layers, dtype=object), n)}
+            | {"params": np.tile(real.sizes, n), "radius": np.tile(real.radius, n)}
+            | {"d": real.d, "draws": real.repeats}
+            | {a: getattr(real, a) for a in _ARRAYS}
+        )
+    frames = [
+        pd.DataFrame({k: np.ravel(v) if isinstance(v, np.ndarray) else v for k, v in p.items()})
+        for p in parts
+    ]
+    table = pd.concat(frames, ignore_index=True).reindex(columns=list(COLUMNS))
+    return table.astype(dict.fromkeys(_INT_COLUMNS, "Int64"))
+
+
+def _rows(part: pd.DataFrame, keys: list[str], index: list[Any]) -> pd.DataFrame:
+    """The rows of ``part`` in the order of the product of ``index`` over ``keys``
+    (``ValueError`` if one is missing)."""
+    rows = part.set_index(keys).reindex(pd.MultiIndex.from_product(index, names=keys))
+    if rows.index.size != len(part) or rows["part"].isna().any():
+        raise ValueError(f"{part['part'].iloc[0]} rows: not one per {' x '.join(keys)}")
+    return rows
+
+
+def _one(part: pd.DataFrame, column: str) -> Any:
+    """The value of ``column`` shared by every row of ``part`` (``ValueError`` otherwise)."""
+    if len(values := part[column].unique()) != 1:
+        raise ValueError(f"{part['part'].iloc[0]} rows: {column} not one value: {values}")
+    return values[0]
+
+
+def _array(rows: pd.DataFrame, column: str, *shape: int) -> np.ndarray:
+    """Column ``column`` of ``rows`` as a float array of ``shape``."""
+    return rows[column].to_numpy(dtype=float).reshape(shape)
+
+
+def read_measurement(path: Path) -> tuple[GridMSE, RealWeightsMSE | None]:
+    """The grid and real-weights (``None`` if not measured) measurements of a
+    :func:`measurement_table` CSV (``pd.read_csv``; its Python parser reads every float as
+    written, as pandas 2's default C parser does not always)."""
+    table = pd.read_csv(path, engine="python", keep_default_na=False, na_values=[""])
+    parts = {name: rows for name, rows in table.groupby("part", sort=False)}
+    if "grid" not in parts or "grid-seed" not in parts:
+        raise ValueError(f"{path}: no grid measurement")
+    g, s = parts["grid"], parts["grid-seed"]
+    epsilons = tuple(map(float, pd.unique(g["epsilon"])))
+    w = np.sort(pd.unique(g["w1"]))
+    seeds = tuple(int(x) for x in pd.unique(s["seed"]))
+    points = _rows(g, ["epsilon", "w1", "w2"], [epsilons, w, w])
+    per_seed = _rows(s, ["seed", "epsilon"], [seeds, epsilons])
+    grid = GridMSE(
+        epsilons=epsilons,
+        d=int(_one(g, "d")),
+        **{a: _array(points, a, len(epsilons), len(w), len(w)) for a in _ARRAYS},
+        w=w,
+        center=float(_one(g, "center")),
+        radius=float(_one(g, "radius")),
+        samples_per_seed=int(_one(s, "draws")),
+        seeds=seeds,
+        **{
+            f"{q}_seed_means": _array(per_seed, f"{q}_measured", len(seeds), len(epsilons))
+            for q in _NAMES
+        },
     )
-
-
-def save_measurement(path: Path, data: GridMSE | RealWeightsMSE) -> None:
-    """Save a measurement as ``.npz`` (arrays, the other fields as JSON), atomically."""
-    values = {f.name: getattr(data, f.name) for f in dataclasses.fields(data)}
-    arrays = {k: v for k, v in values.items() if isinstance(v, np.ndarray)}
-    meta = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if k not in arrays}
-    npz = io.BytesIO()
-    meta_json = np.array(json.dumps({"type": type(data).__name__} | meta))
-    np.savez(npz, __meta__=meta_json, **arrays)  # type: ignore[arg-type]
-    atomic_write_bytes(path, npz.getvalue())
-
-
-def load_measurement(path: Path) -> GridMSE | RealWeightsMSE:
-    """Load what :func:`save_measurement` wrote (``ValueError`` for an unknown type)."""
-    with np.load(Path(path), allow_pickle=False) as npz:
-        meta = json.loads(str(npz["__meta__"]))
-        arrays = {k: npz[k] for k in npz.files if k != "__meta__"}
-    kind = meta.pop("type", None)
-    if (cls := {"GridMSE": GridMSE, "RealWeightsMSE": RealWeightsMSE}.get(str(kind))) is None:
-        raise ValueError(f"{path}: unknown measurement type {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    meta = {k: tuple(v) if isinstance(v, list) else v for k, v in meta.items() if k in names}
-    return cls(**arrays, **meta)
+    if (r := parts.get("real-weights")) is None:
+        return grid, None
+    epsilons = tuple(map(float, pd.unique(r["epsilon"])))
+    layers = tuple(map(str, pd.unique(r["layer"])))
+    per_layer = _rows(r, ["epsilon", "layer"], [epsilons, layers])
+    first = per_layer.loc[epsilons[0]]
+    real = RealWeightsMSE(
+        epsilons=epsilons,
+        d=int(_one(r, "d")),
+        **{a: _array(per_layer, a, len(epsilons), len(layers)) for a in _ARRAYS},
+        layers=layers,
+        sizes=tuple(int(x) for x in first["params"]),
+        repeats=int(_one(r, "draws")),
+        radius=tuple(float(x) for x in first["radius"]),
+    )
+    return grid, real
 
 
 QUANTIZER_NOTE = (
@@ -446,37 +513,35 @@ def mse_targets(grid: GridMSE, real: RealWeightsMSE | None) -> list[rp.Target]:
 def measure(
     spec: ExperimentSpec, root: Path, *, device: str = "cpu", on_step: Callable | None = None
 ) -> None:
-    """Measure the quantizer MSE of ``spec`` and save it in ``root`` (``mse_grid.npz``,
-    ``mse_real.npz``), so that :func:`finalize` redraws without sampling again;
+    """Measure the quantizer MSE of ``spec`` and save it in ``root`` (:data:`MEASUREMENT`, the
+    grid as soon as it is measured), so that :func:`finalize` redraws without sampling again;
     ``on_step(what, done, total)`` as it goes."""
     assert spec.mse is not None
     step = on_step or (lambda what, done, total: None)
     how: dict[str, Any] = {"device": device, "on_step": partial(step, "grid (eps x seed)")}
-    save_measurement(root / "mse_grid.npz", measure_grid(spec.mse, spec.seeds, **how))
+    grid = measure_grid(spec.mse, spec.seeds, **how)
+    write_table(root / MEASUREMENT, measurement_table(grid))
     if spec.mse.real_weights is not None:
         how["on_step"] = partial(step, "real weights (train, eps)")
         real = measure_real_weights(spec.mse, spec.seeds[0], **how)
-        save_measurement(root / "mse_real.npz", real)
+        write_table(root / MEASUREMENT, measurement_table(grid, real))
 
 
 def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Target], Path | None]:
-    """Write the MSE CSVs, figures and ``report.md`` in ``root`` from the saved measurements;
-    return the target checks and the report (``None`` before a measurement)."""
-    if not (root / "mse_grid.npz").is_file():
+    """Write the MSE figures and ``report.md`` in ``root`` from the saved measurement
+    (:data:`MEASUREMENT`); return the target checks and the report (``None`` before a
+    measurement)."""
+    if not (root / MEASUREMENT).is_file():
         logger.warning("%s: no measurement yet; nothing to report", spec.name)
         return [], None
     assert spec.mse is not None
     m, path = spec.mse, root / "report.md"
-    grid = load_measurement(root / "mse_grid.npz")
-    real = load_measurement(root / "mse_real.npz") if (root / "mse_real.npz").is_file() else None
-    assert isinstance(grid, GridMSE) and not isinstance(real, GridMSE)
-    write_table(root / "mse_grid.csv", table(grid))
+    grid, real = read_measurement(root / MEASUREMENT)
     draw: dict[str, Callable[[], Figure]] = {
         "mse-heatmap": lambda: heatmaps_figure(grid, m.heatmap_epsilons),
         "mse-vs-epsilon": lambda: vs_epsilon_figure(grid),
     }
     if real is not None:
-        write_table(root / "mse_real_weights.csv", table(real))
         draw["mse-real-weights"] = lambda: real_weights_figure(real)
     figures = {n: save(draw[n](), root / "figures" / f"{n}.png") for n in spec.figures if n in draw}
     avg = {q: grid.averages(q) for q in _NAMES}
@@ -523,6 +588,6 @@ def finalize(spec: ExperimentSpec, root: Path, command: str) -> tuple[list[rp.Ta
     targets = mse_targets(grid, real)
     lines += rp.figures_section(figures, root)
     lines += rp.section("Quick-scale targets", TARGET_RULE, rp.targets_table(targets))
-    lines += rp.section("Files", TEXTS["mse-files"] if real else TEXTS["mse-files"].split("\n")[0])
+    lines += rp.section("Files", TEXTS["mse-files"])
     atomic_write_text(path, "\n".join(lines))
     return targets, path

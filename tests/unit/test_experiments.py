@@ -33,11 +33,12 @@ from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments import mse, plots
 from corbin_fl.experiments.mse import (
     GridMSE,
-    load_measurement,
+    RealWeightsMSE,
     measure_grid,
     measure_real_weights,
+    measurement_table,
     mse_targets,
-    save_measurement,
+    read_measurement,
 )
 from corbin_fl.experiments.report import (
     TARGET_RULE,
@@ -56,6 +57,7 @@ from corbin_fl.experiments.results import (
     load_run,
     select_round,
     varying_keys,
+    write_table,
 )
 from corbin_fl.experiments.spec import (
     MSESpec,
@@ -1080,11 +1082,12 @@ def test_measured_pair_mse_matches_closed_form_and_report(tmp_path: Path) -> Non
     # same seeds, same numbers
     again = measure_grid(mse_spec, seeds=(0, 1), device="cpu")
     np.testing.assert_array_equal(grid.corbin_measured, again.corbin_measured)
-    path = tmp_path / "g.npz"
-    save_measurement(path, grid)
-    loaded = load_measurement(path)
-    assert isinstance(loaded, GridMSE) and loaded.epsilons == grid.epsilons
+    path = tmp_path / mse.MEASUREMENT
+    write_table(path, measurement_table(grid))
+    loaded, real = read_measurement(path)
+    assert isinstance(loaded, GridMSE) and loaded.epsilons == grid.epsilons and real is None
     np.testing.assert_array_equal(loaded.ldpq_se, grid.ldpq_se)
+    np.testing.assert_array_equal(loaded.corbin_seed_means, grid.corbin_seed_means)
     targets = mse_targets(grid, None)
     assert targets[0].status == "PASS"
     assert targets[1].status == "PASS" and targets[1].detail.startswith("grid average")
@@ -1120,11 +1123,11 @@ repeats = 10
     for name in ("mse-heatmap", "mse-vs-epsilon", "mse-real-weights"):
         assert (root / "figures" / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
         assert f"figures/{name}.png" in report
-    with (root / "mse_real_weights.csv").open() as fh:
-        layers = list(csv.DictReader(fh))
+    with (root / mse.MEASUREMENT).open() as fh:
+        layers = [row for row in csv.DictReader(fh) if row["part"] == "real-weights"]
     assert layers[-1]["layer"] == "all"
-    real = load_measurement(root / "mse_real.npz")
-    assert not isinstance(real, GridMSE)
+    _, real = read_measurement(root / mse.MEASUREMENT)
+    assert isinstance(real, RealWeightsMSE)
     # SE from 10 repeats: a t(9) statistic; |t| > 8 has probability < 2e-5 per check
     for which in ("corbin", "ldpq"):
         meas = getattr(real, f"{which}_measured")[0]
