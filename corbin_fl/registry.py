@@ -273,6 +273,9 @@ class Mechanism:
     node_default : bool or None
         Whether a node whose policy names no mechanisms (``corbin-mechanisms`` unset) admits it;
         None: exactly when it has local DP (:attr:`policy_default`).
+    aliases : tuple of str
+        Other spellings of its name that the privacy ledger and report accept (``ldp`` for
+        ``ldpfl``), declared with its category (:func:`corbin_fl.mechanisms.categories.declare`).
     sum_levels : Callable[[RunConfig], int] or None
         Secure aggregation (:mod:`corbin_fl.secure`): the top value ``levels`` of its symbols
         (integers in ``[0, levels]``) when its server estimate is affine in the sum of the
@@ -336,6 +339,7 @@ class Mechanism:
     update_only: bool = False
     own_clip: bool = False
     node_default: bool | None = None
+    aliases: tuple[str, ...] = ()
     sum_levels: Callable[[RunConfig], int] | None = None
     sum_trials: Callable[[RunConfig], int | None] | None = None
     block_release: str = ""
@@ -512,7 +516,7 @@ def register(mechanism: Mechanism) -> Mechanism:
         if p.key in specs and specs[p.key] != p:
             raise ValueError(f"parameter {p.key!r} is already registered with another spec")
     REGISTRY[mechanism.name] = mechanism
-    categories.declare(mechanism.name, mechanism.category)
+    categories.declare(mechanism.name, mechanism.category, mechanism.aliases)
     return mechanism
 
 
@@ -738,6 +742,7 @@ register(
         assignments=_PAIRED_ASSIGNMENTS,
         privacy=_RR_PAIRED,
         sum_levels=_one_level,
+        aliases=("corbin-fl",),
     )
 )
 register(
@@ -763,6 +768,7 @@ register(
         privacy=Privacy("pure", randomized_response=True),
         sum_levels=_one_level,
         sum_trials=_one_trial,
+        aliases=("ldp", "ldp-fl"),
     )
 )
 register(
@@ -811,6 +817,7 @@ register(
                 "updates.",
             ),
         ),
+        aliases=("vanilla",),
     )
 )
 register(

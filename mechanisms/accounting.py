@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corbin_fl.mechanisms.analytic_gaussian import analytic_gaussian_sigma, gaussian_epsilon
-from corbin_fl.mechanisms.categories import category, declared
+from corbin_fl.mechanisms.categories import canonical, category, declared
 from corbin_fl.mechanisms.privacy_loss import rr_epsilon
 from corbin_fl.mechanisms.validate import integer, positive, probability
 
@@ -46,9 +46,6 @@ THREAT_MODELS: dict[str, str] = {
     "D": "malicious server",
 }
 
-_ALIASES = {"ldp": "ldpfl", "ldp-fl": "ldpfl", "vanilla": "fedavg", "corbin-fl": "corbin"}
-"""Other spellings of registered names that the ledger and :func:`privacy_report` accept."""
-
 
 def __getattr__(name: str) -> Any:
     if name == "MECHANISMS":  # the names with a declared category, now (a test may add one)
@@ -56,22 +53,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def canonical_mechanism(name: object) -> str:
-    """The registered name of ``name`` (case and surrounding spaces ignored, aliases resolved).
-
-    Raises
-    ------
-    TypeError
-        If ``name`` is not a str.
-    ValueError
-        If no mechanism of that name has a declared category (the message lists them).
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"mechanism must be a str, got {type(name).__name__}")
-    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in declared():
-        raise ValueError(f"unknown mechanism {name!r}; expected one of {', '.join(declared())}")
-    return key
+canonical_mechanism = canonical
+"""The registered name of a mechanism's name or alias (:func:`categories.canonical`)."""
 
 
 # ============================================================================ ledger

@@ -11,6 +11,7 @@ component registry (``corbin_fl.registry.register`` calls :func:`declare` with t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -112,18 +113,44 @@ class Privacy:
 
 
 _DECLARED: dict[str, Privacy] = {}
+_ALIASES: dict[str, str] = {}
+"""Other spellings of a declared name (lower case) -> the name."""
 
 
-def declare(name: str, privacy: Privacy) -> None:
-    """Declare the category of mechanism ``name`` (the component registry does, once per name)."""
+def declare(name: str, privacy: Privacy, aliases: Iterable[str] = ()) -> None:
+    """Declare the category of mechanism ``name`` and the other spellings the ledger and the
+    report accept for it (the component registry does, once per name)."""
     if not isinstance(privacy, Privacy):
         raise TypeError(f"expected a Privacy, got {type(privacy).__name__}")
     _DECLARED[name] = privacy
+    for alias in aliases:
+        _ALIASES[alias.strip().lower()] = name
 
 
 def withdraw(name: str) -> None:
-    """Forget the category of ``name`` (a mechanism unregistered again, e.g. by a test)."""
+    """Forget the category of ``name`` and its aliases (a mechanism unregistered again)."""
     _DECLARED.pop(name, None)
+    for alias in [a for a, n in _ALIASES.items() if n == name]:
+        del _ALIASES[alias]
+
+
+def canonical(name: object) -> str:
+    """The declared name of ``name`` (case and surrounding spaces ignored, aliases resolved).
+
+    Raises
+    ------
+    TypeError
+        If ``name`` is not a str.
+    ValueError
+        If no mechanism of that name has a declared category (the message lists them).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"mechanism must be a str, got {type(name).__name__}")
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in _DECLARED:
+        raise ValueError(f"unknown mechanism {name!r}; expected one of {', '.join(_DECLARED)}")
+    return key
 
 
 def declared() -> tuple[str, ...]:

@@ -76,7 +76,6 @@ ALLOWED: dict[str, dict[str, str]] = {
     },
     "ldpfl": {
         "corbin_fl.config": "d = 0's error names the paper's LDP-FL and its mechanism",
-        "corbin_fl.mechanisms.accounting": "the accounting's name aliases (another change)",
         "corbin_fl.mechanisms.report": "the report compares CorBin's MSE with LDP-FL's",
         "corbin_fl.mechanisms.secure_sum": _TABLE,
         "corbin_fl.mechanisms.theory": "LDPQ's pair MSE (the paper's comparison)",
@@ -95,7 +94,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.experiments.plots": _LEAD,
     },
     "fedavg": {
-        "corbin_fl.mechanisms.accounting": "the accounting's name aliases (another change)",
         "corbin_fl.mechanisms.threat_models": "DP-FedAvg, the central mechanism's algorithm (not "
         "this one)",
         "corbin_fl.app.server_app": "Flower's FedAvg, the strategy CorBin wraps (not this one)",
