@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from typing import Final
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
 
 import numpy as np
 import torch
@@ -92,6 +92,15 @@ class Aggregator(ABC):
     @abstractmethod
     def _start(self) -> None:
         """Allocate the accumulator (called once by ``__init__``)."""
+
+    def _hooks(self, *names: str) -> tuple[Callable[..., Any], ...]:
+        """The run's mechanism's hooks ``names`` (its registry entry); ``ValueError`` naming
+        the mechanism and the hooks when it registers any of them not."""
+        entry = registry.get(self.cfg.mechanism)
+        hooks = tuple(entry.hook(name) for name in names)
+        if any(h is None for h in hooks):
+            raise ValueError(f"{entry.name} registers no {' / '.join(names)} hooks")
+        return tuple(h for h in hooks if h is not None)
 
     @abstractmethod
     def _add(self, values: np.ndarray) -> None: ...
@@ -191,11 +200,7 @@ class SymbolSumAggregator(Aggregator):
     ``sum_decode`` (ternary: ``c + B (S - n) / n``)."""
 
     def _start(self) -> None:
-        entry = registry.get(self.cfg.mechanism)
-        read, decode = entry.hook("symbols"), entry.hook("sum_decode")
-        if read is None or decode is None:
-            raise ValueError(f"{entry.name} registers no symbols / sum_decode hooks")
-        self.read, self.decode = read, decode
+        self.read, self.decode = self._hooks("symbols", "sum_decode")
         self.total = torch.zeros(self.m, dtype=torch.int32)
 
     def _add(self, values: np.ndarray) -> None:
@@ -340,11 +345,7 @@ class NoisySumAggregator(Aggregator):
     noise_generator: torch.Generator | None = None
 
     def _start(self) -> None:
-        entry = registry.get(self.cfg.mechanism)
-        bound, noise = entry.hook("update_bound"), entry.hook("server_noise")
-        if bound is None or noise is None:
-            raise ValueError(f"{entry.name} registers no update_bound / server_noise hooks")
-        self.bound, self.noise = bound, noise
+        self.bound, self.noise = self._hooks("update_bound", "server_noise")
         self.total = torch.zeros(self.m, dtype=torch.float64)
 
     def _add(self, values: np.ndarray) -> None:
