@@ -51,12 +51,28 @@ from docker_helpers import (
 )
 from waits import HEALTH_INTERVAL_S, ClientAppTiming
 
+from corbin_fl.server.stages import RECONNECT_S
+
 ROUNDS = 3
 """Round 1 before the SuperLink is killed, round 2 across its restart, round 3 after it."""
 RESTART_FLOOR_S = 120.0
 """The round that spans the restart ends within this many seconds of the SuperLink's return
-(issue 39): a live node reconnects within Flower's heartbeat bound and answers the re-sent
-instruction from its cache, one ClientApp start-up."""
+(issue 39), or within :func:`restart_bound` where the machine's load makes that larger: a live
+node reconnects within Flower's heartbeat bound and answers the re-sent instruction from its
+cache, one ClientApp start-up."""
+
+
+def restart_bound(probe: ClientAppTiming, stage: float) -> float:
+    """How long after the SuperLink's return the round across it may end: the issue's
+    :data:`RESTART_FLOOR_S`, or where the load measured now makes it longer, the online check's
+    :data:`~corbin_fl.server.stages.RECONNECT_S` (a live node has heartbeated by then), one
+    stage's wait for a live node's answer (``stage``, the probe's bound) and the server's own
+    work at the round's end (:meth:`ClientAppTiming.server_work`). Under the load of a busy
+    machine (a 50-client experiment on the 2 cores beside CI's layers) the round ended 126 s
+    after the return with all 3 clients answering: 6 s over a fixed 120 s."""
+    return max(RESTART_FLOOR_S, RECONNECT_S + stage + probe.server_work())
+
+
 ROUND1_MIN_ACCURACY = 0.3
 """Round 1's test accuracy floor: three times chance (one round of the app's defaults reaches
 about 0.6 on this machine; the 1,000 test digits give a binomial std of 0.016)."""
@@ -354,13 +370,17 @@ def test_documented_run_learns_through_a_superlink_restart(
     stage = probe.stage_timeout(concurrent_clientapps(), first=False, poll_interval=1.0)
     first = probe.stage_timeout(concurrent_clientapps(), first=True, poll_interval=1.0)
     # The SuperLink's restart is inside a stage: its start, and the clients' retries (Flower's
-    # back-off reaches 20 s between two tries) come on top of a stage's bound.
+    # back-off reaches 20 s between two tries) come on top of a stage's bound. The stage timeout
+    # is also at least twice the bound the round across the restart must keep, so that a round
+    # which waited out its stage timeout (the bug of issue 39) cannot pass.
     restart = probe.startup_timeout(1) + 2 * 20.0
+    bound = restart_bound(probe, stage)
+    stage_timeout = max(float(documented["stage-timeout"]), stage + restart, 2 * bound)
     documented.update(
         {
             "out-dir": json.dumps(out_dir),
             "num-rounds": str(ROUNDS),
-            "stage-timeout": str(max(float(documented["stage-timeout"]), round(stage + restart))),
+            "stage-timeout": str(round(stage_timeout)),
             "first-stage-timeout": str(round(first)),
         }
     )
@@ -453,9 +473,9 @@ def test_documented_run_learns_through_a_superlink_restart(
     after_return = ends[spanning] - back_wall
     print(
         f"round {spanning} (across the restart) ended {after_return:.0f} s after the SuperLink's "
-        f"return (floor {RESTART_FLOOR_S:.0f} s)"
+        f"return (bound {bound:.0f} s: the floor {RESTART_FLOOR_S:.0f} s or the load's)"
     )
-    assert after_return <= RESTART_FLOOR_S, (spanning, after_return, seen)
+    assert after_return <= bound, (spanning, after_return, bound, seen)
     print(
         f"SuperLink down and back in {down_s:.0f} s; "
         f"rounds: {[(r['round'], r['participants'], r['test_accuracy']) for r in rows]}; "
