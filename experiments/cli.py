@@ -101,8 +101,9 @@ def to_do(planned: Sequence[tuple[Run, RunState]]) -> list[Run]:
 def plan_counts(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -> str:
     """``<name>: N runs (d done, p partial, m to do[, w at a lambda not chosen yet])``."""
     n = {s: sum(1 for _, st in planned if st is s) for s in RunState}
-    waiting = len(to_do(planned)) - n[RunState.PARTIAL] - n[RunState.MISSING]
-    total = n[RunState.DONE] + len(to_do(planned))
+    left = len(to_do(planned))
+    waiting = left - n[RunState.PARTIAL] - n[RunState.MISSING]
+    total = n[RunState.DONE] + left
     later, choose = rs.seeds_text(spec.confirmation_seeds), rs.seeds_text(spec.selection_seeds)
     after = (
         f", {waiting} then at their setting's chosen lambda ({later}; lambda chosen on {choose})"
@@ -195,9 +196,10 @@ def run(
     sweep.check_app_accepts(app, {k for r, _ in planned for k in r.run_config} | {"out-dir"})
     (pool := Path(results_root) / sweep.POOL_DIR).mkdir(parents=True, exist_ok=True)
     be = backend or sweep.simulation_backend(app, spec)
-    todo = to_do(planned)[:max_runs]
+    left = to_do(planned)
+    todo = left[:max_runs]
     done = sum(s is RunState.DONE for _, s in planned)
-    outcome = Outcome(total=done + len(to_do(planned)), skipped=done)
+    outcome = Outcome(total=done + len(left), skipped=done)
     runs_bar = view.add_task("runs to do", total=len(todo))
     round_bar = view.add_task("round", total=1, visible=False)
     started = time.monotonic()
