@@ -99,7 +99,7 @@ from corbin_fl.app.sources import (
 )
 from corbin_fl.app.sources import check_dataset_name as _check_dataset_name
 from corbin_fl.app.sources import folder_of as _folder
-from corbin_fl.validate import at_least, interval, require
+from corbin_fl.mechanisms.validate import require, why_at_least, why_interval
 
 logger = logging.getLogger(__name__)
 
@@ -456,14 +456,14 @@ def dataset_info(dataset: str, data_dir: str | Path | None = None) -> DatasetInf
 def _check_fraction(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    require(name, interval(value, 0, 1, lo_open=True, hi_open=True))
+    require(name, why_interval(value, 0, 1, lo_open=True, hi_open=True))
     return float(value)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    require(name, at_least(int(value), minimum))
+    require(name, why_at_least(int(value), minimum))
     return int(value)
 
 
@@ -848,7 +848,7 @@ def client_rows(
     name = _check_dataset_name(dataset)
     k = _check_int("num_partitions", num_partitions, 1)
     pid = _check_int("partition_id", partition_id, 0)
-    require("partition_id", interval(pid, 0, k, hi_open=True))
+    require("partition_id", why_interval(pid, 0, k, hi_open=True))
     part_name, alpha = _check_partitioner(partitioner, dirichlet_alpha)
     seed = _check_int("data_seed", data_seed, 0)
     min_size = _check_int("min_partition_size", min_partition_size, 1)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from corbin_fl.validate import at_least, require
+from corbin_fl.mechanisms.validate import require, why_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +339,7 @@ def empty_model(name: str, in_channels: int, num_classes: int) -> nn.Module:
     for arg, value, low in (("in_channels", in_channels, 1), ("num_classes", num_classes, 2)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{arg} must be an int, got {type(value).__name__}")
-        require(arg, at_least(value, low))
+        require(arg, why_at_least(value, low))
     if name == "char-lstm":  # letters in, letters out: in_channels is not used
         # On the meta device its embedding's normal_ runs torch's Python reference, which
         # imports torch._dynamo (seconds); its own initialisation on the CPU takes milliseconds

@@ -21,7 +21,7 @@ from torch.utils.data import TensorDataset
 
 from corbin_fl.app.optimizer import LocalOptimizer
 from corbin_fl.devices import pick_device
-from corbin_fl.validate import at_least, require
+from corbin_fl.mechanisms.validate import require, why_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def _check_dataset(dataset: object) -> tuple[torch.Tensor, torch.Tensor]:
 def _check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    require(name, at_least(value, 1))
+    require(name, why_at_least(value, 1))
     return value
 
 
@@ -123,7 +123,7 @@ def _check_counts(
     batch_size = _check_positive_int("batch_size", batch_size)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    require("seed", at_least(seed, 0))
+    require("seed", why_at_least(seed, 0))
     steps = None if max_steps is None else _check_positive_int("max_steps", max_steps)
     return epochs, batch_size, steps
 

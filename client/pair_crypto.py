@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from corbin_fl.validate import at_least, require
+from corbin_fl.mechanisms.validate import require, why_at_least
 from corbin_fl.wire import KEY_BYTES, NONCE_BYTES, PROTOCOL_VERSION, SEED_BYTES, blob_len
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class PairContext:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if not 0 <= value < 2**64:
                 raise PairCryptoError(f"{name} must fit in an unsigned 64-bit integer, got {value}")
-        require("round", at_least(self.round, 1), PairCryptoError)
+        require("round", why_at_least(self.round, 1), PairCryptoError)
         if self.self_id == self.partner_id:
             raise PairCryptoError(f"a node cannot pair with itself (node {self.self_id})")
 

@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from corbin_fl import registry
 from corbin_fl.config import RunConfig
-from corbin_fl.validate import at_least, interval, require
+from corbin_fl.mechanisms.validate import require, why_at_least, why_interval
 
 
 def private_mechanisms() -> frozenset[str]:
@@ -96,14 +96,14 @@ class Policy:
             raise ValueError(
                 f"corbin-max-epsilon must be a finite number > 0, got {self.max_epsilon}"
             )
-        require("corbin-max-delta", interval(self.max_delta, 0, 1, hi_open=True))
+        require("corbin-max-delta", why_interval(self.max_delta, 0, 1, hi_open=True))
         unknown = sorted(self.mechanisms - set(registry.REGISTRY))
         if unknown or not self.mechanisms:
             raise ValueError(
                 f"corbin-mechanisms: unknown {unknown}; choose from "
                 f"{', '.join(registry.REGISTRY)} or all"
             )
-        require("corbin-max-params", at_least(self.max_params, 1))
+        require("corbin-max-params", why_at_least(self.max_params, 1))
 
     @classmethod
     def from_node(

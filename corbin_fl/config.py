@@ -13,8 +13,9 @@ there takes its registered default).
 wrong types and out-of-range values, and reports ALL bad keys in one :class:`ConfigError`, so a bad
 run fails at start with one clear message instead of in round 7. The checks run by job (the
 protocol's settings, this app's task, the registered mechanisms' parameters, secure aggregation:
-:func:`corbin_fl.secure.config_errors`), each range or choice with :mod:`corbin_fl.validate`;
-this app's task keys (data, model, local training) are checked by :mod:`corbin_fl.task`.
+:func:`corbin_fl.secure.config_errors`), each range or choice with
+:mod:`corbin_fl.mechanisms.validate`; this app's task keys (data, model, local training) are
+checked by :mod:`corbin_fl.task`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from corbin_fl import registry, secure, task, validate
+from corbin_fl import registry, secure, task
+from corbin_fl.mechanisms import validate
 
 logger = logging.getLogger(__name__)
 
@@ -488,30 +490,30 @@ class RunConfig:
         """The protocol's own settings: mechanism and modes, privacy budget, common randomness,
         ranges, rounds and cohort, stage timing, checkpoints."""
         errors = validate.reasons(
-            ("mechanism", validate.one_of(self.mechanism, tuple(registry.REGISTRY))),
-            ("cr-mode", validate.one_of(self.cr_mode, CR_MODES)),
-            ("range-mode", validate.one_of(self.range_mode, RANGE_MODES)),
-            ("num-rounds", validate.at_least(self.num_rounds, 1)),
-            ("epsilon", validate.positive(self.epsilon)),
-            ("delta", validate.probability(self.delta)),
-            ("d", validate.interval(self.d, 1, 16)),
-            ("gamma", validate.probability(self.gamma, lo_open=False, hi_open=False)),
-            ("p-x", validate.probability(self.p_x)),
-            ("global-lr", validate.probability(self.global_lr, hi_open=False)),
-            ("radius-margin", validate.at_least(self.radius_margin, 0.0)),
-            ("min-radius", validate.positive(self.min_radius)),
-            ("range-quantile", validate.interval(self.range_quantile, 0.5, 1.0, lo_open=True)),
-            ("update-radius", validate.at_least(self.update_radius, 0, note="0 = derived")),
-            ("seed", validate.at_least(self.seed, 0)),
-            ("min-clients", validate.at_least(self.min_clients, 1)),
-            ("clients-per-round", validate.at_least(self.clients_per_round, 0)),
-            ("stage-timeout", validate.positive(self.stage_timeout)),
-            ("first-stage-timeout", validate.positive(self.first_stage_timeout)),
-            ("poll-interval", validate.positive(self.poll_interval)),
-            ("max-inflight", validate.at_least(self.max_inflight, 0)),
-            ("wait-for-nodes", validate.at_least(self.wait_for_nodes, 0.0)),
-            ("checkpoint-patience", validate.at_least(self.checkpoint_patience, 0)),
-            ("device", validate.one_of(self.device, DEVICES)),
+            ("mechanism", validate.why_one_of(self.mechanism, tuple(registry.REGISTRY))),
+            ("cr-mode", validate.why_one_of(self.cr_mode, CR_MODES)),
+            ("range-mode", validate.why_one_of(self.range_mode, RANGE_MODES)),
+            ("num-rounds", validate.why_at_least(self.num_rounds, 1)),
+            ("epsilon", validate.why_positive(self.epsilon)),
+            ("delta", validate.why_probability(self.delta)),
+            ("d", validate.why_interval(self.d, 1, 16)),
+            ("gamma", validate.why_probability(self.gamma, lo_open=False, hi_open=False)),
+            ("p-x", validate.why_probability(self.p_x)),
+            ("global-lr", validate.why_probability(self.global_lr, hi_open=False)),
+            ("radius-margin", validate.why_at_least(self.radius_margin, 0.0)),
+            ("min-radius", validate.why_positive(self.min_radius)),
+            ("range-quantile", validate.why_interval(self.range_quantile, 0.5, 1.0, lo_open=True)),
+            ("update-radius", validate.why_at_least(self.update_radius, 0, note="0 = derived")),
+            ("seed", validate.why_at_least(self.seed, 0)),
+            ("min-clients", validate.why_at_least(self.min_clients, 1)),
+            ("clients-per-round", validate.why_at_least(self.clients_per_round, 0)),
+            ("stage-timeout", validate.why_positive(self.stage_timeout)),
+            ("first-stage-timeout", validate.why_positive(self.first_stage_timeout)),
+            ("poll-interval", validate.why_positive(self.poll_interval)),
+            ("max-inflight", validate.why_at_least(self.max_inflight, 0)),
+            ("wait-for-nodes", validate.why_at_least(self.wait_for_nodes, 0.0)),
+            ("checkpoint-patience", validate.why_at_least(self.checkpoint_patience, 0)),
+            ("device", validate.why_one_of(self.device, DEVICES)),
         )
         if self.d == 0:  # no shared randomness: every client quantizes alone
             errors["d"] += '; d = 0 (no common randomness) is LDP-FL: mechanism = "ldpfl"'

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from corbin_fl.validate import at_least, require
+from corbin_fl.mechanisms.validate import require, why_at_least
 
 __all__ = ["device_label", "pick_device", "set_threads"]
 
@@ -81,5 +81,5 @@ def set_threads(n: int) -> None:
     """
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"thread count must be an int, got {type(n).__name__}")
-    require("thread count", at_least(n, 1))
+    require("thread count", why_at_least(n, 1))
     torch.set_num_threads(n)

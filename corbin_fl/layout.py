@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from corbin_fl.validate import interval, require
+from corbin_fl.mechanisms.validate import require, why_interval
 
 __all__ = [
     "ParamLayout",
@@ -258,7 +258,7 @@ def layer_center_radius(
         raise ValueError("vec has non-finite entries")
     if isinstance(quantile, bool) or not isinstance(quantile, int | float):
         raise TypeError(f"quantile must be a float, got {type(quantile).__name__}")
-    require("quantile", interval(quantile, 0.5, 1, lo_open=True))
+    require("quantile", why_interval(quantile, 0.5, 1, lo_open=True))
     v = vec.to(torch.float32)
     mins, maxs = [], []
     for off, size in zip(layout.offsets, layout.sizes, strict=True):

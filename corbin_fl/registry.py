@@ -70,8 +70,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from corbin_fl import validate, wire
-from corbin_fl.mechanisms import categories
+from corbin_fl import wire
+from corbin_fl.mechanisms import categories, validate
 from corbin_fl.mechanisms.accounting import PrivacyEvent
 from corbin_fl.mechanisms.categories import NoDPText, Privacy
 
@@ -137,34 +137,35 @@ class Param:
 
 
 def one_of(*allowed: Any) -> Check:
-    """A check: ``value`` is one of ``allowed`` (:func:`corbin_fl.validate.one_of`)."""
+    """A check: ``value`` is one of ``allowed``
+    (:func:`corbin_fl.mechanisms.validate.why_one_of`)."""
 
     def check(value: Any, cfg: RunConfig) -> str | None:
-        return validate.one_of(value, allowed)
+        return validate.why_one_of(value, allowed)
 
     return check
 
 
 def interval(low: float, high: float, *, lo_open: bool, hi_open: bool) -> Check:
     """A check: ``value`` is in the interval, ``[`` / ``(`` as ``lo_open`` / ``hi_open`` say
-    (:func:`corbin_fl.validate.interval`)."""
+    (:func:`corbin_fl.mechanisms.validate.why_interval`)."""
 
     def check(value: Any, cfg: RunConfig) -> str | None:
-        return validate.interval(value, low, high, lo_open=lo_open, hi_open=hi_open)
+        return validate.why_interval(value, low, high, lo_open=lo_open, hi_open=hi_open)
 
     return check
 
 
 def positive(value: Any, cfg: RunConfig) -> str | None:
-    """A check: ``value > 0`` (:func:`corbin_fl.validate.positive`)."""
-    return validate.positive(value)
+    """A check: ``value > 0`` (:func:`corbin_fl.mechanisms.validate.why_positive`)."""
+    return validate.why_positive(value)
 
 
 def at_least(low: float) -> Check:
-    """A check: ``value >= low`` (:func:`corbin_fl.validate.at_least`)."""
+    """A check: ``value >= low`` (:func:`corbin_fl.mechanisms.validate.why_at_least`)."""
 
     def check(value: Any, cfg: RunConfig) -> str | None:
-        return validate.at_least(value, low)
+        return validate.why_at_least(value, low)
 
     return check
 

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import numpy as np
 
-from corbin_fl import registry, validate, wire
+from corbin_fl import registry, wire
+from corbin_fl.mechanisms import validate
 from corbin_fl.mechanisms.categories import category
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def config_errors(cfg: RunConfig) -> dict[str, str]:
         ("secagg-neighbours", cfg.secagg_neighbours),
         ("secagg-threshold", cfg.secagg_threshold),
     ):
-        why = validate.at_least(value, 0, note="0 = default")
+        why = validate.why_at_least(value, 0, note="0 = default")
         if why is not None:
             errors[key] = why
     if cfg.secure_aggregation:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from corbin_fl import validate
+from corbin_fl.mechanisms import validate
 
 if TYPE_CHECKING:
     from corbin_fl.config import RunConfig
@@ -53,19 +53,19 @@ def config_errors(cfg: RunConfig) -> dict[str, str]:
     """
     hub = cfg.dataset.startswith("hf:") and len(cfg.dataset) > 3
     errors = validate.reasons(
-        ("dataset", None if hub else validate.one_of(cfg.dataset, DATASETS)),
-        ("partitioner", validate.one_of(cfg.partitioner, PARTITIONERS)),
-        ("model", validate.one_of(cfg.model, MODELS)),
-        ("optimizer", validate.one_of(cfg.optimizer, OPTIMIZERS)),
-        ("data-seed", validate.at_least(cfg.data_seed, 0)),
-        ("dirichlet-alpha", validate.positive(cfg.dirichlet_alpha)),
-        ("local-epochs", validate.at_least(cfg.local_epochs, 1)),
-        ("batch-size", validate.at_least(cfg.batch_size, 1)),
-        ("lr", validate.positive(cfg.lr)),
-        ("weight-decay", validate.at_least(cfg.weight_decay, 0.0)),
-        ("max-steps", validate.at_least(cfg.max_steps, 0)),
-        ("dropout-prob", validate.probability(cfg.dropout_prob, lo_open=False)),
-        ("eval-batch-size", validate.at_least(cfg.eval_batch_size, 1)),
+        ("dataset", None if hub else validate.why_one_of(cfg.dataset, DATASETS)),
+        ("partitioner", validate.why_one_of(cfg.partitioner, PARTITIONERS)),
+        ("model", validate.why_one_of(cfg.model, MODELS)),
+        ("optimizer", validate.why_one_of(cfg.optimizer, OPTIMIZERS)),
+        ("data-seed", validate.why_at_least(cfg.data_seed, 0)),
+        ("dirichlet-alpha", validate.why_positive(cfg.dirichlet_alpha)),
+        ("local-epochs", validate.why_at_least(cfg.local_epochs, 1)),
+        ("batch-size", validate.why_at_least(cfg.batch_size, 1)),
+        ("lr", validate.why_positive(cfg.lr)),
+        ("weight-decay", validate.why_at_least(cfg.weight_decay, 0.0)),
+        ("max-steps", validate.why_at_least(cfg.max_steps, 0)),
+        ("dropout-prob", validate.why_probability(cfg.dropout_prob, lo_open=False)),
+        ("eval-batch-size", validate.why_at_least(cfg.eval_batch_size, 1)),
     )
     if cfg.dataset in DATASETS_NEEDING_DIR and not cfg.data_dir:
         errors["data-dir"] = (

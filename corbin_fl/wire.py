@@ -57,7 +57,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common.constant import SType
 from numpy.lib import format as npy_format
 
-from corbin_fl.validate import at_least, require
+from corbin_fl.mechanisms.validate import require, why_at_least
 
 PROTOCOL_VERSION: Final[str] = "corbin-fl/v1"
 """Bound into every HKDF ``info`` and AEAD AAD. Must equal
@@ -316,7 +316,7 @@ def get_int(record: Mapping[str, Any], key: str, *, low: int | None = None) -> i
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(f"{key!r} must be an int, got {type(value).__name__}")
     if low is not None:
-        require(repr(key), at_least(value, low), WireError)
+        require(repr(key), why_at_least(value, low), WireError)
     return value
 
 

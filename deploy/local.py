@@ -31,7 +31,7 @@ from corbin_fl.deploy.processes import (
     free_ports,
     thread_share,
 )
-from corbin_fl.validate import at_least, positive, require
+from corbin_fl.mechanisms.validate import require, why_at_least, why_positive
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ class LocalDeployment:
         if simulation and num_supernodes != 0:
             raise ValueError("a simulation SuperLink runs no SuperNodes: pass num_supernodes=0")
         if not simulation:
-            require("num_supernodes", at_least(num_supernodes, 1))
-        require("ready_timeout", positive(ready_timeout))
+            require("num_supernodes", why_at_least(num_supernodes, 1))
+        require("ready_timeout", why_positive(ready_timeout))
         self.num_supernodes = num_supernodes
         self.logs_dir = Path(logs_dir)
         self.flwr_home = Path(flwr_home)

@@ -42,7 +42,7 @@ from corbin_fl.deploy.processes import (
     signal_ref,
     terminate_as_interrupt,
 )
-from corbin_fl.validate import at_least, positive, require
+from corbin_fl.mechanisms.validate import require, why_at_least, why_positive
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class KillSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"KillSpec.{name} must be an int, got {type(value).__name__}")
-        require("KillSpec.partition", at_least(self.partition, 0))
-        require("KillSpec.round", at_least(self.round, 1))
+        require("KillSpec.partition", why_at_least(self.partition, 0))
+        require("KillSpec.round", why_at_least(self.round, 1))
 
     @classmethod
     def parse(cls, text: str) -> KillSpec:
@@ -149,12 +149,12 @@ class LocalRunOptions:
             raise ValueError(f"app_dir has no pyproject.toml: {self.app_dir}")
         if isinstance(self.num_clients, bool) or not isinstance(self.num_clients, int):
             raise TypeError(f"num_clients must be an int, got {type(self.num_clients).__name__}")
-        require("num_clients", at_least(self.num_clients, 1))
+        require("num_clients", why_at_least(self.num_clients, 1))
         for name in ("timeout", "ready_timeout"):
             value = getattr(self, name)
             if not (value is None and name == "timeout"):
-                require(name, positive(value))
-        require("kill_delay", at_least(self.kill_delay, 0))
+                require(name, why_positive(value))
+        require("kill_delay", why_at_least(self.kill_delay, 0))
         for kill in self.kills:
             if not isinstance(kill, KillSpec):
                 raise TypeError(f"kills must be KillSpec, got {type(kill).__name__}")
@@ -202,7 +202,7 @@ class LocalRunOptions:
         """
         flag = "--federation-config num-supernodes" if simulation else "--clients"
         n = self.nodes(simulation=simulation)
-        require(flag, at_least(n, 1))
+        require(flag, why_at_least(n, 1))
         effective = {**app_config(self.app_dir), **self.run_config}
         min_clients = as_int(effective.get("min-clients"))
         if min_clients is not None and n < min_clients:

@@ -16,8 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
-from corbin_fl import validate
 from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.mechanisms import validate
 
 RunValue: TypeAlias = bool | int | float | str
 """A value of a Flower run config entry (TOML scalar)."""
@@ -76,14 +76,15 @@ class _Opt:
         return value
 
     def problem(self, value: Any) -> str | None:
-        """Why a value of the right type is refused (:mod:`corbin_fl.validate`), or None."""
+        """Why a value of the right type is refused, or None
+        (:mod:`corbin_fl.mechanisms.validate`)."""
         if self.choices:
-            return validate.one_of(value, self.choices)
+            return validate.why_one_of(value, self.choices)
         if self.lo is not None and self.hi is not None:
-            return validate.interval(value, self.lo, self.hi, lo_open=self.lo_open)
+            return validate.why_interval(value, self.lo, self.hi, lo_open=self.lo_open)
         if self.lo is not None:
-            return (validate.above if self.lo_open else validate.at_least)(value, self.lo)
-        return None if self.hi is None else validate.at_most(value, self.hi)
+            return (validate.why_above if self.lo_open else validate.why_at_least)(value, self.lo)
+        return None if self.hi is None else validate.why_at_most(value, self.hi)
 
 
 def _distinct(values: tuple[Any, ...], where: str) -> tuple[Any, ...]:

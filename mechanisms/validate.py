@@ -1,23 +1,44 @@
-"""Argument validators shared by every module of ``mechanisms/``.
+"""The project's one module of value checks: the math's argument guards and the configuration's
+range and choice checks, each range rule written once.
 
-Each returns the value in its canonical Python type or raises ``TypeError`` (wrong type: a
-``bool`` is never a number here) or ``ValueError`` (right type, outside its domain), with a
-message that names the argument. NumPy scalars count as numbers (``numbers.Integral`` /
-``numbers.Real``); a one-element tensor counts as a scalar where :func:`positive` says so.
+Two styles over the same rules:
 
-Importing this module does not import torch (about 1.3 CPU-s): the accountant and the
-privacy-loss math use the scalar checks and need no torch. A value can be a tensor only once
-torch is imported, so the scalar checks look for torch in ``sys.modules``; the device and
-generator checks, which only torch code calls, import it when they run.
+* **Reasons** (``why_*``, for configuration values): each takes a value that already has its type
+  (the caller coerced it) and returns why it is refused, or None when it is accepted. The reason
+  names the cause and the value, never the key (``"must be in [0.0, 1.0), got 1.5"``): the caller
+  names the key, as :class:`corbin_fl.config.ConfigError` does (``"  - gamma: must be in [0.0,
+  1.0], got 1.5"``), a mechanism parameter's check in :mod:`corbin_fl.registry`, and an experiment
+  spec's :class:`~corbin_fl.experiments.spec.SpecError` (file, table and key first). NaN fails
+  every numeric check (each is written as the condition a valid value meets). Bounds print as
+  given: ``0.0`` and ``0`` read differently, so a float setting passes float bounds.
+  :func:`reasons` collects ``(key, reason)`` pairs; :func:`require` raises with the argument's name
+  first (``require("num_clients", why_at_least(n, 1))`` raises ``ValueError("num_clients must be
+  >= 1, got 0")``).
+* **Guards** (:func:`integer`, :func:`real`, :func:`positive`, :func:`interval`, ...; for the
+  math's arguments): each returns the value in its canonical Python type or raises ``TypeError``
+  (wrong type: a ``bool`` is never a number here) or ``ValueError`` (right type, outside its
+  domain), with a message that names the argument. NumPy scalars count as numbers
+  (``numbers.Integral`` / ``numbers.Real``); a one-element tensor counts as a scalar where
+  :func:`positive` says so. :func:`integer` raises the reasons' messages; :func:`interval` shares
+  their rule and prints its bounds with ``:g``.
+
+This module imports nothing of the project (the math, ``corbin_fl.mechanisms``, imports nothing
+else of it), so every layer can use it. Importing it does not import torch (about 1.3 CPU-s): the
+accountant, the privacy-loss math and the configuration use the scalar checks and need no torch. A
+value can be a tensor only once torch is imported, so the scalar checks look for torch in
+``sys.modules``; the device and generator checks, which only torch code calls, import it when they
+run.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import secrets
 import sys
+from collections.abc import Sequence
 from numbers import Integral, Real
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -36,9 +57,106 @@ __all__ = [
     "probability",
     "real",
     "real_array",
+    "reasons",
+    "require",
     "same_device",
     "torch_generator",
+    "why_above",
+    "why_at_least",
+    "why_at_most",
+    "why_interval",
+    "why_one_of",
+    "why_positive",
+    "why_probability",
 ]
+
+
+# -- reasons: why a configuration value is refused, or None ----------------------------------
+
+
+def _inside(value: float, low: float, high: float, *, lo_open: bool, hi_open: bool) -> bool:
+    """The interval rule: ``value`` lies between ``low`` and ``high``, each end open or closed
+    (False for NaN)."""
+    ok_low = value > low if lo_open else value >= low
+    ok_high = value < high if hi_open else value <= high
+    return ok_low and ok_high
+
+
+def _shown(low: object, high: object, *, lo_open: bool, hi_open: bool) -> str:
+    """The interval as printed: ``[0.0, 1.0)``."""
+    return ("(" if lo_open else "[") + f"{low}, {high}" + (")" if hi_open else "]")
+
+
+def why_one_of(value: Any, allowed: Sequence[Any]) -> str | None:
+    """Why ``value`` is not one of ``allowed``, or None.
+
+    Strings are listed with a did-you-mean (``"must be one of relay, derived, exact, got 'rely';
+    did you mean 'relay'?"``); other values as a phrase (``"must be 1, 2 or 4, got 3"``).
+    """
+    if value in allowed:
+        return None
+    if all(isinstance(a, str) for a in allowed):
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"must be one of {', '.join(allowed)}, got {value!r:.80}{hint}"
+    names = [str(a) for a in allowed]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return f"must be {listed}, got {value}"
+
+
+def why_interval(
+    value: float, low: float, high: float, *, lo_open: bool = False, hi_open: bool = False
+) -> str | None:
+    """Why ``value`` does not lie between ``low`` and ``high``, or None; each end is closed (``[``,
+    the default) or open (``(``, with ``lo_open`` / ``hi_open``): ``"must be in (0.0, 1.0], got
+    1.5"``."""
+    if _inside(value, low, high, lo_open=lo_open, hi_open=hi_open):
+        return None
+    return f"must be in {_shown(low, high, lo_open=lo_open, hi_open=hi_open)}, got {value}"
+
+
+def why_probability(value: float, *, lo_open: bool = True, hi_open: bool = True) -> str | None:
+    """:func:`why_interval` from ``0.0`` to ``1.0``; both ends open unless said otherwise."""
+    return why_interval(value, 0.0, 1.0, lo_open=lo_open, hi_open=hi_open)
+
+
+def why_at_least(value: float, low: float, *, note: str = "") -> str | None:
+    """Why not ``value >= low``, or None: ``"must be >= 0 (0 = default), got -1"`` (``note`` in
+    parentheses)."""
+    if value >= low:
+        return None
+    return f"must be >= {low}{f' ({note})' if note else ''}, got {value}"
+
+
+def why_above(value: float, low: float) -> str | None:
+    """Why not ``value > low``, or None: ``"must be > 0, got 0"``."""
+    return None if value > low else f"must be > {low}, got {value}"
+
+
+def why_positive(value: float) -> str | None:
+    """Why not ``value > 0``, or None (:func:`why_above` zero)."""
+    return why_above(value, 0)
+
+
+def why_at_most(value: float, high: float) -> str | None:
+    """Why not ``value <= high``, or None: ``"must be <= 10, got 11"``."""
+    return None if value <= high else f"must be <= {high}, got {value}"
+
+
+def reasons(*checks: tuple[str, str | None]) -> dict[str, str]:
+    """``(key, reason or None)`` pairs -> the keys with a reason (a later pair of a key wins):
+    ``reasons(("d", why_interval(d, 1, 16)), ("lr", why_positive(lr)))``."""
+    return {key: why for key, why in checks if why is not None}
+
+
+def require(name: str, why: str | None, error: type[Exception] = ValueError) -> None:
+    """Raise ``error("<name> <why>")`` when a check gave a reason (``why`` is not None):
+    ``require("quantile", why_interval(q, 0.5, 1, lo_open=True))``."""
+    if why is not None:
+        raise error(f"{name} {why}")
+
+
+# -- guards: the math's arguments, returned in their canonical type or raised -----------------
 
 
 def _is_bool(v: object) -> bool:
@@ -56,12 +174,12 @@ def integer(v: object, name: str, lo: int | None = None, hi: int | None = None) 
     if _is_bool(v) or not isinstance(v, Integral):
         raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
     value = int(v)
-    if lo is not None and hi is not None and not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name} must be <= {hi}, got {value}")
+    if lo is not None and hi is not None:
+        require(name, why_interval(value, lo, hi))
+    elif lo is not None:
+        require(name, why_at_least(value, lo))
+    elif hi is not None:
+        require(name, why_at_most(value, hi))
     return value
 
 
@@ -92,10 +210,8 @@ def positive(v: object, name: str = "eps") -> float:
 def interval(v: object, name: str, lo: float, hi: float, *, lo_open: bool, hi_open: bool) -> float:
     """``v`` as a ``float`` in the interval from ``lo`` to ``hi``, each end open or closed."""
     value = real(v, name, finite=False)
-    ok_lo = value > lo if lo_open else value >= lo
-    ok_hi = value < hi if hi_open else value <= hi
-    if not (ok_lo and ok_hi):
-        shown = ("(" if lo_open else "[") + f"{lo:g}, {hi:g}" + (")" if hi_open else "]")
+    if not _inside(value, lo, hi, lo_open=lo_open, hi_open=hi_open):
+        shown = _shown(f"{lo:g}", f"{hi:g}", lo_open=lo_open, hi_open=hi_open)
         raise ValueError(f"{name} must be in {shown}, got {value!r}")
     return value
 

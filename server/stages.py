@@ -54,8 +54,8 @@ from flwr.common.constant import (
 from flwr.serverapp import Grid
 
 from corbin_fl import registry
+from corbin_fl.mechanisms.validate import require, why_at_least
 from corbin_fl.server.metrics import RunFiles
-from corbin_fl.validate import at_least, require
 from corbin_fl.wire import (
     CFG,
     ERROR_CODE_POLICY,
@@ -372,7 +372,7 @@ def exchange(
     if not messages:
         return []
     msg_type, name = _stage_of(messages, stage)
-    require("max_inflight", at_least(max_inflight, 0))
+    require("max_inflight", why_at_least(max_inflight, 0))
     t0 = time.monotonic()
     state.round_trips += 1
     state.bytes_down[name] = state.bytes_down.get(name, 0) + sum(
