@@ -63,7 +63,7 @@ THREAT_NOTE = "threat models (SECURITY.md): " + "; ".join(
 
 PAIRED_KIND = "ε_p per parameter vs one uplink (A) only; no DP vs the server (B)"
 LDP_KIND = "ε_p-LDP per parameter vs one uplink (A) and the server (B)"
-GAUSSIAN_KIND = "(ε_p, δ)-LDP per parameter vs one uplink (A) and the server (B)"
+APPROX_LDP_KIND = "(ε_p, δ)-LDP per parameter vs one uplink (A) and the server (B)"
 UPDATE_KIND = "(ε, δ)-DP per client update vs one uplink (A) and the server (B)"
 CENTRAL_KIND = "(ε, δ)-DP of the released models (C); trusts the server: no DP vs A, B"
 NO_DP_KIND = "no DP vs any threat model (A-D)"
@@ -72,7 +72,7 @@ _KINDS: dict[str, tuple[str, str, str, str]] = {
     PAIRED_KIND: ("A", "tab:blue", "ε_p/param. vs A only; no DP vs B",
                   "ε_p={epsilon:g}/param.\nvs A only;\nno DP vs B"),
     LDP_KIND: ("AB", "tab:green", "ε_p-LDP/param. vs A, B", "ε_p={epsilon:g}/param.\nvs A, B"),
-    GAUSSIAN_KIND: ("AB", "tab:purple", "(ε_p, δ)-LDP/param. vs A, B",
+    APPROX_LDP_KIND: ("AB", "tab:purple", "(ε_p, δ)-LDP/param. vs A, B",
                     "(ε_p={epsilon:g}, δ={delta:g})\nper param. vs A, B"),
     UPDATE_KIND: ("AB", "tab:orange", "(ε, δ)-DP/update vs A, B",
                   "(ε={epsilon:g}, δ={delta:g})\nper update vs A, B"),
@@ -87,10 +87,10 @@ GUARANTEE_COLORS = {kind: v[1] for kind, v in _KINDS.items()}
 """One colour per guarantee class in the bar chart (legend order)."""
 SHORT_KIND = {kind: v[2] for kind, v in _KINDS.items()}
 """A line's guarantee in a legend entry."""
-_RANGED_KINDS = frozenset({PAIRED_KIND, LDP_KIND, GAUSSIAN_KIND, CENTRAL_KIND})
+_RANGED_KINDS = frozenset({PAIRED_KIND, LDP_KIND, APPROX_LDP_KIND, CENTRAL_KIND})
 """Classes whose mechanisms encode within a range (``range-mode`` applies)."""
-_SCOPES = {"fedcad": "per update", "central-gaussian": "central, all rounds"}
-"""What eps bounds for the mechanisms whose budget is not per parameter."""
+_KIND_SCOPES = {UPDATE_KIND: "per update", CENTRAL_KIND: "central, all rounds"}
+"""What eps bounds for the guarantee classes whose budget is not per parameter."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,15 @@ def guarantee_kind(mechanism: str) -> str | None:
     if mech.pairs:
         return PAIRED_KIND
     return (
-        UPDATE_KIND if mech.dp_unit == "update" else GAUSSIAN_KIND if mech.has_delta else LDP_KIND
+        UPDATE_KIND if mech.dp_unit == "update" else APPROX_LDP_KIND if mech.has_delta else LDP_KIND
     )
+
+
+def scopes() -> dict[str, str]:
+    """What eps bounds for each registered mechanism whose budget is not per parameter (by its
+    guarantee class, :data:`_KIND_SCOPES`), in registration order."""
+    kinds = {name: guarantee_kind(name) for name in registry.REGISTRY}
+    return {name: _KIND_SCOPES[k] for name, k in kinds.items() if k in _KIND_SCOPES}
 
 
 def report_kind(report: Mapping[str, Any] | None) -> str | None:
@@ -127,7 +134,7 @@ def report_kind(report: Mapping[str, Any] | None) -> str | None:
     if {"A", "B"} <= dp:
         if not isinstance(pp := tm["A"].get("per_parameter"), Mapping):
             return UPDATE_KIND
-        return GAUSSIAN_KIND if finite(pp.get("delta"), 0.0) else LDP_KIND
+        return APPROX_LDP_KIND if finite(pp.get("delta"), 0.0) else LDP_KIND
     if "B" in dp:
         return None
     return PAIRED_KIND if "A" in dp else CENTRAL_KIND if "C" in dp else NO_DP_KIND
@@ -200,10 +207,11 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
 
     parts = [part for key, name in _TITLE_KEYS for part in named(key, name)]
     if (eps := fixed("epsilon")) is not None and private:
-        special = sorted(private & set(_SCOPES))
-        rest = "; ".join(f"{m}: {_SCOPES[m]}" for m in special)
+        scope = scopes()
+        special = sorted(private & set(scope))
+        rest = "; ".join(f"{m}: {scope[m]}" for m in special)
         parts.append(
-            f"ε={_fmt(eps)} {_SCOPES[special[0]]}"
+            f"ε={_fmt(eps)} {scope[special[0]]}"
             if len(private) == 1 and special
             else f"ε={_fmt(eps)} (per parameter; {rest})"
             if special
@@ -211,7 +219,8 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         )
     parts += named("delta", "δ", any(registry.REGISTRY[m].has_delta for m in private))
     parts += named("d", "d", mechs & PAIRED_MECHANISMS)
-    parts += named("gamma", "γ", "augcorbin" in mechs)
+    shared = any((e := registry.REGISTRY.get(m)) is not None and e.independent_share for m in mechs)
+    parts += named("gamma", "γ", shared)
     ranged = any(kind in _RANGED_KINDS for kind in kinds.values())
     parts += named("range-mode", "range-mode", ranged)
     range_mode, radius = fixed("range-mode"), fixed("update-radius")  # radius: where quantized
@@ -502,7 +511,9 @@ def accuracy_vs_figure(
         ax.set_xscale("log")
     x_label, x_title = _X_LABEL.get(x_key, (x_key, x_key))
     rest = "; ".join(
-        f"{m}: {_SCOPES[m].split(',')[0]}" for m in _SCOPES if m in {_mech(g) for g in plotted}
+        f"{m}: {scope.split(',')[0]}"
+        for m, scope in scopes().items()
+        if m in {_mech(g) for g in plotted}
     )
     if x_key == "epsilon" and rest:
         x_label = f"privacy budget $\\epsilon$ ($\\epsilon_p$ per parameter; {rest})"

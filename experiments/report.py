@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from scipy import stats
 
+from corbin_fl import registry
 from corbin_fl.config import RunConfig
 from corbin_fl.experiments import plots
 from corbin_fl.experiments import results as rs
@@ -288,6 +289,12 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _independent_share(mechanism: object) -> bool:
+    """Whether ``mechanism`` is registered with an independent share (``gamma`` applies)."""
+    entry = registry.REGISTRY.get(str(mechanism))
+    return entry is not None and entry.independent_share
+
+
 def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
     """The guarantees against the sum-seeing server at n = 10, 100, 1,000 clients
     (``mechanisms.secure_sum.server_table``, one call per AugCorBin gamma) at the settings of
@@ -296,8 +303,8 @@ def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
     kw: dict[str, Any] = {"eps_p": float(s["epsilon"]), "m": int(report["m"])}
     kw |= {"rounds": int(report["rounds"])}
     kw |= {"delta": float(s["delta"]), "d": int(s["d"])}
-    aug = [g for g in secure if g.setting.get("mechanism") == "augcorbin"]
-    gammas = sorted({float(g.setting["gamma"]) for g in aug}) or [RunConfig().gamma]
+    shared = [g for g in secure if _independent_share(g.setting.get("mechanism"))]
+    gammas = sorted({float(g.setting["gamma"]) for g in shared}) or [RunConfig().gamma]
     rows = {(r["mechanism"], r["n"]): r for gm in gammas for r in ss.server_table(gamma=gm, **kw)}
     table = ss.format_table(sorted(rows.values(), key=lambda r: r["n"]))
     text = rs.TEXTS["server-scaling"].format(**kw, gammas=", ".join(f"{g:g}" for g in gammas))

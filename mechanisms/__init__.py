@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         packed_len,
         unpack_bits,
     )
-    from corbin_fl.mechanisms.pairing import augcorbin_split, is_lead, lead_node, random_pairing
+    from corbin_fl.mechanisms.pairing import independent_split, is_lead, lead_node, random_pairing
     from corbin_fl.mechanisms.quantizers import (
         MAX_SHARED_BITS,
         alpha,
@@ -52,7 +52,7 @@ _SOURCE: dict[str, str] = {
          "unpack_bits"),
         "packing",
     ),
-    **dict.fromkeys(("augcorbin_split", "is_lead", "lead_node", "random_pairing"), "pairing"),
+    **dict.fromkeys(("independent_split", "is_lead", "lead_node", "random_pairing"), "pairing"),
     **dict.fromkeys(
         ("MAX_SHARED_BITS", "alpha", "corbinq", "decode", "ldpq", "prob_plus"), "quantizers"
     ),
@@ -82,11 +82,11 @@ __all__ = [
     "BitCounter",
     "SumAccumulator",
     "alpha",
-    "augcorbin_split",
     "context_label",
     "corbinq",
     "decode",
     "expand_seed",
+    "independent_split",
     "is_lead",
     "ldpq",
     "lead_node",

@@ -6,7 +6,8 @@
 * :func:`lead_node` / :func:`is_lead` are Algorithm 3 lines 9-13: each partner draws a fair bit
   ``Y``; equal bits make the smaller id the lead, different bits the larger id. Neither partner
   alone controls the outcome, and the server, which sees neither ``Y``, cannot tell the lead.
-* :func:`augcorbin_split` is the AugCorBin-FL split (Section IV-3): a uniformly random set of
+* :func:`independent_split` is the AugCorBin-FL split (Section IV-3; the round calls it for
+  every mechanism whose privacy category has an independent share): a uniformly random set of
   ``round(gamma * n)`` nodes quantizes independently (LDPQ), the rest is paired (CorBinQ).
 
 All randomness comes from an injected ``numpy.random.Generator``. The node ids are sorted first,
@@ -23,7 +24,7 @@ import numpy as np
 
 from corbin_fl.mechanisms.validate import generator, integer
 
-__all__ = ["augcorbin_split", "is_lead", "lead_node", "random_pairing"]
+__all__ = ["independent_split", "is_lead", "lead_node", "random_pairing"]
 
 
 def _check_ids(node_ids: object) -> list[int]:
@@ -111,7 +112,7 @@ def is_lead(self_id: int, partner_id: int, y_self: int, y_partner: int) -> bool:
     return lead_node(self_id, partner_id, y_self, y_partner) == int(self_id)
 
 
-def augcorbin_split(
+def independent_split(
     node_ids: Sequence[int],
     gamma: float,
     rng: np.random.Generator,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from corbin_fl.mechanisms.accounting import Accountant, PrivacyEvent, canonical_mechanism
-from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma
+from corbin_fl.mechanisms.analytic_gaussian import analytic_gaussian_sigma
 from corbin_fl.mechanisms.categories import Privacy, category
 from corbin_fl.mechanisms.privacy_loss import (
     MAX_PAIR_D,
@@ -64,7 +64,7 @@ def privacy_report(
     *,
     r: float | None = None,
     delta_p: float | None = None,
-    fedcad_delta: float | None = None,
+    delta_u: float | None = None,
     planned_rounds: int | None = None,
     secure: SumView | None = None,
 ) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def privacy_report(
         client is paired; the MSE bound of Theorem 3).
     n, r : int and float, optional
         Clients per round and ``max_j r_j`` (the MSE bounds).
-    delta_p, fedcad_delta : float, optional
+    delta_p, delta_u : float, optional
         The own ``delta`` of a Gaussian mechanism's release, per parameter and per update
         (default ``delta``).
     planned_rounds : int, optional
@@ -138,7 +138,7 @@ def privacy_report(
     ep = positive(eps_p, "eps_p")
     report["eps_p"] = ep
     report["delta"] = delta
-    own = _own_delta(cat, delta, delta_p, fedcad_delta)
+    own = _own_delta(cat, delta, delta_p, delta_u)
     view_a = _uplink_view(mech, cat, ep, own, m, rounds, delta)
     pair, pair_reason = _pair_view(cat, ep, d, m, rounds, delta, secure is not None)
     report["threat_models"], report["notes"] = local_threat_models(
@@ -175,15 +175,13 @@ def _share(gamma: float) -> float:
     return value
 
 
-def _own_delta(
-    cat: Privacy, delta: float, delta_p: float | None, fedcad_delta: float | None
-) -> float:
-    """A Gaussian release's own ``delta``: ``delta_p`` per parameter, ``fedcad_delta`` per
+def _own_delta(cat: Privacy, delta: float, delta_p: float | None, delta_u: float | None) -> float:
+    """A Gaussian release's own ``delta``: ``delta_p`` per parameter, ``delta_u`` per
     update (each checked where it applies), else the report's ``delta``."""
     if cat.family == "gaussian" and cat.unit == "parameter" and delta_p is not None:
         return probability(delta_p, "delta_p")
-    if cat.family == "gaussian" and cat.unit == "update" and fedcad_delta is not None:
-        return probability(fedcad_delta, "fedcad_delta")
+    if cat.family == "gaussian" and cat.unit == "update" and delta_u is not None:
+        return probability(delta_u, "delta_u")
     return delta
 
 

@@ -42,7 +42,7 @@ from corbin_fl import registry, wire
 from corbin_fl.arrays import unflatten_arrays
 from corbin_fl.config import RunConfig
 from corbin_fl.layout import layer_center_radius
-from corbin_fl.mechanisms.pairing import augcorbin_split, random_pairing
+from corbin_fl.mechanisms.pairing import independent_split, random_pairing
 from corbin_fl.secagg.messages import KeyAdvert
 from corbin_fl.secagg.server import SecAggServer
 from corbin_fl.server.aggregation import Aggregator, apply_global_lr, make_aggregator
@@ -248,7 +248,7 @@ def split_roles(rt: ServerRuntime, state: RoundState) -> list[int]:
     independent: list[int] = []
     to_pair = list(state.sampled)
     if registry.get(rt.cfg.mechanism).independent_share:
-        independent, to_pair = augcorbin_split(
+        independent, to_pair = independent_split(
             state.sampled, rt.cfg.gamma, rt.rng(state.round, _PURPOSE_SPLIT)
         )
     state.independent = set(independent)

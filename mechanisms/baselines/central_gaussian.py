@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from corbin_fl.mechanisms.analytic_gaussian import analytic_gaussian_sigma, gaussian_epsilon
 from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob, Settings
 from corbin_fl.mechanisms.validate import integer, positive, probability, torch_generator
 

@@ -59,10 +59,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from corbin_fl.mechanisms.analytic_gaussian import analytic_gaussian_sigma
 from corbin_fl.mechanisms.baselines._common import (
     COMPUTE_DTYPE,
 )
-from corbin_fl.mechanisms.baselines.gaussian import analytic_gaussian_sigma
 from corbin_fl.mechanisms.baselines.hooks import EncodeJob, Settings
 from corbin_fl.mechanisms.validate import positive, probability, torch_generator
 

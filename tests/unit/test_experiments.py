@@ -770,7 +770,7 @@ def test_figure_guarantees_name_the_threat_models_the_accountant_gives(tmp_path:
             gamma=0.2 if mech == "augcorbin" else None,
             n=10,
             r=0.01,
-            fedcad_delta=1e-5 if mech == "fedcad" else None,
+            delta_u=1e-5 if mech == "fedcad" else None,
         )
         tm = report["threat_models"]
         assert {k for k in "AB" if tm[k]["dp"]} == plots.DP_AGAINST[kind], mech
@@ -843,7 +843,7 @@ def test_figures_read_each_settings_guarantee_from_its_summary(tmp_path: Path) -
         report = privacy_report(
             mech, 1.0, 1e-5, 1000, 10, d=5 if m.pairs else None,
             gamma=0.2 if mech == "augcorbin" else None, n=10, r=0.01,
-            fedcad_delta=1e-5 if mech == "fedcad" else None,
+            delta_u=1e-5 if mech == "fedcad" else None,
         )  # fmt: skip
         assert plots.report_kind(report) == plots.guarantee_kind(mech), mech
     assert plots.report_kind(None) is None and plots.report_kind({"error": "x"}) is None
@@ -887,7 +887,7 @@ def test_every_mechanism_has_a_stated_guarantee() -> None:
         assert _flat(labels[mech].label) == "ε_p=5/param. vs A only; no DP vs B"
     for mech in ("ldpfl", "laplace", "ternary"):
         assert labels[mech] == plots.Guarantee(plots.LDP_KIND, "ε_p=5/param.\nvs A, B")
-    assert labels["gaussian"].kind == plots.GAUSSIAN_KIND
+    assert labels["gaussian"].kind == plots.APPROX_LDP_KIND
     assert _flat(labels["gaussian"].label) == "(ε_p=5, δ=1e-05) per param. vs A, B"
     assert labels["fedcad"].kind == plots.UPDATE_KIND
     assert _flat(labels["fedcad"].label) == "(ε=5, δ=1e-05) per update vs A, B"

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from corbin_fl.mechanisms import augcorbin_split, is_lead, lead_node, random_pairing
+from corbin_fl.mechanisms import independent_split, is_lead, lead_node, random_pairing
 
 
 def _canon(pairs: list[tuple[int, int]]) -> frozenset[frozenset[int]]:
@@ -125,22 +125,22 @@ def test_lead_validation(args: tuple[object, ...], exc: type[Exception]) -> None
 
 
 # ----------------------------------------------------------------------------- AugCorBin split
-def test_augcorbin_split_sizes() -> None:
+def test_independent_split_sizes() -> None:
     ids = list(range(100, 110))
     for gamma, k in ((0.0, 0), (0.2, 2), (0.25, 3), (0.5, 5), (0.55, 6), (1.0, 10)):
-        ind, cor = augcorbin_split(ids, gamma, np.random.default_rng(0))
+        ind, cor = independent_split(ids, gamma, np.random.default_rng(0))
         assert len(ind) == k and len(cor) == 10 - k
         assert sorted(ind + cor) == ids and not set(ind) & set(cor)
         assert ind == sorted(ind) and cor == sorted(cor)
-    assert augcorbin_split([], 0.5, np.random.default_rng(0)) == ([], [])
+    assert independent_split([], 0.5, np.random.default_rng(0)) == ([], [])
 
 
-def test_augcorbin_split_uniform() -> None:
+def test_independent_split_uniform() -> None:
     rng = np.random.default_rng(4)
     trials, ids = 10_000, [1, 2, 3, 4, 5]
     counts: Counter[int] = Counter()
     for _ in range(trials):
-        ind, _ = augcorbin_split(ids, 0.4, rng)  # k = 2
+        ind, _ = independent_split(ids, 0.4, rng)  # k = 2
         counts.update(ind)
     for node in ids:
         assert _within_5se(counts[node], trials, 2 / 5)
@@ -152,4 +152,4 @@ def test_augcorbin_split_uniform() -> None:
 )
 def test_augcorbin_validation(gamma: object, exc: type[Exception]) -> None:
     with pytest.raises(exc):
-        augcorbin_split([1, 2, 3], gamma, np.random.default_rng(0))  # type: ignore[arg-type]
+        independent_split([1, 2, 3], gamma, np.random.default_rng(0))  # type: ignore[arg-type]
