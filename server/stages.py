@@ -28,8 +28,9 @@ on one message at a time, so its answer to the re-sent instruction comes at most
 work after its answer to the first. ``NODE_UNAVAILABLE`` right after an outage means only that
 the node has not heartbeated yet: the node is re-sent its instruction once the SuperLink lists
 it online again, within the same bound. A node in flight at the outage that is still silent and
-not listed online from :data:`RECONNECT_S` after the return on is dropped then (a live SuperNode
-has heartbeated by that time), without waiting for its work bound.
+not listed online from :func:`reconnect_after` after the return on (:data:`RECONNECT_S` or
+more: gRPC's and Flower's back-off grow with the outage) is dropped then (a live SuperNode has
+heartbeated by that time), without waiting for its work bound.
 """
 
 from __future__ import annotations
@@ -216,35 +217,81 @@ own retry warning ("Connection attempt failed") during any grid call, and a call
 are outages too, however short."""
 
 
+GRPC_BACKOFF_S: tuple[float, float, float, float] = (1.0, 1.6, 0.2, 120.0)
+"""gRPC's connection back-off (its ``doc/connection-backoff.md``; Flower's channels keep the
+defaults): INITIAL 1 s, MULTIPLIER 1.6, JITTER 0.2, MAX 120 s. A SuperNode's channel that lost
+the SuperLink tries to connect again at ``t_{k+1} = t_k + B_k (1 + u)``, ``B_k = min(1.6^k,
+120)``, ``u ~ U(-0.2, 0.2)``, and every call between two tries fails at once."""
+
+RETRY_S = float(MAX_RETRY_DELAY + 2 * HEARTBEAT_CALL_TIMEOUT)
+"""30 s: from the channel's reconnection to the node's heartbeat. Flower's retry of a failed call
+waits at most ``MAX_RETRY_DELAY`` = 20 s (exponential, full jitter, capped), and its two threads
+(message loop, heartbeat) share that wait's lock and wake on the first success: one call whose
+wait ends within 20 s succeeds, then the heartbeat (5 s call timeout); two call timeouts."""
+
+
+def reconnect_after(away_s: float) -> float:
+    """Seconds after the SuperLink's return by which a live SuperNode has heartbeated, when
+    the SuperLink was away ``away_s`` seconds: ``max(RECONNECT_S, gap(away_s) + RETRY_S)``.
+
+    ``gap`` bounds how long after the return the node's channel next tries to connect
+    (:data:`GRPC_BACKOFF_S`). The try before the return started at ``t_k``, ``k`` tries after
+    the channel's first failure, no earlier than the outage: ``away_s >= t_k - t_0 >= 0.8 sum_{j<k}
+    1.6^j = 0.8 (1.6^k - 1) / 0.6`` while uncapped, so ``1.6^k <= 0.75 away_s + 1``; the next
+    try comes at most ``1.2 B_k`` after ``t_k``, so ``gap <= 1.2 min(120, 0.75 away_s + 1)``
+    (past the cap, ``1.2 x 120`` s). Then Flower's own retry, :data:`RETRY_S`. An outage of
+    32 s (the Docker restart test's) gives 60 s; gRPC's simulated schedule reaches a gap of
+    19.8 s there (``tests/unit/test_reconnect_bound.py``), so with Flower's retry a live node
+    may take 45 s, and the fixed 27.5 s of :data:`RECONNECT_S` (a node that never noticed the
+    outage, whose next heartbeat is due) would drop it. ``away_s`` is the server's own measure
+    (from the start of its first call that failed or blocked to its first answer), no shorter
+    than a node's.
+    """
+    initial, multiplier, jitter, most = GRPC_BACKOFF_S
+    uncapped = initial + away_s * (multiplier - 1.0) / (1.0 - jitter)
+    return max(RECONNECT_S, (1.0 + jitter) * min(most, uncapped) + RETRY_S)
+
+
 @dataclass
 class LinkClock:
     """What the stages of a run know about the SuperLink link: the bound after an outage.
 
     After the SuperLink answers again, a node still silent has its reply within
-    ``grace = reconnect_s + work_s[stage]``: the reconnection bound (:data:`RECONNECT_S`), then
-    one message's work (the SuperNode handles one message at a time: whatever it was doing, then
-    the re-sent instruction; ``corbin_mod`` answers that from its cache when it had answered
-    already). ``work_s[stage]`` is the slowest accepted reply (push to arrival) of the last
-    exchange of that stage that saw no outage: this run's own start-up and work, measured, not
-    the stage timeout. A stage that never completed a reply in this run has no such figure, and
-    its silent nodes keep the stage timeout.
+    ``grace = reconnect() + work_s[stage]``: the reconnection bound after an outage of the
+    length measured (:func:`reconnect_after`), then one message's work (the SuperNode handles
+    one message at a time: whatever it was doing, then the re-sent instruction; ``corbin_mod``
+    answers that from its cache when it had answered already). ``work_s[stage]`` is the
+    slowest accepted reply (push to arrival) of the last exchange of that stage that saw no
+    outage: this run's own start-up and work, measured, not the stage timeout. A stage that
+    never completed a reply in this run has no such figure, and its silent nodes keep the
+    stage timeout.
 
     Attributes
     ----------
     reconnect_s : float
-        :data:`RECONNECT_S`.
+        :data:`RECONNECT_S`, the least reconnection bound.
     outage_s : float
         :data:`OUTAGE_S`.
+    after_outage : Callable[[float], float] or None
+        The reconnection bound as a function of the outage's length (:func:`reconnect_after`);
+        ``None``: :attr:`reconnect_s` whatever the length (a harness on its own time scale).
     work_s : dict[str, float]
         Stage -> slowest accepted reply latency of its last exchange without an outage (s).
     outages : int
         Outages seen in the run.
+    down_since : float or None
+        When the first call of the outage in progress started (monotonic), or None.
+    away_s : float
+        Length of the last outage: from :attr:`down_since` to the first answer (s).
     """
 
     reconnect_s: float = RECONNECT_S
     outage_s: float = OUTAGE_S
+    after_outage: Callable[[float], float] | None = reconnect_after
     work_s: dict[str, float] = field(default_factory=dict)
     outages: int = 0
+    down_since: float | None = None
+    away_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.reconnect_s >= 0 and self.outage_s > 0):
@@ -257,7 +304,26 @@ class LinkClock:
         """Seconds a node silent at the SuperLink's return may still take, or None when this
         run has no reply time of ``stage`` yet (its nodes keep the stage timeout)."""
         work = self.work_s.get(stage)
-        return None if work is None else self.reconnect_s + work
+        return None if work is None else self.reconnect() + work
+
+    def reconnect(self) -> float:
+        """Seconds after the SuperLink's return by which a live node is listed online again,
+        for the last outage's length (:func:`reconnect_after`), never under
+        :attr:`reconnect_s`."""
+        if self.after_outage is None:
+            return self.reconnect_s
+        return max(self.reconnect_s, self.after_outage(self.away_s))
+
+    def went_down(self, since: float) -> None:
+        """A call that started at ``since`` failed or blocked: the outage began no later."""
+        if self.down_since is None or since < self.down_since:
+            self.down_since = since
+
+    def came_back(self, now: float) -> None:
+        """The SuperLink answered at ``now``: the outage's length is :attr:`away_s`."""
+        if self.down_since is not None:
+            self.away_s = max(0.0, now - self.down_since)
+        self.down_since = None
 
 
 class _RetryLog(logging.Handler):
@@ -515,6 +581,7 @@ class _StageRun:
         if exc is None:  # a push's time is its payload's (the model): no outage sign
             return
         self.down = True  # the link failed a call: recover once it answers
+        self.link.went_down(now)
         for nid in nodes:
             if nid in self.resent:  # its second push failed too
                 self.state.drop(nid, f"could not push the instruction ({exc})", self.stage)
@@ -665,7 +732,11 @@ class _StageRun:
         now = time.monotonic()
         if self.watch.failed or now - call >= self.link.outage_s:
             self.watch.failed, self.down = False, True
+        if self.down:  # away since this call at the latest (a push may have seen it earlier)
+            self.link.went_down(call)
         back = self.down and answered
+        if back:
+            self.link.came_back(now)
         self.seen = self.seen or back
         state, stage, pending, accepted = self.state, self.stage, self.pending, self.accepted
         _screen_batch(state, stage, batch, pending, accepted)
@@ -689,13 +760,14 @@ class _StageRun:
         return now
 
     def check_online(self, now: float) -> None:
-        """From :data:`RECONNECT_S` after the SuperLink's return on (at most once a second),
+        """From :meth:`LinkClock.reconnect` after the SuperLink's return on (at most once a
+        second; :data:`RECONNECT_S` or more, by the outage's length),
         drop every node that was in flight at the outage, is still silent and is not listed
         online: a live SuperNode has heartbeated by then, so it will not answer (its wait is not
         worth its work bound). A node the SuperLink still lists from before the outage (its
         last heartbeat's patience, 60 s, not over yet) is dropped once that listing lapses."""
         if self.returned_at is None or now < max(
-            self.returned_at + self.link.reconnect_s, self.online_next
+            self.returned_at + self.link.reconnect(), self.online_next
         ):
             return
         silent = self.stranded & self.in_flight()

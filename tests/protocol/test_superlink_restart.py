@@ -39,8 +39,9 @@ from corbin_fl.server.stages import LinkClock, RoundState
 
 STAGE_TIMEOUT = 30.0
 """The stage timeout: what the stall cost before (every lost reply waited for all of it)."""
-CLOCK = LinkClock(reconnect_s=0.5, outage_s=0.2)
-"""A link clock on this test's scale: reconnection 0.5 s (Flower's: RECONNECT_S = 27.5 s)."""
+CLOCK = LinkClock(reconnect_s=0.5, outage_s=0.2, after_outage=None)
+"""A link clock on this test's scale: reconnection 0.5 s whatever the outage's length (Flower's:
+RECONNECT_S = 27.5 s or more, ``reconnect_after``)."""
 SLACK = 5.0
 """Seconds on top of the bound: polls (0.01 s), the ClientApp calls of 3 nodes (about 0.2 s
 each on this machine, each quantizing a 421,642-parameter CNN), a loaded machine."""
@@ -134,7 +135,9 @@ def _node_unavailable(sent: list[Message], mid: str) -> Message:
 def _setup(grid: RestartingGrid) -> ServerRuntime:
     cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
-    rt.link = LinkClock(reconnect_s=CLOCK.reconnect_s, outage_s=CLOCK.outage_s)
+    rt.link = LinkClock(
+        reconnect_s=CLOCK.reconnect_s, outage_s=CLOCK.outage_s, after_outage=CLOCK.after_outage
+    )
     return rt
 
 
@@ -217,6 +220,34 @@ def test_unavailable_after_the_return_is_resent_when_online_and_dropped_at_the_b
     assert re.search(
         r"not listed online within \d+ s of the SuperLink's return", state.dropped[gone]
     )
+
+
+@pytest.mark.parametrize("grows", [True, False])
+def test_the_online_check_waits_longer_after_a_longer_outage(grows: bool) -> None:
+    """A SuperNode's channel backs off longer the longer the SuperLink was away (gRPC's
+    connection back-off, then Flower's retry: ``reconnect_after``), so a live node is listed
+    online again later after a longer outage. On this test's scale the bound is ``0.5 s + 2 x``
+    the outage: node ``late`` is listed again 1.0 s after a 0.6 s outage, past the fixed 0.5 s
+    but within ``0.5 + 2 x 0.6`` s, and answers its re-sent instruction. With the fixed bound
+    (``grows`` false: the behaviour before) it is dropped as "not listed online"."""
+    grid = RestartingGrid(_cfg(), 3, round_=2, stage=wire.UPDATE, lost=set(), down_s=0.6)
+    late, fine, _ = grid.node_ids
+    grid.lost, grid.offline = {late}, {late: 1.0}
+    rt = _setup(grid)
+    if grows:
+        rt.link.after_outage = lambda away: 0.5 + 2.0 * away
+    nodes = grid.node_ids
+    _round(rt, 1, nodes)
+    state, seconds = _round(rt, 2, nodes)
+    print(f"bound grows: {grows}; round 2 {seconds:.2f} s; away {rt.link.away_s:.2f} s; "
+          f"drops {state.dropped}")  # fmt: skip
+    assert grid.down_s <= rt.link.away_s < grid.down_s + SLACK
+    if grows:
+        assert not state.dropped and sorted(state.client_metrics) == sorted(nodes)
+    else:
+        assert list(state.dropped) == [late]
+        assert "not listed online" in state.dropped[late]
+        assert fine in state.client_metrics
 
 
 def test_the_ledger_counts_an_update_the_outage_may_have_swallowed(
