@@ -367,7 +367,7 @@ class Mechanism:
             raise ValueError(f"{self.name}: privacy disagrees with local_dp / dp_unit")
         if priv.paired != self.pairs:
             raise ValueError(f"{self.name}: privacy.paired must equal pairs")
-        if priv.family == "gaussian" and not self.has_delta:
+        if priv.family == "gdp" and not self.has_delta:
             raise ValueError(f"{self.name}: a Gaussian release needs has_delta")
         if self.shared_seed and (
             len(self.shared_seed) != 3 or not self.instruction_keys >= set(self.shared_seed)
@@ -388,7 +388,7 @@ class Mechanism:
 
     def _plain_privacy(self) -> Privacy:
         if self.local_dp:
-            family: categories.Family = "gaussian" if self.has_delta else "pure"
+            family: categories.Family = "gdp" if self.has_delta else "pure"
             return Privacy(family, unit=self.dp_unit, paired=self.pairs)
         return Privacy(
             "none",
@@ -782,7 +782,7 @@ register(
         has_delta=True,
         block_release=f"{_BASELINES}.gaussian:block_release",
         release_limit=f"{_BASELINES}.gaussian:release_limit",
-        privacy=Privacy("gaussian", release="(analytic Gaussian noise on the clipped value)"),
+        privacy=Privacy("gdp", release="(analytic Gaussian noise on the clipped value)"),
     )
 )
 register(
@@ -930,7 +930,7 @@ register(
             ),
         ),
         privacy=Privacy(
-            "gaussian",
+            "gdp",
             unit="update",
             release="(update level, L2 sensitivity 2C, not per parameter)",
             caveat_a=" The E[Diff] estimate that sets later rounds' noise is not accounted.",

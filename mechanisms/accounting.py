@@ -82,7 +82,7 @@ class PrivacyEvent:
     d : int or None
         Shared bits per parameter for paired releases.
     delta : float or None
-        The mechanism's own ``delta`` per parameter or per update (family ``"gaussian"``).
+        The mechanism's own ``delta`` per parameter or per update (family ``"gdp"``).
     """
 
     round: int
@@ -108,7 +108,7 @@ class PrivacyEvent:
             if self.eps_p is None:
                 raise ValueError(f"{self.mechanism} needs eps_p")
             object.__setattr__(self, "eps_p", positive(self.eps_p, "eps_p"))
-        if cat.family == "gaussian":
+        if cat.family == "gdp":
             if self.delta is None:
                 raise ValueError(f"{self.mechanism} needs the mechanism's delta")
             object.__setattr__(self, "delta", probability(self.delta, "delta"))
@@ -217,7 +217,7 @@ class Accountant:
     :func:`corbin_fl.mechanisms.report.privacy_report` composes one update and ``T`` of them
     with it.
 
-    Composition, by the mechanism's category (family ``"pure"``, ``"gaussian"``, or without
+    Composition, by the mechanism's category (family ``"pure"``, ``"gdp"``, or without
     local DP: ``"none"`` and ``"central"``, whose uplink carries no noise):
 
     - pure ``eps_p``-DP parameters are each dominated by randomized response with their
@@ -268,7 +268,7 @@ class Accountant:
         terms = [
             (1.0 / analytic_gaussian_sigma(kind.eps_p, kind.delta, 1.0)) * math.sqrt(n)
             for kind, n in self._units.items()
-            if kind.family == "gaussian"
+            if kind.family == "gdp"
         ]
         return math.hypot(*terms)
 
@@ -291,7 +291,7 @@ class Accountant:
         k_pure = self._pure_parameters()
         if k_pure:
             eps += rr_epsilon(self._max_pure_eps(), k_pure, share)
-        if any(kind.family == "gaussian" for kind in self._units):
+        if any(kind.family == "gdp" for kind in self._units):
             eps += gaussian_epsilon(share, self._gaussian_mu())
         return eps
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 
-from corbin_fl.mechanisms.validate import positive, probability
+from corbin_fl.mechanisms.validate import integer, positive, probability
 
 __all__ = [
     "analytic_gaussian_sigma",
+    "central_epsilon",
+    "central_noise_multiplier",
     "gaussian_delta",
     "gaussian_epsilon",
     "log_ndtr",
@@ -185,3 +187,18 @@ def analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float) -> flo
         if hi / lo - 1.0 <= 1e-12:
             break
     return hi * sens
+
+
+def central_noise_multiplier(epsilon: float, delta: float, rounds: int) -> float:
+    """``z = sqrt(T) sigma_1(eps, delta)``: ``T`` rounds of the Gaussian sum are (eps, delta)-DP."""
+    e = positive(epsilon, "epsilon")
+    d = probability(delta, "delta")
+    t = integer(rounds, "rounds", 1)
+    return math.sqrt(t) * analytic_gaussian_sigma(e, d, 1.0)
+
+
+def central_epsilon(z: float, delta: float, rounds: int) -> float:
+    """The exact ``eps`` at ``delta`` of ``rounds`` Gaussian sums with noise multiplier ``z``."""
+    zz = positive(z, "z")
+    t = integer(rounds, "rounds", 1)
+    return gaussian_epsilon(delta, math.sqrt(t) / zz)

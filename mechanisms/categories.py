@@ -15,19 +15,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-Family = Literal["pure", "gaussian", "none", "central"]
+Family = Literal["pure", "gdp", "none", "central"]
 """How the releases of a mechanism compose against an eavesdropper on one uplink (threat model A):
 
 - ``"pure"``: every released parameter is pure ``eps_p``-DP (dominated by randomized response;
   ``k`` of them compose as ``k``-fold RR);
-- ``"gaussian"``: an analytic Gaussian release at ``(eps_p, delta)`` of one parameter or of one
-  update (:attr:`Privacy.unit`); releases compose exactly as one Gaussian;
+- ``"gdp"``: an analytic Gaussian release at ``(eps_p, delta)`` of one parameter or of one
+  update (:attr:`Privacy.unit`); releases compose exactly as one Gaussian (``mu``-GDP, Gaussian
+  differential privacy, Dong, Roth and Su 2019: hence the name; several mechanisms release so,
+  the ``gaussian`` mechanism among them);
 - ``"none"``: no noise at all, no DP against any adversary;
 - ``"central"``: DP-FedAvg's Gaussian sum query: the server adds the noise, so nothing holds on
   the uplink, and the released models are central-DP.
 """
 
-FAMILIES: Final[tuple[str, ...]] = ("pure", "gaussian", "none", "central")
+FAMILIES: Final[tuple[str, ...]] = ("pure", "gdp", "none", "central")
 UNITS: Final[tuple[str, ...]] = ("parameter", "update")
 
 
@@ -108,8 +110,8 @@ class Privacy:
 
     @property
     def local_dp(self) -> bool:
-        """Every release is DP at the client (families ``"pure"`` and ``"gaussian"``)."""
-        return self.family in ("pure", "gaussian")
+        """Every release is DP at the client (families ``"pure"`` and ``"gdp"``)."""
+        return self.family in ("pure", "gdp")
 
 
 _DECLARED: dict[str, Privacy] = {}

@@ -163,7 +163,9 @@ def _central_report(
     target = positive(eps_p, "eps_p")
     planned = rounds if planned_rounds is None else integer(planned_rounds, "rounds", 1)
     report["delta"] = delta
-    report["threat_models"], report["notes"] = central_threat_models(target, delta, rounds, planned)
+    report["threat_models"], report["notes"] = central_threat_models(
+        report["mechanism"], target, delta, rounds, planned
+    )
     return report
 
 
@@ -178,9 +180,9 @@ def _share(gamma: float) -> float:
 def _own_delta(cat: Privacy, delta: float, delta_p: float | None, delta_u: float | None) -> float:
     """A Gaussian release's own ``delta``: ``delta_p`` per parameter, ``delta_u`` per
     update (each checked where it applies), else the report's ``delta``."""
-    if cat.family == "gaussian" and cat.unit == "parameter" and delta_p is not None:
+    if cat.family == "gdp" and cat.unit == "parameter" and delta_p is not None:
         return probability(delta_p, "delta_p")
-    if cat.family == "gaussian" and cat.unit == "update" and delta_u is not None:
+    if cat.family == "gdp" and cat.unit == "update" and delta_u is not None:
         return probability(delta_u, "delta_u")
     return delta
 

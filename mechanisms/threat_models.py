@@ -10,7 +10,7 @@ in plain language what holds against each adversary:
 - :func:`central_threat_models`: DP-FedAvg's Gaussian sum query (family ``"central"``): the
   server adds the noise;
 - :func:`local_threat_models`: noise drawn on the client (families ``"pure"`` and
-  ``"gaussian"``), with or without pairing: (A) one uplink, (B) the server that sees every bit,
+  ``"gdp"``), with or without pairing: (A) one uplink, (B) the server that sees every bit,
   (C) a malicious client (post-processing of B's view, plus its partner's ``z`` when paired;
   nothing from the paper's eq. (5), which is not a valid bound:
   :func:`corbin_fl.mechanisms.theory.eq5_as_printed`), (D) a malicious server, which can learn
@@ -37,10 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from corbin_fl.mechanisms.accounting import THREAT_MODELS
-from corbin_fl.mechanisms.baselines.central_gaussian import (
-    central_epsilon,
-    central_noise_multiplier,
-)
+from corbin_fl.mechanisms.analytic_gaussian import central_epsilon, central_noise_multiplier
 from corbin_fl.mechanisms.categories import Privacy
 from corbin_fl.mechanisms.protection import NO_PROTECTION, per_parameter_text, protection
 
@@ -165,9 +162,10 @@ def no_dp_threat_models(mech: str, cat: Privacy) -> tuple[Entries, list[str]]:
 
 
 def central_threat_models(
-    epsilon: float, delta: float, rounds: int, planned: int
+    mech: str, epsilon: float, delta: float, rounds: int, planned: int
 ) -> tuple[Entries, list[str]]:
-    """The threat models of family ``"central"`` (DP-FedAvg's Gaussian sum query).
+    """The threat models of family ``"central"`` (DP-FedAvg's Gaussian sum query) of the
+    mechanism ``mech``.
 
     The noise multiplier ``z`` is calibrated for ``planned`` rounds at (epsilon, delta); the run's
     ``rounds`` (at most ``planned``) compose exactly to one Gaussian with ``mu = sqrt(T) / z``
@@ -177,7 +175,7 @@ def central_threat_models(
     tm = empty_entries()
     tm["A"]["headline"] = "no DP (the clipped update in the clear)"
     tm["A"]["guarantee"] = (
-        "No DP: central-gaussian uploads the client's clipped update as it is (the server adds "
+        f"No DP: {mech} uploads the client's clipped update as it is (the server adds "
         "the noise); only TLS hides it on the link."
     )
     tm["B"]["headline"] = "no DP (it sees every clipped update)"
@@ -241,7 +239,7 @@ def local_threat_models(
     gamma: float | None,
 ) -> tuple[Entries, list[str]]:
     """The threat models of a mechanism whose noise is drawn on the client (``"pure"``,
-    ``"gaussian"``) and the notes on how the numbers were obtained.
+    ``"gdp"``) and the notes on how the numbers were obtained.
 
     ``view_a`` holds threat model A's computed blocks (``per_parameter``, ``per_update``,
     ``all_rounds``), ``pair`` the pair-joint view of B for a pairing mechanism (None, with
@@ -268,14 +266,14 @@ def _uplink(
         **copy_blocks(view_a, "per_parameter", "per_update", "all_rounds"),
     }
     composed = composed_sentence(view_a, m, rounds)
-    if cat.family == "gaussian" and cat.unit == "parameter":
+    if cat.family == "gdp" and cat.unit == "parameter":
         pp = view_a["per_parameter"]
         a["headline"] = f"({ep:g}, {pp['delta']:.3g}) per parameter"
         a["guarantee"] = (
             f"Each released parameter is ({ep:g}, {pp['delta']:g})-DP {cat.release}; "
             f"composed exactly, {composed}.{cat.caveat_a}"
         )
-    elif cat.family == "gaussian":
+    elif cat.family == "gdp":
         pu = view_a["per_update"]
         a["headline"] = f"({ep:g}, {pu['delta']:.3g}) per update"
         a["guarantee"] = (

@@ -32,9 +32,9 @@ import math
 
 import torch
 
-from corbin_fl.mechanisms.analytic_gaussian import analytic_gaussian_sigma, gaussian_epsilon
+from corbin_fl.mechanisms.analytic_gaussian import central_epsilon, central_noise_multiplier
 from corbin_fl.mechanisms.baselines.hooks import Block, EncodeJob, Settings
-from corbin_fl.mechanisms.validate import integer, positive, probability, torch_generator
+from corbin_fl.mechanisms.validate import positive, torch_generator
 
 __all__ = [
     "block_release",
@@ -54,21 +54,6 @@ def clip_l2(delta: torch.Tensor, clip: float) -> torch.Tensor:
     if not math.isfinite(norm):
         raise ValueError("the update has a non-finite entry")
     return delta * (c / norm) if norm > c else delta.clone()
-
-
-def central_noise_multiplier(epsilon: float, delta: float, rounds: int) -> float:
-    """``z = sqrt(T) sigma_1(eps, delta)``: ``T`` rounds of the Gaussian sum are (eps, delta)-DP."""
-    e = positive(epsilon, "epsilon")
-    d = probability(delta, "delta")
-    t = integer(rounds, "rounds", 1)
-    return math.sqrt(t) * analytic_gaussian_sigma(e, d, 1.0)
-
-
-def central_epsilon(z: float, delta: float, rounds: int) -> float:
-    """The exact ``eps`` at ``delta`` of ``rounds`` Gaussian sums with noise multiplier ``z``."""
-    zz = positive(z, "z")
-    t = integer(rounds, "rounds", 1)
-    return gaussian_epsilon(delta, math.sqrt(t) / zz)
 
 
 def central_noise(

@@ -58,7 +58,6 @@ _TARGETS = (
     "the paper's three accuracy targets (federated_targets) compare CorBin-FL with LDP-FL and "
     "FedAvg by name: a claim about these two baselines, and committed report text"
 )
-_FAMILY = "the word is also the privacy family of every Gaussian release (categories.Family)"
 _TABLE = (
     "the sum-seeing server's table (server_table): its rows' labels are committed report text "
     "(docs/results/quick/server/report.md)"
@@ -81,20 +80,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.deploy.cli": "d = 0's hint names the mechanism without common randomness",
         "corbin_fl.experiments.report": _TARGETS,
     },
-    "gaussian": {
-        "corbin_fl.mechanisms.accounting": _FAMILY,
-        "corbin_fl.mechanisms.analytic_gaussian": _FAMILY,
-        "corbin_fl.mechanisms.baselines.central_gaussian": _FAMILY,
-        "corbin_fl.mechanisms.baselines.fedcad": _FAMILY,
-        "corbin_fl.mechanisms.categories": _FAMILY,
-        "corbin_fl.mechanisms.lower_bounds": _FAMILY,
-        "corbin_fl.mechanisms.report": _FAMILY,
-        "corbin_fl.mechanisms.threat_models": _FAMILY,
-    },
     "fedavg": {
-        "corbin_fl.mechanisms.threat_models": "DP-FedAvg, the central mechanism's algorithm (not "
-        "this one)",
-        "corbin_fl.app.server_app": "Flower's FedAvg, the strategy CorBin wraps (not this one)",
         "corbin_fl.experiments.report": _TARGETS,
     },
     "pbm": {
@@ -107,11 +93,26 @@ ALLOWED: dict[str, dict[str, str]] = {
         "corbin_fl.mvu_store": "its designs on disk (the cache lives in corbin_fl.fsio, which the "
         "math may not import)",
     },
-    "central-gaussian": {
-        "corbin_fl.mechanisms.threat_models": "the central guarantee's sentences",
-    },
 }
 """Mechanism -> module still naming it beyond its module and the registration list -> why."""
+
+FIELD_TERMS: dict[str, str] = {
+    "gaussian": "the Gaussian distribution and the DP primitive that adds it (the analytic "
+    "Gaussian mechanism, mechanisms/analytic_gaussian.py; GDP composition), which the gaussian, "
+    "fedcad and central-gaussian mechanisms and the accounting all use",
+    "fedavg": "FedAvg, the federated averaging algorithm (McMahan et al. 2017): Flower's strategy "
+    "class that CorBin wraps (app/server_app.py), and DP-FedAvg, the central mechanism's "
+    "algorithm (threat_models.py)",
+}
+"""Mechanisms whose name is also a term of the field -> what else the word means there.
+
+Such a name counts only where the code means the mechanism: a text that *is* its name (the run
+config's value, a registry key, a dispatch ``mechanism == "gaussian"``, a variable or an import
+named so) or its module (an import of it, a ``"module:function"`` hook of it); not the term
+inside a longer identifier or sentence (``analytic_gaussian_sigma``, ``gaussian_epsilon``,
+``"analytic Gaussian noise"``), which names the mathematics, not this mechanism. Identifiers
+named after the mechanism in another module would slip through this rule: keep such names to the
+mechanism's module."""
 
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
@@ -184,14 +185,40 @@ def _product_words() -> dict[str, list[list[str]]]:
     }
 
 
-def naming_modules(mechanism: str) -> set[str]:
-    """The product modules whose code names ``mechanism`` or one of its parameter keys."""
-    names = [words(mechanism), *(words(p.key) for p in registry.get(mechanism).params)]
+def names_term(text: str, mechanism: str) -> bool:
+    """Whether ``text`` names the mechanism ``mechanism`` of :data:`FIELD_TERMS`: it is the name
+    or the mechanism's module (an import of it, a ``"module:function"`` of it)."""
+    module = MODULES[mechanism]
+    return text in (mechanism, module) or text.startswith((f"{module}:", f"{module}."))
+
+
+@functools.cache
+def _product_texts() -> dict[str, list[str]]:
+    """Product module -> its code texts."""
     return {
+        name: list(code_texts(path.read_text(encoding="utf-8")))
+        for name, path in product_modules(ROOT).items()
+    }
+
+
+def naming_modules(mechanism: str) -> set[str]:
+    """The product modules whose code names ``mechanism`` or one of its parameter keys (a name
+    of :data:`FIELD_TERMS` by :func:`names_term`)."""
+    keys = [words(p.key) for p in registry.get(mechanism).params]
+    if mechanism not in FIELD_TERMS:
+        keys.append(words(mechanism))
+    found = {
         module
         for module, texts in _product_words().items()
-        if any(carries(text, name) for text in texts for name in names)
+        if any(carries(text, name) for text in texts for name in keys)
     }
+    if mechanism in FIELD_TERMS:
+        found |= {
+            module
+            for module, texts in _product_texts().items()
+            if any(names_term(text, mechanism) for text in texts)
+        }
+    return found
 
 
 SHIPPED = [name for name in registry.REGISTRY if name not in PROTOCOL]
@@ -210,6 +237,18 @@ def test_the_word_matching() -> None:
     docs = list(code_texts('"""pbm"""\nX = 1\n"""pbm again"""\ndef f(a):\n    """pbm"""\n'))
     assert not any("pbm" in t for t in docs)
     assert "pbm" in list(code_texts('x = {"pbm": f"pbm(M={m})"}  # pbm\n'))
+
+
+def test_a_term_of_the_field_counts_where_it_names_the_mechanism() -> None:
+    assert set(FIELD_TERMS) <= set(MODULES)
+    module = MODULES["gaussian"]
+    for text in ("gaussian", module, f"{module}:block_release"):
+        assert names_term(text, "gaussian"), text
+    for text in ("analytic_gaussian_sigma", "gaussian_epsilon", "analytic Gaussian noise", "gdp"):
+        assert not names_term(text, "gaussian"), text
+    assert not names_term(f"{MODULES['central-gaussian']}", "gaussian")
+    assert names_term("fedavg", "fedavg")
+    assert not any(names_term(t, "fedavg") for t in ("FedAvg", "SeededFedAvg", "DP-FedAvg's"))
 
 
 def test_every_shipped_mechanism_names_its_module() -> None:
