@@ -15,10 +15,11 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from corbin_fl import wire
+from corbin_fl.app.config import AppConfig
 from corbin_fl.app.train import partition
 from corbin_fl.app.train import train as train_locally
 from corbin_fl.client.mod import corbin_mod
-from corbin_fl.config import ConfigError, RunConfig, configure_app_logging
+from corbin_fl.config import ConfigError, configure_app_logging
 from corbin_fl.flower_version import check_flower
 
 
@@ -35,7 +36,7 @@ def dropout_mod(
     fails alike, and it raises exactly like a crashing client would.
     """
     try:
-        cfg = RunConfig.from_flower(context.run_config)
+        cfg = AppConfig.from_flower(context.run_config)
         rnd = wire.round_of(msg)
     except (ConfigError, TypeError, wire.WireError):
         return call_next(msg, context)  # the handlers report what is wrong
@@ -46,7 +47,7 @@ def dropout_mod(
     return call_next(msg, context)
 
 
-def _drops_out(cfg: RunConfig, context: Context, rnd: int) -> bool:
+def _drops_out(cfg: AppConfig, context: Context, rnd: int) -> bool:
     try:
         who = partition(context, required=False)
     except (TypeError, ValueError):  # malformed node config: reported by the train handler

@@ -1,7 +1,7 @@
 """This project's ServerApp (Flower 1.42 Message API): one user of the ``CorBin`` strategy.
 
 ``flwr run`` starts it with the run's ``run_config``; it is parsed once into a validated
-:class:`corbin_fl.config.RunConfig` (a bad config fails here, listing every bad key). Then
+:class:`corbin_fl.app.config.AppConfig` (a bad config fails here, listing every bad key). Then
 :func:`run_training` builds the run's model (CNN / ResNet18) and the server's validation and
 test sets, wraps Flower's ``FedAvg`` in :class:`server.strategy.CorBin` and starts it, exactly as
 any Flower app would.
@@ -30,7 +30,8 @@ from flwr.serverapp.strategy import FedAvg
 # Through the modules (data.server_datasets, not server_datasets): the protocol tests replace
 # their functions with fakes (tests/protocol/conftest.py).
 from corbin_fl.app import data, models, training
-from corbin_fl.config import RunConfig, configure_app_logging
+from corbin_fl.app.config import AppConfig
+from corbin_fl.config import configure_app_logging
 from corbin_fl.devices import pick_device
 from corbin_fl.flower_version import check_flower
 from corbin_fl.server.strategy import CorBin
@@ -46,7 +47,7 @@ def main(grid: Grid, context: Context) -> None:
     another one fails here, naming both versions), validate the run config, then train."""
     configure_app_logging()
     check_flower("ServerApp")
-    cfg = RunConfig.from_flower(context.run_config)
+    cfg = AppConfig.from_flower(context.run_config)
     try:
         summary = run_training(grid, cfg)
     except Exception as exc:
@@ -56,7 +57,7 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def outcome_line(
-    cfg: RunConfig, summary: dict[str, Any] | None, error: BaseException | None = None
+    cfg: AppConfig, summary: dict[str, Any] | None, error: BaseException | None = None
 ) -> str:
     """The run's last log line, its outcome: what ``flwr run --stream`` and ``flwr log`` end on.
 
@@ -83,7 +84,7 @@ def outcome_line(
     return f"CorBin-FL run completed: {', '.join(parts)}"
 
 
-def inner_strategy(cfg: RunConfig) -> Any:
+def inner_strategy(cfg: AppConfig) -> Any:
     """The wrapped Flower strategy: :class:`SeededFedAvg` sampling ``clients-per-round`` nodes
     (all when 0), no federated evaluation (the server evaluates on its own validation and test
     sets)."""
@@ -126,7 +127,7 @@ class SeededFedAvg(FedAvg):
         return self._construct_messages(record, nodes, MessageType.TRAIN)
 
 
-def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
+def run_training(grid: Grid, cfg: AppConfig) -> dict[str, Any]:
     """The whole run of this project's app; returns ``summary.json``'s content.
 
     Raises
@@ -185,7 +186,7 @@ def run_training(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     return strategy.summary_ or {}
 
 
-def update_radius(cfg: RunConfig, num_nodes: int) -> dict[str, Any] | None:
+def update_radius(cfg: AppConfig, num_nodes: int) -> dict[str, Any] | None:
     """This app's ``R`` of ``range-mode = "update"`` and how it was chosen (``None`` otherwise):
     the rule it hands to :class:`server.strategy.CorBin`, which calls it once when the run starts
     (a resumed run keeps the ``R`` of its checkpointed rounds, in ``CorBin``).

@@ -16,7 +16,7 @@ from corbin_fl.app.readers import (
     MNIST_CLASS_NAMES,
     missing_idx_files,
 )
-from corbin_fl.task import DATASETS, DATASETS_WITH_DEFAULT_DIR
+from corbin_fl.app.task import DATASETS, DATASETS_WITH_DEFAULT_DIR
 
 __all__ = [
     "CIFAR10_CLASS_NAMES",

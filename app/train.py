@@ -33,7 +33,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from corbin_fl import wire
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 
 STATE_PARTITION = "corbin.partition"
 """``context.state`` ConfigRecord ``{"key": ...}``: what the cached partition rows were computed for
@@ -75,7 +75,7 @@ class LocalTask:
 
     _cache: ClassVar[dict[tuple[Any, ...], LocalTask]] = {}
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: AppConfig) -> None:
         # Imported here, not at the top: each imports torch, which a ClientApp process that
         # answers keygen or pair must not load (app/client_app.py imports this module;
         # tests/unit/test_lazy_imports.py). The same holds for every import below.
@@ -96,7 +96,7 @@ class LocalTask:
         self.layout = layout_of(self.model)
 
     @classmethod
-    def get(cls, cfg: RunConfig) -> LocalTask:
+    def get(cls, cfg: AppConfig) -> LocalTask:
         """The cached task for ``cfg``'s model, dataset and device."""
         key = (cfg.model, cfg.dataset, cfg.data_dir, cfg.device)
         task = cls._cache.get(key)
@@ -120,14 +120,14 @@ def start_device(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _train_seed(cfg: RunConfig, partition: int, rnd: int) -> int:
+def _train_seed(cfg: AppConfig, partition: int, rnd: int) -> int:
     """Public, reproducible batch-order seed per (run seed, partition, round)."""
     return int(
         np.random.SeedSequence([cfg.seed, partition, rnd]).generate_state(1, np.uint64)[0] >> 1
     )
 
 
-def local_dataset(cfg: RunConfig, context: Context, pid: int, num: int) -> Any:
+def local_dataset(cfg: AppConfig, context: Context, pid: int, num: int) -> Any:
     """The node's training partition, with its row indices kept in ``context.state``.
 
     In deployment every message runs in a fresh ClientApp process; computing the partition
@@ -194,7 +194,7 @@ def train(msg: Message, context: Context) -> Message:
     from corbin_fl.app.training import train_local  # lazy (torch), measured: import-seconds
 
     t_import = time.perf_counter()
-    cfg = RunConfig.from_flower(context.run_config)
+    cfg = AppConfig.from_flower(context.run_config)
     if ARRAYS not in msg.content.array_records:
         raise ValueError(f"train instruction without the model record {ARRAYS!r}")
     task = LocalTask.get(cfg)

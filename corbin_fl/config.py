@@ -1,8 +1,12 @@
-"""The run configuration: parsed once from Flower's ``run_config``, validated, frozen.
+"""The protocol's run configuration: parsed once from Flower's ``run_config``, validated, frozen.
 
-Every Flower ``run_config`` key of this app is one field of :class:`RunConfig` (the Flower key is
-the field name in kebab-case, ``num-rounds`` <-> ``num_rounds``) or one parameter of a registered
-mechanism (:class:`corbin_fl.registry.Param`). A mechanism's parameters are parsed, defaulted and
+Every protocol key is one field of :class:`RunConfig` (the Flower key is the field name in
+kebab-case, ``num-rounds`` <-> ``num_rounds``) or one parameter of a registered mechanism
+(:class:`corbin_fl.registry.Param`). It names no data set, model or optimizer: an app's own task
+settings live with the app. This project's app extends it (:class:`corbin_fl.app.config.AppConfig`
+adds the task's fields and checks through the hooks :attr:`RunConfig.KEYS_AFTER`,
+:meth:`RunConfig._app_errors` and :meth:`RunConfig._implied`), so its ``run_config`` is one
+table, one parse and one error list. A mechanism's parameters are parsed, defaulted and
 checked from their registered specs and live in :attr:`RunConfig.params` (read with
 :meth:`RunConfig.param`), so a mechanism's parameters reach the config without an edit here: this
 module names no mechanism. The defaults are the ones in
@@ -12,10 +16,17 @@ there takes its registered default).
 :meth:`RunConfig.from_flower` is the only boundary: it rejects unknown keys (with a did-you-mean),
 wrong types and out-of-range values, and reports ALL bad keys in one :class:`ConfigError`, so a bad
 run fails at start with one clear message instead of in round 7. The checks run by job (the
-protocol's settings, this app's task, the registered mechanisms' parameters, secure aggregation:
-:func:`corbin_fl.secure.config_errors`), each range or choice with
-:mod:`corbin_fl.mechanisms.validate`; this app's task keys (data, model, local training) are
-checked by :mod:`corbin_fl.task`.
+protocol's settings, the app's task through :meth:`RunConfig._app_errors`, the registered
+mechanisms' parameters, secure aggregation: :func:`corbin_fl.secure.config_errors`), each range or
+choice with :mod:`corbin_fl.mechanisms.validate`.
+
+**Keys the protocol does not own.** A key that is neither a field nor a registered parameter is
+refused (``unknown key; did you mean ...?``): the protocol cannot tell another app's key from a
+typo of its own. An app whose ``run_config`` holds its own keys either extends :class:`RunConfig`
+with them (as this project's app does) or names them: ``RunConfig.from_flower(run_config,
+app_keys=("my-lr", ...))`` leaves those keys to the app and still refuses every other unknown key.
+The building block itself never parses an app's ``run_config``: :class:`corbin_fl.CorBin` takes
+keywords and ``corbin_mod`` reads only the instruction's registered keys.
 """
 
 from __future__ import annotations
@@ -24,12 +35,12 @@ import dataclasses
 import difflib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Self
 
-from corbin_fl import registry, secure, task
+from corbin_fl import registry, secure
 from corbin_fl.mechanisms import validate
 
 logger = logging.getLogger(__name__)
@@ -190,24 +201,9 @@ class RunConfig:
         Every mechanism but ``fedcad`` (which always perturbs the update, with ``fedcad-clip``).
     update_radius : float
         ``R`` of ``range-mode = "update"`` (same units as the weights). ``0`` (the default) means
-        ``R = S * lr`` from public settings only (:func:`corbin_fl.app.training.step_bound`): Adam
-        moves a weight by about ``lr`` per step, and ``S`` is ``max-steps`` or one client's share
-        of the public training split, ``local-epochs * ceil(N_train / (N * batch-size))`` with
-        ``N`` the nodes connected at the start of the run. Needs ``optimizer = "adam"`` (an SGD
-        step has no such bound: give ``R > 0``). The resolved ``R`` is in ``summary.json``.
-    dataset, data_dir, use_official_test, data_seed, partitioner, dirichlet_alpha
-        Data (``corbin_fl.app.data``; names in :mod:`corbin_fl.task`): ``mnist`` (embedded),
-        ``fashion-mnist`` (IDX files, default folder ``DATASETS_WITH_DEFAULT_DIR``, official test
-        split), ``mnist-idx`` (any IDX files in MNIST's format), ``cifar10``, the LEAF
-        tasks ``femnist`` and ``shakespeare`` (``corbin_fl.app.leaf``) or ``hf:<hub-id>``; folder
-        with the files; keep the source's own test split; seed of the split; partition scheme
-        (``iid``, ``dirichlet``, or ``natural``: one LEAF writer / role per client) and its
-        Dirichlet concentration.
-    model : str
-        ``cnn`` (small VGG-style, MNIST; FEMNIST with 62 classes), ``resnet18`` (CIFAR-10) or
-        ``char-lstm`` (Shakespeare, LEAF's next-letter LSTM).
-    local_epochs, batch_size, optimizer, lr, weight_decay, max_steps
-        Local training; ``max_steps`` caps the optimizer steps per round (0 = no cap).
+        the app derives ``R`` from its public training settings (the ``update_radius`` rule of
+        :meth:`corbin_fl.server.strategy.CorBin.from_run_config`; this project's app:
+        :class:`corbin_fl.app.config.AppConfig`). The resolved ``R`` is in ``summary.json``.
     seed : int
         Seed of everything public: model init, pairing, AugCorBin split, batch order.
         Cryptographic keys, seeds and quantization noise never derive from it.
@@ -248,19 +244,23 @@ class RunConfig:
         the registered default where the run config does not set it). Set through the run config
         (``{"pbm-trials": 3}``), as ``RunConfig(params={...})`` or with :meth:`replace`
         (``replace(pbm_trials=3)``); :meth:`param` reads one.
-    dropout_prob : float
-        Probability that a client fails a message on purpose (simulated dropout), in [0, 1).
     device : str
         ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
-    eval_batch_size : int
-        Batch size of server-side evaluation.
     secure_aggregation : bool
         SecAgg+ around the update stage: the server learns only the sum of the clients' symbols
         (``corbin_fl/secure.py``; only mechanisms affine in that sum).
     secagg_neighbours, secagg_threshold : int
         SecAgg+'s ``k`` (even, or ``n - 1``) and Shamir ``t`` (``k/2 < t <= k``); 0 = the
         defaults of :func:`corbin_fl.secagg.graph.choose_parameters`.
+
+    An app's task settings are not here: an app extends this class with its own fields (this
+    project's :class:`corbin_fl.app.config.AppConfig`), or names its keys in :meth:`from_flower`.
     """
+
+    KEYS_AFTER: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+    """Where the keys of an extension's fields go in :meth:`to_flower` and :meth:`keys`: key of
+    this class -> the extension's keys that follow it (after the mechanisms' parameters when the
+    key is :data:`PARAMS_AFTER`). An extension's field not named here comes last."""
 
     mechanism: str = "corbin"
     num_rounds: int = field(default=3, metadata=RESUMABLE)
@@ -276,19 +276,6 @@ class RunConfig:
     range_quantile: float = 1.0
     range_mode: str = "update"
     update_radius: float = 0.0
-    dataset: str = "mnist"
-    data_dir: str = field(default="", metadata=EXECUTION)
-    use_official_test: bool = False
-    data_seed: int = 0
-    partitioner: str = "iid"
-    dirichlet_alpha: float = 0.5
-    model: str = "cnn"
-    local_epochs: int = 1
-    batch_size: int = 64
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 3e-3
-    max_steps: int = 0
     seed: int = 0
     min_clients: int = field(default=2, metadata=RESUMABLE)
     clients_per_round: int = 0
@@ -301,9 +288,7 @@ class RunConfig:
     resume: bool = field(default=False, metadata=EXECUTION)
     checkpoint_patience: int = 0
     test_z_digest: bool = field(default=False, metadata=EXECUTION)
-    dropout_prob: float = 0.0
     device: str = field(default="auto", metadata=EXECUTION)
-    eval_batch_size: int = field(default=512, metadata=EXECUTION)
     # Secure aggregation (corbin_fl/secure.py): the server learns only the sum of the symbols.
     secure_aggregation: bool = False
     secagg_neighbours: int = 0
@@ -341,12 +326,17 @@ class RunConfig:
     @classmethod
     def _ordered(cls, typed: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         """``typed`` (kebab-case field keys, in field order) with ``params`` after
-        :data:`PARAMS_AFTER`: the keys' order of every run config so far."""
+        :data:`PARAMS_AFTER` and an extension's keys where :attr:`KEYS_AFTER` puts them: the
+        keys' order of every run config so far."""
+        placed = {key for keys in cls.KEYS_AFTER.values() for key in keys}
         out: dict[str, Any] = {}
         for key, value in typed.items():
+            if key in placed:
+                continue
             out[key] = value
             if key == PARAMS_AFTER:
                 out.update(params)
+            out.update({k: typed[k] for k in cls.KEYS_AFTER.get(key, ()) if k in typed})
         return out
 
     @classmethod
@@ -377,7 +367,7 @@ class RunConfig:
         return cls().to_flower()
 
     @classmethod
-    def from_flower(cls, run_config: Mapping[str, Any]) -> RunConfig:
+    def from_flower(cls, run_config: Mapping[str, Any], *, app_keys: Iterable[str] = ()) -> Self:
         """Parse and validate Flower's ``context.run_config``.
 
         Parameters
@@ -385,11 +375,14 @@ class RunConfig:
         run_config : Mapping[str, Any]
             Kebab-case keys to TOML scalars (bool, int, float, str). Missing keys take the
             defaults.
+        app_keys : Iterable[str]
+            Keys of the calling app's own settings: left to the app, neither parsed nor refused
+            (a key this class owns stays its own). Every other unknown key is refused.
 
         Returns
         -------
         RunConfig
-            The frozen, validated configuration.
+            The frozen, validated configuration (of the class it is called on).
 
         Raises
         ------
@@ -403,6 +396,7 @@ class RunConfig:
             raise TypeError(f"run_config must be a mapping, got {type(run_config).__name__}")
         fields = {_kebab(f.name): f for f in cls._fields()}
         untyped = _param_specs()
+        foreign = frozenset(app_keys)
         errors: dict[str, str] = {}
         values: dict[str, Any] = {}
         params: dict[str, Any] = {}
@@ -411,6 +405,8 @@ class RunConfig:
                 raise TypeError(f"run_config keys must be strings, got {key!r:.80}")
             spec = fields.get(key)
             param = untyped.get(key)
+            if spec is None and param is None and key in foreign:
+                continue
             if spec is None and param is None:
                 known = [*fields, *untyped]
                 close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
@@ -425,8 +421,7 @@ class RunConfig:
             except (TypeError, ValueError) as exc:
                 errors[key] = str(exc)
         # keys that failed to parse keep their (valid) defaults here
-        if values.get("dataset") in task.DATASETS_WITH_DEFAULT_DIR:
-            values["use_official_test"] = True  # its literature's test set (see the constant)
+        cls._implied(values)
         cfg = cls(**values, params=MappingProxyType(params))
         for key, why in cfg._check().items():
             errors.setdefault(key, why)
@@ -440,9 +435,14 @@ class RunConfig:
         typed = {_kebab(f.name): getattr(self, f.name) for f in self._fields()}
         return self._ordered(typed, self.params)
 
-    def replace(self, **changes: Any) -> RunConfig:
+    @classmethod
+    def _implied(cls, values: dict[str, Any]) -> None:
+        """Hook of an extension: set the field values (snake_case, in place) that the given ones
+        imply, before the checks. The protocol has none."""
+
+    def replace(self, **changes: Any) -> Self:
         """Copy with ``changes`` (snake_case field names), validated like :meth:`from_flower`."""
-        return RunConfig.from_flower(
+        return type(self).from_flower(
             {**self.to_flower(), **{_kebab(k): v for k, v in changes.items()}}
         )
 
@@ -476,15 +476,20 @@ class RunConfig:
 
     # ------------------------------------------------------------------ validation
     def _check(self) -> dict[str, str]:
-        """Every bad key -> its reason, by job: the protocol's settings, this app's task (data,
-        model, local training: :func:`corbin_fl.task.config_errors`), the registered mechanisms'
-        parameters, secure aggregation (:func:`corbin_fl.secure.config_errors`)."""
+        """Every bad key -> its reason, by job: the protocol's settings, the app's task
+        (:meth:`_app_errors`), the registered mechanisms' parameters, secure aggregation
+        (:func:`corbin_fl.secure.config_errors`)."""
         errors = self._protocol_errors()
-        errors.update(task.config_errors(self))
+        errors.update(self._app_errors())
         errors.update(self._mechanism_param_errors())
         for key, why in secure.config_errors(self).items():
             errors.setdefault(key, why)
         return errors
+
+    def _app_errors(self) -> dict[str, str]:
+        """Hook of an extension: the errors of the app's own fields (they win over the
+        protocol's on the same key). The protocol has none."""
+        return {}
 
     def _protocol_errors(self) -> dict[str, str]:
         """The protocol's own settings: mechanism and modes, privacy budget, common randomness,

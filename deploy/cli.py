@@ -42,15 +42,15 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from corbin_fl.app.config import AppConfig
 from corbin_fl.app.sources import check_dataset_files, dataset_title
-from corbin_fl.config import RunConfig
+from corbin_fl.app.task import DATASETS_NEEDING_DIR, DATASETS_WITH_DEFAULT_DIR, LEAF_DATASETS
 from corbin_fl.deploy.flower import app_config, check_flower_versions, parse_config_string
 from corbin_fl.deploy.follow import RunProgress, RunResult
 from corbin_fl.deploy.processes import LauncherError
 from corbin_fl.deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 from corbin_fl.flower_version import FlowerVersionError
 from corbin_fl.mechanisms.protection import per_parameter_text, protection
-from corbin_fl.task import DATASETS_NEEDING_DIR, DATASETS_WITH_DEFAULT_DIR, LEAF_DATASETS
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def _config_string(text: str) -> dict[str, Any]:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     """The options of ``local`` and ``simulate``: the run's protocol settings, its task, and
     the launch itself (in this order in ``--help``)."""
-    app = RunConfig.defaults()  # the app's defaults: the help shows them, the flags add none
+    app = AppConfig.defaults()  # the app's defaults: the help shows them, the flags add none
     _add_protocol_options(parser, app)
     _add_task_options(parser, app)
     _add_launch_options(parser)
@@ -364,10 +364,10 @@ def merge_run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
-    """Check the overrides with the app's own :class:`corbin_fl.config.RunConfig` (this app only).
+    """Check the overrides with the app's own config, :class:`corbin_fl.app.config.AppConfig`.
 
     Fails before any process starts instead of in the ServerApp. Beyond
-    :meth:`~corbin_fl.config.RunConfig.from_flower` (which also refuses ``cifar10`` /
+    :meth:`~corbin_fl.app.config.AppConfig.from_flower` (which also refuses ``cifar10`` /
     ``mnist-idx`` without ``data-dir``), this machine runs every node, so ``data-dir`` must be a
     folder here, and a ``data-dir`` that the dataset would not read is refused rather than
     silently ignored.
@@ -379,7 +379,7 @@ def validate_run_config(app_dir: Path, run_config: Mapping[str, Any]) -> None:
     """
     if app_dir.resolve() != repo_root():
         return  # another app: Flower itself validates its keys
-    cfg = RunConfig.from_flower({**run_config, "out-dir": "/validate"})
+    cfg = AppConfig.from_flower({**run_config, "out-dir": "/validate"})
     readers = (
         f"{', '.join(DATASETS_WITH_DEFAULT_DIR)}, {', '.join(DATASETS_NEEDING_DIR)}, "
         f"{', '.join(LEAF_DATASETS)} (a local copy of the hub files) and hf:<hub-id> (as its "
@@ -426,7 +426,7 @@ def data_label(app_dir: Path, run_config: Mapping[str, Any]) -> str:
     dataset = run_config.get("dataset", "?")
     if Path(app_dir).resolve() != repo_root():
         return f"dataset {dataset}"
-    cfg = RunConfig.from_flower({k: v for k, v in run_config.items() if k != "out-dir"})
+    cfg = AppConfig.from_flower({k: v for k, v in run_config.items() if k != "out-dir"})
     split = "official split" if cfg.use_official_test else "pooled 80/20 split"
     return f"{dataset_title(cfg.dataset)} ({cfg.dataset}; test: {split})"
 

@@ -20,8 +20,9 @@ from typing import Any
 import tomli_w
 
 from corbin_fl import registry
+from corbin_fl.app.config import AppConfig
 from corbin_fl.client.policy import Policy, PolicyError
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.deploy.flower import (
     COMPLETED_STATUS,
     RUN_ID_RE,
@@ -245,7 +246,7 @@ class LocalRunOptions:
         if "mechanism" not in effective:  # another app: its nodes' policy is its own business
             return
         try:
-            cfg = RunConfig.from_flower(
+            cfg = AppConfig.from_flower(
                 {k: effective[k] for k in registry.PARAM_KEYS if k in effective}
             )
             Policy.from_node({**node_policy(effective), **self.node_config}).check(cfg)

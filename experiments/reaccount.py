@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.fsio import atomic_write_json
 from corbin_fl.server import records
@@ -51,7 +51,7 @@ def recompute(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     old = summary.get("privacy")
     if not isinstance(old, Mapping) or "threat_models" not in old:
         raise ValueError(f"{run_dir}: summary.json has no privacy report to recompute")
-    cfg = RunConfig.from_flower(summary["config"])
+    cfg = AppConfig.from_flower(summary["config"])
     history = read_jsonl(_metrics_file(run_dir))
     clients = max((int(r["participants"]) for r in history), default=0)
     r_max = max((float(r["max_radius"]) for r in history), default=None)

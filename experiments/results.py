@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.app.config import AppConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.experiments import sweep
 from corbin_fl.experiments.spec import CLIENTS_KEY, RunValue
@@ -212,7 +213,7 @@ def load_run(run_dir: Path) -> RunResult:
     if not isinstance(config := record.get("config"), Mapping):
         raise ValueError(f"{run_dir}: the run record has no result config")
     try:
-        RunConfig.from_flower(config)
+        AppConfig.from_flower(config)
     except ConfigError as exc:
         raise ValueError(f"{run_dir}: the recorded result config is not valid ({exc})") from exc
     setting = {k: v for k, v in config.items() if k not in ("seed", "global-lr")}
@@ -338,7 +339,7 @@ def varying_keys(results: Sequence[RunResult]) -> tuple[str, ...]:
     return tuple(sorted(keys, key=lambda k: (k != "mechanism", k)))
 
 
-_DEFAULTS = RunConfig().result_config()
+_DEFAULTS = AppConfig().result_config()
 _MECHANISM_KEYS = frozenset().union(*(m.own_keys for m in REGISTRY.values()))
 
 

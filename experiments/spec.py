@@ -1,7 +1,7 @@
 """TOML experiment specs (layout in ``experiments/README.md``, "Spec format"), validated once
 into frozen dataclasses. Unknown tables or keys, wrong types and out-of-range values raise
 :class:`SpecError` naming the file, the table and the key. The run-config keys of ``[base]``,
-``[grid]`` and ``[[extra-grid]]`` are checked by :class:`corbin_fl.config.RunConfig`; the
+``[grid]`` and ``[[extra-grid]]`` are checked by :class:`corbin_fl.app.config.AppConfig`; the
 sweep owns ``seed`` and ``global-lr``, the runner ``out-dir``.
 """
 
@@ -16,7 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.app.config import AppConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.mechanisms import validate
 
 RunValue: TypeAlias = bool | int | float | str
@@ -213,7 +214,7 @@ def _options(
 
 
 def _run_value(key: str, value: Any, where: str) -> RunValue:
-    """One run-config value, checked alone by :meth:`RunConfig.from_flower` (and converted as
+    """One run-config value, checked alone by :meth:`AppConfig.from_flower` (and converted as
     it converts it); an error it reports on another key is a combination with that key's
     default, checked per run by :func:`experiments.sweep.expand_runs`."""
     if key in RESERVED_KEYS:
@@ -221,7 +222,7 @@ def _run_value(key: str, value: Any, where: str) -> RunValue:
     if key == CLIENTS_KEY:
         return _Opt(int, 2).coerce(value, where)
     try:
-        return RunConfig.from_flower({key: value}).to_flower()[key]
+        return AppConfig.from_flower({key: value}).to_flower()[key]
     except ConfigError as exc:
         if key in exc.errors:
             raise SpecError(f"{where}: {exc.errors[key]}") from exc

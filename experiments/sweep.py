@@ -6,7 +6,7 @@ cartesian products of ``[grid]`` and then of each ``[[extra-grid]]`` over ``[bas
 setting expanded once. With ``lambda-seeds`` (a subset of the seeds), every setting's runs on
 those seeds come first (they choose its lambda), then its runs on the other seeds, of which only
 those at the chosen lambda are needed (:func:`needed_runs`). A run is addressed by its result config
-(:meth:`corbin_fl.config.RunConfig.result_config`) and its number of clients: its id is
+(:meth:`corbin_fl.app.config.AppConfig.result_config`) and its number of clients: its id is
 ``<mechanism>-eps<e>-d<d>-p<p>-n<clients>-lr<lambda>-s<seed>-<hash>`` (the first 10 hex digits
 of SHA-256 over their canonical JSON) and it lives in the pool ``<results>/runs/<run-id>/``.
 A run is done when ``summary.json`` carries the runner's complete ``"run"`` record with this id
@@ -34,7 +34,8 @@ from types import MappingProxyType
 from typing import Any
 
 import corbin_fl
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.app.config import AppConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.deploy import flower, processes
 from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.deploy.run import LocalRunOptions, run_simulation
@@ -106,7 +107,7 @@ def make_run_id(config: Mapping[str, RunValue], clients: int) -> str:
 
 def expand_runs(spec: ExperimentSpec) -> list[Run]:
     """The runs of a federated spec, every run's whole configuration validated by
-    :class:`RunConfig` before anything runs (:class:`SpecError` otherwise). With ``clients``
+    :class:`AppConfig` before anything runs (:class:`SpecError` otherwise). With ``clients``
     virtual SuperNodes, ``min-clients`` defaults to ``clients`` (every round waits for all)."""
     if spec.kind != "federated":
         raise ValueError(f"only federated specs expand into runs, got kind={spec.kind!r}")
@@ -131,7 +132,7 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
                 run_config = {**cfg, "global-lr": float(lam), "seed": int(seed)}
                 where = f"{spec.name}: setting {canonical_json(run_config)}"
                 try:
-                    config = MappingProxyType(RunConfig.from_flower(run_config).result_config())
+                    config = MappingProxyType(AppConfig.from_flower(run_config).result_config())
                 except ConfigError as exc:
                     raise SpecError(f"{where}: {exc}") from exc
                 run_id, digest = make_run_id(config, n), config_hash(config, n)

@@ -63,11 +63,13 @@ JOURNAL_FILE: Final[str] = "releases.jsonl"
 FORMAT_VERSION: Final[int] = 1
 
 MAY_DIFFER_ON_RESUME: Final[frozenset[str]] = RunConfig.resumable_keys()
-"""Run-config keys a resumed run may change (declared on the ``RunConfig`` fields): the run length,
-the smallest cohort, and every key that cannot change the result (timeouts, where the server
-computes, test instrumentation). Every other key (mechanism, privacy parameters, model, data,
-seeds, training, aggregation) must equal the checkpoint's, or the resumed run would not continue
-the same experiment."""
+"""The protocol's run-config keys a resumed run may change (declared on the ``RunConfig`` fields):
+the run length, the smallest cohort, and every key that cannot change the result (timeouts, where
+the server computes, test instrumentation). Every other key (mechanism, privacy parameters, seeds,
+aggregation; an app's model, data and training) must equal the checkpoint's, or the resumed run
+would not continue the same experiment. A run's own config may declare more (an app's config that
+extends ``RunConfig``: its :meth:`~corbin_fl.config.RunConfig.resumable_keys`), and the
+checkpoint uses that."""
 
 
 class CheckpointError(ValueError):
@@ -156,11 +158,16 @@ class TrainingState:
     aborted_releases: list[dict[str, Any]] = field(default_factory=list)
 
 
-def config_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, str]:
+def config_mismatches(
+    saved: Mapping[str, Any],
+    current: Mapping[str, Any],
+    may_differ: frozenset[str] = MAY_DIFFER_ON_RESUME,
+) -> dict[str, str]:
     """Keys whose value differs between a checkpoint's config and the current one.
 
-    Keys in :data:`MAY_DIFFER_ON_RESUME` are ignored; a key missing on one side counts as a
-    difference (a checkpoint of another version of the app).
+    Keys in ``may_differ`` (the run config's resumable keys; default
+    :data:`MAY_DIFFER_ON_RESUME`) are ignored; a key missing on one side counts as a difference
+    (a checkpoint of another version of the app).
 
     Returns
     -------
@@ -174,7 +181,7 @@ def config_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any]) -> d
         return "<absent>" if value is missing else repr(value)
 
     for key in sorted(set(saved) | set(current)):
-        if key in MAY_DIFFER_ON_RESUME:
+        if key in may_differ:
             continue
         a, b = saved.get(key, missing), current.get(key, missing)
         if a is missing or b is missing or not _same(a, b):
@@ -358,7 +365,7 @@ class Checkpointer:
         saved_cfg = doc["config"]
         if not isinstance(saved_cfg, dict):
             raise CheckpointError(f"{self.state_path}: 'config' must be an object")
-        diff = config_mismatches(saved_cfg, self.cfg.to_flower())
+        diff = config_mismatches(saved_cfg, self.cfg.to_flower(), self.cfg.resumable_keys())
         if diff:
             lines = "\n".join(f"  - {k}: {why}" for k, why in diff.items())
             raise CheckpointError(

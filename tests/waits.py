@@ -61,11 +61,11 @@ import flwr.clientapp
 import corbin_fl.app.client_app
 from corbin_fl.app import train as client_train
 print("imported", flush=True)
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 from corbin_fl.app.data import client_rows, dataset_rows
 from corbin_fl.app.models import build_model
 from corbin_fl.app.training import train_local
-cfg = RunConfig.from_flower(json.loads(sys.argv[1]))
+cfg = AppConfig.from_flower(json.loads(sys.argv[1]))
 task = client_train.LocalTask.get(cfg)
 # As the train handler does: the global model is loaded into the skeleton (strict).
 task.model.load_state_dict(

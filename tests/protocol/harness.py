@@ -30,7 +30,7 @@ from wire_helpers import message_stage
 
 from corbin_fl import registry, wire
 from corbin_fl.app import client_app, server_app
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 from corbin_fl.deploy.run import node_policy
 from corbin_fl.server import round as server_round
 from corbin_fl.server.metrics import RunFiles
@@ -72,7 +72,7 @@ class InProcessGrid(Grid):
                 node_config={
                     "partition-id": i,
                     "num-partitions": num_nodes,
-                    **node_policy({**RunConfig().to_flower(), **run_config}),
+                    **node_policy({**AppConfig().to_flower(), **run_config}),
                 },
                 state=RecordDict(),
                 run_config=dict(run_config),
@@ -148,7 +148,7 @@ def make_cfg(**overrides: Any) -> dict[str, Any]:
 
 
 def run(grid: InProcessGrid, **overrides: Any) -> dict[str, Any]:
-    cfg = RunConfig.from_flower({**grid.contexts[grid.node_ids[0]].run_config, **overrides})
+    cfg = AppConfig.from_flower({**grid.contexts[grid.node_ids[0]].run_config, **overrides})
     return server_app.run_training(grid, cfg)
 
 
@@ -192,7 +192,7 @@ def node_context(run_config: dict[str, Any], nid: int = 5) -> Context:
 
 def mechanism_params(**overrides: Any) -> dict[str, Any]:
     """The mechanism settings an instruction carries (``registry.PARAM_KEYS``)."""
-    settings = RunConfig.from_flower(make_cfg(**overrides)).to_flower()
+    settings = AppConfig.from_flower(make_cfg(**overrides)).to_flower()
     return {k: settings[k] for k in registry.PARAM_KEYS}
 
 
@@ -219,7 +219,7 @@ def keygen_instruction(rnd: int = 1, group: str | None = None, **keys: Any) -> M
 
 
 # ============================================================================ helpers
-def runtime(grid: InProcessGrid, cfg: RunConfig) -> server_round.ServerRuntime:
+def runtime(grid: InProcessGrid, cfg: AppConfig) -> server_round.ServerRuntime:
     """The server's state before round 1 (as ``run_training`` builds it)."""
     from corbin_fl.app.data import dataset_info
     from corbin_fl.app.models import build_model

@@ -37,8 +37,9 @@ import corbin_fl.mechanisms.pairing
 from corbin_fl import wire
 from corbin_fl.app import client_app, server_app
 from corbin_fl.app import train as client_train
+from corbin_fl.app.config import AppConfig
 from corbin_fl.client import encode, handlers, pair_crypto
-from corbin_fl.config import APP_LOGGERS, RunConfig
+from corbin_fl.config import APP_LOGGERS
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +67,7 @@ class KeySpy:
 def test_a_third_node_cannot_open_another_pairs_blob(monkeypatch: pytest.MonkeyPatch) -> None:
     grid = InProcessGrid(make_cfg(num_rounds=1, cr_mode="relay"), 6)
     keys = KeySpy(monkeypatch)
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     state = run_plain_round(rt, 1)
     assert len(state.pairs) == 3 and not state.dropped
@@ -132,7 +133,7 @@ def test_a_third_node_cannot_open_another_pairs_pipelined_blob(
     alone."""
     grid = InProcessGrid(make_cfg(num_rounds=2, cr_mode="relay"), 6)
     keys = KeySpy(monkeypatch)
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     first = run_plain_round(rt, 1)
     round_key = {nid: keys.private_of[pk] for nid, pk in first.pubkeys.items()}
@@ -210,7 +211,7 @@ class SecretSpy:
         def exact(*args: Any) -> bytes:
             return keep("exact z bits", real_exact(*args))
 
-        def z(cfg: RunConfig, context: Any, rnd: int, shared: Any, *rest: Any) -> torch.Tensor:
+        def z(cfg: AppConfig, context: Any, rnd: int, shared: Any, *rest: Any) -> torch.Tensor:
             from corbin_fl.mechanisms.randomness import pack_z
 
             out = real_z(cfg, context, rnd, shared, *rest)
@@ -333,7 +334,7 @@ def test_server_logs_and_files_hold_no_secret_and_no_role(
     caplog.set_level(logging.DEBUG)
     for name in APP_LOGGERS:
         caplog.set_level(logging.DEBUG, logger=name)
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     summary = server_app.run_training(grid, cfg)
     assert summary["participants_per_round"] == [nodes, nodes]
 

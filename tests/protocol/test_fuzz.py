@@ -77,6 +77,7 @@ from hypothesis.extra import numpy as hnp
 from corbin_fl import registry, wire
 from corbin_fl.app import client_app
 from corbin_fl.app import train as client_train
+from corbin_fl.app.config import AppConfig
 from corbin_fl.arrays import (
     ArrayLayoutError,
     check_same_weights,
@@ -88,7 +89,7 @@ from corbin_fl.client import handlers, pair_crypto
 from corbin_fl.client.mod import corbin_mod
 from corbin_fl.client.policy import Policy, PolicyError
 from corbin_fl.client.shared import assignments_of
-from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
+from corbin_fl.config import MECHANISMS, ConfigError
 from corbin_fl.deploy.run import node_policy
 from corbin_fl.mechanisms.baselines import ternary
 from corbin_fl.server import round as server_round
@@ -356,7 +357,7 @@ def one_bit(mechanism: str) -> bool:
     """Whether ``mechanism`` sends one packed bit per parameter (by its registered wire spec)."""
     return (
         mechanism not in ("ternary", *FINITE_LEVELS)
-        and registry.update_spec(RunConfig(mechanism=mechanism), 9)[0] == wire.BITS
+        and registry.update_spec(AppConfig(mechanism=mechanism), 9)[0] == wire.BITS
     )
 
 
@@ -495,7 +496,7 @@ def spec_pair_reply(content: RecordDict, rnd: int, blob_len: int) -> bool:
 
 
 def spec_update_values(
-    values: np.ndarray, cfg: RunConfig, c: torch.Tensor, r: torch.Tensor
+    values: np.ndarray, cfg: AppConfig, c: torch.Tensor, r: torch.Tensor
 ) -> bool:
     """The value rules of an update: zero padding bits, ternary symbols, float bounds."""
     m = c.numel()
@@ -524,7 +525,7 @@ def spec_update_values(
 
 
 def spec_update_reply(
-    content: RecordDict, rnd: int, cfg: RunConfig, c: torch.Tensor, r: torch.Tensor
+    content: RecordDict, rnd: int, cfg: AppConfig, c: torch.Tensor, r: torch.Tensor
 ) -> bool:
     expected = {wire.REPLY: ConfigRecord, wire.UPDATE_REC: ArrayRecord, wire.METRICS: MetricRecord}
     protocol = {k: v for k, v in content.items() if k == "corbin" or k.startswith("corbin.")}
@@ -724,7 +725,7 @@ def victim_messages(plan: Plan, instructions: dict[int, Message]) -> list[Messag
     return out
 
 
-SERVER_RT: Any = SimpleNamespace(cfg=RunConfig())
+SERVER_RT: Any = SimpleNamespace(cfg=AppConfig())
 """What :func:`server.round.instruction` reads of the server's runtime (the mechanism settings)."""
 
 
@@ -878,7 +879,7 @@ M = 29
 
 
 def honest_update(
-    cfg: RunConfig, c: torch.Tensor, r: torch.Tensor, rng: np.random.Generator
+    cfg: AppConfig, c: torch.Tensor, r: torch.Tensor, rng: np.random.Generator
 ) -> RecordDict:
     """A valid ``train.update`` reply of ``cfg.mechanism`` for round ``RND``."""
     m = c.numel()
@@ -918,7 +919,7 @@ def test_server_update_reply_decoding(
 ) -> None:
     caplog.set_level(logging.WARNING)
     caplog.clear()
-    cfg = RunConfig().replace(**UPDATE_CASES[case])
+    cfg = AppConfig().replace(**UPDATE_CASES[case])
     rng = np.random.default_rng(7)
     gen = torch.Generator().manual_seed(7)
     w_g = torch.randn(M, generator=gen)
@@ -1012,7 +1013,7 @@ def test_server_update_refuses_bad_app_records(app: dict[str, Any]) -> None:
     with too many entries or non-finite values, more than ``MAX_APP_RECORDS`` records, and
     records that carry more than ``MAX_APP_BYTES`` payload bytes together (the examples sit on
     both sides of that cap; the oracle counts the bytes by the spec, not by the server's code)."""
-    cfg = RunConfig(mechanism="corbin")
+    cfg = AppConfig(mechanism="corbin")
     rng = np.random.default_rng(3)
     w_g, c, r = torch.zeros(M), torch.zeros(M), torch.ones(M)
     body = honest_update(cfg, c, r, rng)
@@ -1061,7 +1062,7 @@ def global_arrays() -> ArrayRecord:
 def client_context(**overrides: Any) -> Context:
     """A node whose policy admits exactly the run's mechanism settings (as the launcher does)."""
     run_config = make_cfg(**overrides)
-    policy = node_policy({**RunConfig().to_flower(), **run_config})
+    policy = node_policy({**AppConfig().to_flower(), **run_config})
     return Context(
         run_id=RUN_ID,
         node_id=NID,
@@ -1076,7 +1077,7 @@ def client_context(**overrides: Any) -> Context:
     )
 
 
-def params_of(cfg: RunConfig) -> dict[str, Any]:
+def params_of(cfg: AppConfig) -> dict[str, Any]:
     """The mechanism settings every instruction carries (``registry.PARAM_KEYS``)."""
     flat = cfg.to_flower()
     return {key: flat[key] for key in registry.PARAM_KEYS}
@@ -1220,7 +1221,7 @@ def check_refusal(
     assert state_snapshot(ctx) == before, "a rejected instruction changed the node's state"
 
 
-def keygen_content(cfg: RunConfig, rnd: int = RND) -> RecordDict:
+def keygen_content(cfg: AppConfig, rnd: int = RND) -> RecordDict:
     head = {wire.STAGE: wire.KEYGEN, wire.ROUND: rnd, **params_of(cfg)}
     return RecordDict({wire.CFG: ConfigRecord(head)})
 
@@ -1234,7 +1235,7 @@ def spec_client_round(content: RecordDict, group: str) -> int | None:
     return rnd
 
 
-def spec_params(rec: ConfigRecord, cfg: RunConfig) -> bool | None:
+def spec_params(rec: ConfigRecord, cfg: AppConfig) -> bool | None:
     """True if the instruction carries exactly the run's mechanism settings, False if one is
     missing, None if one was changed (then the settings test decides)."""
     if not set(registry.PARAM_KEYS) <= set(rec):
@@ -1244,7 +1245,7 @@ def spec_params(rec: ConfigRecord, cfg: RunConfig) -> bool | None:
     return True if same else None
 
 
-def spec_head(plan: ClientPlan, stage: str, cfg: RunConfig) -> bool | None:
+def spec_head(plan: ClientPlan, stage: str, cfg: AppConfig) -> bool | None:
     """The checks every stage shares: records, stage, round and mechanism settings."""
     content = plan.content
     protocol = {k: v for k, v in content.items() if k == "corbin" or k.startswith("corbin.")}
@@ -1270,7 +1271,7 @@ def test_client_keygen_instruction_decoding(
 ) -> None:
     caplog.set_level(logging.WARNING)
     ctx = client_context()
-    cfg = RunConfig.from_flower(ctx.run_config)
+    cfg = AppConfig.from_flower(ctx.run_config)
     base = keygen_content(cfg)
     plan = data.draw(client_plans(base, arrays_for(np.zeros(4, np.uint8))))
     valid = both(
@@ -1287,7 +1288,7 @@ def test_client_keygen_instruction_decoding(
         assert handlers._private_key(ctx, rnd) is not None
 
 
-def pair_content(cfg: RunConfig, partner_pk: bytes, m: int) -> RecordDict:
+def pair_content(cfg: AppConfig, partner_pk: bytes, m: int) -> RecordDict:
     body: dict[str, Any] = {
         wire.STAGE: wire.PAIR,
         wire.ROUND: RND,
@@ -1304,7 +1305,7 @@ def model_layout() -> Any:
     return layout_of_arrays(global_arrays())
 
 
-def spec_pair_instruction(plan: ClientPlan, cfg: RunConfig) -> bool | None:
+def spec_pair_instruction(plan: ClientPlan, cfg: AppConfig) -> bool | None:
     head = spec_head(plan, wire.PAIR, cfg)
     if head is False or not exact_records(plan.content, {wire.CFG: ConfigRecord}):
         return False
@@ -1333,7 +1334,7 @@ def test_client_pair_instruction_decoding(
     caplog.set_level(logging.WARNING)
     m = model_layout().m
     ctx = client_context(cr_mode=mode)
-    cfg = RunConfig.from_flower(ctx.run_config)
+    cfg = AppConfig.from_flower(ctx.run_config)
     assert client_app.app(instruction(keygen_content(cfg)), ctx).has_content()
     _, partner_pk = pair_crypto.generate_keypair()
     base = pair_content(cfg, partner_pk, m)
@@ -1368,12 +1369,12 @@ def update_setup(
     *,
     partner_secret: bytes | None = None,
     partner_y: int = 1,
-) -> tuple[Context, RunConfig, RecordDict]:
+) -> tuple[Context, AppConfig, RecordDict]:
     """A node ready for the update stage of round ``RND`` and the valid instruction for it
     (``partner_secret``, ``partner_y``: what the partner seals in its blob, an honest secret by
     default)."""
     ctx = client_context(**overrides)
-    cfg = RunConfig.from_flower(ctx.run_config)
+    cfg = AppConfig.from_flower(ctx.run_config)
     layout = model_layout()
     body: dict[str, Any] = {wire.STAGE: wire.UPDATE, wire.ROUND: RND, **params_of(cfg)}
     body[wire.ASSIGNMENT] = assignment
@@ -1451,7 +1452,7 @@ def spec_model(record: ArrayRecord) -> tuple[int, int] | None:
     return (m, layers) if layers else None
 
 
-def spec_update_instruction(plan: ClientPlan, cfg: RunConfig) -> bool | None:
+def spec_update_instruction(plan: ClientPlan, cfg: AppConfig) -> bool | None:
     """The full spec of an update instruction, for a node that has not yet sent an update
     (written from the wire docstring, independently of ``client.handlers``)."""
     content = plan.content
@@ -1502,7 +1503,7 @@ def spec_update_instruction(plan: ClientPlan, cfg: RunConfig) -> bool | None:
     return head
 
 
-def check_update_reply(reply: Message, instruction_content: RecordDict, cfg: RunConfig) -> None:
+def check_update_reply(reply: Message, instruction_content: RecordDict, cfg: AppConfig) -> None:
     """What the client answers is what the server's own validator accepts."""
     from corbin_fl.layout import expand_per_element
 
@@ -1645,7 +1646,7 @@ def test_client_mechanism_settings(
     caplog.set_level(logging.WARNING)
     if stage == wire.KEYGEN:
         ctx = client_context()
-        cfg = RunConfig.from_flower(ctx.run_config)
+        cfg = AppConfig.from_flower(ctx.run_config)
         content = keygen_content(cfg)
     else:
         ctx, cfg, content = update_setup({"mechanism": "gaussian"}, wire.SOLO)
@@ -1667,7 +1668,7 @@ def test_client_mechanism_settings(
         names = dropped
     else:
         try:
-            parsed = RunConfig.from_flower(params)
+            parsed = AppConfig.from_flower(params)
         except ConfigError as exc:
             expected, names = "bad mechanism settings", sorted(exc.errors)
         else:
@@ -1847,7 +1848,7 @@ def test_client_exact_bits_with_padding_from_the_partner_fall_back(
     from corbin_fl.mechanisms.pairing import is_lead
 
     m = model_layout().m
-    d = RunConfig().d
+    d = AppConfig().d
     assert (d * m) % 8, "the model must leave padding bits"
     padded = np.packbits(np.ones(d * m, np.uint8)).tobytes()[:-1] + bytes([0xFF])
     monkeypatch.setattr(handlers, "draw_y", lambda: 0)  # the node's own Y

@@ -54,8 +54,8 @@ from wire_helpers import is_stage, run_plain_round
 
 from corbin_fl import registry, wire
 from corbin_fl.app import train as client_train
+from corbin_fl.app.config import AppConfig
 from corbin_fl.client import encode
-from corbin_fl.config import RunConfig
 from corbin_fl.layout import expand_per_element
 from corbin_fl.mechanisms.quantizers import alpha
 from corbin_fl.server import round as server_round
@@ -93,7 +93,7 @@ class Attack:
         """Record every node's local model ``w`` and ``c, r`` as the encoder sees them."""
         real = encode.encode
 
-        def spy(cfg: RunConfig, context: Any, **kw: Any) -> Any:
+        def spy(cfg: AppConfig, context: Any, **kw: Any) -> Any:
             c, r, layout = kw["c"], kw["r"], kw.get("layout")
             if layout is not None:  # per-layer c, r as the client got them: expand to compare
                 c, r = expand_per_element(c, layout), expand_per_element(r, layout)
@@ -154,7 +154,7 @@ def test_all_ones_client_shift_on_the_server_path(
     grid = InProcessGrid(
         make_cfg(num_rounds=1, seed=11, range_mode="layer", **BIT_CASES[case]), N_NODES
     )
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     m = rt.layout.m
     victim = grid.node_ids[1]
@@ -252,7 +252,7 @@ def test_float_updates_nan_inf_huge_are_rejected_not_averaged(mechanism: str, ki
     # the layer range: the admissible bounds below are built from each layer's center/radius
     cfg_in = make_cfg(num_rounds=1, mechanism=mechanism, global_lr=lam, range_mode="layer")
     grid = InProcessGrid(cfg_in, 3)
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     w0 = rt.weights.clone()
     from corbin_fl.layout import layer_center_radius
@@ -313,7 +313,7 @@ def test_float_release_bounds_match_the_mechanisms() -> None:
     r = 0.01 + torch.rand(m, generator=gen)
     w = c + 3.0 * r * torch.randn(m, generator=gen)  # many outside the box: clipped
     for mech, eps in (("gaussian", 0.5), ("laplace", 0.2)):
-        cfg = RunConfig(mechanism=mech, epsilon=eps)
+        cfg = AppConfig(mechanism=mech, epsilon=eps)
         reference, limit = float_release_bounds(cfg, c, r)
         r64 = r.to(torch.float64)
         if mech == "gaussian":

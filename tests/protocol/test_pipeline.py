@@ -25,15 +25,15 @@ from wire_helpers import app_records, is_stage
 
 from corbin_fl import wire
 from corbin_fl.app import client_app
+from corbin_fl.app.config import AppConfig
 from corbin_fl.client import handlers, pair_crypto
-from corbin_fl.config import RunConfig
 from corbin_fl.server.round import ServerRuntime, run_round
 from corbin_fl.server.stages import RoundState
 
 
 def _setup(num_nodes: int, rounds: int = 5) -> tuple[InProcessGrid, ServerRuntime]:
     grid = InProcessGrid(make_cfg(num_rounds=rounds, test_z_digest=True), num_nodes)
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     return grid, runtime(grid, cfg)
 
 
@@ -273,7 +273,7 @@ def test_pair_stage_may_replace_a_pipelined_pair_but_not_itself() -> None:
     assert isinstance(sk, bytes)
     handlers._seal_pair(  # what round 1's update reply left behind: a pipelined pair with 9
         ctx,
-        RunConfig(),
+        AppConfig(),
         sk,
         pk_b,
         pair_crypto.PairContext(ctx.run_id, 2, ctx.node_id, 9),

@@ -37,8 +37,8 @@ from wire_helpers import is_stage, run_plain_round
 
 from corbin_fl import registry, wire
 from corbin_fl.app import client_app
+from corbin_fl.app.config import AppConfig
 from corbin_fl.client import handlers, pair_crypto
-from corbin_fl.config import RunConfig
 from corbin_fl.mechanisms.baselines import ternary
 from corbin_fl.server import round as server_round
 from corbin_fl.server.aggregation import apply_global_lr, make_aggregator
@@ -231,7 +231,7 @@ def test_round_without_any_valid_update_keeps_the_model() -> None:
     grid = InProcessGrid(make_cfg(num_rounds=1, mechanism="ldpfl"), 2)
     for nid in grid.node_ids:
         grid.hooks.append(reply_hook(wire.UPDATE, nid, lambda i, r: []))
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     before = rt.weights.clone()
     state = run_plain_round(rt, 1)
@@ -413,7 +413,7 @@ def test_tampered_or_misbound_blob_makes_the_client_fall_back() -> None:
 def test_blob_of_another_pair_fails_authentication() -> None:
     """The server swaps the blobs of two pairs: all four clients detect it and use ldpq."""
     grid = InProcessGrid(make_cfg(num_rounds=1), 4)
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     real = server_round.update_instruction
 
@@ -495,7 +495,7 @@ def test_bits_aggregation_matches_the_mean_of_decoded_updates() -> None:
     from corbin_fl.mechanisms.packing import pack_bits
     from corbin_fl.mechanisms.quantizers import decode, ldpq
 
-    cfg = RunConfig(mechanism="ldpfl", epsilon=2.0)
+    cfg = AppConfig(mechanism="ldpfl", epsilon=2.0)
     gen = torch.Generator().manual_seed(0)
     m = 37
     w_g = torch.randn(m, generator=gen)
@@ -530,7 +530,7 @@ def test_range_mode_update_quantizes_the_local_update_around_the_global_model(
         grid = InProcessGrid(
             make_cfg(mechanism=mechanism, range_mode=mode, update_radius=radius, num_rounds=1), 4
         )
-        rt = runtime(grid, RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
+        rt = runtime(grid, AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
         before = rt.weights.clone()
         state = run_plain_round(rt, 1)
         assert len(state.client_metrics) == 4 and not state.dropped
@@ -566,7 +566,7 @@ def test_per_layer_ranges_aggregate_exactly_like_expanded_ones(mechanism: str, l
         m=21,
     )
     m = layout.m
-    cfg = RunConfig(mechanism=mechanism, epsilon=1.5, global_lr=lam)
+    cfg = AppConfig(mechanism=mechanism, epsilon=1.5, global_lr=lam)
     gen = np.random.default_rng(5)
     w_g = torch.from_numpy(gen.normal(0, 0.3, m).astype(np.float32))
     c_l = torch.tensor([0.1, -0.2, 0.0])
@@ -626,10 +626,10 @@ def test_client_by_block_equals_one_call_on_expanded_ranges() -> None:
 def test_aggregators_reject_malformed_updates() -> None:
     m = 13
     w_g, c, r = torch.zeros(m), torch.zeros(m), torch.ones(m)
-    bits = make_aggregator(RunConfig(mechanism="corbin"), w_g, c, r)
+    bits = make_aggregator(AppConfig(mechanism="corbin"), w_g, c, r)
     with pytest.raises(wire.WireError, match="padding"):
         bits.add(ArrayRecord({wire.BITS: Array(np.full(2, 255, np.uint8))}))
-    tern = make_aggregator(RunConfig(mechanism="ternary"), w_g, c, r)
+    tern = make_aggregator(AppConfig(mechanism="ternary"), w_g, c, r)
     bad = np.packbits(np.concatenate([np.zeros(m, bool), np.ones(m, bool)]))
     with pytest.raises(wire.WireError, match="zero symbol"):
         tern.add(ArrayRecord({wire.BITS: Array(bad)}))
@@ -639,7 +639,7 @@ def test_aggregators_reject_malformed_updates() -> None:
 def test_exchange_keeps_at_most_max_inflight_instructions_outstanding() -> None:
     grid = InProcessGrid(make_cfg(mechanism="corbin"), 5)
     state = RoundState(round=1, run_id=RUN_ID, sampled=list(grid.node_ids))
-    rt = runtime(grid, RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
+    rt = runtime(grid, AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
     msgs = {nid: server_round.instruction(rt, wire.KEYGEN, nid, 1, {}) for nid in state.sampled}
     outstanding: set[str] = set()
     most = 0
@@ -670,7 +670,7 @@ def test_exchange_keeps_at_most_max_inflight_instructions_outstanding() -> None:
 def test_exchange_drops_nodes_that_cannot_be_pushed() -> None:
     grid = InProcessGrid(make_cfg(mechanism="ldpfl"), 2)
     state = RoundState(round=1, run_id=RUN_ID, sampled=[999, grid.node_ids[0]])
-    rt = runtime(grid, RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
+    rt = runtime(grid, AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config))
     msgs = {nid: server_round.instruction(rt, wire.KEYGEN, nid, 1, {}) for nid in state.sampled}
     accepted = exchange(grid, state, msgs, lambda n, r: None, timeout=0.1, poll_interval=0.01)
     assert 999 in state.dropped and "could not push" in state.dropped[999]

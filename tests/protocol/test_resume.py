@@ -40,9 +40,10 @@ from wire_helpers import is_stage
 
 from corbin_fl import wire
 from corbin_fl.app import server_app
+from corbin_fl.app.config import AppConfig
 from corbin_fl.arrays import flatten_arrays, layout_of_arrays
 from corbin_fl.client import handlers
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.mechanisms.accounting import PrivacyLedger
 from corbin_fl.server import round as server_round
 from corbin_fl.server.checkpoint import (
@@ -97,13 +98,13 @@ def test_atomic_write_failing_rename_keeps_the_old_file(
 M = 10
 
 
-def _cfg(**changes: Any) -> RunConfig:
-    return RunConfig.from_flower(
+def _cfg(**changes: Any) -> AppConfig:
+    return AppConfig.from_flower(
         {"num-rounds": 5, **{k.replace("_", "-"): v for k, v in changes.items()}}
     )
 
 
-def _state(rnd: int, cfg: RunConfig, *, seed: int = 0) -> TrainingState:
+def _state(rnd: int, cfg: AppConfig, *, seed: int = 0) -> TrainingState:
     gen = torch.Generator().manual_seed(seed)
     ledger = PrivacyLedger()
     history = []
@@ -185,7 +186,7 @@ def test_config_keys_that_may_and_may_not_differ() -> None:
         assert list(diff) == [key], (key, diff)
     assert "absent" in config_mismatches(base, {k: v for k, v in base.items() if k != "d"})["d"]
     with pytest.raises(ConfigError, match="resume: needs out-dir"):
-        RunConfig.from_flower({"resume": True})
+        AppConfig.from_flower({"resume": True})
 
 
 def test_journal_of_an_aborted_round_is_folded_in_once(tmp_path: Path) -> None:
@@ -253,7 +254,7 @@ def test_rewrite_metrics_keeps_appending(tmp_path: Path) -> None:
 # ============================================================================ in-process runs
 def _run(grid: InProcessGrid, **overrides: Any) -> dict[str, Any]:
     ctx = grid.contexts[grid.node_ids[0]]
-    cfg = RunConfig.from_flower({**ctx.run_config, **overrides})
+    cfg = AppConfig.from_flower({**ctx.run_config, **overrides})
     return server_app.run_training(grid, cfg)
 
 

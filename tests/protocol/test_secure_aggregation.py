@@ -24,10 +24,11 @@ from wire_helpers import message_stage
 
 from corbin_fl import secure, wire
 from corbin_fl.app import client_app
+from corbin_fl.app.config import AppConfig
 from corbin_fl.client import encode as client_encode
 from corbin_fl.client import secure_update
 from corbin_fl.client.policy import Policy, PolicyError
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.server import round as server_round
 from corbin_fl.server.strategy import CorBin
 
@@ -86,7 +87,7 @@ class Recorder:
             agg.add(ArrayRecord({key: wire.to_array(arr)}))
         return agg.estimate()
 
-    def symbol_sum(self, rnd: int, nodes: list[int], cfg: RunConfig, m: int) -> np.ndarray:
+    def symbol_sum(self, rnd: int, nodes: list[int], cfg: AppConfig, m: int) -> np.ndarray:
         total = np.zeros(m, dtype=np.int64)
         for nid in nodes:
             key, arr = self.plain[(rnd, nid)]
@@ -118,7 +119,7 @@ def test_secure_estimate_equals_plain_bit_for_bit(
     rec = Recorder(monkeypatch)
     grid = InProcessGrid(make_cfg(mechanism=mechanism, num_rounds=3, **SECURE), 5)
     rows = capture_metrics(grid)
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     assert [r["participants"] for r in rows] == [5, 5, 5]
     for rnd, row in enumerate(rows, start=1):
         sa = row["secure_aggregation"]
@@ -187,7 +188,7 @@ def test_every_affine_mechanism_sums_exactly(
     rec = Recorder(monkeypatch)
     grid = InProcessGrid(make_cfg(mechanism=mechanism, num_rounds=1, **extra, **SECURE), 4)
     rows = capture_metrics(grid)
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     sa = rows[0]["secure_aggregation"]
     assert sa["levels"] == levels == secure.levels_of(cfg)
     assert sa["b"] == secure.bit_width(4, levels) and sa["survivors"] == 4
@@ -207,7 +208,7 @@ def test_dropout_before_masking_sums_the_survivors(monkeypatch: pytest.MonkeyPat
     a, b = grid.node_ids[0], grid.node_ids[1]
     grid.hooks += [_drop(secure.SHARE, {a}), _drop(wire.UPDATE, {b})]
     rows = capture_metrics(grid)
-    cfg = RunConfig.from_flower(grid.contexts[a].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[a].run_config)
     survivors = grid.node_ids[2:]
     row, sa = rows[0], rows[0]["secure_aggregation"]
     assert row["participants"] == 4 and sa["survivors"] == 4 and sa["abandoned"] is None
@@ -225,7 +226,7 @@ def test_dropout_during_unmask_keeps_the_sum(monkeypatch: pytest.MonkeyPatch) ->
     gone = grid.node_ids[3]
     grid.hooks.append(_drop(secure.UNMASK, {gone}))
     rows = capture_metrics(grid)
-    cfg = RunConfig.from_flower(grid.contexts[gone].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[gone].run_config)
     sa = rows[0]["secure_aggregation"]
     assert sa["survivors"] == 5 and sa["abandoned"] is None
     assert str(gone) in sa["faulty"] and rows[0]["dropped"] == {}
@@ -267,7 +268,7 @@ def test_mechanisms_without_an_affine_estimate_are_refused(mechanism: str) -> No
     with pytest.raises(ConfigError, match=r"secure-aggregation: .*affine in that sum"):
         CorBin(FedAvg(), mechanism=mechanism, secure_aggregation=True, update_radius=0.01)
     with pytest.raises(ConfigError, match="secure-aggregation"):
-        RunConfig.from_flower({"mechanism": mechanism, "secure-aggregation": True})
+        AppConfig.from_flower({"mechanism": mechanism, "secure-aggregation": True})
 
 
 def test_corbin_accepts_secure_aggregation() -> None:
@@ -276,7 +277,7 @@ def test_corbin_accepts_secure_aggregation() -> None:
 
 
 def test_node_requiring_secure_aggregation_refuses_a_run_without_it() -> None:
-    cfg = RunConfig.from_flower(make_cfg(mechanism="ldpfl"))
+    cfg = AppConfig.from_flower(make_cfg(mechanism="ldpfl"))
     strict = Policy.from_node({"corbin-require-secure-aggregation": True})
     with pytest.raises(PolicyError, match="corbin-require-secure-aggregation"):
         strict.check(cfg)

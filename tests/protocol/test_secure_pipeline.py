@@ -21,7 +21,7 @@ from harness import InProcessGrid, make_cfg, rebuild, reply_hook, runtime
 from wire_helpers import app_records, message_stage
 
 from corbin_fl import secure, wire
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 from corbin_fl.secagg.client import MASKED, SecAggClient
 from corbin_fl.secagg.wire import STATE_RECORD
 from corbin_fl.server import secure_round
@@ -64,7 +64,7 @@ def _setup(num_nodes: int, rounds: int = 4) -> tuple[InProcessGrid, ServerRuntim
     grid = InProcessGrid(
         make_cfg(mechanism="ldpfl", num_rounds=rounds, **{"secure-aggregation": True}), num_nodes
     )
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     return grid, runtime(grid, cfg)
 
 

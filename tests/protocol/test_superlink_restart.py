@@ -33,7 +33,7 @@ from harness import InProcessGrid, make_cfg, run, runtime
 from wire_helpers import app_records, is_stage
 
 from corbin_fl import wire
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 from corbin_fl.server.round import ServerRuntime, run_round
 from corbin_fl.server.stages import LinkClock, RoundState
 
@@ -133,7 +133,7 @@ def _node_unavailable(sent: list[Message], mid: str) -> Message:
 
 
 def _setup(grid: RestartingGrid) -> ServerRuntime:
-    cfg = RunConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
+    cfg = AppConfig.from_flower(grid.contexts[grid.node_ids[0]].run_config)
     rt = runtime(grid, cfg)
     rt.link = LinkClock(
         reconnect_s=CLOCK.reconnect_s, outage_s=CLOCK.outage_s, after_outage=CLOCK.after_outage

@@ -21,11 +21,12 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 from harness import InProcessGrid, make_cfg
 
 from corbin_fl import wire
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.app.config import AppConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.server.strategy import CorBin
 
 
-def _initial_arrays(cfg: RunConfig) -> ArrayRecord:
+def _initial_arrays(cfg: AppConfig) -> ArrayRecord:
     from corbin_fl.app.data import dataset_info
     from corbin_fl.app.models import build_model
 
@@ -76,8 +77,8 @@ class PerNodeModel(FedAvg):
         ]
 
 
-def _corbin(strategy: Any, run_config: dict[str, Any]) -> tuple[CorBin, RunConfig]:
-    cfg = RunConfig.from_flower({**run_config, "update-radius": 0.01})
+def _corbin(strategy: Any, run_config: dict[str, Any]) -> tuple[CorBin, AppConfig]:
+    cfg = AppConfig.from_flower({**run_config, "update-radius": 0.01})
     return CorBin.from_run_config(strategy, cfg), cfg
 
 
@@ -105,7 +106,7 @@ def test_per_node_configs_reach_their_nodes() -> None:
 def test_deriving_r_needs_the_apps_rule() -> None:
     """``update-radius = 0`` means "derive R", which only the app can do (from its data)."""
     with pytest.raises(ConfigError, match="update-radius"):
-        CorBin.from_run_config(FedAvg(), RunConfig.from_flower(make_cfg()))
+        CorBin.from_run_config(FedAvg(), AppConfig.from_flower(make_cfg()))
 
 
 def test_per_node_models_are_refused_naming_the_nodes() -> None:

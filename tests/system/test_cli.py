@@ -303,7 +303,7 @@ def test_documented_commands_run_the_app_defaults(
     what its flags say: every other key runs the app's own default (the one set of defaults)."""
     import shlex
 
-    from corbin_fl.config import RunConfig
+    from corbin_fl.app.config import AppConfig
 
     monkeypatch.chdir(tmp_path)
     for folder in ("cifar-10-batches-py", "femnist", "shakespeare"):  # the documented data-dirs
@@ -327,7 +327,7 @@ def test_documented_commands_run_the_app_defaults(
             expected |= set(parse_config_string(argv[i + 1]))
     # the command sends what its flags name and nothing else: no default of its own
     assert set(options.run_config) == expected, command
-    RunConfig.from_flower(options.run_config)  # and it is a valid configuration
+    AppConfig.from_flower(options.run_config)  # and it is a valid configuration
 
 
 def test_parser_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -361,7 +361,7 @@ def test_options_validation(tmp_path: Path, repo_root: Path) -> None:
         cli.options_from_args(
             parser.parse_args(["local", "--clients", "3", "--kill-client", "3@1"])
         )
-    # The app's own RunConfig rejects bad keys/values before any process starts.
+    # The app's own AppConfig rejects bad keys/values before any process starts.
     with pytest.raises(ValueError, match="num-round"):
         cli.options_from_args(parser.parse_args(["local", "--run-config", "num-round=2"]))
     with pytest.raises(ValueError, match="cr-mode"):

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.app.config import AppConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.deploy import cli, flower, processes, run
 from corbin_fl.deploy.flower import MissingDependencyError
 from corbin_fl.deploy.run import LocalRunOptions
@@ -161,11 +162,11 @@ def test_cifar10_needs_data_dir(
     no_spawn: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(ConfigError) as exc:  # also in the ServerApp and the ClientApp
-        RunConfig.from_flower({"dataset": "cifar10", "model": "resnet18"})
+        AppConfig.from_flower({"dataset": "cifar10", "model": "resnet18"})
     assert list(exc.value.errors) == ["data-dir"]
     assert "cifar-10-batches-py" in exc.value.errors["data-dir"]
     with pytest.raises(ConfigError, match="MNIST IDX files"):
-        RunConfig.from_flower({"dataset": "mnist-idx"})
+        AppConfig.from_flower({"dataset": "mnist-idx"})
     cause = _usage_error(["local", "--dataset", "cifar10"], tmp_path, capsys)
     assert any('data-dir: dataset "cifar10" reads the CIFAR-10' in ln for ln in cause), cause
     missing = tmp_path / "nowhere"
@@ -184,7 +185,7 @@ def test_data_dir_for_embedded_mnist_is_refused(
         "mnist-idx, cifar10, femnist, shakespeare (a local copy of the hub files) and "
         "hf:<hub-id> (as its download cache)"
     ) in " ".join(cause.split())
-    RunConfig.from_flower({"dataset": "hf:ylecun/mnist", "data-dir": str(tmp_path)})  # a cache
+    AppConfig.from_flower({"dataset": "hf:ylecun/mnist", "data-dir": str(tmp_path)})  # a cache
 
 
 # ====================================================================== d = 0, one error style

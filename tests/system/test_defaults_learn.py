@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 from waits import RAY_START_FAILED, ClientAppTiming
 
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 from corbin_fl.deploy.cli import repo_root
 from corbin_fl.deploy.flower import CONNECTION_NAME
 from corbin_fl.deploy.local import LocalDeployment
@@ -64,7 +64,7 @@ def _waits(
     stage run ``queue`` after one another, as the simulation runtime's workers do). Returns
     ``(run-config additions, ready, run)``.
     """
-    app = RunConfig()
+    app = AppConfig()
     poll = app.poll_interval
     first = queue * timing.stage_timeout(clients, first=True, poll_interval=poll)
     stage = queue * timing.stage_timeout(clients, first=False, poll_interval=poll)

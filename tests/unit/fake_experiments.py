@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 from corbin_fl.experiments.spec import (
     ExperimentSpec,
     parse_spec,
@@ -52,11 +52,11 @@ figures = ["accuracy-vs-round", "accuracy-bar", "accuracy-vs-epsilon"]
 
 
 def fake_app_dir(tmp_path: Path) -> Path:
-    """An app folder whose pyproject declares every RunConfig key (what flwr run checks)."""
+    """An app folder whose pyproject declares every AppConfig key (what flwr run checks)."""
     app = tmp_path / "app"
     app.mkdir()
     lines = ["[tool.flwr.app]", 'publisher = "t"', "[tool.flwr.app.config]"]
-    for key, value in RunConfig.defaults().items():
+    for key, value in AppConfig.defaults().items():
         lines.append(f"{key} = {json.dumps(value)}")
     (app / "pyproject.toml").write_text("\n".join(lines) + "\n")
     return app
@@ -143,7 +143,7 @@ class FakeBackend:
             on_round(t)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        cfg = RunConfig.from_flower(dict(run_config))
+        cfg = AppConfig.from_flower(dict(run_config))
         summary = {
             "config": cfg.to_flower(),
             "num_params": FAKE_M,

@@ -8,7 +8,7 @@ from flwr.app import Context, RecordDict
 
 from corbin_fl.app import data
 from corbin_fl.app import train as client_train
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 
 
 def _context() -> Context:
@@ -16,7 +16,7 @@ def _context() -> Context:
 
 
 def test_rows_cached_in_state_and_reused(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = RunConfig.from_flower({})
+    cfg = AppConfig.from_flower({})
     ctx = _context()
     first = client_train.local_dataset(cfg, ctx, 1, 3)
     expected = data.client_dataset(cfg.dataset, 1, 3, data_seed=cfg.data_seed)
@@ -33,7 +33,7 @@ def test_rows_cached_in_state_and_reused(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_cache_key_change_recomputes(monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = _context()
-    client_train.local_dataset(RunConfig.from_flower({}), ctx, 1, 3)
+    client_train.local_dataset(AppConfig.from_flower({}), ctx, 1, 3)
     calls: list[int] = []
     real = data.client_rows
 
@@ -42,7 +42,7 @@ def test_cache_key_change_recomputes(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(data, "client_rows", counting)
-    client_train.local_dataset(RunConfig.from_flower({"data-seed": 5}), ctx, 1, 3)
+    client_train.local_dataset(AppConfig.from_flower({"data-seed": 5}), ctx, 1, 3)
     assert calls == [1]
 
 

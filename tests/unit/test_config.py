@@ -1,4 +1,5 @@
-"""RunConfig: parsing, validation and the pyproject defaults."""
+"""The app's run config (:class:`corbin_fl.app.config.AppConfig`: the protocol's ``RunConfig`` and
+the task's fields): parsing, validation and the pyproject defaults; the protocol's alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from corbin_fl import registry
+from corbin_fl.app.config import AppConfig
 from corbin_fl.config import MECHANISMS, ConfigError, RunConfig
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -90,28 +92,28 @@ def test_the_app_bundle_imports_only_the_app_and_its_dependencies() -> None:
 
 
 def test_pyproject_defaults_equal_dataclass_defaults() -> None:
-    """Every key of pyproject's table has its RunConfig default (a mechanism's parameter: its
+    """Every key of pyproject's table has its AppConfig default (a mechanism's parameter: its
     registered default); a key missing there can only be a parameter of a mechanism registered
     later, which takes the default of its registry entry."""
     table = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
-    defaults = RunConfig.defaults()
+    defaults = AppConfig.defaults()
     assert table == {key: defaults[key] for key in table}
-    assert set(table) <= set(RunConfig.keys())
-    assert set(RunConfig.keys()) - set(table) <= set(registry.param_specs())
+    assert set(table) <= set(AppConfig.keys())
+    assert set(AppConfig.keys()) - set(table) <= set(registry.param_specs())
     for key, spec in registry.param_specs().items():
         assert table.get(key, spec.default) == spec.default, key
-    assert RunConfig.from_flower(table) == RunConfig()
+    assert AppConfig.from_flower(table) == AppConfig()
 
 
 def test_empty_config_gives_defaults_and_round_trips() -> None:
-    cfg = RunConfig.from_flower({})
-    assert cfg == RunConfig()
-    assert RunConfig.from_flower(cfg.to_flower()) == cfg
+    cfg = AppConfig.from_flower({})
+    assert cfg == AppConfig()
+    assert AppConfig.from_flower(cfg.to_flower()) == cfg
     assert all("_" not in key for key in cfg.to_flower())
 
 
 def test_kebab_keys_map_to_fields() -> None:
-    cfg = RunConfig.from_flower(
+    cfg = AppConfig.from_flower(
         {"num-rounds": 7, "cr-mode": "derived", "p-x": 0.25, "test-z-digest": True}
     )
     assert (cfg.num_rounds, cfg.cr_mode, cfg.p_x, cfg.test_z_digest) == (7, "derived", 0.25, True)
@@ -119,12 +121,12 @@ def test_kebab_keys_map_to_fields() -> None:
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_every_mechanism_is_accepted(mechanism: str) -> None:
-    assert RunConfig.from_flower({"mechanism": mechanism}).mechanism == mechanism
+    assert AppConfig.from_flower({"mechanism": mechanism}).mechanism == mechanism
 
 
 def test_unknown_key_suggests_the_closest() -> None:
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_flower({"num-round": 3})
+        AppConfig.from_flower({"num-round": 3})
     assert "num-round" in info.value.errors
     assert "did you mean 'num-rounds'" in str(info.value)
 
@@ -132,7 +134,7 @@ def test_unknown_key_suggests_the_closest() -> None:
 def test_all_bad_keys_are_listed_at_once() -> None:
     bad = {"mechansim": "corbin", "epsilon": -1, "d": True, "cr-mode": "rely", "lr": "fast"}
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_flower(bad)
+        AppConfig.from_flower(bad)
     assert set(info.value.errors) == set(bad)
     text = str(info.value)
     assert "5 bad key(s)" in text
@@ -153,12 +155,12 @@ def test_all_bad_keys_are_listed_at_once() -> None:
 )
 def test_type_errors(key: str, value: Any, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_flower({key: value})
+        AppConfig.from_flower({key: value})
     assert fragment in info.value.errors[key]
 
 
 def test_integral_float_and_int_coercions() -> None:
-    cfg = RunConfig.from_flower({"num-rounds": 4.0, "epsilon": 2, "test-z-digest": "true"})
+    cfg = AppConfig.from_flower({"num-rounds": 4.0, "epsilon": 2, "test-z-digest": "true"})
     assert cfg.num_rounds == 4 and isinstance(cfg.num_rounds, int)
     assert cfg.epsilon == 2.0 and isinstance(cfg.epsilon, float)
     assert cfg.test_z_digest is True
@@ -214,36 +216,36 @@ def test_integral_float_and_int_coercions() -> None:
 )
 def test_range_errors_name_the_key(key: str, value: Any) -> None:
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_flower({key: value})
+        AppConfig.from_flower({key: value})
     assert list(info.value.errors) == [key]
     assert key in str(info.value)
 
 
 def test_cross_field_checks() -> None:
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_flower({"min-clients": 4, "clients-per-round": 2})
+        AppConfig.from_flower({"min-clients": 4, "clients-per-round": 2})
     assert "clients-per-round" in info.value.errors
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_flower({"fedcad-diff-init": 0.1, "fedcad-diff-floor": 0.2})
+        AppConfig.from_flower({"fedcad-diff-init": 0.1, "fedcad-diff-floor": 0.2})
     assert "fedcad-diff-floor" in info.value.errors
-    assert RunConfig.from_flower({"min-clients": 4, "clients-per-round": 0}).clients_per_round == 0
+    assert AppConfig.from_flower({"min-clients": 4, "clients-per-round": 0}).clients_per_round == 0
 
 
 def test_hub_datasets_are_accepted() -> None:
-    assert RunConfig.from_flower({"dataset": "hf:ylecun/mnist"}).dataset == "hf:ylecun/mnist"
+    assert AppConfig.from_flower({"dataset": "hf:ylecun/mnist"}).dataset == "hf:ylecun/mnist"
     with pytest.raises(ConfigError):
-        RunConfig.from_flower({"dataset": "hf:"})
+        AppConfig.from_flower({"dataset": "hf:"})
 
 
 def test_non_mapping_and_non_string_keys_are_type_errors() -> None:
     with pytest.raises(TypeError):
-        RunConfig.from_flower([("epsilon", 1.0)])  # type: ignore[arg-type]
+        AppConfig.from_flower([("epsilon", 1.0)])  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        RunConfig.from_flower({1: 2})  # type: ignore[dict-item]
+        AppConfig.from_flower({1: 2})  # type: ignore[dict-item]
 
 
 def test_frozen_and_replace_revalidates() -> None:
-    cfg = RunConfig()
+    cfg = AppConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.epsilon = 3.0  # type: ignore[misc]
     assert cfg.replace(epsilon=3.0).epsilon == 3.0
@@ -252,8 +254,8 @@ def test_frozen_and_replace_revalidates() -> None:
 
 
 def test_paired_property() -> None:
-    assert RunConfig(mechanism="corbin").paired and RunConfig(mechanism="augcorbin").paired
-    assert not any(RunConfig(mechanism=m).paired for m in MECHANISMS if "corbin" not in m)
+    assert AppConfig(mechanism="corbin").paired and AppConfig(mechanism="augcorbin").paired
+    assert not any(AppConfig(mechanism=m).paired for m in MECHANISMS if "corbin" not in m)
 
 
 def test_execution_and_resumable_keys_are_declared_once_on_the_fields() -> None:
@@ -262,19 +264,62 @@ def test_execution_and_resumable_keys_are_declared_once_on_the_fields() -> None:
     result are never among them."""
     from corbin_fl.server.checkpoint import MAY_DIFFER_ON_RESUME
 
-    execution = RunConfig.execution_keys()
-    assert execution.isdisjoint(RunConfig().result_config())
-    secure = RunConfig(secure_aggregation=True).result_config()
-    assert set(secure) | execution == set(RunConfig.keys())
+    execution = AppConfig.execution_keys()
+    assert execution.isdisjoint(AppConfig().result_config())
+    secure = AppConfig(secure_aggregation=True).result_config()
+    assert set(secure) | execution == set(AppConfig.keys())
     # a run without secure aggregation keeps the id it had before the keys existed
-    assert set(secure) - set(RunConfig().result_config()) == {
+    assert set(secure) - set(AppConfig().result_config()) == {
         "secure-aggregation",
         "secagg-neighbours",
         "secagg-threshold",
     }
-    assert RunConfig.resumable_keys() == MAY_DIFFER_ON_RESUME
-    assert execution < MAY_DIFFER_ON_RESUME
-    assert MAY_DIFFER_ON_RESUME - execution == {"num-rounds", "min-clients"}
+    assert RunConfig.resumable_keys() == MAY_DIFFER_ON_RESUME  # the protocol's
+    resumable = AppConfig.resumable_keys()  # what the checkpoint of an app's run uses
+    assert resumable == MAY_DIFFER_ON_RESUME | {"data-dir", "eval-batch-size"}
+    assert execution < resumable
+    assert resumable - execution == {"num-rounds", "min-clients"}
     for key in ("mechanism", "epsilon", "seed", "data-seed", "lr", "model", "dataset", "d"):
-        assert key not in MAY_DIFFER_ON_RESUME
+        assert key not in resumable
     assert {"out-dir", "data-dir", "stage-timeout", "device", "resume"} <= execution
+
+
+TASK_KEYS = frozenset(
+    {
+        *("dataset", "data-dir", "use-official-test", "data-seed", "partitioner"),
+        *("dirichlet-alpha", "model", "local-epochs", "batch-size", "optimizer", "lr"),
+        *("weight-decay", "max-steps", "dropout-prob", "eval-batch-size"),
+    }
+)
+
+
+def test_the_protocols_config_names_no_task_key_and_the_app_keeps_the_table_order() -> None:
+    """Issue 41 item 4: the task's keys are the app's (``AppConfig``); the app's keys keep the
+    order of pyproject's table and of every ``summary.json`` so far, the protocol's keys keep
+    theirs among them."""
+    app_keys = AppConfig.keys()
+    assert set(app_keys) - set(RunConfig.keys()) == TASK_KEYS
+    assert not TASK_KEYS & set(RunConfig.keys())
+    protocol = [key for key in app_keys if key not in TASK_KEYS]
+    assert protocol == list(RunConfig.keys()) == list(RunConfig().to_flower())
+    table = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    assert [key for key in app_keys if key in table] == list(table)
+    assert isinstance(AppConfig(), RunConfig)
+    assert type(AppConfig().replace(lr=0.1)) is AppConfig
+
+
+def test_the_protocol_refuses_a_task_key_unless_the_app_names_its_keys() -> None:
+    """A key the protocol does not own is refused (it cannot tell it from a typo); an app that
+    names its own keys gets them left alone, and every other unknown key still refused."""
+    with pytest.raises(ConfigError) as bad:
+        RunConfig.from_flower({"dataset": "mnist", "epsilonn": 1.0})
+    assert bad.value.errors == {
+        "dataset": "unknown key",
+        "epsilonn": "unknown key; did you mean 'epsilon'?",
+    }
+    cfg = RunConfig.from_flower({"dataset": "mnist", "epsilon": 2.0}, app_keys=("dataset",))
+    assert type(cfg) is RunConfig and cfg.epsilon == 2.0
+    with pytest.raises(ConfigError, match="epsilonn: unknown key"):
+        RunConfig.from_flower({"dataset": "x", "epsilonn": 1.0}, app_keys=("dataset",))
+    with pytest.raises(ConfigError, match="epsilon: must be > 0"):  # its own key stays its own
+        RunConfig.from_flower({"epsilon": -1.0}, app_keys=("epsilon",))

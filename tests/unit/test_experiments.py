@@ -27,7 +27,8 @@ from fake_experiments import (
 )
 
 from corbin_fl import registry
-from corbin_fl.config import MECHANISMS, RunConfig
+from corbin_fl.app.config import AppConfig
+from corbin_fl.config import MECHANISMS
 from corbin_fl.deploy.follow import read_jsonl as read_metrics
 from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments import mse, plots
@@ -100,7 +101,7 @@ def write_run(
         "run_id": run_dir.name,
         "config_hash": "x",
         "run_config": run_config,
-        "config": RunConfig.from_flower(run_config).result_config(),
+        "config": AppConfig.from_flower(run_config).result_config(),
         "clients": clients,
         "seconds": 1.0,
         "complete": True,
@@ -261,7 +262,7 @@ def test_invalid_toml_and_combination_errors(tmp_path: Path) -> None:
     bad.write_text("[experiment\nname = 1")
     with pytest.raises(SpecError, match="invalid TOML"):
         load_spec(bad)
-    # each value is valid alone; the combination is not (checked per run by RunConfig)
+    # each value is valid alone; the combination is not (checked per run by AppConfig)
     spec = spec_from(
         "[experiment]\nname='x'\n[base]\nclients=4\nnum-rounds=1\nmechanism='corbin'\n"
         "min-clients=4\nclients-per-round=2\n"
@@ -332,9 +333,9 @@ def ids_of(text: str, **base: object) -> list[str]:
 
 def test_a_run_is_addressed_by_what_it_computes_not_by_how_the_spec_spells_it() -> None:
     """The id hashes the result config: spelling out a default, or setting a key that cannot
-    change the result (declared on the RunConfig fields), keeps the ids; anything else does not."""
+    change the result (declared on the AppConfig fields), keeps the ids; anything else does not."""
     plain = ids_of(TINY)
-    assert RunConfig().delta == 1e-5 and RunConfig().dropout_prob == 0.0
+    assert AppConfig().delta == 1e-5 and AppConfig().dropout_prob == 0.0
     assert ids_of(TINY, delta=1e-5, **{"dropout-prob": 0.0}) == plain
     assert ids_of(TINY, **{"poll-interval": 0.5, "data-dir": "elsewhere", "device": "cpu"}) == plain
     assert not set(ids_of(TINY, delta=1e-6)) & set(plain)
@@ -342,7 +343,7 @@ def test_a_run_is_addressed_by_what_it_computes_not_by_how_the_spec_spells_it() 
     layer = TINY.replace("d = 5\n", 'd = 5\nrange-mode = "layer"\n')
     assert ids_of(layer, **{"update-radius": 0.5}) == ids_of(layer)
     assert not set(ids_of(TINY, **{"update-radius": 0.5})) & set(plain)
-    assert RunConfig.execution_keys().isdisjoint(expand_runs(spec_from(TINY))[0].config)
+    assert AppConfig.execution_keys().isdisjoint(expand_runs(spec_from(TINY))[0].config)
 
 
 def test_a_run_made_for_one_experiment_is_found_by_every_other(tmp_path: Path) -> None:
@@ -384,7 +385,7 @@ def test_the_app_gets_the_whole_result_config(tmp_path: Path) -> None:
     run = expand_runs(spec_from(TINY.replace("d = 5\n", "d = 5\npoll-interval = 0.5\n")))[0]
     execute_run(run, Recording(), tmp_path / "r", experiment="tiny", timeout_s=10)
     assert seen[0] == {**run.config, **run.run_config}
-    assert seen[0]["poll-interval"] == 0.5 and seen[0]["lr"] == RunConfig().lr
+    assert seen[0]["poll-interval"] == 0.5 and seen[0]["lr"] == AppConfig().lr
     record = json.loads((tmp_path / "r" / "summary.json").read_text())["run"]
     assert record["config"] == dict(run.config)
 
@@ -1318,7 +1319,7 @@ def test_server_scaling_calls_the_accountant_per_gamma_at_the_runs_settings(
     monkeypatch.setattr(ss, "server_table", table)
     groups = _server_groups(tmp_path)
     text, block = server_scaling([g for g in groups if g.setting.get("secure-aggregation")])
-    run = {"eps_p": 1.0, "m": 8, "rounds": 2, "delta": 1e-5, "d": 5}  # RunConfig's
+    run = {"eps_p": 1.0, "m": 8, "rounds": 2, "delta": 1e-5, "d": 5}  # AppConfig's
     assert calls == [run | {"gamma": 0.6}]
     assert "m = 8 parameters, T = 2 rounds" in text and "gamma = 0.6" in text
     assert block == f"```\n{ss.format_table(table(**run, gamma=0.6))}\n```"

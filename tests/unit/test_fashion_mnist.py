@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_data import write_mnist_dir
 
-from corbin_fl.config import RunConfig
+from corbin_fl.app.config import AppConfig
 from corbin_fl.deploy import cli
 from corbin_fl.deploy.run import PACE_FACTOR, PACE_SLACK_S, LocalRunOptions, derived_deadline
 from corbin_fl.experiments import cli as ex
@@ -31,10 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 def test_fashion_mnist_is_always_tested_on_its_official_split() -> None:
     """``use-official-test`` reads true for fashion-mnist, the app's default (false) included;
     other data sets keep what they are given."""
-    assert RunConfig.from_flower({"dataset": "fashion-mnist"}).use_official_test is True
-    cfg = RunConfig.from_flower({"dataset": "fashion-mnist", "use-official-test": False})
+    assert AppConfig.from_flower({"dataset": "fashion-mnist"}).use_official_test is True
+    cfg = AppConfig.from_flower({"dataset": "fashion-mnist", "use-official-test": False})
     assert cfg.use_official_test is True and cfg.result_config()["use-official-test"] is True
-    assert RunConfig.from_flower({"dataset": "mnist-idx", "data-dir": "/x"}).use_official_test is (
+    assert AppConfig.from_flower({"dataset": "mnist-idx", "data-dir": "/x"}).use_official_test is (
         False
     )
 
@@ -174,7 +174,7 @@ def test_the_paper_specs_are_the_papers_setting() -> None:
         runs = expand_runs(spec)
         assert {r.clients for r in runs} == {50}
         for r in runs:
-            cfg = RunConfig.from_flower(dict(r.run_config))
+            cfg = AppConfig.from_flower(dict(r.run_config))
             assert (cfg.dataset, cfg.use_official_test, cfg.partitioner) == (
                 "fashion-mnist",
                 True,
@@ -192,10 +192,10 @@ def test_the_paper_specs_are_the_papers_setting() -> None:
         assert (spec.round_seconds is None) == (path == GPU_SPEC)
         assert len(spec.lambda_grid) >= 2 or path == CPU_REST_SPEC
     cpu, gpu = expand_runs(load_spec(CPU_SPEC)), expand_runs(load_spec(GPU_SPEC))
-    assert {RunConfig.from_flower(dict(r.run_config)).max_steps for r in cpu} == {
+    assert {AppConfig.from_flower(dict(r.run_config)).max_steps for r in cpu} == {
         load_spec(CPU_SPEC).base["max-steps"]
     }
-    assert {RunConfig.from_flower(dict(r.run_config)).max_steps for r in gpu} == {0}
+    assert {AppConfig.from_flower(dict(r.run_config)).max_steps for r in gpu} == {0}
     assert len(load_spec(CPU_SPEC).seeds) >= 3 and len(load_spec(GPU_SPEC).seeds) >= 3
     main = {(r.run_config["mechanism"], r.run_config.get("epsilon")) for r in cpu}
     for mech in ("corbin", "ldpfl", "pbm"):

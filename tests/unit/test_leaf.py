@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from corbin_fl.app import data, leaf
+from corbin_fl.app.config import AppConfig
 from corbin_fl.app.models import build_model
 from corbin_fl.app.training import evaluate, train_local
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.layout import layout_of
 
 FEMNIST_NAMES = [*string.digits, *string.ascii_uppercase, *string.ascii_lowercase]
@@ -145,15 +146,15 @@ def test_iid_partition_of_femnist_and_config_rules(femnist_dir: Path) -> None:
     sizes = [p.size for p in parts]
     assert max(sizes) - min(sizes) <= 1
     with pytest.raises(ConfigError, match="natural") as err:
-        RunConfig.from_flower({"partitioner": "natural"})  # mnist has no writers
+        AppConfig.from_flower({"partitioner": "natural"})  # mnist has no writers
     assert set(err.value.errors) == {"dataset"}
     with pytest.raises(ConfigError, match="char-lstm") as err:
-        RunConfig.from_flower({"dataset": "shakespeare"})
+        AppConfig.from_flower({"dataset": "shakespeare"})
     assert set(err.value.errors) == {"model"}
     with pytest.raises(ConfigError, match="char-lstm") as err:
-        RunConfig.from_flower({"model": "char-lstm"})
+        AppConfig.from_flower({"model": "char-lstm"})
     assert set(err.value.errors) == {"dataset"}
-    RunConfig.from_flower(
+    AppConfig.from_flower(
         {"dataset": "shakespeare", "model": "char-lstm", "partitioner": "natural"}
     )
 

@@ -267,14 +267,16 @@ def _encode_with_mod(cfg: RunConfig, w0: np.ndarray, device: str) -> Message:
 def test_the_v1_parameter_order_is_the_order_of_the_config_keys() -> None:
     """``registry.V1_PARAMETER_KEYS`` (the wire order of the v1 parameters) is the order of the
     config's parameters, where their typed fields were (``summary.json`` keeps its key order)."""
+    from corbin_fl.app.config import AppConfig  # the app's keys: dropout-prob after the params
+
     specs = registry.param_specs()
     assert tuple(RunConfig().params) == registry.V1_PARAMETER_KEYS
     assert set(specs) == set(registry.V1_PARAMETER_KEYS)
-    keys = RunConfig.keys()
+    keys = AppConfig.keys()
     assert tuple(key for key in keys if key in specs) == registry.V1_PARAMETER_KEYS
     start = keys.index(registry.V1_PARAMETER_KEYS[0])
     assert keys[start - 1] == "test-z-digest" and keys[start + len(specs)] == "dropout-prob"
-    assert tuple(RunConfig().to_flower()) == keys
+    assert tuple(AppConfig().to_flower()) == keys
 
 
 # ----------------------------------------------------------------------------- a shipped one

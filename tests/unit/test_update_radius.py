@@ -15,11 +15,12 @@ import pytest
 import torch
 from flwr.serverapp.strategy import FedAvg
 
+from corbin_fl.app.config import AppConfig
 from corbin_fl.app.data import client_dataset, dataset_info, train_size
 from corbin_fl.app.models import build_model
 from corbin_fl.app.server_app import update_radius
 from corbin_fl.app.training import step_bound, train_local
-from corbin_fl.config import ConfigError, RunConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.layout import flatten
 from corbin_fl.server.records import clip_summary
 from corbin_fl.server.strategy import CorBin
@@ -71,7 +72,7 @@ def test_step_bound_rejects_bad_settings(key: str, value: float) -> None:
 
 
 def test_the_server_resolves_r_from_the_config_and_the_node_count() -> None:
-    cfg = RunConfig()
+    cfg = AppConfig()
     assert cfg.range_mode == "update" and cfg.update_radius == 0  # the defaults
     n_train = train_size("mnist")
     assert n_train == 3200  # 5,000 digits minus 20% test, minus 20% of the rest for validation
@@ -97,16 +98,16 @@ def test_the_server_resolves_r_from_the_config_and_the_node_count() -> None:
 
 def test_derived_r_needs_adam() -> None:
     with pytest.raises(ConfigError, match="update-radius"):
-        RunConfig.from_flower({"optimizer": "sgd"})
-    RunConfig.from_flower({"optimizer": "sgd", "update-radius": 0.05})  # an explicit R is fine
-    RunConfig.from_flower({"optimizer": "sgd", "range-mode": "layer"})  # no R at all
+        AppConfig.from_flower({"optimizer": "sgd"})
+    AppConfig.from_flower({"optimizer": "sgd", "update-radius": 0.05})  # an explicit R is fine
+    AppConfig.from_flower({"optimizer": "sgd", "range-mode": "layer"})  # no R at all
 
 
 def test_r_bounds_one_round_of_adam_on_the_cnn() -> None:
     """One client's round with the default training settings moves (almost) no weight by more
     than ``R = S * lr``: the default run's clip fraction is about 1e-4, where ``R = 0.01`` (the
     old default) clipped 12% of the coordinates in round 1."""
-    cfg = RunConfig()
+    cfg = AppConfig()
     data = client_dataset("mnist", 0, 4)
     info = dataset_info("mnist")
     model = build_model(cfg.model, info.in_channels, info.num_classes, seed=0)

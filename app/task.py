@@ -1,10 +1,9 @@
-"""This project's task settings (app/): the data sets, partitions, models and optimizers that
-its run-config keys name, and the checks of those keys.
+"""This project's task settings: the data sets, partitions, models and optimizers that its
+run-config keys name, and the checks of those keys.
 
-:class:`corbin_fl.config.RunConfig` still carries the task's fields (``dataset``, ``model``,
-``local-epochs``, ...) beside the protocol's; everything that names a data set or a model is
-here, apart from the protocol's config, so that moving the task's config into ``app/`` (issue 41
-item 4) moves this module and those fields, not checks spread through the protocol's.
+The fields are :class:`corbin_fl.app.config.AppConfig`'s (``dataset``, ``model``,
+``local-epochs``, ...), beside the protocol's that it extends (:class:`corbin_fl.config.RunConfig`
+names no data set or model); everything that names a data set or a model is here.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 from corbin_fl.mechanisms import validate
 
 if TYPE_CHECKING:
-    from corbin_fl.config import RunConfig
+    from corbin_fl.app.config import AppConfig
 
 DATASETS: Final[tuple[str, ...]] = (
     *("mnist", "fashion-mnist", "mnist-idx", "cifar10", "femnist", "shakespeare"),
@@ -43,7 +42,7 @@ copy of the hub files, or empty for the hub (``app/leaf.py``)."""
 OPTIMIZERS: Final[tuple[str, ...]] = ("adam", "sgd")
 
 
-def config_errors(cfg: RunConfig) -> dict[str, str]:
+def config_errors(cfg: AppConfig) -> dict[str, str]:
     """The run-config errors of the task's keys (empty when fine): data set and its files,
     partition, model, local training, the update-radius rule (``R`` derived from the app's Adam
     steps), simulated dropout, server-side evaluation batch.
