@@ -521,7 +521,10 @@ class RunConfig:
             ("device", validate.why_one_of(self.device, DEVICES)),
         )
         if self.d == 0:  # no shared randomness: every client quantizes alone
-            errors["d"] += '; d = 0 (no common randomness) is LDP-FL: mechanism = "ldpfl"'
+            alone = registry.without_common_randomness()
+            errors["d"] += (
+                f'; d = 0 (no common randomness) is {alone.title}: mechanism = "{alone.name}"'
+            )
 
         if 0 < self.clients_per_round < self.min_clients:
             errors["clients-per-round"] = (

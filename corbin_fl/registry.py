@@ -277,6 +277,11 @@ class Mechanism:
     aliases : tuple of str
         Other spellings of its name that the privacy ledger and report accept (``ldp`` for
         ``ldpfl``), declared with its category (:func:`corbin_fl.mechanisms.categories.declare`).
+    title : str
+        Its name in the literature, for messages (``LDP-FL``); "" for :attr:`name`.
+    unpaired : str
+        A pairing mechanism's: the registered mechanism an unpaired client's quantizer is (its
+        fallback without common randomness, what ``d = 0`` would be); "" otherwise.
     sum_levels : Callable[[RunConfig], int] or None
         Secure aggregation (:mod:`corbin_fl.secure`): the top value ``levels`` of its symbols
         (integers in ``[0, levels]``) when its server estimate is affine in the sum of the
@@ -341,6 +346,8 @@ class Mechanism:
     own_clip: bool = False
     node_default: bool | None = None
     aliases: tuple[str, ...] = ()
+    title: str = ""
+    unpaired: str = ""
     sum_levels: Callable[[RunConfig], int] | None = None
     sum_trials: Callable[[RunConfig], int | None] | None = None
     block_release: str = ""
@@ -540,6 +547,26 @@ def get(name: str) -> Mechanism:
         return REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown mechanism {name!r}; registered: {', '.join(REGISTRY)}") from None
+
+
+def pairing() -> tuple[str, ...]:
+    """The registered mechanisms that pair clients and share common randomness."""
+    return tuple(name for name, mech in REGISTRY.items() if mech.pairs)
+
+
+def without_common_randomness() -> Mechanism:
+    """The mechanism the pairing ones fall back to without common randomness (their
+    :attr:`Mechanism.unpaired`): ``d = 0`` is it.
+
+    Raises
+    ------
+    LookupError
+        If the pairing mechanisms name none, or not the same one.
+    """
+    names = {mech.unpaired for mech in REGISTRY.values() if mech.pairs and mech.unpaired}
+    if len(names) != 1:
+        raise LookupError(f"the pairing mechanisms name {sorted(names)} as their fallback")
+    return get(names.pop())
 
 
 def param_specs() -> Mapping[str, Param]:
@@ -744,6 +771,8 @@ register(
         privacy=_RR_PAIRED,
         sum_levels=_one_level,
         aliases=("corbin-fl",),
+        title="CorBin-FL",
+        unpaired="ldpfl",
     )
 )
 register(
@@ -757,6 +786,8 @@ register(
         assignments=(*_PAIRED_ASSIGNMENTS, "independent"),
         privacy=Privacy("pure", randomized_response=True, paired=True, independent_share=True),
         sum_levels=_one_level,
+        title="AugCorBin-FL",
+        unpaired="ldpfl",
     )
 )
 register(
@@ -770,6 +801,7 @@ register(
         sum_levels=_one_level,
         sum_trials=_one_trial,
         aliases=("ldp", "ldp-fl"),
+        title="LDP-FL",
     )
 )
 register(

@@ -42,6 +42,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from corbin_fl import registry
 from corbin_fl.app.config import AppConfig
 from corbin_fl.app.sources import check_dataset_files, dataset_title
 from corbin_fl.app.task import DATASETS_NEEDING_DIR, DATASETS_WITH_DEFAULT_DIR, LEAF_DATASETS
@@ -117,9 +118,11 @@ def _shared_bits(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value == 0:
+        alone = registry.without_common_randomness()
         raise argparse.ArgumentTypeError(
-            "d = 0 means no common randomness, which is LDP-FL: use --mechanism ldpfl "
-            "(d >= 1 shared random bits per parameter for corbin/augcorbin)"
+            f"d = 0 means no common randomness, which is {alone.title}: use --mechanism "
+            f"{alone.name} (d >= 1 shared random bits per parameter for "
+            f"{'/'.join(registry.pairing())})"
         )
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
@@ -172,6 +175,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def _add_protocol_options(parser: argparse.ArgumentParser, app: Mapping[str, Any]) -> None:
     """Clients, rounds and the mechanism's settings (each a run-config key; the help shows the
     app's default ``app``)."""
+    alone = registry.without_common_randomness()
     parser.add_argument(
         "--clients",
         type=_positive_int,
@@ -196,7 +200,8 @@ def _add_protocol_options(parser: argparse.ArgumentParser, app: Mapping[str, Any
         "--d",
         type=_shared_bits,
         default=None,
-        help="shared random bits per parameter, 1..16 (d = 0 is LDP-FL: --mechanism ldpfl)",
+        help=f"shared random bits per parameter, 1..16 (d = 0 is {alone.title}: --mechanism "
+        f"{alone.name})",
     )
     parser.add_argument(
         "--cr-mode",

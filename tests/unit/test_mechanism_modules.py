@@ -67,10 +67,6 @@ _SUMMARY_KEYS = (
     "summary.json's mse_bounds keys (a stored format: ldpfl, augcorbin_theorem3) name the "
     "paper's MSE bounds of LDP-FL and AugCorBin-FL"
 )
-_ITEM_4 = (
-    "help and hint text; the file is issue 41 item 4's to change (derive it from the entries "
-    "whose category pairs, or has randomized response without pairing)"
-)
 ALLOWED: dict[str, dict[str, str]] = {
     "augcorbin": {
         "corbin_fl.mechanisms.lower_bounds": "the paper's AugCorBin-FL round, whose eq. (5) is "
@@ -83,16 +79,12 @@ ALLOWED: dict[str, dict[str, str]] = {
         "augcorbin_profile: committed report text (docs/results/quick/server/report.md)",
         "corbin_fl.mechanisms.threat_models": "EQ5_NOT_A_BOUND, the report's sentence on the "
         "paper's eq. (5) for AugCorBin-FL: committed report text",
-        "corbin_fl.deploy.cli": _ITEM_4,
     },
     "ldpfl": {
-        "corbin_fl.config": "d = 0's error names the paper's LDP-FL and its mechanism; the file "
-        "is issue 41 item 4's to change",
         "corbin_fl.mechanisms.report": _SUMMARY_KEYS,
         "corbin_fl.mechanisms.secure_sum": _TABLE,
         "corbin_fl.mechanisms.theory": "LDP-FL's MSE bound ([17, Lemma 3], ldpfl_mse), which the "
         "paper compares CorBin-FL's with",
-        "corbin_fl.deploy.cli": _ITEM_4,
         "corbin_fl.experiments.report": _TARGETS,
     },
     "fedavg": {

@@ -8,6 +8,7 @@ and the server decodes it, with no other change.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -354,3 +355,20 @@ def test_an_entry_names_the_hooks_of_one_step_together() -> None:
             *("pack", "symbols", "sum_decode"),
         ):
             assert getattr(mech, hook) == "" or callable(mech.hook(hook)), (name, hook)
+
+
+def test_the_fallback_without_common_randomness_is_registered_once() -> None:
+    """``d = 0``'s hint and the CLI's ``--d`` help name the mechanism the pairing ones fall back
+    to (their ``unpaired``), with its title: derived from the entries, not written by hand."""
+    alone = registry.without_common_randomness()
+    assert not alone.pairs and alone.privacy is not None and alone.privacy.randomized_response
+    assert (alone.name, alone.title) == ("ldpfl", "LDP-FL")
+    assert registry.pairing() == ("corbin", "augcorbin")
+    assert all(registry.get(name).unpaired == alone.name for name in registry.pairing())
+    paired = registry.get("corbin")
+    registry.REGISTRY["corbin"] = dataclasses.replace(paired, unpaired="signsgd")
+    try:
+        with pytest.raises(LookupError, match="signsgd"):
+            registry.without_common_randomness()
+    finally:
+        registry.REGISTRY["corbin"] = paired
