@@ -368,10 +368,14 @@ def against_table(groups: Sequence[GroupResult], keys: Sequence[str], key: str) 
 def lambda_text(spec: ExperimentSpec) -> str:
     """The lambda grid, and with ``lambda-seeds`` the seeds that choose and those that run only
     at the chosen lambda (the report's Setup)."""
+    grids = ["[grid]", *(f"[[extra-grid]] {i + 1}" for i in range(len(spec.extra_grids)))]
+    own = [f"{name}: {list(spec.lambdas(i))}" for i, name in enumerate(grids)
+           if i < len(spec.grid_lambdas) and spec.grid_lambdas[i] is not None]  # fmt: skip
+    text = str(list(spec.lambda_grid)) + (f" (its own: {'; '.join(own)})" if own else "")
     if not spec.confirmation_seeds:
-        return str(list(spec.lambda_grid))
+        return text
     return (
-        f"{list(spec.lambda_grid)}, chosen on {rs.seeds_text(spec.selection_seeds)} alone; "
+        f"{text}, chosen on {rs.seeds_text(spec.selection_seeds)} alone; "
         f"{rs.seeds_text(spec.confirmation_seeds)} ran only at each setting's chosen lambda"
     )
 
@@ -421,14 +425,14 @@ def finalize_federated(
         ),
     ]
     lines += against_table(groups, keys, "epsilon")
-    if len(spec.lambda_grid) > 1:  # each lambda's mean, the chosen one ticked
+    if len(spec.all_lambdas) > 1:  # each lambda's mean, the chosen one ticked
 
         def cell(g: GroupResult, lam: float) -> str:
             mean = g.lambda_scores.get(float(lam), Stat(math.nan, math.nan, 0)).mean
             text = f"{100 * mean:.2f}" if math.isfinite(mean) else "—"
             return f"{text} ✓" if math.isclose(lam, g.global_lr) else text
 
-        lams = spec.lambda_grid
+        lams = spec.all_lambdas
         head = ["setting", *(f"λ={lam:g}" for lam in lams)]
         rows = [[group_label(g.setting, keys), *(cell(g, lam) for lam in lams)] for g in groups]
         over = f", {rs.seeds_text(spec.selection_seeds)}" if spec.confirmation_seeds else ""

@@ -30,7 +30,8 @@ CLIENTS_KEY = "clients"
 RESERVED_KEYS: Mapping[str, str] = MappingProxyType(
     {
         "seed": "set the repetitions with the top-level `seeds = [...]`",
-        "global-lr": "set the candidates with the top-level `lambda-grid = [...]`",
+        "global-lr": "set the candidates with the top-level `lambda-grid = [...]` (or a "
+        "grid's own `lambda-grid`)",
         "out-dir": "it is set by the runner to the run's own folder",
     }
 )
@@ -153,6 +154,9 @@ class ExperimentSpec:
     extra_grids: tuple[SweepGrid, ...] = ()
     seeds: tuple[int, ...] = (0,)
     lambda_grid: tuple[float, ...] = (1.0,)
+    grid_lambdas: tuple[tuple[float, ...] | None, ...] = ()
+    """Per grid (``[grid]``, then each ``[[extra-grid]]``): its own ``lambda-grid``, or None
+    for the top-level :attr:`lambda_grid`; empty when no grid has its own."""
     lambda_seeds: tuple[int, ...] | None = None
     """The seeds lambda is chosen on (top-level ``lambda-seeds``, a subset of ``seeds``): a
     setting runs every lambda of the grid on these seeds, then its other seeds only at the
@@ -175,6 +179,18 @@ class ExperimentSpec:
         """The seeds on which each setting's lambda is chosen (all seeds unless
         ``lambda-seeds`` names fewer)."""
         return self.lambda_seeds if self.lambda_seeds is not None else self.seeds
+
+    def lambdas(self, grid: int) -> tuple[float, ...]:
+        """The lambda candidates of the settings of grid ``grid`` (0: ``[grid]``, then each
+        ``[[extra-grid]]``): its own ``lambda-grid``, else the top-level one."""
+        own = self.grid_lambdas[grid] if grid < len(self.grid_lambdas) else None
+        return own if own is not None else self.lambda_grid
+
+    @property
+    def all_lambdas(self) -> tuple[float, ...]:
+        """Every lambda some setting may run at, ascending."""
+        grids = range(1 + len(self.extra_grids))
+        return tuple(sorted({lam for i in grids for lam in self.lambdas(i)}))
 
     @property
     def confirmation_seeds(self) -> tuple[int, ...]:
@@ -276,6 +292,9 @@ def _parse_sweep(raw: Mapping[str, Any], source: str, kind: str) -> dict[str, An
     if "mse" in raw:
         raise SpecError(f'{source}: [mse]: only used with kind = "mse"')
     base = {k: v for k, (v,) in _parse_grid(base_raw, source, "base")}
+    named = [("grid", grid_raw), *((f"extra-grid[{i}]", t) for i, t in enumerate(extra_raw))]
+    lambdas = tuple(_grid_lambdas(table, source, name) for name, table in named)
+    grid_raw, *extra_raw = ({k: v for k, v in t.items() if k != "lambda-grid"} for _, t in named)
     grid = _parse_grid(grid_raw, source, "grid")
     extras = tuple(_parse_grid(t, source, f"extra-grid[{i}]") for i, t in enumerate(extra_raw))
     if () in extras:
@@ -286,7 +305,24 @@ def _parse_sweep(raw: Mapping[str, Any], source: str, kind: str) -> dict[str, An
     if "num-rounds" not in keys:
         raise SpecError(f"{source}: base.num-rounds: missing (rounds of every run)")
     clients = base.pop(CLIENTS_KEY, None)  # an int >= 2 (_run_value)
-    return {"base": MappingProxyType(base), "grid": grid, "extra_grids": extras, "clients": clients}
+    return {
+        "base": MappingProxyType(base),
+        "grid": grid,
+        "extra_grids": extras,
+        "clients": clients,
+        "grid_lambdas": lambdas if any(lambdas) else (),
+    }
+
+
+def _grid_lambdas(table: Mapping[str, Any], source: str, name: str) -> tuple[float, ...] | None:
+    """A grid's own ``lambda-grid`` (its settings' lambda candidates instead of the top-level
+    grid's), checked like the top-level one; None when it has none."""
+    if "lambda-grid" not in table:
+        return None
+    schema = {"lambda-grid": _TOP_OPTIONS["lambda-grid"]}
+    return tuple(
+        _options({"lambda-grid": table["lambda-grid"]}, schema, source, name)["lambda_grid"]
+    )
 
 
 def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentSpec:

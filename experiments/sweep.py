@@ -114,7 +114,7 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
     seen: set[str] = set()
     runs: list[Run] = []
     later: list[Run] = []  # the runs on the seeds that do not choose lambda
-    for grid in (spec.grid, *spec.extra_grids):
+    for index, grid in enumerate((spec.grid, *spec.extra_grids)):
         keys = [k for k, _ in grid]
         for combo in itertools.product(*(values for _, values in grid)):
             cfg: dict[str, RunValue] = {**spec.base, **dict(zip(keys, combo, strict=True))}
@@ -128,7 +128,7 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
                     "SuperNodes), or sweep it in [grid]"
                 )
             cfg.setdefault("min-clients", n := int(n))
-            for lam, seed in itertools.product(spec.lambda_grid, spec.seeds):
+            for lam, seed in itertools.product(spec.lambdas(index), spec.seeds):
                 run_config = {**cfg, "global-lr": float(lam), "seed": int(seed)}
                 where = f"{spec.name}: setting {canonical_json(run_config)}"
                 try:
