@@ -328,15 +328,21 @@ class LinkClock:
 
 class _RetryLog(logging.Handler):
     """Sees Flower's "Connection attempt failed" warning of its grid's retries (logger
-    ``flwr``): the SuperLink did not answer one call, however short the outage was."""
+    ``flwr``): the SuperLink did not answer one call, however short the outage was. ``since``:
+    when the first such warning came (monotonic), so that an outage spent inside a call that
+    is not timed (a push, which retries until the SuperLink is back, then succeeds) still
+    counts from its start."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.failed = False
+        self.since: float | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         if str(record.msg).startswith("Connection attempt failed"):
             self.failed = True
+            if self.since is None:
+                self.since = time.monotonic()
 
 
 def _resend(msg: Message) -> Message:
@@ -731,8 +737,11 @@ class _StageRun:
         batch, answered = self.pull()
         now = time.monotonic()
         if self.watch.failed or now - call >= self.link.outage_s:
-            self.watch.failed, self.down = False, True
-        if self.down:  # away since this call at the latest (a push may have seen it earlier)
+            self.down = True
+            if self.watch.since is not None:  # Flower's first retry warning: the start
+                self.link.went_down(self.watch.since)
+            self.watch.failed, self.watch.since = False, None
+        if self.down:  # away since this call at the latest
             self.link.went_down(call)
         back = self.down and answered
         if back:
