@@ -171,7 +171,7 @@ COVERAGE: Final[list[tuple[str, str, str]]] = [
     (
         "docs/DOCKER.md",
         r"sudo chown -R 49999:49999 docker/certs/node"
-        r"|docker compose -f docker-compose\.client\.yml (--env-file|logs) .*",
+        r"|docker compose -f docker-compose\.client\.yml (--env-file|logs) (?!.* restart ).*",
         _MACHINES,
     ),
     (
@@ -187,7 +187,8 @@ COVERAGE: Final[list[tuple[str, str, str]]] = [
     (
         "docs/DOCKER.md",
         r"flwr run \. prod --stream .*|docker kill corbin-fl-server-superlink-1"
-        r"|flwr log <RUN_ID> prod --stream",
+        r"|flwr log <RUN_ID> prod --stream|flwr supernode list prod"
+        r"|docker compose -f docker-compose\.client\.yml --env-file docker/\.env restart supernode",
         _MACHINES_RUN,
     ),
 ]
