@@ -48,9 +48,7 @@ logger = logging.getLogger(__name__)
 MECHANISMS: Final[tuple[str, ...]] = tuple(registry.REGISTRY)
 """Mechanisms the round loop runs (paper Alg. 3 and the baselines of its Section V): every
 mechanism of :mod:`corbin_fl.registry`."""
-PAIRED_MECHANISMS: Final[frozenset[str]] = frozenset(
-    name for name, mech in registry.REGISTRY.items() if mech.pairs
-)
+PAIRED_MECHANISMS: Final[frozenset[str]] = frozenset(registry.pairing())
 """Mechanisms that pair clients and share common randomness (Alg. 3 lines 1-17)."""
 CR_MODES: Final[tuple[str, ...]] = ("relay", "derived", "exact")
 """How a pair gets its common randomness: an encrypted ``Y || seed`` blob relayed by the server,

@@ -114,6 +114,12 @@ def guarantee_kind(mechanism: str) -> str | None:
     )
 
 
+def independent_share(mechanism: object) -> bool:
+    """Whether ``mechanism`` is registered with an independent share (``gamma`` applies)."""
+    entry = registry.REGISTRY.get(str(mechanism))
+    return entry is not None and entry.independent_share
+
+
 def scopes() -> dict[str, str]:
     """What eps bounds for each registered mechanism whose budget is not per parameter (by its
     guarantee class, :data:`_KIND_SCOPES`), in registration order."""
@@ -219,8 +225,7 @@ def fixed_settings(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
         )
     parts += named("delta", "δ", any(registry.REGISTRY[m].has_delta for m in private))
     parts += named("d", "d", mechs & PAIRED_MECHANISMS)
-    shared = any((e := registry.REGISTRY.get(m)) is not None and e.independent_share for m in mechs)
-    parts += named("gamma", "γ", shared)
+    parts += named("gamma", "γ", any(independent_share(m) for m in mechs))
     ranged = any(kind in _RANGED_KINDS for kind in kinds.values())
     parts += named("range-mode", "range-mode", ranged)
     range_mode, radius = fixed("range-mode"), fixed("update-radius")  # radius: where quantized

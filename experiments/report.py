@@ -17,12 +17,11 @@ from typing import Any, Literal
 
 from scipy import stats
 
-from corbin_fl import registry
 from corbin_fl.config import RunConfig
 from corbin_fl.experiments import plots
 from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
-from corbin_fl.experiments.spec import ExperimentSpec, RunValue
+from corbin_fl.experiments.spec import ExperimentSpec, RunValue, grid_name
 from corbin_fl.fsio import atomic_write_text
 from corbin_fl.mechanisms import secure_sum as ss
 from corbin_fl.mechanisms.accounting import THREAT_MODELS
@@ -289,12 +288,6 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _independent_share(mechanism: object) -> bool:
-    """Whether ``mechanism`` is registered with an independent share (``gamma`` applies)."""
-    entry = registry.REGISTRY.get(str(mechanism))
-    return entry is not None and entry.independent_share
-
-
 def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
     """The guarantees against the sum-seeing server at n = 10, 100, 1,000 clients
     (``mechanisms.secure_sum.server_table``, one call per AugCorBin gamma) at the settings of
@@ -303,7 +296,7 @@ def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
     kw: dict[str, Any] = {"eps_p": float(s["epsilon"]), "m": int(report["m"])}
     kw |= {"rounds": int(report["rounds"])}
     kw |= {"delta": float(s["delta"]), "d": int(s["d"])}
-    shared = [g for g in secure if _independent_share(g.setting.get("mechanism"))]
+    shared = [g for g in secure if plots.independent_share(g.setting.get("mechanism"))]
     gammas = sorted({float(g.setting["gamma"]) for g in shared}) or [RunConfig().gamma]
     rows = {(r["mechanism"], r["n"]): r for gm in gammas for r in ss.server_table(gamma=gm, **kw)}
     table = ss.format_table(sorted(rows.values(), key=lambda r: r["n"]))
@@ -368,9 +361,7 @@ def against_table(groups: Sequence[GroupResult], keys: Sequence[str], key: str) 
 def lambda_text(spec: ExperimentSpec) -> str:
     """The lambda grid, and with ``lambda-seeds`` the seeds that choose and those that run only
     at the chosen lambda (the report's Setup)."""
-    grids = ["[grid]", *(f"[[extra-grid]] {i + 1}" for i in range(len(spec.extra_grids)))]
-    own = [f"{name}: {list(spec.lambdas(i))}" for i, name in enumerate(grids)
-           if i < len(spec.grid_lambdas) and spec.grid_lambdas[i] is not None]  # fmt: skip
+    own = [f"{grid_name(i)}: {list(lams)}" for i, lams in enumerate(spec.grid_lambdas) if lams]
     text = str(list(spec.lambda_grid)) + (f" (its own: {'; '.join(own)})" if own else "")
     if not spec.confirmation_seeds:
         return text

@@ -292,13 +292,13 @@ def _parse_sweep(raw: Mapping[str, Any], source: str, kind: str) -> dict[str, An
     if "mse" in raw:
         raise SpecError(f'{source}: [mse]: only used with kind = "mse"')
     base = {k: v for k, (v,) in _parse_grid(base_raw, source, "base")}
-    named = [("grid", grid_raw), *((f"extra-grid[{i}]", t) for i, t in enumerate(extra_raw))]
+    named = [(grid_name(i), t) for i, t in enumerate([grid_raw, *extra_raw])]
     lambdas = tuple(_grid_lambdas(table, source, name) for name, table in named)
     grid_raw, *extra_raw = ({k: v for k, v in t.items() if k != "lambda-grid"} for _, t in named)
     grid = _parse_grid(grid_raw, source, "grid")
-    extras = tuple(_parse_grid(t, source, f"extra-grid[{i}]") for i, t in enumerate(extra_raw))
+    extras = tuple(_parse_grid(t, source, grid_name(i + 1)) for i, t in enumerate(extra_raw))
     if () in extras:
-        raise SpecError(f"{source}: extra-grid[{extras.index(())}]: empty table")
+        raise SpecError(f"{source}: {grid_name(extras.index(()) + 1)}: empty table")
     keys = {*base, *(k for g in (grid, *extras) for k, _ in g)}
     if "mechanism" not in keys:
         raise SpecError(f"{source}: set `mechanism` in [base] or sweep it in [grid]")
@@ -312,6 +312,12 @@ def _parse_sweep(raw: Mapping[str, Any], source: str, kind: str) -> dict[str, An
         "clients": clients,
         "grid_lambdas": lambdas if any(lambdas) else (),
     }
+
+
+def grid_name(index: int) -> str:
+    """How errors and reports name grid ``index`` of a spec: ``grid``, then ``extra-grid[i]``
+    (``[[extra-grid]]`` tables from 0)."""
+    return "grid" if index == 0 else f"extra-grid[{index - 1}]"
 
 
 def _grid_lambdas(table: Mapping[str, Any], source: str, name: str) -> tuple[float, ...] | None:

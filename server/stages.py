@@ -232,7 +232,8 @@ wait ends within 20 s succeeds, then the heartbeat (5 s call timeout); two call 
 
 def reconnect_after(away_s: float) -> float:
     """Seconds after the SuperLink's return by which a live SuperNode has heartbeated, when
-    the SuperLink was away ``away_s`` seconds: ``max(RECONNECT_S, gap(away_s) + RETRY_S)``.
+    the SuperLink was away ``away_s`` seconds: ``gap(away_s) + RETRY_S``, at least 31.2 s, above
+    :data:`RECONNECT_S` (the floor :meth:`LinkClock.reconnect` applies) at every length.
 
     ``gap`` bounds how long after the return the node's channel next tries to connect
     (:data:`GRPC_BACKOFF_S`). The try before the return started at ``t_k``, ``k`` tries after
@@ -249,7 +250,7 @@ def reconnect_after(away_s: float) -> float:
     """
     initial, multiplier, jitter, most = GRPC_BACKOFF_S
     uncapped = initial + away_s * (multiplier - 1.0) / (1.0 - jitter)
-    return max(RECONNECT_S, (1.0 + jitter) * min(most, uncapped) + RETRY_S)
+    return (1.0 + jitter) * min(most, uncapped) + RETRY_S
 
 
 @dataclass

@@ -37,7 +37,7 @@ def test_an_extra_grid_runs_at_its_own_lambdas_and_the_others_at_the_top_level_o
     # the same spec without the override: fedavg at both top-level lambdas, ids unchanged
     plain = {r.run_id for r in expand_runs(spec_from(TINY))}
     assert {r.run_id for r in runs if r.run_config["mechanism"] != "fedavg"} <= plain
-    assert "(its own: [[extra-grid]] 1: [0.3])" in lambda_text(spec)
+    assert "(its own: extra-grid[0]: [0.3])" in lambda_text(spec)
     assert lambda_text(spec_from(TINY)) == "[0.5, 1.0]"
 
 
