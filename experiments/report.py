@@ -21,7 +21,13 @@ from corbin_fl.config import RunConfig
 from corbin_fl.experiments import plots
 from corbin_fl.experiments import results as rs
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
-from corbin_fl.experiments.spec import ExperimentSpec, RunValue, grid_name
+from corbin_fl.experiments.spec import (
+    ExperimentSpec,
+    RunValue,
+    TargetSpec,
+    default_targets,
+    grid_name,
+)
 from corbin_fl.fsio import atomic_write_text
 from corbin_fl.mechanisms import secure_sum as ss
 from corbin_fl.mechanisms.accounting import THREAT_MODELS
@@ -113,9 +119,18 @@ def combine(name: str, checks: Sequence[tuple[Status, str]], missing: str = "") 
     return Target(name, status, detail)
 
 
-def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
-    """The three accuracy targets on lambda-selected mean test accuracy: CorBin-FL and LDP-FL
-    matched on every key but the mechanism, FedAvg on every key but mechanism and epsilon."""
+def federated_targets(
+    groups: Sequence[GroupResult], declared: Sequence[TargetSpec] | None = None
+) -> list[Target]:
+    """The accuracy targets ``declared`` (a spec's :attr:`ExperimentSpec.targets`; default
+    :func:`default_targets`, ``experiments/targets.toml``) on lambda-selected mean test
+    accuracy: each target's mechanism and reference matched on every key but the mechanism
+    (and epsilon when the reference has no DP)."""
+    return [_target(groups, t) for t in (default_targets() if declared is None else declared)]
+
+
+def _target(groups: Sequence[GroupResult], target: TargetSpec) -> Target:
+    """One target's check: every matched (mechanism, reference) pair at its eps_p."""
 
     def key(g: GroupResult, *drop: str) -> str:
         return json.dumps({k: v for k, v in g.setting.items() if k not in drop}, sort_keys=True)
@@ -123,48 +138,44 @@ def federated_targets(groups: Sequence[GroupResult]) -> list[Target]:
     def eps(g: GroupResult) -> float:
         return float(g.setting["epsilon"])
 
-    def of(mech: str) -> list[GroupResult]:
-        return [g for g in groups if g.setting.get("mechanism") == mech]
+    drop = ("mechanism", "epsilon") if target.any_epsilon else ("mechanism",)
+    refs = {key(g, *drop): g for g in groups if g.setting.get("mechanism") == target.reference}
+    ours = [
+        g
+        for g in groups
+        if g.setting.get("mechanism") == target.mechanism
+        and isinstance(g.setting.get("epsilon"), int | float)
+    ]
+    ours.sort(key=eps)
+    # The other keys that tell the mechanism's settings apart (dropout-prob, range-mode, ...)
+    # name each comparison, so that two at one eps_p can be told apart.
+    keys = sorted({k for c in ours for k in c.setting} - {"epsilon"})
+    other = [k for k in keys if len({repr(c.setting[k]) for c in ours if k in c.setting}) > 1]
+    within = target.claim == "within"
+    names = (target.mechanism_label, target.reference_name)
 
-    ldpfl = {key(g, "mechanism"): g for g in of("ldpfl")}
-    fedavg = {key(g, "mechanism", "epsilon"): g for g in of("fedavg")}
-    corbin = [g for g in of("corbin") if isinstance(g.setting.get("epsilon"), int | float)]
-    corbin.sort(key=eps)
-    # The other keys that tell CorBin settings apart (dropout-prob, range-mode, ...) name
-    # each comparison, so that two at one eps_p can be told apart.
-    keys = sorted({k for c in corbin for k in c.setting} - {"epsilon"})
-    other = [k for k in keys if len({repr(c.setting[k]) for c in corbin if k in c.setting}) > 1]
-
-    def gap(c: GroupResult, o: GroupResult, threshold: float, eps_p: bool) -> tuple[Status, str]:
-        """The verdict on CorBin ``c``'s minus LDP-FL ``o``'s mean test accuracy being above
-        ``threshold`` points (FedAvg ``o``'s minus ``c``'s below it), in words."""
-        fed = o.setting.get("mechanism") == "fedavg"
-        (na, a), (nb, b) = (("FedAvg", o), ("CorBin", c)) if fed else (("CorBin", c), ("LDP-FL", o))
+    def gap(c: GroupResult, o: GroupResult) -> tuple[Status, str]:
+        """The verdict on ``c``'s minus the reference ``o``'s mean test accuracy being above
+        the margin (``o``'s minus ``c``'s below it, ``within``), in words."""
+        (na, a), (nb, b) = (
+            ((names[1], o), (names[0], c)) if within else ((names[0], c), (names[1], o))
+        )
         diff = Difference.welch(a.test, b.test)
         text = f"{na} {a.test.fmt()} - {nb} {b.test.fmt()} = {diff.value:+.2f} points"
-        named = [f"eps={eps(c):g}"] * eps_p + [
+        named = [f"eps={eps(c):g}"] * (target.eps_max is not None) + [
             f"{k}={c.setting[k]}" for k in other if k in c.setting
         ]
         text = f"{', '.join(named)}: {text}" if named else text
-        return verdict(diff, threshold, "below" if fed else "above"), f"{text} ({diff.fmt()})"
+        status = verdict(diff, target.margin, "below" if within else "above")
+        return status, f"{text} ({diff.fmt()})"
 
-    pairs = [(c, lo) for c in corbin if (lo := ldpfl.get(key(c, "mechanism"))) is not None]
-    ref = [(c, f) for c in corbin if (f := fedavg.get(key(c, "mechanism", "epsilon"))) is not None]
-    checks = {  # target: its comparisons, why it has none
-        "CorBin-FL > LDP-FL at every eps_p <= 1": (
-            [gap(c, lo, 0.0, True) for c, lo in pairs if eps(c) <= 1.0],
-            "no CorBin/LDP-FL pair with eps_p <= 1",
-        ),
-        "CorBin-FL >= LDP-FL + 5 points at eps_p = 0.5": (
-            [gap(c, lo, 5.0, False) for c, lo in pairs if math.isclose(eps(c), 0.5)],
-            "no pair at eps_p = 0.5",
-        ),
-        "CorBin-FL at eps_p = 1 within 5 points of FedAvg": (
-            [gap(c, f, 5.0, False) for c, f in ref if math.isclose(eps(c), 1.0)],
-            "no CorBin eps_p = 1 / FedAvg pair",
-        ),
-    }
-    return [combine(name, found, missing) for name, (found, missing) in checks.items()]
+    def at(c: GroupResult) -> bool:
+        if target.eps is not None:
+            return math.isclose(eps(c), target.eps)
+        return eps(c) <= float(target.eps_max or 0.0)
+
+    found = [gap(c, o) for c in ours if at(c) and (o := refs.get(key(c, *drop))) is not None]
+    return combine(target.name, found, target.missing)
 
 
 def _num(x: Any, digits: int = 4) -> str:
@@ -429,11 +440,12 @@ def finalize_federated(
         over = f", {rs.seeds_text(spec.selection_seeds)}" if spec.confirmation_seeds else ""
         lines += [f"### Lambda selection (mean validation accuracy at the checkpoints{over})", ""]
         lines += [table(head, rows), ""]
-    targets = federated_targets(groups)
+    targets = federated_targets(groups, spec.targets)
     lines += figures_section(figures, base) + section("Privacy", privacy_section(groups, keys))
     if secure := [g for g in groups if g.setting.get("secure-aggregation") is True]:
         lines += section("Against the server at n = 10, 100, 1,000", *server_scaling(secure))
-    lines += section("Quick-scale targets", TARGET_RULE, targets_table(targets))
+    if targets:  # a spec's `target = []` checks none
+        lines += section("Quick-scale targets", TARGET_RULE, targets_table(targets))
     if (discussion := base / DISCUSSION_FILE).is_file():
         why = rs.TEXTS["discussion-note"].format(file=DISCUSSION_FILE)
         lines += section("Discussion", why, discussion.read_text(encoding="utf-8").strip())

@@ -7,6 +7,7 @@ sweep owns ``seed`` and ``global-lr``, the runner ``out-dir``.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import tomllib
@@ -16,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
+from corbin_fl import registry
 from corbin_fl.app.config import AppConfig
 from corbin_fl.config import ConfigError
 from corbin_fl.mechanisms import validate
@@ -107,7 +109,9 @@ _TOP_OPTIONS: Mapping[str, _Opt] = {
     "lambda-grid": _Opt(float, 0, 1, many=True, lo_open=True),
     "lambda-seeds": _Opt(int, 0, 2**63 - 1, many=True),
 }
-_TABLES = ("experiment", "base", "grid", "extra-grid", "plots", "mse")
+_TABLES = ("experiment", "base", "grid", "extra-grid", "plots", "mse", "target")
+TARGETS_FILE = Path(__file__).with_name("targets.toml")
+"""The accuracy targets a federated report checks unless its spec declares its own."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,88 @@ class MSESpec:
 
 
 @dataclass(frozen=True)
+class TargetSpec:
+    """One ``[[target]]``: a claim on the difference of two lambda-selected mean test accuracies
+    (percentage points), checked by ``experiments/report.py`` on the groups that agree on every
+    setting but the mechanism (and eps_p, when :attr:`reference` has no DP).
+
+    ``claim = "above"``: ``mechanism - reference > margin``; ``"within"``: ``reference -
+    mechanism < margin``. At one eps_p (:attr:`eps`) or at each eps_p ``<=`` :attr:`eps_max`
+    (exactly one of the two).
+    """
+
+    name: str = _opt(str)
+    mechanism: str = _opt(str)
+    reference: str = _opt(str)
+    claim: Literal["above", "within"] = _opt(str, choices=("above", "within"))
+    margin: float = _opt(float, 0, default=0.0)
+    eps: float | None = _opt(float, 0, lo_open=True, default=None)
+    eps_max: float | None = _opt(float, 0, lo_open=True, default=None)
+    label: str = _opt(str, default="")
+    """The mechanism's name in the report (default: its title, :attr:`Mechanism.title`)."""
+    reference_label: str = _opt(str, default="")
+    """The reference's name in the report (default: its title)."""
+    missing: str = _opt(str, default="no matching groups")
+    """Why the target is N/A when no two groups match."""
+
+    @property
+    def mechanism_label(self) -> str:
+        """:attr:`label`, else the mechanism's title."""
+        return self.label or _title(self.mechanism)
+
+    @property
+    def reference_name(self) -> str:
+        """:attr:`reference_label`, else the reference's title."""
+        return self.reference_label or _title(self.reference)
+
+    @property
+    def any_epsilon(self) -> bool:
+        """The reference has no DP (privacy family ``"none"``): matched at any eps_p."""
+        return registry.get(self.reference).category.family == "none"
+
+
+def _title(mechanism: str) -> str:
+    return registry.get(mechanism).title or mechanism
+
+
+def _parse_targets(raw: Any, source: str) -> tuple[TargetSpec, ...]:
+    """The ``[[target]]`` tables of a spec (or of :data:`TARGETS_FILE`), checked: known keys,
+    registered mechanisms, exactly one of ``eps`` and ``eps-max``, distinct names."""
+    if not isinstance(raw, list) or not all(isinstance(t, Mapping) for t in raw):
+        raise SpecError(f"{source}: target: expected an array of tables [[target]]")
+    out = []
+    for i, table in enumerate(raw):
+        name = f"target[{i}]"
+        options = _options(table, TargetSpec, source, name)
+        for key in ("name", "mechanism", "reference", "claim"):
+            if key not in options:
+                raise SpecError(f"{_where(source, name, key)}: missing")
+        for key in ("mechanism", "reference"):
+            if options[key] not in registry.REGISTRY:
+                raise SpecError(
+                    f"{_where(source, name, key)}: {options[key]!r} is not a registered "
+                    f"mechanism; choose from {', '.join(registry.REGISTRY)}"
+                )
+        if ("eps" in options) == ("eps_max" in options):
+            raise SpecError(
+                f"{_where(source, name)}: give exactly one of eps (one eps_p) and eps-max "
+                "(every eps_p up to it)"
+            )
+        out.append(TargetSpec(**options))
+    _distinct(tuple(t.name for t in out), f"{source}: target names")
+    return tuple(out)
+
+
+@functools.cache
+def default_targets() -> tuple[TargetSpec, ...]:
+    """The targets of :data:`TARGETS_FILE` (read once)."""
+    raw = tomllib.loads(TARGETS_FILE.read_text(encoding="utf-8"))
+    if unknown := sorted(set(raw) - {"target"}):
+        raise SpecError(f"{TARGETS_FILE}: unknown key(s) {', '.join(unknown)}; allowed: target")
+    return _parse_targets(raw.get("target", []), str(TARGETS_FILE))
+
+
+@dataclass(frozen=True)
 class ExperimentSpec:
     """A validated spec: ``base`` the run config of every run (without ``clients``, which is
     ``clients`` unless a grid sweeps it), ``grid`` and ``extra_grids`` the sweeps in file order."""
@@ -172,7 +258,14 @@ class ExperimentSpec:
     """Seconds one round of the base setting took where the spec is meant to run (measured;
     the spec's comments say how): ``plan`` estimates the runs' time from it."""
     mse: MSESpec | None = None
+    own_targets: tuple[TargetSpec, ...] | None = None
+    """The spec's ``[[target]]`` tables; None: :func:`default_targets`."""
     source: Path | None = field(default=None, compare=False)
+
+    @property
+    def targets(self) -> tuple[TargetSpec, ...]:
+        """The accuracy targets its report checks: its own, else :func:`default_targets`."""
+        return default_targets() if self.own_targets is None else self.own_targets
 
     @property
     def selection_seeds(self) -> tuple[int, ...]:
@@ -368,7 +461,17 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
             f"{source}: lambda-seeds: {stray} not in seeds; lambda is chosen on some of the "
             "seeds the runs use"
         )
-    return ExperimentSpec(**options, **top, **sweep, figures=tuple(figures), source=source_path)
+    if "target" in raw and kind == "mse":
+        raise SpecError(f'{source}: [[target]]: not used by kind = "mse" (its targets are fixed)')
+    targets = _parse_targets(raw["target"], source) if "target" in raw else None
+    return ExperimentSpec(
+        **options,
+        **top,
+        **sweep,
+        figures=tuple(figures),
+        own_targets=targets,
+        source=source_path,
+    )
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
