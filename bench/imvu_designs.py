@@ -5,7 +5,7 @@ points (``MVUTable.mean_variance``, the LP's objective, in units of ``r^2``) of
 
 - ``before``: the committed design of the previous solver version (read from git: the newest
   commit of ``corbin_fl/mvu_tables/`` whose files hold an older ``version``);
-- ``shipped``: the design the app uses now (``corbin_fl.mvu_store.mvu_table``), or with
+- ``shipped``: the design the app uses now (its store's, ``corbin_fl.design_store``), or with
   ``--solve`` a fresh ``solve_mvu`` (searched from the shipped lower-bit design);
 - ``LP at starts``: the best of ``mvu_at`` (the LP at fixed output values) over the starts: the
   previous design's values, the lower-bit design's values completed to ``2^bits``, evenly spaced
@@ -36,19 +36,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from corbin_fl.design_store import designs
 from corbin_fl.mechanisms.baselines.imvu import (
     IMVU,
     IMVU_BITS,
     INPUT_POINTS,
+    MVU_DESIGNS,
     SOLVER_VERSION,
+    MVUKey,
     complete_values,
     evenly_spaced,
     mvu_at,
     solve_mvu,
 )
-from corbin_fl.mvu_store import SHIPPED, mvu_table
 
 ROOT = Path(__file__).resolve().parents[1]
+STORE = designs(MVU_DESIGNS)
+"""The app's store of the I-MVU designs (its shipped folder: ``corbin_fl/mvu_tables/``)."""
 ISSUE_START = {(2, 0.1): (-20.02, 19.77, 20.65, 22.03)}
 """Output values quoted in issue 30 (the authors' best 2-bit values at eps 0.1, rounded)."""
 
@@ -61,7 +65,7 @@ def _git(*args: str) -> str:
 
 def previous_designs() -> tuple[str, dict[tuple[int, float], dict[str, object]]]:
     """The newest committed tables of an older solver version: (commit, {(bits, eps): doc})."""
-    folder = SHIPPED.relative_to(ROOT).as_posix()
+    folder = STORE.shipped.relative_to(ROOT).as_posix()
     try:
         commits = _git("log", "--format=%H", "--", folder).split()
     except (OSError, subprocess.CalledProcessError):
@@ -97,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         lower = None
         for bits in IMVU_BITS:
             k = 1 << bits
-            table = solve_mvu(eps, bits, lower=lower) if args.solve else mvu_table(eps, bits)
+            table = (
+                solve_mvu(eps, bits, lower=lower) if args.solve else STORE.get(MVUKey(eps, bits))
+            )
             starts: dict[str, np.ndarray] = {
                 "even": evenly_spaced(eps, k),
             }

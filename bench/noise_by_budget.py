@@ -24,11 +24,11 @@ import math
 import numpy as np
 import torch
 
-from corbin_fl.mechanisms.baselines.imvu import IMVU
+from corbin_fl.design_store import designs
+from corbin_fl.mechanisms.baselines.imvu import IMVU, MVU_DESIGNS, MVUKey
 from corbin_fl.mechanisms.baselines.pbm import PBM
 from corbin_fl.mechanisms.baselines.rqm import RQM
 from corbin_fl.mechanisms.theory import corbin_pair_mse, ldpq_pair_mse
-from corbin_fl.mvu_store import mvu_table
 
 D = 5
 
@@ -37,14 +37,15 @@ def variances(eps: float, x: torch.Tensor) -> dict[str, float]:
     """Mean variance over ``x`` of LDPQ and each private-bit mechanism at ``eps``."""
     alpha = (math.exp(eps) + 1) / (math.exp(eps) - 1)
     out = {"LDPQ (1 bit)": float((alpha**2 - x**2).mean())}
+    store = designs(MVU_DESIGNS)
     mechanisms = {
         "PBM m=1": PBM(eps, 1),
         "PBM m=2": PBM(eps, 2),
         "RQM 2 levels": RQM(eps, 2),
         "RQM 3 levels": RQM(eps, 3),
-        "I-MVU 1 bit": IMVU(eps, 1, mvu_table(eps, 1)),
-        "I-MVU 2 bits": IMVU(eps, 2, mvu_table(eps, 2)),
-        "I-MVU 4 bits": IMVU(eps, 4, mvu_table(eps, 4)),
+        "I-MVU 1 bit": IMVU(eps, 1, store.get(MVUKey(eps, 1))),
+        "I-MVU 2 bits": IMVU(eps, 2, store.get(MVUKey(eps, 2))),
+        "I-MVU 4 bits": IMVU(eps, 4, store.get(MVUKey(eps, 4))),
     }
     out.update({name: float(m.variance(x).mean()) for name, m in mechanisms.items()})
     return out

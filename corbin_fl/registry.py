@@ -732,11 +732,13 @@ def _imvu_bits(cfg: RunConfig) -> int:
 
 
 def _imvu(cfg: RunConfig) -> FiniteMechanism:
-    from corbin_fl.mechanisms.baselines.imvu import IMVU
-    from corbin_fl.mvu_store import mvu_table
+    """I-MVU at the run's budget with its design from the app's store (shipped, cached or
+    solved once per machine: ``corbin_fl.design_store``)."""
+    from corbin_fl.design_store import designs
+    from corbin_fl.mechanisms.baselines.imvu import IMVU, MVU_DESIGNS, MVUKey
 
     bits = cfg.param("imvu-bits")
-    return IMVU(cfg.epsilon, bits, mvu_table(cfg.epsilon, bits))
+    return IMVU(cfg.epsilon, bits, designs(MVU_DESIGNS).get(MVUKey(cfg.epsilon, bits)))
 
 
 def _fedcad_floor(value: Any, cfg: RunConfig) -> str | None:
@@ -784,7 +786,18 @@ register(
         _BITS_AGGREGATOR,
         pairs=True,
         assignments=(*_PAIRED_ASSIGNMENTS, "independent"),
-        privacy=Privacy("pure", randomized_response=True, paired=True, independent_share=True),
+        privacy=Privacy(
+            "pure",
+            randomized_response=True,
+            paired=True,
+            independent_share=True,
+            bound_note="The paper's user-level bound for AugCorBin-FL (arXiv 2409.13133, "
+            "Theorem 3, eq. 5) is not a valid bound (it grows with the radius r, which the "
+            "mechanism's law does not depend on, and a realisable configuration beats it: "
+            'README, "AugCorBin-FL\'s eq. (5) is not a bound"), so no guarantee is printed '
+            "from it.",
+            sum_guarantee="corbin_fl.mechanisms.augcorbin:augcorbin_guarantee",
+        ),
         sum_levels=_one_level,
         title="AugCorBin-FL",
         unpaired="ldpfl",

@@ -20,6 +20,7 @@ from scipy import stats
 from corbin_fl.config import RunConfig
 from corbin_fl.experiments import plots
 from corbin_fl.experiments import results as rs
+from corbin_fl.experiments import server_table as st
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
 from corbin_fl.experiments.spec import (
     ExperimentSpec,
@@ -29,7 +30,6 @@ from corbin_fl.experiments.spec import (
     grid_name,
 )
 from corbin_fl.fsio import atomic_write_text
-from corbin_fl.mechanisms import secure_sum as ss
 from corbin_fl.mechanisms.accounting import THREAT_MODELS
 from corbin_fl.mechanisms.protection import per_parameter_text, protection
 
@@ -301,16 +301,17 @@ def privacy_section(groups: Sequence[GroupResult], keys: Sequence[str]) -> str:
 
 def server_scaling(secure: Sequence[GroupResult]) -> tuple[str, str]:
     """The guarantees against the sum-seeing server at n = 10, 100, 1,000 clients
-    (``mechanisms.secure_sum.server_table``, one call per AugCorBin gamma) at the settings of
-    the ``secure`` groups' runs (eps_p, m, rounds, delta, d): its text and its table."""
+    (:func:`corbin_fl.experiments.server_table.server_table`, one call per gamma of the settings
+    with an independent share) at the settings of the ``secure`` groups' runs (eps_p, m,
+    rounds, delta, d): its text and its table."""
     s, report = secure[0].setting, rs.privacy_view(secure[0].runs[0].summary) or {}
     kw: dict[str, Any] = {"eps_p": float(s["epsilon"]), "m": int(report["m"])}
     kw |= {"rounds": int(report["rounds"])}
     kw |= {"delta": float(s["delta"]), "d": int(s["d"])}
     shared = [g for g in secure if plots.independent_share(g.setting.get("mechanism"))]
     gammas = sorted({float(g.setting["gamma"]) for g in shared}) or [RunConfig().gamma]
-    rows = {(r["mechanism"], r["n"]): r for gm in gammas for r in ss.server_table(gamma=gm, **kw)}
-    table = ss.format_table(sorted(rows.values(), key=lambda r: r["n"]))
+    rows = {(r["mechanism"], r["n"]): r for gm in gammas for r in st.server_table(gamma=gm, **kw)}
+    table = st.format_table(sorted(rows.values(), key=lambda r: r["n"]))
     text = rs.TEXTS["server-scaling"].format(**kw, gammas=", ".join(f"{g:g}" for g in gammas))
     return text, f"```\n{table}\n```"
 

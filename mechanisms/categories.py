@@ -2,7 +2,8 @@
 
 :mod:`mechanisms.accounting` turns releases into guarantees; which composition and which words
 apply depend only on the mechanism's *category* (:class:`Privacy`): the family of its noise, the
-unit one epsilon bounds, whether it pairs clients, and the few sentences that describe it. The
+unit one epsilon bounds, whether it pairs clients, the few sentences that describe it and, for
+a mechanism with an analysis of its own, the ``"module:function"`` of it (imported on use). The
 accounting holds no list of mechanism names: each mechanism's category is declared once, by the
 component registry (``corbin_fl.registry.register`` calls :func:`declare` with the entry's
 ``privacy``), and the accounting looks it up here (:func:`category`). This module is plain data
@@ -11,9 +12,10 @@ component registry (``corbin_fl.registry.register`` calls :func:`declare` with t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 Family = Literal["pure", "gdp", "none", "central"]
 """How the releases of a mechanism compose against an eavesdropper on one uplink (threat model A):
@@ -68,8 +70,8 @@ class Privacy:
         Releases may be CorBinQ-paired: the pair-joint view of threat model B applies (no DP
         against the server), and the ledger accepts paired events.
     independent_share : bool
-        A ``gamma`` fraction of the clients quantizes independently (AugCorBin-FL): the report
-        adds Theorem 3's user-level view against a malicious client, and ``gamma = 1`` means no
+        A ``gamma`` fraction of the clients quantizes independently (AugCorBin-FL): the
+        guarantee against the sum is its :attr:`sum_guarantee`, and ``gamma = 1`` means no
         client is paired.
     release : str
         How one release is randomized, as the report's threat-model-A sentence says it
@@ -81,6 +83,17 @@ class Privacy:
         leaves out, e.g. Fed-CAD's E[Diff] estimate); empty for none.
     method_note : str
         The report's "(A) ..." note on how the numbers were obtained; empty takes the family's.
+    bound_note : str
+        Why the report prints nothing from a published bound of this mechanism that is not
+        valid (AugCorBin-FL: the paper's eq. (5)); appended to the guarantees that such a bound
+        would claim to give (a malicious client's, and the sum-seeing server's with secure
+        aggregation). Empty for none.
+    sum_guarantee : str
+        ``"module:function"`` of its exact guarantee against a server that sees only the sum of
+        the clients' symbols (secure aggregation), for a mechanism with an independent share (and
+        only for one): called as ``fn(eps_p, n, gamma, m, rounds, delta, *, independent=None,
+        paired=None, max_exact_n=None)``, it returns the blocks of
+        :func:`corbin_fl.mechanisms.augcorbin.augcorbin_guarantee` (:meth:`exact_sum`).
     no_dp : NoDPText or None
         The sentences of a mechanism of family ``"none"`` (required there, unused elsewhere).
     """
@@ -94,6 +107,8 @@ class Privacy:
     caveat_a: str = ""
     caveat_b: str = ""
     method_note: str = ""
+    bound_note: str = ""
+    sum_guarantee: str = ""
     no_dp: NoDPText | None = None
 
     def __post_init__(self) -> None:
@@ -107,11 +122,28 @@ class Privacy:
             raise ValueError("paired and randomized-response releases are pure eps_p-DP")
         if self.independent_share and not self.paired:
             raise ValueError("an independent share needs a paired mechanism")
+        if self.independent_share != bool(self.sum_guarantee):
+            raise ValueError(
+                "an independent share needs its exact guarantee against the sum "
+                "(sum_guarantee), and only it"
+            )
+        if self.sum_guarantee and ":" not in self.sum_guarantee:
+            raise ValueError(f'sum_guarantee is a "module:function", got {self.sum_guarantee!r}')
 
     @property
     def local_dp(self) -> bool:
         """Every release is DP at the client (families ``"pure"`` and ``"gdp"``)."""
         return self.family in ("pure", "gdp")
+
+    def exact_sum(self) -> Callable[..., dict[str, Any]] | None:
+        """Its exact guarantee against the sum (:attr:`sum_guarantee`, imported now: the math
+        imports scipy and dp_accounting, which a process pays only when it computes), or None
+        where it declares none."""
+        if not self.sum_guarantee:
+            return None
+        module, _, function = self.sum_guarantee.partition(":")
+        fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), function)
+        return fn
 
 
 _DECLARED: dict[str, Privacy] = {}

@@ -21,7 +21,8 @@ grid of settings (``tests/unit/test_lower_bounds.py``). A printed number below a
 not a guarantee.
 
 AugCorBin-FL's eq. (5) (Theorem 3 of CorBin-FL, Salehi et al., arXiv:2409.13133) fails this test
-(:func:`augcorbin_round_lower_bound`; README, "AugCorBin-FL's eq. (5) is not a bound").
+(:func:`corbin_fl.mechanisms.augcorbin.augcorbin_round_lower_bound`, a realisable configuration
+composed with :func:`composed_epsilon`; README, "AugCorBin-FL's eq. (5) is not a bound").
 """
 
 from __future__ import annotations
@@ -32,13 +33,10 @@ from typing import Any
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pldm
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats
 
 from corbin_fl.mechanisms.validate import integer, positive, probability
 
 __all__ = [
-    "augcorbin_round_lower_bound",
-    "augcorbin_round_pair",
     "composed_epsilon",
     "gaussian_composed_lower_bound",
     "pair_epsilon",
@@ -222,84 +220,6 @@ def _epsilon_for_delta(
     if s_cum[-1] <= delta:
         return 0.0
     return max(0.0, math.log(s_cum[-1] - delta) - float(log_t[-1]))
-
-
-def augcorbin_round_pair(
-    eps_p: float, n_ind: int
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    r"""The per-parameter pair of the realisable AugCorBin-FL configuration against the sum.
-
-    The server draws the roles (``mechanisms/pairing.py``) and sees them; eq. (5) depends on the
-    roles only through ``n gamma`` and its proof conditions on them. Fix a round's roles with
-    ``n_ind`` independent (LDPQ) clients. Configuration (``alpha = coth(eps_p/2)``,
-    ``a = 1/(1 + e^eps_p)``, ``b = 1 - a``):
-
-    * every paired client has ``w = c`` (``q = 1/2``): with ``d >= 1`` shared bits its pair's
-      bits are ``[Z < 2^(d-1)]`` and ``[Z >= 2^(d-1)]`` (Algorithm 2; no tie coin since
-      ``2^d q`` is an integer), which sum to exactly 1: a constant the server subtracts;
-    * the other ``n_ind - 1`` independent clients have ``w = c - r`` (``P(bit = 1) = a``);
-    * the client under test is independent, with ``w = c + r`` (``P(1) = b``) or ``w' = c - r``
-      (``P(1) = a``).
-
-    The sum is then ``const + X + Y``, ``X ~ Bern(b)`` or ``Bern(a)``, ``Y ~ Bin(n_ind - 1, a)``:
-
-        ``P = Bern(b) * Bin(n_ind - 1, a)``,  ``Q = Bern(a) * Bin(n_ind - 1, a)``
-
-    (``*``: convolution),
-
-    computed exactly from the binomial pmfs (SciPy).
-
-    Parameters
-    ----------
-    eps_p : float
-        Per-parameter budget, ``> 0``.
-    n_ind : int
-        Independent clients in the sum, the client under test included, ``>= 1``.
-
-    Returns
-    -------
-    (ndarray, ndarray)
-        ``P`` and ``Q`` on the outcomes ``0..n_ind`` of ``X + Y``.
-    """
-    e = positive(eps_p, "eps_p")
-    n_ind = integer(n_ind, "n_ind", 1)
-    a = 1.0 / (1.0 + math.exp(e)) if e < 700 else math.exp(-e)
-    b = 1.0 - a
-    y = stats.binom.pmf(np.arange(n_ind), n_ind - 1, a) if n_ind > 1 else np.ones(1)
-    return np.convolve([1.0 - b, b], y), np.convolve([1.0 - a, a], y)
-
-
-def augcorbin_round_lower_bound(
-    eps_p: float, n_ind: int, m: int, delta: float, *, discretization: float = DISCRETIZATION
-) -> float:
-    r"""Lower bound on AugCorBin-FL's true per-round ``eps`` against the sum, ``m`` parameters.
-
-    The pair of :func:`augcorbin_round_pair` for each of the ``m`` parameters (the client under
-    test moves every parameter from ``c - r`` to ``c + r``; the parameters' randomness is
-    independent), composed ``m`` times with :func:`composed_epsilon` (optimistic rounding), both
-    directions. The configuration is realisable whatever the radius ``r``, and its ``eps`` does
-    not depend on ``r`` (nor on ``d >= 1`` or on how many clients are paired).
-
-    Parameters
-    ----------
-    eps_p : float
-        Per-parameter budget.
-    n_ind : int
-        Independent clients in the sum, ``>= 1`` (``floor(gamma n + 1/2)`` as the pairing draws).
-    m : int
-        Parameters released per round.
-    delta : float
-        In ``(0, 1)``.
-    discretization : float, optional
-        Loss grid of the optimistic PLD.
-
-    Returns
-    -------
-    float
-        ``eps`` with ``eps <= `` the true per-round ``eps`` of AugCorBin-FL against the sum.
-    """
-    p, q = augcorbin_round_pair(eps_p, n_ind)
-    return composed_epsilon(p, q, integer(m, "m", 1), delta, discretization=discretization)
 
 
 def gaussian_composed_lower_bound(

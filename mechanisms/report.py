@@ -34,7 +34,7 @@ from corbin_fl.mechanisms.privacy_loss import (
     pair_joint_pld,
 )
 from corbin_fl.mechanisms.secure_threat_models import secure_threat_models
-from corbin_fl.mechanisms.theory import alpha64, ldpfl_mse, theorem2_bound, theorem3_mse_bound
+from corbin_fl.mechanisms.theory import alpha64, ldpq_mse, theorem2_bound, theorem3_mse_bound
 from corbin_fl.mechanisms.threat_models import (
     central_threat_models,
     local_threat_models,
@@ -266,13 +266,16 @@ def _pair_block(eps_p: float, d: int, k: int, delta: float) -> dict[str, Any]:
 
 
 def _mse_bounds(cat: Privacy, r: float, ep: float, n: int, gamma: float | None) -> dict[str, float]:
-    """The MSE bounds of LDP-FL, Theorem 2 and (with an independent share) Theorem 3, ``d ->
-    infinity``: accuracy, not privacy."""
+    """The MSE bounds of LDPQ (``ldpq``, [17, Lemma 3]: n independent releases, LDP-FL's),
+    CorBin-FL's Theorem 2 (``corbin_theorem2``) and, with an independent share, its Theorem 3
+    (``corbin_theorem3``: a gamma-share quantizes independently, AugCorBin-FL's), ``d ->
+    infinity``: accuracy, not privacy. Runs written before these names hold ``ldpfl`` and
+    ``augcorbin_theorem3`` for the first and the last (nothing reads them)."""
     bounds = {
-        "ldpfl": float(ldpfl_mse(r, ep, n)),
+        "ldpq": float(ldpq_mse(r, ep, n)),
         "corbin_theorem2": float(theorem2_bound(r, ep, n)),
         "alpha": float(alpha64(ep)),
     }
     if cat.independent_share and gamma is not None:
-        bounds["augcorbin_theorem3"] = float(theorem3_mse_bound(r, ep, n, gamma))
+        bounds["corbin_theorem3"] = float(theorem3_mse_bound(r, ep, n, gamma))
     return bounds

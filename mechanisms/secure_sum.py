@@ -96,17 +96,11 @@ exact for ``M = 1``), composition as above.
 AugCorBin-FL
 ------------
 A fraction ``gamma`` of the clients quantizes independently (LDPQ), the others in CorBinQ pairs
-(arXiv:2409.13133, Section 5). The paper's Theorem 3 bounds the aggregate by eq. (5), which is
-not a valid bound: it grows with the radius ``r`` although the mechanism's law depends only on
-``(w - c)/r``, and a realisable configuration beats it by up to 200 times
-(:func:`corbin_fl.mechanisms.theory.eq5_as_printed`, README). Nothing here uses it.
-:func:`augcorbin_profile` applies this module's exact worst-case method, per parameter and given
-the round's roles (the server draws them and sees them): an independent client is the one-bit
-pair above with ``n_ind - 1`` independent others; a paired client, given its partner's bit,
-emits a bit whose conditional law can be a point mass, so its worst case is ``(1 + Y, 0 + Y)``
-with ``Y`` the sum of the ``n_ind`` independent clients (the other pairs' sums are independent of
-it and can be deterministic, so they are dropped: post-processing). Its ``(eps, delta)`` is the
-maximum over both cases, composed like the others (:func:`augcorbin_guarantee`).
+(arXiv:2409.13133, Section 5). :mod:`corbin_fl.mechanisms.augcorbin` applies this module's exact
+worst-case method to it (an independent client is the one-bit pair above among the other
+independent ones; a paired client's bit, given its partner's, can be a point mass over the
+independent clients' sum), composed like the others; the paper's eq. (5) is not a valid bound
+and is not used there either.
 
 CorBin-FL against the sum: no DP
 --------------------------------
@@ -168,7 +162,7 @@ import copy
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,50 +171,30 @@ from numpy.typing import NDArray
 from scipy import stats
 
 from corbin_fl.mechanisms import server_pld
-from corbin_fl.mechanisms.protection import protection
 from corbin_fl.mechanisms.theory import alpha64
 
 __all__ = [
-    "QUICK",
     "REPORT_MAX_N",
     "ComposedGuarantee",
     "SumProfile",
     "SumView",
     "VertexFamily",
-    "augcorbin_guarantee",
-    "augcorbin_profile",
     "binomial_guarantee",
     "binomial_profile",
     "binomial_range",
     "compose",
     "compose_run",
+    "composed_report",
     "corbin_against_sum",
     "dominating_pld",
-    "format_table",
     "hockey_stick",
     "one_bit_guarantee",
     "one_bit_profile",
     "rr_range",
-    "server_table",
+    "run_args",
 ]
 
 Array = NDArray[np.float64]
-
-#: Quick-scale settings of the committed experiments (experiments/quick/*.toml,
-#: app/models.py): MNIST small CNN with ``m = 421,642`` parameters, 10 rounds, ``delta = 1e-5``,
-#: ``eps_p = 1`` (targets, bits, dropout; ``eps_p = 5`` in mechanisms.toml), AugCorBin-FL
-#: ``gamma = 0.2``, CorBin-FL ``d = 5``, PBM ``trials`` 1 and 2 (bits-frontier), update range
-#: ``R = 0.01`` (range-mode "update").
-QUICK: dict[str, Any] = {
-    "m": 421_642,
-    "rounds": 10,
-    "delta": 1e-5,
-    "eps_p": 1.0,
-    "gamma": 0.2,
-    "d": 5,
-    "pbm_trials": 2,
-    "r": 0.01,
-}
 
 _GRID_POINTS = 1 << 13
 """Fine grid: ``2^13`` steps per side of ``[-L, L]`` (``L`` = largest finite privacy loss)."""
@@ -475,39 +449,6 @@ def binomial_profile(eps: float, trials: int, n: int) -> SumProfile:
     pl, ph = binomial_range(eps, m)
     fams = tuple(VertexFamily(f"D={d}", d, ph, pl, n * m - d, pl, ph) for d in range(1, m + 1))
     return SumProfile(f"binomial(M={m})", n, fams, float(eps))
-
-
-def augcorbin_profile(
-    eps_p: float,
-    n: int,
-    gamma: float,
-    *,
-    independent: int | None = None,
-    paired: bool | None = None,
-) -> SumProfile:
-    """Exact per-parameter worst case of AugCorBin-FL against the sum (module docstring).
-
-    ``n_ind = floor(gamma n + 1/2)`` clients quantize independently (``mechanisms/pairing.py``),
-    or ``independent`` when given (a run's records: clients that quantized with LDPQ, whether
-    drawn independent, unpaired or left without a partner); an odd leftover client adds noise and
-    is ignored (sound). Independent client: the one-bit pair with ``n_ind - 1`` independent
-    others; paired client: ``(1 + Y, 0 + Y)``, ``Y`` the sum of ``n_ind`` independent bits (it
-    needs ``n - n_ind >= 2`` paired clients to occur, or ``paired`` when given).
-    """
-    n = _integer(n, "n")
-    g = float(gamma)
-    if not 0.0 <= g <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-    a, b = rr_range(eps_p)
-    n_ind = math.floor(g * n + 0.5) if independent is None else int(independent)
-    if not 0 <= n_ind <= n:
-        raise ValueError(f"independent must be in [0, n = {n}], got {independent!r}")
-    fams = []
-    if n_ind >= 1:
-        fams.append(VertexFamily("independent", 1, b, a, n_ind - 1, a, b))
-    if (n - n_ind >= 2) if paired is None else paired:
-        fams.append(VertexFamily("paired", 1, 1.0, 0.0, n_ind, a, b))
-    return SumProfile("augcorbin", n, tuple(fams), float(eps_p))
 
 
 # =================================================================================== PLD
@@ -786,13 +727,13 @@ def one_bit_guarantee(eps_p: float, n: int, m: int, rounds: int, delta: float) -
     "all_rounds": {...}, "method"}`` (each block ``eps, delta, steps``; the composed ones from
     :func:`compose_run`). Cached: the same arguments return a copy of the same figures.
     """
-    key = (_positive(eps_p, "eps_p"), _integer(n, "n"), *_run_args(m, rounds, delta))
+    key = (_positive(eps_p, "eps_p"), _integer(n, "n"), *run_args(m, rounds, delta))
     return copy.deepcopy(_one_bit_cached(*key))
 
 
 @functools.lru_cache(maxsize=32)
 def _one_bit_cached(eps_p: float, n: int, m: int, rounds: int, delta: float) -> dict[str, Any]:
-    return _report("one-bit", one_bit_profile(eps_p, n), m, rounds, delta)
+    return composed_report("one-bit", one_bit_profile(eps_p, n), m, rounds, delta)
 
 
 def binomial_guarantee(
@@ -804,7 +745,7 @@ def binomial_guarantee(
         _positive(eps, "eps"),
         _integer(trials, "trials"),
         _integer(n, "n"),
-        *_run_args(m, rounds, delta),
+        *run_args(m, rounds, delta),
     )
     return copy.deepcopy(_binomial_cached(*key))
 
@@ -813,99 +754,23 @@ def binomial_guarantee(
 def _binomial_cached(
     eps: float, trials: int, n: int, m: int, rounds: int, delta: float
 ) -> dict[str, Any]:
-    out = _report(f"binomial(M={trials})", binomial_profile(eps, trials, n), m, rounds, delta)
+    prof = binomial_profile(eps, trials, n)
+    out = composed_report(f"binomial(M={trials})", prof, m, rounds, delta)
     out["bits_per_parameter"] = max(1, math.ceil(math.log2(trials + 1)))
     return out
 
 
-def augcorbin_guarantee(
-    eps_p: float,
-    n: int,
-    gamma: float,
-    m: int,
-    rounds: int,
-    delta: float,
-    *,
-    independent: int | None = None,
-    paired: bool | None = None,
-    max_exact_n: int | None = None,
-) -> dict[str, Any]:
-    """AugCorBin-FL against the sum: the exact worst case (:func:`augcorbin_profile`), composed.
-
-    Returns ``{"mechanism", "n", "gamma", "independent", "independent_from", "dp"}`` and, when
-    some client's case exists, ``exact`` (the blocks of :func:`one_bit_guarantee`, plus
-    ``independent``: the count the profile was computed at). ``dp`` is whether the composed run
-    is finite: it needs enough independent clients for the ``+infinity`` atoms of the paired
-    case to stay below ``delta``. The paper's eq. (5) is not used (module docstring).
-
-    ``gamma`` is the configured fraction, reported as given. ``independent``: the number of
-    clients in the sum that quantize independently, when it is known (a run's records: the
-    fewest in any round); default ``floor(gamma n + 1/2)``, as ``mechanisms/pairing.py`` draws
-    it. ``independent_from`` says which (``"records"`` or ``"floor(gamma n + 1/2)"``): at small
-    ``n`` the drawn share ``independent / n`` differs from ``gamma`` (``n = 3``,
-    ``gamma = 0.2``: 1 of 3). ``paired``: whether a paired client is in some sum (default:
-    ``n - independent >= 2``). ``max_exact_n`` caps the independent clients of the exact
-    profile (sound: fewer independent clients is a worse case; :data:`REPORT_MAX_N`). Cached.
-    """
-    g = float(gamma)
-    if not 0.0 <= g <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-    n = _integer(n, "n")
-    if independent is not None:
-        if isinstance(independent, bool) or not isinstance(independent, int | np.integer):
-            raise TypeError(f"independent must be an int, got {type(independent).__name__}")
-        if not 0 <= int(independent) <= n:
-            raise ValueError(f"independent must be in [0, n = {n}], got {independent!r}")
-        independent = int(independent)
-    cap = None if max_exact_n is None else _integer(max_exact_n, "max_exact_n")
-    key = (
-        _positive(eps_p, "eps_p"),
-        n,
-        g,
-        *_run_args(m, rounds, delta),
-        independent,
-        None if paired is None else bool(paired),
-        cap,
-    )
-    return copy.deepcopy(_augcorbin_cached(*key))
-
-
-@functools.lru_cache(maxsize=32)
-def _augcorbin_cached(
-    eps_p: float,
-    n: int,
-    gamma: float,
-    m: int,
-    rounds: int,
-    delta: float,
-    independent: int | None,
-    paired: bool | None,
-    cap: int | None,
-) -> dict[str, Any]:
-    n_ind = math.floor(gamma * n + 0.5) if independent is None else independent
-    out: dict[str, Any] = {
-        "mechanism": "augcorbin",
-        "n": n,
-        "gamma": gamma,
-        "independent": n_ind,
-        "independent_from": "floor(gamma n + 1/2)" if independent is None else "records",
-    }
-    has_paired = n - n_ind >= 2 if paired is None else paired
-    n_exact = n_ind if cap is None else min(n_ind, cap)
-    prof = augcorbin_profile(eps_p, n, gamma, independent=n_exact, paired=has_paired)
-    out["dp"] = False
-    if prof.families:
-        out["exact"] = _report("augcorbin", prof, m, rounds, delta)
-        out["exact"]["independent"] = n_exact
-        out["dp"] = math.isfinite(out["exact"]["all_rounds"]["eps"])
-    return out
-
-
-def _run_args(m: object, rounds: object, delta: object) -> tuple[int, int, float]:
+def run_args(m: object, rounds: object, delta: object) -> tuple[int, int, float]:
+    """``(m, rounds, delta)`` checked: ints ``>= 1`` and a ``delta`` in ``(0, 1)``."""
     return _integer(m, "m"), _integer(rounds, "rounds"), _probability(delta, "delta")
 
 
-def _report(name: str, prof: SumProfile, m: int, rounds: int, delta: float) -> dict[str, Any]:
+def composed_report(
+    name: str, prof: SumProfile, m: int, rounds: int, delta: float
+) -> dict[str, Any]:
+    """The guarantee blocks of ``prof`` over one update of ``m`` parameters and ``rounds``
+    rounds at ``delta`` (:func:`compose_run`): ``{"mechanism": name, "dp", "n", "local_eps",
+    "per_parameter", "per_update", "all_rounds", "discretization", "method"}``."""
     m = _integer(m, "m")
     rounds = _integer(rounds, "rounds")
     upd, allr = compose_run(prof, m, rounds, delta)
@@ -963,99 +828,6 @@ def corbin_against_sum(eps_p: float, d: int, m: int, rounds: int) -> dict[str, A
     }
 
 
-# =================================================================================== table
-
-
-def server_table(
-    ns: Sequence[int] = (10, 100, 1000),
-    *,
-    eps_p: float = QUICK["eps_p"],
-    m: int = QUICK["m"],
-    rounds: int = QUICK["rounds"],
-    delta: float = QUICK["delta"],
-    gamma: float = QUICK["gamma"],
-    d: int = QUICK["d"],
-    pbm_trials: int = QUICK["pbm_trials"],
-) -> list[dict[str, Any]]:
-    """One row per (mechanism, n): the composed guarantee against the sum-seeing server.
-
-    Rows: ``ldpfl`` (= ``pbm`` m=1 = ``rqm`` 2 levels), ``pbm`` with ``pbm_trials`` trials,
-    ``augcorbin`` (the exact bound at ``floor(gamma n + 1/2)`` independent clients),
-    ``corbin`` (no DP). Keys: ``mechanism``, ``n``, ``bits``, ``dp``, ``per_parameter_eps``,
-    ``per_update_eps``, ``all_rounds_eps``, ``delta``, ``note`` (the words of
-    :func:`corbin_fl.mechanisms.protection.protection` for the run's ``eps``, and what the row
-    was computed at).
-    """
-    rows: list[dict[str, Any]] = []
-    for n in ns:
-        g = one_bit_guarantee(eps_p, n, m, rounds, delta)
-        rows.append(_row("ldpfl / pbm m=1 / rqm 2", n, 1, g, ""))
-        p = binomial_guarantee(eps_p, pbm_trials, n, m, rounds, delta)
-        rows.append(_row(f"pbm m={pbm_trials}", n, p["bits_per_parameter"], p, ""))
-        ac = augcorbin_guarantee(eps_p, n, gamma, m, rounds, delta)
-        if "exact" in ac:
-            note = f"{ac['independent']} of {n} independent (floor(gamma n + 1/2))"
-            rows.append(_row(f"augcorbin gamma={gamma}", n, 1, ac["exact"], note))
-        c = corbin_against_sum(eps_p, d, m, rounds)
-        rows.append(
-            {
-                "mechanism": "corbin",
-                "n": n,
-                "bits": 1,
-                "dp": False,
-                "per_parameter_eps": math.inf,
-                "per_update_eps": math.inf,
-                "all_rounds_eps": math.inf,
-                "delta": delta,
-                "note": f"no DP: p_inf = {c['per_parameter']['inf_mass']:.3g} per parameter",
-            }
-        )
-    return rows
-
-
-def _row(name: str, n: int, bits: int, g: dict[str, Any], note: str) -> dict[str, Any]:
-    words = protection(g["all_rounds"]["eps"]) if g["dp"] else ""
-    note = "; ".join(x for x in (words and f"run: {words}", note) if x)
-    return {
-        "mechanism": name,
-        "n": n,
-        "bits": bits,
-        "dp": bool(g["dp"]),
-        "per_parameter_eps": g["per_parameter"]["eps"],
-        "per_update_eps": g["per_update"]["eps"],
-        "all_rounds_eps": g["all_rounds"]["eps"],
-        "delta": g["per_parameter"]["delta"],
-        "note": note,
-    }
-
-
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Plain-text table of :func:`server_table` rows."""
-    head = ("mechanism", "n", "bits", "dp", "eps/param", "eps/update", "eps/run", "delta", "note")
-    lines = [" | ".join(head)]
-    for r in rows:
-        lines.append(
-            " | ".join(
-                (
-                    str(r["mechanism"]),
-                    str(r["n"]),
-                    str(r["bits"]),
-                    "yes" if r["dp"] else "no",
-                    _fmt(r["per_parameter_eps"]),
-                    _fmt(r["per_update_eps"]),
-                    _fmt(r["all_rounds_eps"]),
-                    f"{r['delta']:g}",
-                    r["note"],
-                )
-            )
-        )
-    return "\n".join(lines)
-
-
-def _fmt(x: float) -> str:
-    return "inf" if not math.isfinite(x) else f"{x:.4g}"
-
-
 # =================================================================================== validation
 
 
@@ -1081,7 +853,3 @@ def _probability(x: object, name: str) -> float:
     if not v < 1.0:
         raise ValueError(f"{name} must be in (0, 1), got {x!r}")
     return v
-
-
-if __name__ == "__main__":  # pragma: no cover
-    print(format_table(server_table()))

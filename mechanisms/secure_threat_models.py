@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from corbin_fl.mechanisms.categories import Privacy
 from corbin_fl.mechanisms.threat_models import (
-    EQ5_NOT_A_BOUND,
+    bound_sentence,
     copy_blocks,
     g4,
     per_parameter_sentence,
@@ -136,9 +136,11 @@ def secure_threat_models(
 
     - independent mechanisms whose symbols are binomial (``s.trials``: one bit, or PBM's
       trials): the exact worst case over all inputs, composed (``dp`` true);
-    - AugCorBin-FL: the exact worst case at the independent clients of the worst round (the
-      entry's ``independent`` block says how many, of how many, and from where); ``dp`` where it
-      is finite; nothing from the paper's eq. (5), which is not a valid bound;
+    - paired with an independent share (AugCorBin-FL): its category's exact guarantee against
+      the sum (:meth:`~corbin_fl.mechanisms.categories.Privacy.exact_sum`) at the independent
+      clients of the worst round (the entry's ``independent`` block says how many, of how many,
+      and from where); ``dp`` where it is finite; nothing from a published bound that is not
+      valid (the category's ``bound_note`` says why: the paper's eq. (5));
     - CorBin-FL: no DP (a pair's sum is nearly deterministic), with the lower bound on ``delta``;
     - a mechanism without DP: no DP (the sum carries no noise);
     - any other local-DP mechanism: A's guarantee, which the sum can only improve (not computed).
@@ -246,7 +248,9 @@ def _sum_with_independent_share(b: dict[str, Any], ctx: _Sum, gamma: float | Non
     s, m, rounds, delta = ctx.s, ctx.m, ctx.rounds, ctx.delta
     ep = float(ctx.eps_p or 0.0)
     g_eff = gamma if gamma is not None else (s.independent or 0) / s.n
-    ac = ctx.ss.augcorbin_guarantee(
+    exact_sum = ctx.cat.exact_sum()
+    assert exact_sum is not None  # an independent share declares it (categories.Privacy)
+    ac = exact_sum(
         ep,
         s.n,
         g_eff,
@@ -284,8 +288,8 @@ def _sum_with_independent_share(b: dict[str, Any], ctx: _Sum, gamma: float | Non
             f"{per_parameter_sentence(pp['eps'], delta, ep)}; composed, one update "
             f"of m = {m:,} parameters is ({g4(blocks['per_update']['eps'])}, "
             f"{delta:g})-DP and all {rounds} rounds are ({g4(run['eps'])}, "
-            f"{delta:g})-DP{ctx.capped}.{protection_sentence(run['eps'], rounds)} "
-            f"{EQ5_NOT_A_BOUND}{_SUM_ASSUMES}"
+            f"{delta:g})-DP{ctx.capped}.{protection_sentence(run['eps'], rounds)}"
+            f"{bound_sentence(ctx.cat)}{_SUM_ASSUMES}"
         )
     else:
         b["headline"] = "no DP (too few independent clients)"
@@ -293,14 +297,9 @@ def _sum_with_independent_share(b: dict[str, Any], ctx: _Sum, gamma: float | Non
             f"No DP. {who_ind}. A paired client's bit, given its partner's, can be a point "
             "mass, so only the independent clients' bits hide it, and with so few of them "
             "a sum impossible under a neighbouring input keeps a mass that, composed over "
-            f"the run, exceeds delta = {delta:g}. {EQ5_NOT_A_BOUND}"
+            f"the run, exceeds delta = {delta:g}.{bound_sentence(ctx.cat)}"
         )
-    return (
-        "(B) secure aggregation: AugCorBin-FL against the sum: the exact worst case of "
-        "mechanisms/secure_sum.py (augcorbin_profile) at the fewest independent clients in "
-        "an unmasked sum, composed with dp_accounting's PLD; nothing from the paper's eq. (5) "
-        "(not a valid bound)"
-    )
+    return f"(B) secure aggregation: {ac['note']}"
 
 
 def _sum_of_binomials(b: dict[str, Any], ctx: _Sum, trials: int) -> str:
@@ -375,8 +374,7 @@ def _client_knows_its_symbols(c: dict[str, Any], cat: Privacy) -> None:
             "No DP. A client receives the global model, a function of the sum the server sees, "
             "but a paired client also knows its partner's common randomness z, which the "
             "analysis against the server (B) assumes secret, and its own bits; no accounting "
-            "here bounds what the global model reveals to it."
-            + (f" {EQ5_NOT_A_BOUND}" if cat.independent_share else "")
+            "here bounds what the global model reveals to it." + bound_sentence(cat)
         )
 
 

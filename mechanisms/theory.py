@@ -44,7 +44,7 @@ __all__ = [
     "corbin_pair_joint_from_q",
     "corbin_pair_mse",
     "eq5_as_printed",
-    "ldpfl_mse",
+    "ldpq_mse",
     "ldpq_pair_mse",
     "optimal_pair_mse",
     "prob_plus64",
@@ -412,8 +412,9 @@ def theorem2_bound(r: ArrayLike, eps: ArrayLike, n: int) -> FloatOrArray:
     return _out(ra**2 / (2.0 * n) * ((s2 - 1.0) * a + 1.0) * ((s2 + 1.0) * a - 1.0))
 
 
-def ldpfl_mse(r: ArrayLike, eps: ArrayLike, n: int) -> FloatOrArray:
-    r"""Worst-case MSE of the LDP-FL average of ``n`` clients, ``r^2 alpha^2 / n`` ([17, Lemma 3]).
+def ldpq_mse(r: ArrayLike, eps: ArrayLike, n: int) -> FloatOrArray:
+    r"""Worst-case MSE of the average of ``n`` independent LDPQ releases (Algorithm 1; the
+    LDP-FL average of ``n`` clients), ``r^2 alpha^2 / n`` ([17, Lemma 3]).
 
     Parameters
     ----------
@@ -560,13 +561,13 @@ def eq5_as_printed(eps_p: float, delta: float, n_gamma_minus_1: float, m: int, r
     LDPQ depends on the inputs only through ``(w - c) / r`` (Algorithm 1, line 2), so a valid
     ``eps`` cannot depend on ``r``; as ``r -> 0`` eq. (5) promises any ``eps_u > 0``. A realisable
     configuration bounds the true per-round ``eps`` from below
-    (:func:`corbin_fl.mechanisms.lower_bounds.augcorbin_round_lower_bound`), and eq. (5) falls
+    (:func:`corbin_fl.mechanisms.augcorbin.augcorbin_round_lower_bound`), and eq. (5) falls
     below it: at ``delta = 1e-5``, ``gamma = 0.2`` and the smallest ``n`` of Theorem 3's
     condition, ``eps_p = 1``, ``m = 1000``, ``r = 0.01``: 0.150 against >= 2.91 per round;
     ``eps_p = 3``: 0.0300 against >= 6.41, and still 3.00 against 6.41 at ``r = 1`` (README,
     "AugCorBin-FL's eq. (5) is not a bound"; ``tests/unit/test_lower_bounds.py``). The project
     prints no guarantee from it; AugCorBin-FL's guarantee against the sum is the exact one of
-    :func:`corbin_fl.mechanisms.secure_sum.augcorbin_guarantee`.
+    :func:`corbin_fl.mechanisms.augcorbin.augcorbin_guarantee`.
 
     Parameters
     ----------
@@ -634,7 +635,7 @@ def theorem3_mse_bound(r: ArrayLike, eps: ArrayLike, n: int, gamma: float) -> Fl
     g = float(gamma)
     if not 0.0 <= g <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-    ldp = np.asarray(ldpfl_mse(r, eps, n))
+    ldp = np.asarray(ldpq_mse(r, eps, n))
     cb = np.asarray(theorem2_bound(r, eps, n))
     return _out(g * ldp + (1.0 - g) * cb)
 
@@ -649,7 +650,7 @@ class Theorem4Result:
     Theorem 4 also states ``(eps_u, delta)``-UCDP with ``eps_u`` from eq. (5) at
     ``(gamma, delta_1)``; that is not a valid bound (:func:`eq5_as_printed`), so no epsilon is
     given here. Against the sum, AugCorBin-FL's and a dropout run's guarantee is the exact one of
-    :func:`corbin_fl.mechanisms.secure_sum.augcorbin_guarantee` at the clients that quantized
+    :func:`corbin_fl.mechanisms.augcorbin.augcorbin_guarantee` at the clients that quantized
     independently.
 
     Attributes

@@ -58,13 +58,10 @@ def g4(x: Any) -> str:
     return f"{float(x):.4g}"
 
 
-EQ5_NOT_A_BOUND = (
-    "The paper's user-level bound for AugCorBin-FL (arXiv 2409.13133, Theorem 3, eq. 5) is not "
-    "a valid bound (it grows with the radius r, which the mechanism's law does not depend on, "
-    "and a realisable configuration beats it: README, \"AugCorBin-FL's eq. (5) is not a "
-    'bound"), so no guarantee is printed from it.'
-)
-"""Why the report prints nothing from Theorem 3 (``theory.eq5_as_printed``)."""
+def bound_sentence(cat: Privacy) -> str:
+    """``" <cat.bound_note>"``: why the report prints nothing from a published bound of the
+    mechanism that is not valid (AugCorBin-FL's eq. (5), ``theory.eq5_as_printed``), or ""."""
+    return f" {cat.bound_note}" if cat.bound_note else ""
 
 
 def run_headline(eps: float, delta: float, tail: str) -> str:
@@ -381,7 +378,7 @@ def _malicious_client(cat: Privacy, paired: bool, b: Mapping[str, Any]) -> dict[
         guarantee = (
             "No DP. A client receives the global model, computed from every bit the server "
             "sees (no DP there), and a paired client also knows its partner's common "
-            "randomness z. " + EQ5_NOT_A_BOUND
+            "randomness z." + bound_sentence(cat)
         )
     else:
         guarantee = (

@@ -30,8 +30,10 @@ values, asymmetric ones included:
    search result, and the lower-bit design itself (:func:`embed`): so it is never worse than the
    design with fewer bits, nor than the LP at any start.
 
-The solution is computed once per ``(eps, b, n)`` and cached on disk with its inputs by the app
-(``corbin_fl/mvu_store.py``); this module is the math only.
+The solution is computed once per ``(eps, b, n)`` and cached on disk with its inputs by the app's
+design store (``corbin_fl/design_store.py``); this module is the math only: what a stored design
+is (:class:`MVUDesigns`: its key, file name and document, the check of one read back, the solve
+from the next smaller budget), no file access.
 
 Interpolation: an ``x`` between ``x_i`` and ``x_{i+1}`` (``x = (1 - t) x_i + t x_{i+1}``) is
 released with the mixture ``P(k | x) = (1 - t) P_{ik} + t P_{i+1,k}``, which is the same law as
@@ -46,10 +48,13 @@ not eps-LDP (README, mechanisms); the linear form keeps both exact.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,6 +70,9 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "IMVU",
     "IMVU_BITS",
+    "MVU_DESIGNS",
+    "MVUDesigns",
+    "MVUKey",
     "MVUTable",
     "complete_values",
     "embed",
@@ -473,8 +481,9 @@ class IMVU(FiniteMechanism):
     bits : int
         1, 2 or 4 (``K = 2^b`` outputs).
     table : MVUTable
-        The design for ``(eps, bits)``: :func:`solve_mvu`, or ``corbin_fl.mvu_store.mvu_table``
-        (shipped, cached or solved once per machine).
+        The design for ``(eps, bits)``: :func:`solve_mvu`, or the app's stored one,
+        ``corbin_fl.design_store.designs(MVU_DESIGNS).get(MVUKey(eps, bits))`` (shipped, cached
+        or solved once per machine).
     """
 
     def __init__(self, eps: float, bits: int, table: MVUTable) -> None:
@@ -501,3 +510,98 @@ class IMVU(FiniteMechanism):
     def epsilon(self) -> float:
         """:func:`table_epsilon` of the design."""
         return table_epsilon(self.table.transition)
+
+
+@dataclass(frozen=True)
+class MVUKey:
+    """The inputs of one design: ``eps``, the bits (one of :data:`IMVU_BITS`) and the input
+    points, checked (``ValueError``) and normalised (``eps`` a float)."""
+
+    eps: float
+    bits: int
+    inputs: int = INPUT_POINTS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eps", positive(self.eps))
+        object.__setattr__(self, "bits", integer(self.bits, "bits", 1))
+        object.__setattr__(self, "inputs", integer(self.inputs, "inputs", 2))
+        if self.bits not in IMVU_BITS:
+            raise ValueError(f"bits must be one of {IMVU_BITS}, got {self.bits}")
+
+
+@dataclass(frozen=True)
+class MVUDesigns:
+    """I-MVU's designs as a kind of stored design (``corbin_fl.design_store.DesignKind``).
+
+    The store keeps them under ``$CORBIN_FL_CACHE/imvu/`` (:attr:`folder`) and ships the
+    experiments' eps grid in ``corbin_fl/mvu_tables/`` (:attr:`shipped`). A file holds its
+    inputs (solver version, ``eps``, bits, input points) beside the table; :meth:`decode` ignores
+    one for other inputs and refuses one whose table fails :meth:`MVUTable.check` (stochastic,
+    unbiased, exactly eps-LDP), so a tampered file cannot weaken the privacy. This class is the
+    format and the math only; the store reads and writes the files.
+    """
+
+    folder: str = "imvu"
+    """The cache's folder under ``$CORBIN_FL_CACHE`` (users' caches live there: keep it)."""
+    shipped: str = "mvu_tables"
+    """The folder of the installed package ``corbin_fl`` holding the designs solved ahead
+    (``bench/solve_mvu_tables.py``)."""
+    label: str = "MVU"
+    """What the store's log messages call these designs (``MVU table ...``, ``MVU cache ...``)."""
+
+    def file_name(self, key: MVUKey) -> str:
+        """``mvu-b<bits>-n<inputs>-<hash>.json``, the hash of the solver version, ``eps`` (exact,
+        as hex) and the budget: the shipped files' names."""
+        digest = json.dumps([SOLVER_VERSION, float(key.eps).hex(), key.bits, key.inputs])
+        name = hashlib.sha256(digest.encode()).hexdigest()[:16]
+        return f"mvu-b{key.bits}-n{key.inputs}-{name}.json"
+
+    def key_of(self, design: MVUTable) -> MVUKey:
+        """The inputs ``design`` was solved for."""
+        return MVUKey(design.eps, design.bits, design.inputs)
+
+    def encode(self, design: MVUTable) -> dict[str, Any]:
+        """``design`` with its inputs as plain JSON types."""
+        return {
+            "version": SOLVER_VERSION,
+            "eps": design.eps,
+            "bits": design.bits,
+            "inputs": design.inputs,
+            "transition": design.transition.tolist(),
+            "values": design.values.tolist(),
+            "mean_variance": design.mean_variance,
+        }
+
+    def decode(self, doc: Any, key: MVUKey) -> MVUTable | None:
+        """The checked table in ``doc`` if it was solved for ``key`` (this solver version), else
+        None; raises ``ValueError``, ``KeyError`` or ``TypeError`` for a malformed document or a
+        table that fails :meth:`MVUTable.check`."""
+        if (doc["version"], doc["eps"], doc["bits"], doc["inputs"]) != (
+            SOLVER_VERSION,
+            key.eps,
+            key.bits,
+            key.inputs,
+        ):
+            return None
+        table = MVUTable(
+            key.eps,
+            key.bits,
+            key.inputs,
+            np.array(doc["transition"], dtype=np.float64),
+            np.array(doc["values"], dtype=np.float64),
+            float(doc["mean_variance"]),
+        )
+        table.check()
+        return table
+
+    def solve(self, key: MVUKey, design: Callable[[MVUKey], MVUTable]) -> MVUTable:
+        """:func:`solve_mvu` for ``key``, searched from ``design`` (the store's lookup) of the
+        next smaller budget, which it is never worse than."""
+        below = [c for c in IMVU_BITS if c < key.bits]
+        lower = design(MVUKey(key.eps, below[-1], key.inputs)) if below else None
+        return solve_mvu(key.eps, key.bits, key.inputs, lower=lower)
+
+
+MVU_DESIGNS = MVUDesigns()
+"""I-MVU's designs (:class:`MVUDesigns`); the app's store of them is
+``corbin_fl.design_store.designs(MVU_DESIGNS)``."""

@@ -360,7 +360,7 @@ def test_privacy_report_is_json_and_fast() -> None:
     assert joint["per_parameter"]["single_triple_inf_mass"] == pld.single_inf_mass
     assert joint["per_update"] == {"k": 11_200_000, "delta_lower_bound": 1.0}
     assert joint["all_rounds"]["delta_lower_bound"] == 1.0
-    assert rep["mse_bounds"]["corbin_theorem2"] < rep["mse_bounds"]["ldpfl"]
+    assert rep["mse_bounds"]["corbin_theorem2"] < rep["mse_bounds"]["ldpq"]
 
 
 def _reports() -> dict[str, dict]:
@@ -485,7 +485,7 @@ def test_augcorbin_threat_models_follow_gamma_and_print_nothing_from_eq5() -> No
         assert "is not a valid bound" in c["guarantee"] and "Thm 3" not in c["headline"]
         assert rep["threat_models"]["B"]["dp"] is False  # the paired half: no DP
         # Theorem 3's MSE bound stays, as what it is (accuracy)
-        assert rep["mse_bounds"]["augcorbin_theorem3"] == pytest.approx(
+        assert rep["mse_bounds"]["corbin_theorem3"] == pytest.approx(
             theorem3_mse_bound(0.01, 1.0, n, 0.5)
         )
     # gamma = 1: nobody is paired, so the server sees independent LDPQ bits only.

@@ -1305,8 +1305,8 @@ def test_threat_model_cells_mark_eps_above_10_and_show_b_per_parameter() -> None
 def test_server_scaling_calls_the_accountant_per_gamma_at_the_runs_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from corbin_fl.experiments import server_table as st
     from corbin_fl.experiments.report import server_scaling
-    from corbin_fl.mechanisms import secure_sum as ss
 
     calls: list[dict[str, Any]] = []
 
@@ -1316,13 +1316,13 @@ def test_server_scaling_calls_the_accountant_per_gamma_at_the_runs_settings(
         row |= dict.fromkeys(("per_parameter_eps", "per_update_eps", "all_rounds_eps"), 1.0)
         return [row | {"mechanism": "ldpfl"}, row | {"mechanism": f"aug {kw['gamma']}"}]
 
-    monkeypatch.setattr(ss, "server_table", table)
+    monkeypatch.setattr(st, "server_table", table)
     groups = _server_groups(tmp_path)
     text, block = server_scaling([g for g in groups if g.setting.get("secure-aggregation")])
     run = {"eps_p": 1.0, "m": 8, "rounds": 2, "delta": 1e-5, "d": 5}  # AppConfig's
     assert calls == [run | {"gamma": 0.6}]
     assert "m = 8 parameters, T = 2 rounds" in text and "gamma = 0.6" in text
-    assert block == f"```\n{ss.format_table(table(**run, gamma=0.6))}\n```"
+    assert block == f"```\n{st.format_table(table(**run, gamma=0.6))}\n```"
 
 
 def test_privacy_section_names_b_as_each_report_does(tmp_path: Path) -> None:

@@ -15,27 +15,39 @@ import pytest
 import torch
 from wire_helpers import encode_solo
 
-from corbin_fl import mvu_store
+from corbin_fl import design_store
 from corbin_fl.config import ConfigError, RunConfig
 from corbin_fl.mechanisms.baselines import imvu as imvu_module
-from corbin_fl.mechanisms.baselines.imvu import IMVU, MVUTable, table_epsilon
+from corbin_fl.mechanisms.baselines.imvu import (
+    IMVU,
+    MVU_DESIGNS,
+    MVUKey,
+    MVUTable,
+    table_epsilon,
+)
 from corbin_fl.mechanisms.baselines.levels import FiniteMechanism, symbol_bits
 from corbin_fl.mechanisms.baselines.pbm import PBM, pbm_theta
 from corbin_fl.mechanisms.baselines.rqm import RQM, rqm_epsilon, rqm_optimal_q, rqm_xmax
 from corbin_fl.mechanisms.packing import pack_bits, pack_symbols, symbols_len, unpack_symbols
 from corbin_fl.mechanisms.quantizers import alpha, prob_plus
-from corbin_fl.mvu_store import mvu_table
 from corbin_fl.registry import finite_mechanism, symbol_bits_of
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0)
 """The experiments' grid: its I-MVU tables ship with the package (no solve in the tests)."""
 GRID = torch.linspace(-1.0, 1.0, 4001, dtype=torch.float64)
+MVU_STORE = design_store.designs(MVU_DESIGNS)
+"""The app's store of the I-MVU designs (the one ``registry``'s I-MVU entry reads)."""
+
+
+def mvu_table(eps: float, bits: int) -> MVUTable:
+    """The stored I-MVU design for ``(eps, bits)`` (shipped, cached or solved)."""
+    return MVU_STORE.get(MVUKey(eps, bits))
 
 
 @pytest.fixture(autouse=True)
 def _mvu_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """The I-MVU tables of this module live in one temporary cache (solved once per session)."""
-    monkeypatch.setenv(mvu_store.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "mvu-cache"))
+    monkeypatch.setenv(design_store.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "mvu-cache"))
 
 
 def mechanisms_at(eps: float) -> list[FiniteMechanism]:
@@ -193,8 +205,13 @@ def test_imvu_more_bits_never_raise_the_variance() -> None:
 
 def test_shipped_tables_are_what_the_solver_gives() -> None:
     """The shipped designs pass the check, and a re-solve reproduces one (deterministic)."""
-    files = sorted(mvu_store.SHIPPED.glob("*.json"))
+    files = sorted(MVU_STORE.shipped.glob("*.json"))
     assert len(files) == len(EPSILONS) * len(imvu_module.IMVU_BITS)
+    assert {f.name for f in files} == {  # found under the names the store looks up
+        MVU_DESIGNS.file_name(MVUKey(eps, bits))
+        for eps in EPSILONS
+        for bits in imvu_module.IMVU_BITS
+    }
     for eps in EPSILONS:
         for bits in imvu_module.IMVU_BITS:
             mvu_table(eps, bits).check()
@@ -206,8 +223,8 @@ def test_shipped_tables_are_what_the_solver_gives() -> None:
 def test_imvu_table_cache_round_trip_and_tampering(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(mvu_store.CACHE_ENV, str(tmp_path))
-    mvu_table.cache_clear()
+    monkeypatch.setenv(design_store.CACHE_ENV, str(tmp_path))
+    MVU_STORE.cache_clear()
     eps = 0.7  # not shipped: solved (1 bit: seconds; more bits also cache the lower designs)
     try:
         first = mvu_table(eps, 1)
@@ -215,7 +232,7 @@ def test_imvu_table_cache_round_trip_and_tampering(
         assert len(files) == 1
         doc = json.loads(files[0].read_text())
         assert (doc["eps"], doc["bits"], doc["inputs"]) == (eps, 1, imvu_module.INPUT_POINTS)
-        mvu_table.cache_clear()
+        MVU_STORE.cache_clear()
         again = mvu_table(eps, 1)  # from the file
         np.testing.assert_array_equal(again.transition, first.transition)
         # A tampered table (one entry scaled by 10, its row re-summed to 1) is refused and
@@ -224,12 +241,12 @@ def test_imvu_table_cache_round_trip_and_tampering(
         row = doc["transition"][0]
         row[1] = 1.0 - row[0] - sum(row[2:])
         files[0].write_text(json.dumps(doc))
-        mvu_table.cache_clear()
+        MVU_STORE.cache_clear()
         fixed = mvu_table(eps, 1)
         np.testing.assert_allclose(fixed.transition, first.transition, atol=1e-12)
         assert table_epsilon(fixed.transition) <= eps
     finally:
-        mvu_table.cache_clear()
+        MVU_STORE.cache_clear()
 
 
 def test_mvu_table_check_rejects_weaker_privacy_and_bias() -> None:

@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from corbin_fl import mvu_store
+from corbin_fl import design_store
 from corbin_fl.mechanisms.baselines import imvu as imvu_module
 from corbin_fl.mechanisms.baselines.imvu import (
     IMVU,
+    MVU_DESIGNS,
+    MVUKey,
+    MVUTable,
     complete_values,
     embed,
     evenly_spaced,
@@ -24,16 +27,20 @@ from corbin_fl.mechanisms.baselines.imvu import (
     table_epsilon,
     two_level_scale,
 )
-from corbin_fl.mvu_store import mvu_table
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0)
 ISSUE_START = (-20.02, 19.77, 20.65, 22.03)
 """Asymmetric 2-bit output values at eps 0.1 quoted in issue 30 (the authors' best, rounded)."""
 
 
+def mvu_table(eps: float, bits: int) -> MVUTable:
+    """The app's stored I-MVU design for ``(eps, bits)`` (shipped, cached or solved)."""
+    return design_store.designs(MVU_DESIGNS).get(MVUKey(eps, bits))
+
+
 @pytest.fixture(autouse=True)
 def _mvu_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(mvu_store.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "mvu-cache"))
+    monkeypatch.setenv(design_store.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "mvu-cache"))
 
 
 @pytest.mark.parametrize("eps", EPSILONS)

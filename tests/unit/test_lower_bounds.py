@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from corbin_fl.mechanisms import augcorbin
 from corbin_fl.mechanisms import lower_bounds as lb
 from corbin_fl.mechanisms import secure_sum as ss
 from corbin_fl.mechanisms.baselines.central_gaussian import (
@@ -64,7 +65,7 @@ def test_eq5_falls_below_a_realisable_lower_bound(
     gamma = 0.2
     assert theorem3_min_clients(eps_p, DELTA, gamma, m, r) == n
     printed = eq5_as_printed(eps_p, DELTA, n * gamma - 1, m, r)
-    bound = lb.augcorbin_round_lower_bound(eps_p, math.floor(gamma * n + 0.5), m, DELTA)
+    bound = augcorbin.augcorbin_round_lower_bound(eps_p, math.floor(gamma * n + 0.5), m, DELTA)
     assert printed == pytest.approx(eq5, rel=1e-3)
     assert bound == pytest.approx(lower, rel=1e-3)
     assert printed < bound
@@ -77,9 +78,9 @@ def test_the_lower_bound_is_below_the_exact_guarantee_the_project_prints() -> No
     for eps_p in (0.5, 1.0, 3.0):
         for n_ind in (5, 40):
             for m in (1, 30):
-                g = ss.augcorbin_guarantee(eps_p, 2 * n_ind, 0.5, m, 1, DELTA, paired=True)
+                g = augcorbin.augcorbin_guarantee(eps_p, 2 * n_ind, 0.5, m, 1, DELTA, paired=True)
                 printed = g["exact"]["per_update"]["eps"]
-                bound = lb.augcorbin_round_lower_bound(eps_p, n_ind, m, DELTA)
+                bound = augcorbin.augcorbin_round_lower_bound(eps_p, n_ind, m, DELTA)
                 assert printed >= bound * (1 - REL), (eps_p, n_ind, m, printed, bound)
 
 
@@ -89,7 +90,7 @@ def test_the_lower_bound_is_below_the_exact_guarantee_the_project_prints() -> No
 def test_composed_lower_bound_of_one_release_is_the_exact_pair_epsilon_from_below() -> None:
     for eps_p in (0.3, 1.0, 4.0):
         for n_ind in (1, 7, 60):
-            p, q = lb.augcorbin_round_pair(eps_p, n_ind)
+            p, q = augcorbin.augcorbin_round_pair(eps_p, n_ind)
             exact = lb.pair_epsilon(p, q, DELTA)
             pld = lb.composed_epsilon(p, q, 1, DELTA)
             assert pld <= exact * (1 + REL) + 1e-12
@@ -105,9 +106,9 @@ def test_lower_bound_validation() -> None:
     with pytest.raises(ValueError, match="same outcomes"):
         lb.composed_epsilon([1.0], [0.5, 0.5], 2, DELTA)
     with pytest.raises(TypeError, match="n_ind"):
-        lb.augcorbin_round_pair(1.0, 2.5)  # type: ignore[arg-type]
+        augcorbin.augcorbin_round_pair(1.0, 2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="delta"):
-        lb.augcorbin_round_lower_bound(1.0, 5, 3, 1.5)
+        augcorbin.augcorbin_round_lower_bound(1.0, 5, 3, 1.5)
 
 
 # ------------------------------------------------------------------ threat model A: every form
@@ -207,7 +208,7 @@ def test_one_bit_sum_guarantee_is_never_below_a_realisable_vertex(eps_p: float, 
     parameter and per update of m = 40 parameters, against the others all at w = c - r."""
     m = 40
     g = ss.one_bit_guarantee(eps_p, n, m, 1, DELTA)
-    p, q = lb.augcorbin_round_pair(eps_p, n)  # one bit among n - 1 others at P(1) = a
+    p, q = augcorbin.augcorbin_round_pair(eps_p, n)  # one bit among n - 1 others at P(1) = a
     assert g["per_parameter"]["eps"] >= lb.pair_epsilon(p, q, DELTA) * (1 - REL)
     assert g["per_update"]["eps"] >= lb.composed_epsilon(p, q, m, DELTA) * (1 - REL)
 
@@ -235,10 +236,10 @@ def test_pbm_sum_guarantee_is_never_below_a_realisable_vertex(eps: float, n: int
 def test_imvu_printed_eps_is_never_below_any_pair_on_a_grid(eps: float, bits: int) -> None:
     """I-MVU with the shipped designs (corbin_fl/mvu_tables), the linear interpolation the
     encoder samples from, at 41 inputs including every design point."""
-    from corbin_fl.mechanisms.baselines.imvu import IMVU
-    from corbin_fl.mvu_store import mvu_table
+    from corbin_fl.design_store import designs
+    from corbin_fl.mechanisms.baselines.imvu import IMVU, MVU_DESIGNS, MVUKey
 
-    mech = IMVU(eps, bits, mvu_table(eps, bits))
+    mech = IMVU(eps, bits, designs(MVU_DESIGNS).get(MVUKey(eps, bits)))
     x = torch.linspace(-1.0, 1.0, 57, dtype=torch.float64)  # 8 design points: 56 = 7 x 8 steps
     pr = mech.probabilities(x).to(torch.float64).numpy()
     worst = max(

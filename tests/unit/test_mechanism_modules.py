@@ -35,7 +35,7 @@ REGISTRATION_LIST = "corbin_fl.registry"
 """The one registration list: every mechanism's declarative entry, in registration order."""
 
 MODULES: dict[str, str] = {
-    "augcorbin": "corbin_fl.mechanisms.pairing",
+    "augcorbin": "corbin_fl.mechanisms.augcorbin",
     "ldpfl": "corbin_fl.mechanisms.quantizers",
     "gaussian": "corbin_fl.mechanisms.baselines.gaussian",
     "laplace": "corbin_fl.mechanisms.baselines.laplace",
@@ -54,45 +54,7 @@ MODULES: dict[str, str] = {
 PROTOCOL: frozenset[str] = frozenset({"corbin"})
 """Not checked: ``corbin`` is the protocol itself and the installed name (``corbin_fl``)."""
 
-_TABLE = (
-    "the sum-seeing server's table (server_table): its rows' labels are committed report text "
-    "(docs/results/quick/server/report.md)"
-)
-_PROTOCOL_ROUND = "the protocol's own pairing and its paired privacy analysis (not a plug-in)"
-_SUMMARY_KEYS = (
-    "summary.json's mse_bounds keys (a stored format: ldpfl, augcorbin_theorem3) name the "
-    "paper's MSE bounds of LDP-FL and AugCorBin-FL"
-)
-ALLOWED: dict[str, dict[str, str]] = {
-    "augcorbin": {
-        "corbin_fl.mechanisms.lower_bounds": "the paper's AugCorBin-FL round, whose eq. (5) is "
-        "not a bound: " + _PROTOCOL_ROUND,
-        "corbin_fl.mechanisms.report": _SUMMARY_KEYS,
-        "corbin_fl.mechanisms.secure_sum": "AugCorBin-FL's exact worst case against the sum "
-        "(augcorbin_profile, augcorbin_guarantee; the math package cannot read the registry) "
-        "and the server table's row labels: " + _PROTOCOL_ROUND,
-        "corbin_fl.mechanisms.secure_threat_models": "(B)'s method note names AugCorBin-FL and "
-        "augcorbin_profile: committed report text (docs/results/quick/server/report.md)",
-        "corbin_fl.mechanisms.threat_models": "EQ5_NOT_A_BOUND, the report's sentence on the "
-        "paper's eq. (5) for AugCorBin-FL: committed report text",
-    },
-    "ldpfl": {
-        "corbin_fl.mechanisms.report": _SUMMARY_KEYS,
-        "corbin_fl.mechanisms.secure_sum": _TABLE,
-        "corbin_fl.mechanisms.theory": "LDP-FL's MSE bound ([17, Lemma 3], ldpfl_mse), which the "
-        "paper compares CorBin-FL's with",
-    },
-    "pbm": {
-        "corbin_fl.mechanisms.secure_sum": _TABLE,
-    },
-    "rqm": {
-        "corbin_fl.mechanisms.secure_sum": _TABLE,
-    },
-    "imvu": {
-        "corbin_fl.mvu_store": "its designs on disk (the cache lives in corbin_fl.fsio, which the "
-        "math may not import)",
-    },
-}
+ALLOWED: dict[str, dict[str, str]] = {}
 """Mechanism -> module still naming it beyond its module and the registration list -> why."""
 
 FIELD_TERMS: dict[str, str] = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,12 +17,23 @@ PLAIN = "ldpfl-eps1-d5-p0-n10-lr0.1-s0-184b26aab1"
 """A run without secure aggregation (A's exact composition; its ledger in the summary)."""
 SECURE = "ldpfl-eps1-d5-p0-n10-lr1-s2-f6ebd00953"
 """A run with secure aggregation (B composed from its rounds' sums)."""
+RENAMED = {"ldpfl": "ldpq", "augcorbin_theorem3": "corbin_theorem3"}
+"""``mse_bounds``' keys renamed for issue 41 (named for the bound, not the mechanism): the
+committed runs were written before and keep the old names, which nothing reads."""
+
+
+def _current_names(privacy: dict[str, Any]) -> dict[str, Any]:
+    """``privacy`` with its ``mse_bounds``' keys under today's names (:data:`RENAMED`)."""
+    bounds = privacy.get("mse_bounds")
+    if not bounds:
+        return privacy
+    return {**privacy, "mse_bounds": {RENAMED.get(k, k): v for k, v in bounds.items()}}
 
 
 @pytest.mark.parametrize("run", [PLAIN, SECURE])
 def test_recompute_reproduces_the_committed_privacy_section(run: str) -> None:
     summary, new = reaccount.recompute(RUNS / run)
-    assert list(reaccount.changes(summary["privacy"], new)) == []
+    assert list(reaccount.changes(_current_names(summary["privacy"]), new)) == []
 
 
 def test_write_restores_a_changed_figure(

@@ -325,10 +325,10 @@ def test_a_shipped_mechanism_is_its_module_and_its_entry() -> None:
     assert pbm.policy_default and "pbm" in private_mechanisms()
     assert "pbm" in Policy.from_node({}, {}).mechanisms
     assert pbm.aggregator_class() is LevelsAggregator and callable(pbm.encode_fn())
-    # where its name is written: its module, the registration list, the committed table
+    # where its name is written: its module and the registration list, nowhere else
     assert MODULES["pbm"] == "corbin_fl.mechanisms.baselines.pbm"
-    assert naming_modules("pbm") == {MODULES["pbm"], REGISTRATION_LIST, *ALLOWED["pbm"]}
-    assert set(ALLOWED["pbm"]) == {"corbin_fl.mechanisms.secure_sum"}
+    assert naming_modules("pbm") == {MODULES["pbm"], REGISTRATION_LIST}
+    assert "pbm" not in ALLOWED
 
 
 def test_an_entry_names_the_hooks_of_one_step_together() -> None:

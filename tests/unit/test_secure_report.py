@@ -26,7 +26,9 @@ from report_keys import keys
 
 from corbin_fl import registry
 from corbin_fl.config import RunConfig
+from corbin_fl.mechanisms import augcorbin
 from corbin_fl.mechanisms import secure_sum as ss
+from corbin_fl.mechanisms.categories import Privacy
 from corbin_fl.mechanisms.report import privacy_report
 from corbin_fl.mechanisms.secure_sum import SumView
 from corbin_fl.server.records import build_summary, privacy_summary, sum_view
@@ -36,9 +38,10 @@ M, T = 2_000, 3
 
 #: privacy_summary(cfg, 7, 5_000, 10, 0.05) of each config below, computed with the code of
 #: commit c4e3120 (before secure aggregation entered the report) and frozen (augcorbin refrozen
-#: for issue 38: C prints nothing from eq. (5), and mse_bounds has Theorem 3's): a run without
-#: secure aggregation must keep exactly this report (docs/results' summaries are regenerated
-#: against it).
+#: for issue 38: C prints nothing from eq. (5), and mse_bounds has Theorem 3's; mse_bounds' keys
+#: renamed for issue 41 for the bound, not the mechanism: ldpfl -> ldpq, augcorbin_theorem3 ->
+#: corbin_theorem3): a run without secure aggregation must keep exactly this report
+#: (docs/results' summaries are regenerated against it).
 FROZEN = Path(__file__).with_name("privacy_reports_without_secagg.json")
 FROZEN_CONFIGS: dict[str, dict[str, Any]] = {
     "corbin": {"mechanism": "corbin", "epsilon": 1.0, "d": 5},
@@ -183,7 +186,7 @@ def test_augcorbin_exact_bound_is_b_and_nothing_comes_from_eq5() -> None:
     view = SumView(300, independent=150, paired=True, rounds=T)
     rep = _secure("augcorbin", view, d=5, gamma=0.5, r=0.01)
     b = rep["threat_models"]["B"]
-    ac = ss.augcorbin_guarantee(
+    ac = augcorbin.augcorbin_guarantee(
         1.0, 300, 0.5, M, T, DELTA, independent=150, paired=True, max_exact_n=1000
     )
     assert b["dp"] is True and "ucdp_theorem3" not in keys(rep)
@@ -193,6 +196,24 @@ def test_augcorbin_exact_bound_is_b_and_nothing_comes_from_eq5() -> None:
     assert pp in b["guarantee"] and "is not a valid bound" in b["guarantee"]
     assert "Theorem 3 of arXiv 2409.13133 applies" not in json.dumps(rep)
     assert 0 < len(b["headline"]) <= 46
+
+
+def test_an_independent_share_is_analysed_by_its_categorys_guarantee_against_the_sum() -> None:
+    """The report names no mechanism: (B) of a share of independent clients is the guarantee its
+    privacy category declares (augcorbin's: mechanisms/augcorbin.py), and the category says why
+    nothing comes from the paper's eq. (5); a share without that guarantee is refused."""
+    cat = registry.get("augcorbin").category
+    assert cat.exact_sum() is augcorbin.augcorbin_guarantee
+    assert "eq. 5) is not a valid bound" in cat.bound_note
+    rep = _secure("augcorbin", SumView(300, independent=150, paired=True, rounds=T), gamma=0.5)
+    assert rep["threat_models"]["B"]["guarantee"].count(cat.bound_note) == 1
+    assert f"(B) secure aggregation: {augcorbin.SUM_NOTE}" in rep["notes"]
+    assert "mechanisms/augcorbin.py (augcorbin_profile)" in augcorbin.SUM_NOTE
+    with pytest.raises(ValueError, match="sum_guarantee"):
+        Privacy("pure", paired=True, independent_share=True)
+    with pytest.raises(ValueError, match="sum_guarantee"):
+        Privacy("pure", paired=True, sum_guarantee="m:f")
+    assert registry.get("corbin").category.exact_sum() is None
 
 
 def test_signsgd_sum_has_no_dp() -> None:

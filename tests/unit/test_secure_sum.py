@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from corbin_fl.mechanisms import augcorbin
 from corbin_fl.mechanisms import secure_sum as ss
 
 DELTA = 1e-5
@@ -199,7 +200,7 @@ def test_compose_run_is_sound_and_tight_for_randomized_response() -> None:
 
 
 def test_compose_run_stops_where_the_infinite_atoms_exceed_delta() -> None:
-    prof = ss.augcorbin_profile(1.0, 10, 0.2)  # a paired client over 2 independent bits
+    prof = augcorbin.augcorbin_profile(1.0, 10, 0.2)  # a paired client over 2 independent bits
     upd, run = ss.compose_run(prof, 1000, 2, DELTA)
     assert upd.eps == run.eps == math.inf
 
@@ -214,11 +215,11 @@ def test_guarantees_are_cached_copies() -> None:
 
 def test_augcorbin_counts_from_a_run() -> None:
     """independent / paired given (a run's records) replace floor(gamma n + 1/2)."""
-    prof = ss.augcorbin_profile(1.0, 10, 0.2, independent=4, paired=True)
+    prof = augcorbin.augcorbin_profile(1.0, 10, 0.2, independent=4, paired=True)
     assert [(f.label, f.others) for f in prof.families] == [("independent", 3), ("paired", 4)]
-    alone = ss.augcorbin_profile(1.0, 10, 0.2, independent=10, paired=False)
+    alone = augcorbin.augcorbin_profile(1.0, 10, 0.2, independent=10, paired=False)
     assert [f.label for f in alone.families] == ["independent"]
-    g = ss.augcorbin_guarantee(1.0, 10, 0.2, 100, 1, DELTA, independent=0)
+    g = augcorbin.augcorbin_guarantee(1.0, 10, 0.2, 100, 1, DELTA, independent=0)
     assert g["dp"] is False
 
 
@@ -248,19 +249,20 @@ def test_one_bit_guarantee_is_finite_dp() -> None:
 def test_augcorbin_guarantee_is_the_exact_one_and_says_which_share_it_used() -> None:
     """No eq. (5) anywhere (not a valid bound); the configured gamma is reported as given and
     the independent count says where it comes from (n = 3, gamma = 0.2: 1 of 3 drawn)."""
-    out = ss.augcorbin_guarantee(1.0, 3, 0.2, 50, 2, DELTA)
-    assert "theorem3" not in out and not hasattr(ss, "augcorbin_theorem3")
+    out = augcorbin.augcorbin_guarantee(1.0, 3, 0.2, 50, 2, DELTA)
+    assert "theorem3" not in out
+    assert not any(hasattr(mod, "augcorbin_theorem3") for mod in (ss, augcorbin))
     assert out["gamma"] == 0.2 and out["independent"] == 1
     assert out["independent_from"] == "floor(gamma n + 1/2)"
-    rec = ss.augcorbin_guarantee(1.0, 40, 0.2, 50, 2, DELTA, independent=10, paired=True)
+    rec = augcorbin.augcorbin_guarantee(1.0, 40, 0.2, 50, 2, DELTA, independent=10, paired=True)
     assert rec["independent_from"] == "records" and rec["independent"] == 10
-    prof = ss.augcorbin_profile(1.0, 40, 0.2, independent=10, paired=True)
+    prof = augcorbin.augcorbin_profile(1.0, 40, 0.2, independent=10, paired=True)
     want = ss.compose_run(prof, 50, 2, DELTA)[1].eps
     assert rec["dp"] is math.isfinite(want) and rec["exact"]["all_rounds"]["eps"] == want
 
 
 def test_augcorbin_exact_paired_case_is_the_worse() -> None:
-    prof = ss.augcorbin_profile(1.0, 20, 0.5)
+    prof = augcorbin.augcorbin_profile(1.0, 20, 0.5)
     assert {f.label for f in prof.families} == {"independent", "paired"}
     ind = ss.one_bit_profile(1.0, 10)
     assert prof.epsilon(1e-3) >= ind.epsilon(1e-3)
@@ -290,17 +292,3 @@ def test_corbin_pair_sum_is_randomized_rounding() -> None:
         off = [i for i in range(3) if i not in (lo, lo + 1)]
         assert sum(law[i] for i in off) <= 2.0 * 2.0**-d
         assert law @ np.arange(3) == pytest.approx(q1 + q2, abs=1e-12)
-
-
-def test_table_rows_small() -> None:
-    rows = ss.server_table((10,), m=50, rounds=2, pbm_trials=2)
-    by = {r["mechanism"].split()[0]: r for r in rows}
-    assert by["ldpfl"]["dp"] is True and math.isfinite(by["ldpfl"]["all_rounds_eps"])
-    assert by["corbin"]["dp"] is False
-    assert by["pbm"]["bits"] == 2
-    assert by["augcorbin"]["note"].endswith("2 of 10 independent (floor(gamma n + 1/2))")
-    assert "Thm 3" not in ss.format_table(rows) and "mechanism" in ss.format_table(rows)
-    # the plain word where the run's eps bounds nothing (eps > 10), and only there
-    for row in rows:
-        words = "no meaningful protection" in row["note"]
-        assert words is (row["dp"] and row["all_rounds_eps"] > 10), row

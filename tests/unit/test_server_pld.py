@@ -18,6 +18,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from corbin_fl.mechanisms import augcorbin
 from corbin_fl.mechanisms import secure_sum as ss
 from corbin_fl.mechanisms import server_pld as sp
 
@@ -147,7 +148,7 @@ def test_rdp_conversion_is_dp_accountings_above_alpha_1_01() -> None:
 
 def test_rdp_is_infinite_with_infinite_losses() -> None:
     """A paired AugCorBin client's pair has outcomes of infinite loss: no finite Renyi bound."""
-    prof = ss.augcorbin_profile(1.0, 10, 0.2, independent=4, paired=True)
+    prof = augcorbin.augcorbin_profile(1.0, 10, 0.2, independent=4, paired=True)
     assert math.isinf(sp.rdp_epsilon(prof, 10, 1e-3))
 
 
@@ -200,7 +201,7 @@ def test_an_adaptive_adversary_over_mixed_vertices_stays_below_the_project(
 
 def test_pbm_and_augcorbin_still_compose_above_their_worst_fixed_vertex() -> None:
     pbm = ss.binomial_profile(1.0, 2, 3)
-    aug = ss.augcorbin_profile(1.0, 50, 0.8, independent=40, paired=True)
+    aug = augcorbin.augcorbin_profile(1.0, 50, 0.8, independent=40, paired=True)
     for prof, steps, delta in ((pbm, 500, 1e-5), (aug, 100, 1e-3)):
         comp = ss.compose(prof, steps, delta)
         upd, run = ss.compose_run(prof, steps, 2, delta)

@@ -16,7 +16,7 @@ from corbin_fl.mechanisms.theory import (
     corbin_pair_joint_from_q,
     corbin_pair_mse,
     eq5_as_printed,
-    ldpfl_mse,
+    ldpq_mse,
     ldpq_pair_mse,
     optimal_pair_mse,
     prob_plus64,
@@ -193,7 +193,7 @@ def test_theorem2_bound_holds_for_d16_pair() -> None:
     for eps in EPS_GRID:
         mse_mean = corbin_pair_mse(w1, w2, 0.0, 1.0, eps, 16) / 4.0  # mean of n = 2 clients
         assert np.max(mse_mean) <= theorem2_bound(1.0, eps, 2)
-        assert theorem2_bound(1.0, eps, 2) <= ldpfl_mse(1.0, eps, 2)
+        assert theorem2_bound(1.0, eps, 2) <= ldpq_mse(1.0, eps, 2)
         # identity of the two forms in Theorem 2 / Appendix C
         a = alpha64(eps)
         assert theorem2_bound(1.0, eps, 2) == pytest.approx((2 * a * a - (a - 1) ** 2) / 4)
@@ -268,7 +268,7 @@ def test_theorem3_condition_standalone_wording_carries_the_same_figures() -> Non
 def test_theorem3_mse_bound_interpolates() -> None:
     for eps in EPS_GRID:
         assert theorem3_mse_bound(0.2, eps, 10, 0.0) == pytest.approx(theorem2_bound(0.2, eps, 10))
-        assert theorem3_mse_bound(0.2, eps, 10, 1.0) == pytest.approx(ldpfl_mse(0.2, eps, 10))
+        assert theorem3_mse_bound(0.2, eps, 10, 1.0) == pytest.approx(ldpq_mse(0.2, eps, 10))
 
 
 def test_theorem4() -> None:
