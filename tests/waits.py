@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -208,6 +208,36 @@ class ClientAppTiming(StartupTiming):
             + first_round_stages * first
             + (rounds - 1) * later_round_stages * later
         )
+
+
+def wait_progressing(
+    ready: Callable[[], bool],
+    alive: Callable[[], bool],
+    log: Path,
+    idle: float,
+    what: str,
+    poll: float = 0.5,
+) -> None:
+    """Wait until ``ready()`` while the process writing ``log`` is alive and making progress.
+
+    Fails at once when ``alive()`` turns false, and when ``log`` has not grown for ``idle``
+    seconds: a stall, not a slow machine. Each line the process prints starts a new window, so a
+    start-up that is slow in every step (imports, the database's migrations, binding the port)
+    waits as long as it goes on, and ``idle`` need only cover the longest silent step (for a
+    Flower process, its imports: :meth:`StartupTiming.startup_timeout`).
+    """
+    size, last = -1, time.monotonic()
+    while not ready():
+        assert alive(), f"{what} exited:\n{log.read_text(errors='replace')}"
+        grown = log.stat().st_size if log.exists() else 0
+        if grown != size:
+            size, last = grown, time.monotonic()
+        stalled = time.monotonic() - last
+        assert stalled < idle, (
+            f"{what}: not ready and its log silent for {stalled:.0f} s (> {idle:.0f} s):\n"
+            + log.read_text(errors="replace")
+        )
+        time.sleep(poll)
 
 
 def measure_clientapp(run_config: Mapping[str, Any], num_partitions: int) -> ClientAppTiming:
