@@ -169,12 +169,11 @@ def _target(groups: Sequence[GroupResult], target: TargetSpec) -> Target:
         status = verdict(diff, target.margin, "below" if within else "above")
         return status, f"{text} ({diff.fmt()})"
 
-    def at(c: GroupResult) -> bool:
-        if target.eps is not None:
-            return math.isclose(eps(c), target.eps)
-        return eps(c) <= float(target.eps_max or 0.0)
-
-    found = [gap(c, o) for c in ours if at(c) and (o := refs.get(key(c, *drop))) is not None]
+    found = [
+        gap(c, o)
+        for c in ours
+        if target.covers(eps(c)) and (o := refs.get(key(c, *drop))) is not None
+    ]
     return combine(target.name, found, target.missing)
 
 

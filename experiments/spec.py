@@ -180,6 +180,15 @@ class TargetSpec:
         """:attr:`reference_label`, else the reference's title."""
         return self.reference_label or _title(self.reference)
 
+    def covers(self, eps_p: float) -> bool:
+        """Whether the target compares at ``eps_p``: its :attr:`eps`, else any eps_p up to
+        :attr:`eps_max`."""
+        if self.eps is not None:
+            return math.isclose(eps_p, self.eps)
+        if self.eps_max is None:
+            raise ValueError(f"target {self.name!r}: give one of eps and eps_max")
+        return eps_p <= self.eps_max
+
     @property
     def any_epsilon(self) -> bool:
         """The reference has no DP (privacy family ``"none"``): matched at any eps_p."""
