@@ -155,3 +155,13 @@ def test_targets_are_an_array_of_tables_with_distinct_names_and_federated_only()
     mse = {"experiment": {"name": "m", "kind": "mse"}, "mse": {}, "target": [one]}
     with pytest.raises(SpecError, match='not used by kind = "mse"'):
         parse_spec(mse)
+
+
+def test_covers_one_eps_or_every_eps_up_to_eps_max() -> None:
+    one = TargetSpec(name="a", mechanism="corbin", reference="ldpfl", claim="above", eps=0.5)
+    assert one.covers(0.5) and not one.covers(0.3)
+    upto = TargetSpec(name="b", mechanism="corbin", reference="ldpfl", claim="above", eps_max=1)
+    assert upto.covers(0.1) and upto.covers(1.0) and not upto.covers(3.0)
+    neither = TargetSpec(name="c", mechanism="corbin", reference="ldpfl", claim="above")
+    with pytest.raises(ValueError, match="give one of eps and eps_max"):
+        neither.covers(1.0)
