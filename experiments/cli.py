@@ -51,11 +51,13 @@ def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]
     """Every run of ``spec`` its table needs, with its state in the pool: with ``lambda-seeds``,
     a run on another seed is needed only at its setting's chosen lambda, and is
     :attr:`RunState.WAITING` (at every lambda) until the setting's lambda-choosing runs are all
-    done (:func:`chosen_lambdas`)."""
+    done (:func:`chosen_lambdas`); with ``[lambda-from]``, a run of a borrowing grid likewise
+    waits for its counterpart's choice in the other spec (:func:`borrowed_lambdas`)."""
     pool = Path(results_root) / sweep.POOL_DIR
     runs = sweep.expand_runs(spec)
     states = {r.run_id: sweep.run_state(pool / r.run_id, r) for r in runs}
-    chosen = chosen_lambdas(spec, runs, states, pool)
+    chosen = chosen_lambdas(spec, runs, states, pool) if spec.confirmation_seeds else {}
+    chosen |= borrowed_lambdas(spec, runs, pool)
     return [
         (r, RunState.WAITING)
         if not r.selects and r.setting_key not in chosen and states[r.run_id] is not RunState.DONE
@@ -68,10 +70,7 @@ def chosen_lambdas(
     spec: ExperimentSpec, runs: Sequence[Run], states: dict[str, RunState], pool: Path
 ) -> dict[str, float]:
     """Setting key -> its chosen lambda (:func:`results.choose_lambda` over its lambda-choosing
-    runs, the report's rule) for every setting whose lambda-choosing runs are all done; empty
-    when every seed chooses (no ``lambda-seeds``), since then no run waits on a choice."""
-    if not spec.confirmation_seeds:
-        return {}
+    runs, the report's rule) for every setting whose lambda-choosing runs are all done."""
     by_setting: dict[str, list[Run]] = {}
     for r in runs:
         if r.selects:
@@ -80,6 +79,23 @@ def chosen_lambdas(
         key: rs.choose_lambda([rs.load_run(pool / r.run_id) for r in members])[0]
         for key, members in by_setting.items()
         if all(states[r.run_id] is RunState.DONE for r in members)
+    }
+
+
+def borrowed_lambdas(spec: ExperimentSpec, runs: Sequence[Run], pool: Path) -> dict[str, float]:
+    """Setting key -> the lambda chosen for its counterpart in the spec of ``[lambda-from]``
+    (:func:`chosen_lambdas` of that spec, over the same pool), for the borrowing settings whose
+    counterpart's choice is made."""
+    if spec.lambda_from is None:
+        return {}
+    other = spec.lambda_from.spec
+    theirs = sweep.expand_runs(other)
+    states = {r.run_id: sweep.run_state(pool / r.run_id, r) for r in theirs}
+    choices = chosen_lambdas(other, theirs, states, pool)
+    return {
+        r.setting_key: choices[r.counterpart]
+        for r in runs
+        if r.counterpart is not None and r.counterpart in choices
     }
 
 
@@ -107,9 +123,12 @@ def plan_counts(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -
     later, choose = rs.seeds_text(spec.confirmation_seeds), rs.seeds_text(spec.selection_seeds)
     after = (
         f", {waiting} then at their setting's chosen lambda ({later}; lambda chosen on {choose})"
-        if waiting
+        if waiting and spec.lambda_from is None
         else ""
     )
+    if waiting and spec.lambda_from is not None:
+        after = f", {waiting} then at the lambda chosen for their counterpart in "
+        after += spec.lambda_from.path
     return (
         f"{spec.name}: {total} runs ({n[RunState.DONE]} done, {n[RunState.PARTIAL]} partial, "
         f"{n[RunState.MISSING]} to do{after})"
@@ -209,7 +228,7 @@ def run(
         with view:
             for index in range(len(todo)):
                 if (upcoming := next_run(spec, results_root, tried)) is None:
-                    logger.warning("the runs left wait for a lambda choice whose runs failed")
+                    logger.warning("%s", waiting_text(spec))
                     break
                 run, state = upcoming
                 tried.add(run.run_id)
@@ -245,6 +264,18 @@ def next_run(
         if state in (RunState.MISSING, RunState.PARTIAL) and run.run_id not in tried:
             return run, state
     return None
+
+
+def waiting_text(spec: ExperimentSpec) -> str:
+    """Why the runs left cannot run now: they wait for a lambda choice whose runs failed, or
+    (``[lambda-from]``) for one the other spec has not made yet."""
+    if spec.lambda_from is None:
+        return "the runs left wait for a lambda choice whose runs failed"
+    return (
+        "the runs left wait for a lambda choice: their counterpart's in "
+        f"{spec.lambda_from.path} (run it first: `corbin-fl experiment run "
+        f"{spec.lambda_from.path}`), or one whose runs failed"
+    )
 
 
 def execute(

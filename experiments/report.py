@@ -373,6 +373,8 @@ def lambda_text(spec: ExperimentSpec) -> str:
     """The lambda grid, and with ``lambda-seeds`` the seeds that choose and those that run only
     at the chosen lambda (the report's Setup)."""
     own = [f"{grid_name(i)}: {list(lams)}" for i, lams in enumerate(spec.grid_lambdas) if lams]
+    if spec.lambda_from is not None:
+        return borrowed_text(spec, own)
     text = str(list(spec.lambda_grid)) + (f" (its own: {'; '.join(own)})" if own else "")
     if not spec.confirmation_seeds:
         return text
@@ -380,6 +382,24 @@ def lambda_text(spec: ExperimentSpec) -> str:
         f"{text}, chosen on {rs.seeds_text(spec.selection_seeds)} alone; "
         f"{rs.seeds_text(spec.confirmation_seeds)} ran only at each setting's chosen lambda"
     )
+
+
+def borrowed_text(spec: ExperimentSpec, own: Sequence[str]) -> str:
+    """The Setup's lambda line of a spec with ``[lambda-from]``: the grids that choose (their
+    own candidates) and those that take their counterparts' choice."""
+    borrow = spec.lambda_from
+    assert borrow is not None
+    grids = [grid_name(i) for i in range(1 + len(spec.extra_grids)) if spec.borrows(i)]
+    renamed = ", ".join(f"{mine} as {theirs}" for mine, theirs in borrow.mechanism.items())
+    ignored = ", ".join(f"`{k}`" for k in borrow.ignore)
+    text = (
+        f"{', '.join(grids)}: not chosen here, each setting runs at the lambda chosen for its "
+        f"counterpart in `{borrow.path}` (by that spec's rule and seeds), the setting there "
+        "that agrees with it on every key"
+        + (f" but {ignored}" if ignored else "")
+        + (f", the mechanism {renamed}" if renamed else "")
+    )
+    return text + (f"; chosen here: {'; '.join(own)}" if own else "")
 
 
 def finalize_federated(

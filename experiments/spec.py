@@ -109,7 +109,7 @@ _TOP_OPTIONS: Mapping[str, _Opt] = {
     "lambda-grid": _Opt(float, 0, 1, many=True, lo_open=True),
     "lambda-seeds": _Opt(int, 0, 2**63 - 1, many=True),
 }
-_TABLES = ("experiment", "base", "grid", "extra-grid", "plots", "mse", "target")
+_TABLES = ("experiment", "base", "grid", "extra-grid", "plots", "mse", "target", "lambda-from")
 TARGETS_FILE = Path(__file__).with_name("targets.toml")
 """The accuracy targets a federated report checks unless its spec declares its own."""
 
@@ -237,6 +237,69 @@ def default_targets() -> tuple[TargetSpec, ...]:
 
 
 @dataclass(frozen=True)
+class LambdaFrom:
+    """``[lambda-from]``: a setting of a grid without its own ``lambda-grid`` runs only at the
+    lambda chosen for its counterpart in :attr:`spec` (that spec's rule and seeds), and waits
+    until that choice is made. Its counterpart is the other spec's one setting that agrees with
+    it on every result-config key but those in :attr:`ignore`, its mechanism named by
+    :attr:`mechanism` (the same mechanism when not named), with the same number of clients.
+    It saves the lambda grid's runs where the update's distribution is the same (a mechanism
+    and its secure-aggregation variant) or the step a mechanism tolerates is (a
+    reparametrisation); which one is a claim of the spec, stated in its report."""
+
+    spec: ExperimentSpec
+    path: str
+    """:attr:`spec`'s file as this spec names it (reports quote it)."""
+    mechanism: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    ignore: tuple[str, ...] = ()
+
+    def counterpart_mechanism(self, mechanism: str) -> str:
+        """The mechanism of the counterpart of a setting of ``mechanism``."""
+        return self.mechanism.get(mechanism, mechanism)
+
+
+def _parse_lambda_from(table: Mapping[str, Any], source: str) -> LambdaFrom:
+    """``[lambda-from]``: ``spec`` (a federated spec file, relative to this one's folder, itself
+    without ``[lambda-from]``), ``mechanism`` (a table: this spec's mechanism -> its
+    counterpart's, both registered) and ``ignore`` (run-config keys)."""
+    name = "lambda-from"
+    if not isinstance(table, Mapping):
+        raise SpecError(f"{_where(source, name)}: expected a table [{name}], got {table!r}")
+    schema = {"spec": _Opt(str), "ignore": _Opt(str, many=True)}
+    options = _options(table, schema, source, name, "mechanism")
+    if "spec" not in options:
+        raise SpecError(f"{_where(source, name, 'spec')}: missing (the spec whose choices to use)")
+    if not isinstance(mapping := table.get("mechanism", {}), Mapping):
+        raise SpecError(f"{_where(source, name, 'mechanism')}: expected a table, got {mapping!r}")
+    for key, value in mapping.items():
+        for mech in (key, value):
+            if mech not in registry.REGISTRY:
+                raise SpecError(
+                    f"{_where(source, name, 'mechanism')}: {mech!r} is not a registered "
+                    f"mechanism; choose from {', '.join(registry.REGISTRY)}"
+                )
+    known = set(AppConfig.defaults())
+    if bad := [k for k in options.get("ignore", ()) if k not in known or k in RESERVED_KEYS]:
+        raise SpecError(f"{_where(source, name, 'ignore')}: {bad} are not run-config keys")
+    folder = Path(source).parent if source != "<spec>" else Path()
+    path = folder / options["spec"]
+    if path.resolve() == Path(source).resolve():
+        raise SpecError(f"{_where(source, name, 'spec')}: a spec cannot borrow from itself")
+    try:
+        other = load_spec(path)
+    except FileNotFoundError as exc:
+        raise SpecError(f"{_where(source, name, 'spec')}: {path} does not exist") from exc
+    if other.kind != "federated" or other.lambda_from is not None:
+        raise SpecError(
+            f"{_where(source, name, 'spec')}: {path} must be a federated spec that chooses its "
+            "own lambdas (without [lambda-from])"
+        )
+    return LambdaFrom(
+        other, options["spec"], MappingProxyType(dict(mapping)), options.get("ignore", ())
+    )
+
+
+@dataclass(frozen=True)
 class ExperimentSpec:
     """A validated spec: ``base`` the run config of every run (without ``clients``, which is
     ``clients`` unless a grid sweeps it), ``grid`` and ``extra_grids`` the sweeps in file order."""
@@ -267,6 +330,9 @@ class ExperimentSpec:
     """Seconds one round of the base setting took where the spec is meant to run (measured;
     the spec's comments say how): ``plan`` estimates the runs' time from it."""
     mse: MSESpec | None = None
+    lambda_from: LambdaFrom | None = None
+    """``[lambda-from]``: the grids without their own ``lambda-grid`` take each setting's lambda
+    from its counterpart in another spec (:meth:`borrows`)."""
     own_targets: tuple[TargetSpec, ...] | None = None
     """The spec's ``[[target]]`` tables; None: :func:`default_targets`."""
     source: Path | None = field(default=None, compare=False)
@@ -284,15 +350,27 @@ class ExperimentSpec:
 
     def lambdas(self, grid: int) -> tuple[float, ...]:
         """The lambda candidates of the settings of grid ``grid`` (0: ``[grid]``, then each
-        ``[[extra-grid]]``): its own ``lambda-grid``, else the top-level one."""
+        ``[[extra-grid]]``): its own ``lambda-grid``, else the top-level one (a grid that
+        :meth:`borrows` runs at its counterparts' candidates instead)."""
         own = self.grid_lambdas[grid] if grid < len(self.grid_lambdas) else None
         return own if own is not None else self.lambda_grid
 
+    def borrows(self, grid: int) -> bool:
+        """Whether grid ``grid``'s settings take their lambda from their counterparts in
+        :attr:`lambda_from` (a spec with ``[lambda-from]``, the grid without its own
+        ``lambda-grid``) instead of choosing it."""
+        own = self.grid_lambdas[grid] if grid < len(self.grid_lambdas) else None
+        return self.lambda_from is not None and own is None
+
     @property
     def all_lambdas(self) -> tuple[float, ...]:
-        """Every lambda some setting may run at, ascending."""
+        """Every lambda some setting may run at, ascending (a borrowing grid's: any of the
+        other spec's)."""
         grids = range(1 + len(self.extra_grids))
-        return tuple(sorted({lam for i in grids for lam in self.lambdas(i)}))
+        out = {lam for i in grids if not self.borrows(i) for lam in self.lambdas(i)}
+        if self.lambda_from is not None and any(self.borrows(i) for i in grids):
+            out |= set(self.lambda_from.spec.all_lambdas)
+        return tuple(sorted(out))
 
     @property
     def confirmation_seeds(self) -> tuple[int, ...]:
@@ -473,6 +551,11 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
     if "target" in raw and kind == "mse":
         raise SpecError(f'{source}: [[target]]: not used by kind = "mse" (its targets are fixed)')
     targets = _parse_targets(raw["target"], source) if "target" in raw else None
+    if "lambda-from" in raw:
+        if kind != "federated":
+            raise SpecError(f'{source}: [lambda-from]: only used with kind = "federated"')
+        top["lambda_from"] = _parse_lambda_from(raw["lambda-from"], source)
+        _check_borrowing(top, sweep, source)
     return ExperimentSpec(
         **options,
         **top,
@@ -481,6 +564,24 @@ def parse_spec(raw: Mapping[str, Any], *, source: str = "<spec>") -> ExperimentS
         own_targets=targets,
         source=source_path,
     )
+
+
+def _check_borrowing(top: Mapping[str, Any], sweep: Mapping[str, Any], source: str) -> None:
+    """With ``[lambda-from]``: some grid borrows (has no ``lambda-grid`` of its own), the
+    top-level ``lambda-grid`` (which no grid would use) and ``lambda-seeds`` are not given."""
+    grids = 1 + len(sweep["extra_grids"])
+    own = sweep["grid_lambdas"] or (None,) * grids
+    if all(lams is not None for lams in own):
+        raise SpecError(
+            f"{source}: [lambda-from]: every grid has its own lambda-grid, so none borrows; "
+            "drop [lambda-from] or a grid's lambda-grid"
+        )
+    for key, why in (
+        ("lambda_grid", "the grids without their own lambda-grid take their counterparts'"),
+        ("lambda_seeds", "not supported with [lambda-from] (borrowed settings choose nothing)"),
+    ):
+        if key in top:
+            raise SpecError(f"{source}: {key.replace('_', '-')}: {why}")
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

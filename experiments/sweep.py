@@ -73,6 +73,9 @@ class Run:
     config: Mapping[str, RunValue]
     selects: bool = True
     """Whether this run's seed is one lambda is chosen on (``lambda-seeds``; all by default)."""
+    counterpart: str | None = None
+    """The setting key of its counterpart in the spec of ``[lambda-from]`` when its grid
+    borrows lambda (then it does not select, and runs only at the lambda chosen there)."""
 
     @property
     def setting_key(self) -> str:
@@ -113,7 +116,8 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
         raise ValueError(f"only federated specs expand into runs, got kind={spec.kind!r}")
     seen: set[str] = set()
     runs: list[Run] = []
-    later: list[Run] = []  # the runs on the seeds that do not choose lambda
+    later: list[Run] = []  # the runs on the seeds that do not choose lambda, or borrow it
+    counterparts = _Counterparts(spec)
     for index, grid in enumerate((spec.grid, *spec.extra_grids)):
         keys = [k for k, _ in grid]
         for combo in itertools.product(*(values for _, values in grid)):
@@ -128,18 +132,67 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
                     "SuperNodes), or sweep it in [grid]"
                 )
             cfg.setdefault("min-clients", n := int(n))
-            for lam, seed in itertools.product(spec.lambdas(index), spec.seeds):
+            lambdas, counterpart = spec.lambdas(index), None
+            if spec.borrows(index):
+                counterpart, lambdas = counterparts.find(cfg, n)
+            for lam, seed in itertools.product(lambdas, spec.seeds):
                 run_config = {**cfg, "global-lr": float(lam), "seed": int(seed)}
                 where = f"{spec.name}: setting {canonical_json(run_config)}"
-                try:
-                    config = MappingProxyType(AppConfig.from_flower(run_config).result_config())
-                except ConfigError as exc:
-                    raise SpecError(f"{where}: {exc}") from exc
+                config = MappingProxyType(_result_config(run_config, where))
                 run_id, digest = make_run_id(config, n), config_hash(config, n)
-                selects = int(seed) in spec.selection_seeds
-                run = Run(run_id, MappingProxyType(run_config), n, digest, config, selects)
+                selects = counterpart is None and int(seed) in spec.selection_seeds
+                run = Run(
+                    run_id, MappingProxyType(run_config), n, digest, config, selects, counterpart
+                )
                 (runs if selects else later).append(run)
     return runs + later
+
+
+def _result_config(run_config: Mapping[str, RunValue], where: str) -> Mapping[str, RunValue]:
+    try:
+        return AppConfig.from_flower(run_config).result_config()
+    except ConfigError as exc:
+        raise SpecError(f"{where}: {exc}") from exc
+
+
+class _Counterparts:
+    """The settings of a spec's ``[lambda-from]`` spec, found by what a borrowing setting must
+    share with its counterpart (:class:`corbin_fl.experiments.spec.LambdaFrom`)."""
+
+    def __init__(self, spec: ExperimentSpec) -> None:
+        self.spec, self.where = spec, spec.source or spec.name
+        self.index: dict[str, list[tuple[str, float]]] = {}
+        if (borrow := spec.lambda_from) is None:
+            return
+        for r in expand_runs(borrow.spec):
+            key = self.match(r.config, r.clients, lambda m: m)
+            self.index.setdefault(key, []).append((r.setting_key, float(r.run_config["global-lr"])))
+
+    def match(self, config: Mapping[str, RunValue], clients: int, rename: Any) -> str:
+        """What a setting and its counterpart agree on: the result config without seed,
+        lambda and the ignored keys, the mechanism renamed by ``rename``, and the clients."""
+        assert self.spec.lambda_from is not None
+        skip = {"seed", "global-lr", *self.spec.lambda_from.ignore}
+        setting = {k: v for k, v in config.items() if k not in skip}
+        setting["mechanism"] = rename(setting["mechanism"])
+        return canonical_json({"config": setting, "clients": clients})
+
+    def find(self, cfg: Mapping[str, RunValue], clients: int) -> tuple[str, tuple[float, ...]]:
+        """The counterpart's setting key and lambda candidates of the setting ``cfg`` on
+        ``clients`` clients; :class:`SpecError` if the other spec has none, or several."""
+        borrow = self.spec.lambda_from
+        assert borrow is not None
+        where = f"{self.where}: setting {canonical_json(cfg)}"
+        config = _result_config({**cfg, "global-lr": 1.0, "seed": 0}, where)
+        found = self.index.get(self.match(config, clients, borrow.counterpart_mechanism), [])
+        if len(keys := {key for key, _ in found}) != 1:
+            what = "no setting that agrees" if not keys else f"{len(keys)} settings that agree"
+            raise SpecError(
+                f"{where}: [lambda-from]: {borrow.path} has {what} with it on every "
+                f"key but {['seed', 'global-lr', *borrow.ignore]} (its mechanism as "
+                f"{borrow.counterpart_mechanism(str(cfg['mechanism']))!r}); exactly one is needed"
+            )
+        return keys.pop(), tuple(sorted({lam for _, lam in found}))
 
 
 def needed_runs(runs: Sequence[Run], chosen: Mapping[str, float]) -> list[Run]:
@@ -157,9 +210,13 @@ def needed_runs(runs: Sequence[Run], chosen: Mapping[str, float]) -> list[Run]:
 
 def table_size(spec: ExperimentSpec, runs: Sequence[Run]) -> int:
     """How many runs the table needs in all: the lambda-choosing runs, plus each setting's
-    other seeds at its one chosen lambda."""
-    settings = {r.setting_key for r in runs}
-    return sum(r.selects for r in runs) + len(settings) * len(spec.confirmation_seeds)
+    other seeds at its one chosen lambda, plus each borrowing setting's seeds at the lambda of
+    its counterpart."""
+    settings = {r.setting_key for r in runs if r.counterpart is None}
+    borrowed = {(r.setting_key, r.run_config["seed"]) for r in runs if r.counterpart is not None}
+    return (
+        sum(r.selects for r in runs) + len(settings) * len(spec.confirmation_seeds) + len(borrowed)
+    )
 
 
 class RunState(enum.Enum):

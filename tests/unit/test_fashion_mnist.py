@@ -8,6 +8,7 @@ helpers); nothing needs Debian's ``dataset-fashion-mnist``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
@@ -224,15 +225,18 @@ def test_plan_prints_the_runs_and_their_estimated_time(
         assert ex.main(["plan", str(path), "--results", str(tmp_path)]) == 0
         out = " ".join(capsys.readouterr().out.split())
         assert f"{spec.name}: {n} runs (0 done, 0 partial, {first} to do" in out
-        if first < n:  # the rest wait for their setting's lambda (fashion-cpu: chosen on seed 0)
+        if first < n and spec.lambda_from is None:  # fashion-cpu: lambda chosen on seed 0
             assert f"{n - first} then at their setting's chosen lambda" in out
+        elif first < n:  # fashion-cpu-rest: at the lambda fashion-cpu chooses for a counterpart
+            assert f"{n - first} then at the lambda chosen for their counterpart in" in out
         if spec.round_seconds is None:
             assert "estimate:" not in out
             continue
         hours = n * 100 * spec.round_seconds / 3600
         assert f"estimate: {n} runs to do x their rounds ({n * 100:,} in all)" in out
         assert f"= {hours:.1f} h" in out
-    spec = load_spec(CPU_REST_SPEC)  # every seed chooses: each run not done is one to do
+    # every seed chooses: each run not done is one to do
+    spec = dataclasses.replace(load_spec(CPU_SPEC), lambda_seeds=None)
     planned = ex.plan(spec, tmp_path)
     half = [(r, RunState.DONE if i % 2 else s) for i, (r, s) in enumerate(planned)]
     left = sum(1 for _, s in half if s is not RunState.DONE)
