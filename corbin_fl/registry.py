@@ -864,6 +864,7 @@ register(
             ),
         ),
         aliases=("vanilla",),
+        title="FedAvg",
     )
 )
 register(
@@ -1009,6 +1010,7 @@ register(
         finite=_pbm,
         sum_levels=_pbm_levels,
         sum_trials=_pbm_trials,
+        title="PBM",
     )
 )
 register(
@@ -1039,6 +1041,7 @@ register(
         finite=_rqm,
         sum_levels=_rqm_levels,
         sum_trials=_rqm_trials,
+        title="RQM",
     )
 )
 register(
@@ -1059,6 +1062,7 @@ register(
         ),
         symbol_bits=_imvu_bits,
         finite=_imvu,
+        title="I-MVU",
     )
 )
 register(
@@ -1111,5 +1115,6 @@ register(
             ),
         ),
         privacy=Privacy("central"),
+        title="central Gaussian",
     )
 )

@@ -90,7 +90,7 @@ def test_within_a_reference_without_dp_matches_any_epsilon(tmp_path: Path) -> No
     )
     (t,) = federated_targets(groups, spec.targets)
     assert t.status == "MISS"  # FedAvg 20 points ahead: resolved above the 5 allowed
-    assert t.detail.startswith("fedavg 91.00 ± 1.00 - CorBin-FL 71.00 ± 1.00 = +20.00 points")
+    assert t.detail.startswith("FedAvg 91.00 ± 1.00 - CorBin-FL 71.00 ± 1.00 = +20.00 points")
 
 
 @pytest.mark.parametrize(
