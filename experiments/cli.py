@@ -51,16 +51,20 @@ def plan(spec: ExperimentSpec, results_root: Path) -> list[tuple[Run, RunState]]
     """Every run of ``spec`` its table needs, with its state in the pool: with ``lambda-seeds``,
     a run on another seed is needed only at its setting's chosen lambda, and is
     :attr:`RunState.WAITING` (at every lambda) until the setting's lambda-choosing runs are all
-    done (:func:`chosen_lambdas`); with ``[lambda-from]``, a run of a borrowing grid likewise
-    waits for its counterpart's choice in the other spec (:func:`borrowed_lambdas`)."""
+    done (:func:`chosen_lambdas`), finished or not; with ``[lambda-from]``, a run of a borrowing
+    grid likewise waits for its counterpart's choice in the other spec
+    (:func:`borrowed_lambdas`)."""
     pool = Path(results_root) / sweep.POOL_DIR
     runs = sweep.expand_runs(spec)
     states = {r.run_id: sweep.run_state(pool / r.run_id, r) for r in runs}
     chosen = chosen_lambdas(spec, runs, states, pool) if spec.confirmation_seeds else {}
     chosen |= borrowed_lambdas(spec, runs, pool)
+    # a run that waits is not counted done even when its folder is: until its setting's lambda
+    # is chosen, a finished run of it may be at a lambda the choice will not take (a grid
+    # extended after it ran, or a counterpart's choice that changed)
     return [
         (r, RunState.WAITING)
-        if not r.selects and r.setting_key not in chosen and states[r.run_id] is not RunState.DONE
+        if not r.selects and r.setting_key not in chosen
         else (r, states[r.run_id])
         for r in sweep.needed_runs(runs, chosen)
     ]
@@ -228,7 +232,7 @@ def run(
         with view:
             for index in range(len(todo)):
                 if (upcoming := next_run(spec, results_root, tried)) is None:
-                    logger.warning("%s", waiting_text(spec))
+                    logger.warning("%s", waiting_text(spec, results_root))
                     break
                 run, state = upcoming
                 tried.add(run.run_id)
@@ -266,15 +270,16 @@ def next_run(
     return None
 
 
-def waiting_text(spec: ExperimentSpec) -> str:
+def waiting_text(spec: ExperimentSpec, results_root: Path) -> str:
     """Why the runs left cannot run now: they wait for a lambda choice whose runs failed, or
-    (``[lambda-from]``) for one the other spec has not made yet."""
+    (``[lambda-from]``) for one the other spec has not made yet, with the command that makes it."""
     if spec.lambda_from is None:
         return "the runs left wait for a lambda choice whose runs failed"
+    other = spec.lambda_from.spec
+    command = f"corbin-fl experiment run {other.source or other.name} --results {results_root}"
     return (
-        "the runs left wait for a lambda choice: their counterpart's in "
-        f"{spec.lambda_from.path} (run it first: `corbin-fl experiment run "
-        f"{spec.lambda_from.path}`), or one whose runs failed"
+        f"the runs left wait for a lambda choice: their counterpart's in {other.name} (run it "
+        f"first: `{command}`), or one whose runs failed"
     )
 
 

@@ -48,12 +48,14 @@ TABLE_FILE = "table.md"
 @dataclass(frozen=True)
 class Row:
     """One line of the table: a mechanism, with or without secure aggregation, and its
-    settings' groups by eps_p (``None``: no DP), from the spec that runs it."""
+    settings' groups by eps_p (``None``: no DP), from the first spec that runs it;
+    ``provisional``: the eps_p whose lambda is not final (a lambda-choosing run not done)."""
 
     mechanism: str
     secure: bool
     spec: ExperimentSpec
     groups: Mapping[float | None, rs.GroupResult]
+    provisional: frozenset[float | None] = frozenset()
 
     @property
     def label(self) -> str:
@@ -69,14 +71,15 @@ def half_width(stat: rs.Stat, confidence: float = 0.95) -> float:
     return float(stats.t.ppf((1 + confidence) / 2, stat.n - 1) * stat.std / math.sqrt(stat.n))
 
 
-def cell(g: rs.GroupResult | None) -> str:
-    """``mean ± half-width (n=N), λ L`` in percent; ``—`` for a setting with no finished run."""
+def cell(g: rs.GroupResult | None, provisional: bool = False) -> str:
+    """``mean ± half-width (n=N), λ L`` in percent (``λ L?`` while the choice is not final);
+    ``—`` for a setting with no finished run."""
     if g is None or g.test.n == 0:
         return "—"
     hw = half_width(g.test)
     mean = f"{100 * g.test.mean:.2f}"
     spread = f" ± {100 * hw:.2f}" if math.isfinite(hw) else ""
-    return f"{mean}{spread} (n={g.test.n}), λ {g.global_lr:g}"
+    return f"{mean}{spread} (n={g.test.n}), λ {g.global_lr:g}{'?' if provisional else ''}"
 
 
 def _eps_of(setting: Mapping[str, rs.RunValue]) -> float | None:
@@ -84,33 +87,51 @@ def _eps_of(setting: Mapping[str, rs.RunValue]) -> float | None:
     return None if family == "none" else float(setting["epsilon"])
 
 
+def _key(config: Mapping[str, rs.RunValue]) -> tuple[str, bool]:
+    return str(config["mechanism"]), config.get("secure-aggregation") is True
+
+
 def rows(specs: Sequence[ExperimentSpec], results_root: Path) -> list[Row]:
-    """A row per mechanism and secure-aggregation flag of ``specs``' settings (in spec order,
-    finished or not), each holding its groups at their chosen lambda."""
+    """A row per mechanism and secure-aggregation flag of ``specs``' settings (finished or
+    not; those with DP first, then without, then with secure aggregation, each in registration
+    order), each holding its groups at their chosen lambda. A setting that two specs share
+    (the same mechanism, flag and eps_p) is the first spec's."""
     found: dict[tuple[str, bool], tuple[ExperimentSpec, dict[float | None, rs.GroupResult]]] = {}
+    pending: dict[tuple[str, bool], set[float | None]] = {}
     for spec in specs:
-        for run in sweep.expand_runs(spec):
-            key = (str(run.config["mechanism"]), run.config.get("secure-aggregation") is True)
-            found.setdefault(key, (spec, {}))
+        planned = cli.plan(spec, results_root)
+        for run, _ in planned:
+            found.setdefault(_key(run.config), (spec, {}))
+        open_keys = {
+            r.setting_key for r, st in planned if r.selects and st is not sweep.RunState.DONE
+        }
+        setting_of = {r.run_id: r.setting_key for r, _ in planned}
         for g in rs.group_results(cli.load_finished(spec, results_root), spec.lambda_seeds):
-            key = (str(g.setting["mechanism"]), g.setting.get("secure-aggregation") is True)
-            found[key][1][_eps_of(g.setting)] = g
+            owner, groups = found[key := _key(g.setting)]
+            if owner is spec:
+                groups[eps := _eps_of(g.setting)] = g
+                if setting_of[g.runs[0].run_id] in open_keys:
+                    pending.setdefault(key, set()).add(eps)
     order = list(registry.REGISTRY)
 
     def rank(key: tuple[str, bool]) -> tuple[bool, bool, int]:  # DP first, SecAgg+ last
         no_dp = registry.get(key[0]).category.family == "none"
         return key[1], no_dp, order.index(key[0])
 
-    return [Row(*key, *found[key]) for key in sorted(found, key=rank)]
+    return [
+        Row(*key, *found[key], frozenset(pending.get(key, ()))) for key in sorted(found, key=rank)
+    ]
 
 
 def accuracy_table(table_rows: Sequence[Row]) -> str:
-    """Mechanisms against eps_p (and FedAvg's no-DP column), with the uplink bits per
-    parameter each row's runs measured."""
-    head = ["mechanism", *(f"eps_p = {e:g}" for e in EPSILONS), "no DP", "bits / parameter"]
+    """Mechanisms against eps_p (the paper's :data:`EPSILONS` and any other a row has), and
+    FedAvg's no-DP column, with the uplink bits per parameter each row's runs measured."""
+    found = {e for row in table_rows for e in row.groups if e is not None}
+    columns = sorted(found | set(EPSILONS))
+    head = ["mechanism", *(f"eps_p = {e:g}" for e in columns), "no DP", "bits / parameter"]
     body = []
     for row in table_rows:
-        cells = [cell(row.groups.get(e)) for e in (*EPSILONS, None)]
+        cells = [cell(row.groups.get(e), e in row.provisional) for e in (*columns, None)]
         bits = sorted({f"{plots.uplink_bits(g):.3f}" for g in row.groups.values() if g.runs})
         body.append([row.label, *cells, " / ".join(bits) or "—"])
     return table(head, body)
@@ -184,8 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m corbin_fl.experiments.paper_table``: write the table; print its path."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("docs/results/paper"))
+    parser.add_argument(
+        "--specs", type=Path, nargs="+", default=list(SPECS), help="(this checkout's CPU specs)"
+    )
     args = parser.parse_args(argv)
-    print(write(args.results))
+    print(write(args.results, args.specs))
     return 0
 
 

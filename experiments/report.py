@@ -18,7 +18,7 @@ from typing import Any, Literal
 from scipy import stats
 
 from corbin_fl.config import RunConfig
-from corbin_fl.experiments import plots
+from corbin_fl.experiments import plots, sweep
 from corbin_fl.experiments import results as rs
 from corbin_fl.experiments import server_table as st
 from corbin_fl.experiments.results import GroupResult, Stat, group_label
@@ -448,11 +448,14 @@ def finalize_federated(
     ]
     lines += against_table(groups, keys, "epsilon")
     if len(spec.all_lambdas) > 1:  # each lambda's mean, the chosen one ticked
+        borrowed = {r.run_id for r in sweep.expand_runs(spec) if r.counterpart is not None}
 
         def cell(g: GroupResult, lam: float) -> str:
             mean = g.lambda_scores.get(float(lam), Stat(math.nan, math.nan, 0)).mean
             text = f"{100 * mean:.2f}" if math.isfinite(mean) else "—"
-            return f"{text} ✓" if math.isclose(lam, g.global_lr) else text
+            if not math.isclose(lam, g.global_lr):
+                return text
+            return f"{text} ✓" + (" (its counterpart's)" if g.runs[0].run_id in borrowed else "")
 
         lams = spec.all_lambdas
         head = ["setting", *(f"λ={lam:g}" for lam in lams)]

@@ -272,6 +272,11 @@ def _parse_lambda_from(table: Mapping[str, Any], source: str) -> LambdaFrom:
     if not isinstance(mapping := table.get("mechanism", {}), Mapping):
         raise SpecError(f"{_where(source, name, 'mechanism')}: expected a table, got {mapping!r}")
     for key, value in mapping.items():
+        if not isinstance(value, str):
+            raise SpecError(
+                f"{_where(source, name, 'mechanism', key)}: expected a mechanism's name, got "
+                f"{value!r}"
+            )
         for mech in (key, value):
             if mech not in registry.REGISTRY:
                 raise SpecError(
@@ -281,15 +286,28 @@ def _parse_lambda_from(table: Mapping[str, Any], source: str) -> LambdaFrom:
     known = set(AppConfig.defaults())
     if bad := [k for k in options.get("ignore", ()) if k not in known or k in RESERVED_KEYS]:
         raise SpecError(f"{_where(source, name, 'ignore')}: {bad} are not run-config keys")
+    if "mechanism" in options.get("ignore", ()):
+        raise SpecError(
+            f"{_where(source, name, 'ignore')}: the mechanism is matched through the "
+            "`mechanism` table (this spec's mechanism -> its counterpart's), not ignored"
+        )
     folder = Path(source).parent if source != "<spec>" else Path()
     path = folder / options["spec"]
     if path.resolve() == Path(source).resolve():
         raise SpecError(f"{_where(source, name, 'spec')}: a spec cannot borrow from itself")
     try:
-        other = load_spec(path)
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise SpecError(f"{_where(source, name, 'spec')}: {path} does not exist") from exc
-    if other.kind != "federated" or other.lambda_from is not None:
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: invalid TOML: {exc}") from exc
+    if "lambda-from" in raw:  # before parsing it: two specs naming each other would recurse
+        raise SpecError(
+            f"{_where(source, name, 'spec')}: {path} must be a federated spec that chooses its "
+            "own lambdas (without [lambda-from])"
+        )
+    other = parse_spec(raw, source=str(path))
+    if other.kind != "federated":
         raise SpecError(
             f"{_where(source, name, 'spec')}: {path} must be a federated spec that chooses its "
             "own lambdas (without [lambda-from])"

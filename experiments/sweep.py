@@ -145,6 +145,7 @@ def expand_runs(spec: ExperimentSpec) -> list[Run]:
                     run_id, MappingProxyType(run_config), n, digest, config, selects, counterpart
                 )
                 (runs if selects else later).append(run)
+    counterparts.check_used(later)
     return runs + later
 
 
@@ -167,6 +168,17 @@ class _Counterparts:
         for r in expand_runs(borrow.spec):
             key = self.match(r.config, r.clients, lambda m: m)
             self.index.setdefault(key, []).append((r.setting_key, float(r.run_config["global-lr"])))
+
+    def check_used(self, runs: Sequence[Run]) -> None:
+        """:class:`SpecError` for a ``mechanism`` entry no borrowing setting has (a typo)."""
+        if (borrow := self.spec.lambda_from) is None:
+            return
+        used = {str(r.config["mechanism"]) for r in runs if r.counterpart is not None}
+        if unused := sorted(set(borrow.mechanism) - used):
+            raise SpecError(
+                f"{self.where}: lambda-from.mechanism: {unused} name no mechanism of a grid that "
+                "borrows lambda"
+            )
 
     def match(self, config: Mapping[str, RunValue], clients: int, rename: Any) -> str:
         """What a setting and its counterpart agree on: the result config without seed,

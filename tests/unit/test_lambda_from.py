@@ -111,9 +111,8 @@ def test_the_plan_waits_for_the_counterparts_choice_then_runs_only_it(
     )
     first = ex.run(spec, root, app_dir=app, backend=backend, progress=False)
     assert first.executed == 4  # central Gaussian; the others wait
-    assert "wait for a lambda choice: their counterpart's in source.toml (run it first" in (
-        caplog.text
-    )
+    command = f"corbin-fl experiment run {tmp_path / 'source.toml'} --results {root}"
+    assert f"their counterpart's in tiny (run it first: `{command}`)" in caplog.text
     # the source chooses on seed 0; its seeds 1 and 2 need not run for the choice to be made
     ex.run(source, root, app_dir=app, backend=backend, progress=False, max_runs=15)
     planned = ex.plan(spec, root)
@@ -155,6 +154,9 @@ def test_the_plan_waits_for_the_counterparts_choice_then_runs_only_it(
         (("seeds = [0, 1]\n", "seeds = [0, 1]\nlambda-grid = [1.0]\n"), "lambda-grid: the grids"),
         (("seeds = [0, 1]\n", "seeds = [0, 1]\nlambda-seeds = [0]\n"), "lambda-seeds: not"),
         (("d = 5", "d = 3"), "has no setting that agrees with it"),
+        (('ignore = ["secure-aggregation", ', 'ignore = ["mechanism", '), "matched through"),
+        (('augcorbin = "corbin"', 'augcorbin = ["corbin"]'), "expected a mechanism's name"),
+        (('augcorbin = "corbin" }', 'augcorbin = "corbin", rqm = "pbm" }'), "\\['rqm'\\] name"),
         (("secure-aggregation = [true]", "secure-aggregation = [true]\nlambda-grid = [1.0]"), ""),
     ],
     ids=[
@@ -167,6 +169,9 @@ def test_the_plan_waits_for_the_counterparts_choice_then_runs_only_it(
         "top-level-grid",
         "lambda-seeds",
         "no-counterpart",
+        "ignore-mechanism",
+        "mapped-to-a-list",
+        "unused-mapping",
         "fine",
     ],
 )
@@ -176,7 +181,7 @@ def test_bad_lambda_from_fails_before_anything_runs(
     text = BORROWER.replace(*edit)
     assert text != BORROWER
     if not match:  # a control: the same spec, one more grid choosing its own
-        _specs(tmp_path, text)
+        assert len(expand_runs(_specs(tmp_path, text)[1])) > 0
         return
     with pytest.raises(SpecError, match=match):
         expand_runs(_specs(tmp_path, text)[1])
@@ -186,6 +191,13 @@ def test_a_counterpart_must_be_one_setting_and_the_source_must_choose(tmp_path: 
     ambiguous = BORROWER.replace('ignore = ["secure-aggregation", ', 'ignore = ["epsilon", ')
     with pytest.raises(SpecError, match="2 settings that agree with it"):
         expand_runs(_specs(tmp_path, ambiguous)[1])
+    mutual = tmp_path / "mutual.toml"  # borrows from a spec that borrows from it: no recursion
+    mutual.write_text(BORROWER.replace('"source.toml"', '"other.toml"'), encoding="utf-8")
+    (tmp_path / "other.toml").write_text(
+        BORROWER.replace('"source.toml"', '"mutual.toml"'), encoding="utf-8"
+    )
+    with pytest.raises(SpecError, match="without \\[lambda-from\\]"):
+        spec_from(mutual.read_text(encoding="utf-8"), str(mutual))
     chained = tmp_path / "chained.toml"
     chained.write_text(BORROWER.replace('"source.toml"', '"borrower.toml"'), encoding="utf-8")
     _specs(tmp_path)  # writes borrower.toml, which itself borrows
@@ -216,3 +228,38 @@ def test_the_readmes_lambda_from_example_is_the_paper_specs() -> None:
     spec = load_spec(rest)
     assert spec.lambda_from is not None and spec.lambda_from.path == shown["spec"]
     assert dict(spec.lambda_from.mechanism) == shown["mechanism"]
+
+
+def test_a_finished_run_at_a_lambda_no_longer_chosen_waits_and_is_not_reported(
+    tmp_path: Path,
+) -> None:
+    """The source's grid extended after a borrowing run finished: until the new choice is
+    made, the borrowing setting's runs wait (its finished one is not counted, nor reported);
+    then only the run at the new choice counts."""
+    source, spec = _specs(tmp_path, BORROWER.replace(SECURE_GRID, ""))
+    root, app, backend = tmp_path / "r", fake_app_dir(tmp_path), FakeBackend()
+    ex.run(source, root, app_dir=app, backend=backend, progress=False, max_runs=15)
+    ex.run(spec, root, app_dir=app, backend=backend, progress=False)
+    assert ex.plan_counts(spec, ex.plan(spec, root)).startswith("borrower: 12 runs (12 done")
+    wider = SOURCE.replace("lambda-grid = [0.25, 0.5, 1.0]", "lambda-grid = [0.1, 0.25, 0.5, 1.0]")
+    (tmp_path / "source.toml").write_text(wider, encoding="utf-8")
+    spec = spec_from(BORROWER.replace(SECURE_GRID, ""), str(tmp_path / "borrower.toml"))
+    planned = ex.plan(spec, root)
+    # central Gaussian's 4 runs stay done; each borrowing setting and seed waits, once
+    assert ex.plan_counts(spec, planned) == (
+        "borrower: 12 runs (4 done, 0 partial, 0 to do, 8 then at the lambda chosen for their "
+        "counterpart in source.toml)"
+    )
+    finished = ex.load_finished(spec, root)
+    assert {r.setting["mechanism"] for r in finished} == {"central-gaussian"}
+    ex.run(
+        spec_from(wider, str(tmp_path / "source.toml")),
+        root,
+        app_dir=app,
+        backend=backend,
+        progress=False,
+        max_runs=5,
+    )  # the new lambda's seed-0 runs: the choice is made again
+    planned = ex.plan(spec, root)
+    assert RunState.WAITING not in {s for _, s in planned}
+    assert sum(s is RunState.DONE for _, s in planned) + len(ex.to_do(planned)) == 12

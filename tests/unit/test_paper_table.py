@@ -45,7 +45,11 @@ def test_the_table_has_a_row_per_mechanism_and_a_column_per_eps(tmp_path: Path) 
     assert want in lines["CorBin-FL"]
     cells = lines["AugCorBin-FL"].split(" | ")
     assert cells[1] == "—" and "(n=2)" in cells[3]  # no eps_p 0.1 here; two seeds, one lambda
-    assert lines["FedAvg"].split(" | ")[5].endswith("(n=3), λ 1")  # the no-DP column
+    assert lines["FedAvg"].split(" | ")[-2].endswith("(n=3), λ 1")  # the no-DP column
+    # LDP-FL is in both specs: the first spec's setting (3 seeds), not the borrower's (2)
+    assert "(n=3), λ" in lines["LDP-FL"].split(" | ")[3]
+    body = table.split("| mechanism |", 1)[1]
+    assert "?" not in body  # every lambda grid has run: no choice is provisional
     privacy = text.split("## The guarantee per threat model at eps_p = 1", 1)[1]
     assert "| CorBin-FL | eps_p = 1 per parameter | no DP" in privacy
     assert "`tiny` 25 of 25 runs; `borrower` 12 of 12 runs" in text
@@ -61,3 +65,17 @@ def test_the_committed_table_is_the_committed_runs() -> None:
     assert stamp.sub("", built).replace(str(REPO / "docs"), "docs") == stamp.sub("", committed), (
         "stale: python -m corbin_fl.experiments.paper_table --results docs/results/paper"
     )
+
+
+def test_rows_before_any_run_and_a_provisional_choice(tmp_path: Path) -> None:
+    source, spec = _specs(tmp_path)
+    labels = [r.label for r in pt.rows([source, spec], tmp_path / "r")]
+    assert labels == [
+        *("CorBin-FL", "AugCorBin-FL", "LDP-FL", "central Gaussian", "FedAvg"),
+        "LDP-FL + SecAgg+",
+    ]
+    root, app = tmp_path / "r", fake_app_dir(tmp_path)
+    ex.run(source, root, app_dir=app, backend=FakeBackend(), progress=False, max_runs=2)
+    (row,) = [r for r in pt.rows([source], root) if r.label == "LDP-FL"]
+    assert row.provisional == {0.5}  # 2 of its 3 lambdas ran: the best so far, marked
+    assert pt.cell(row.groups[0.5], True).endswith("?")
