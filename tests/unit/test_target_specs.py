@@ -165,3 +165,27 @@ def test_covers_one_eps_or_every_eps_up_to_eps_max() -> None:
     neither = TargetSpec(name="c", mechanism="corbin", reference="ldpfl", claim="above")
     with pytest.raises(ValueError, match="give one of eps and eps_max"):
         neither.covers(1.0)
+
+
+def test_a_report_names_its_targets_scale(tmp_path: Path) -> None:
+    """The default targets are the quick scale's ("Quick-scale targets"); a spec's own are
+    "Accuracy targets", with no scale in their table's header (the paper's specs)."""
+    from fake_experiments import TINY, FakeBackend, fake_app_dir, spec_from
+
+    from corbin_fl.experiments import cli as ex
+
+    own = TINY + (
+        '\n[[target]]\nname = "mine"\nmechanism = "corbin"\nreference = "ldpfl"\n'
+        'claim = "above"\neps-max = 1.0\n'
+    )
+    for text, heading, header in (
+        (TINY, "## Quick-scale targets", "target (quick scale, reported, not asserted)"),
+        (own, "## Accuracy targets", "target (reported, not asserted)"),
+    ):
+        (root := tmp_path / heading.split()[1]).mkdir()
+        out = ex.run(
+            spec_from(text), root, app_dir=fake_app_dir(root), backend=FakeBackend(), progress=False
+        )
+        report = out.report.read_text(encoding="utf-8") if out.report else ""
+        assert heading in report and f"| {header} |" in report
+        assert ("Quick-scale" in report) == (text is TINY)
