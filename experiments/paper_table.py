@@ -141,6 +141,8 @@ def privacy_table(table_rows: Sequence[Row]) -> str:
     """Each row's guarantee per threat model at eps_p = :data:`PRIVACY_AT` (the headline of
     the ServerApp's report in ``summary.json``), ``—`` before that setting has a finished run."""
     head = ["mechanism", *(f"{k}: {name}" for k, name in THREAT_MODELS.items())]
+    if any(row.secure for row in table_rows):  # there the server sees only the sum
+        head[2] += " (only the sum in the SecAgg+ rows)"
     body = []
     for row in table_rows:
         g = row.groups.get(PRIVACY_AT, row.groups.get(None))

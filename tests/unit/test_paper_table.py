@@ -74,6 +74,10 @@ def test_rows_before_any_run_and_a_provisional_choice(tmp_path: Path) -> None:
         *("CorBin-FL", "AugCorBin-FL", "LDP-FL", "central Gaussian", "FedAvg"),
         "LDP-FL + SecAgg+",
     ]
+    head = pt.privacy_table(pt.rows([source, spec], tmp_path / "r")).splitlines()[0]
+    assert "| B: server that sees every bit (only the sum in the SecAgg+ rows) |" in head
+    head = pt.privacy_table(pt.rows([source], tmp_path / "r")).splitlines()[0]
+    assert "| B: server that sees every bit |" in head  # no secure row
     root, app = tmp_path / "r", fake_app_dir(tmp_path)
     ex.run(source, root, app_dir=app, backend=FakeBackend(), progress=False, max_runs=2)
     (row,) = [r for r in pt.rows([source], root) if r.label == "LDP-FL"]
