@@ -125,12 +125,12 @@ def plan_counts(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -
     waiting = left - n[RunState.PARTIAL] - n[RunState.MISSING]
     total = n[RunState.DONE] + left
     later, choose = rs.seeds_text(spec.confirmation_seeds), rs.seeds_text(spec.selection_seeds)
-    after = (
-        f", {waiting} then at their setting's chosen lambda ({later}; lambda chosen on {choose})"
-        if waiting and spec.lambda_from is None
-        else ""
-    )
-    if waiting and spec.lambda_from is not None:
+    if not waiting:
+        after = ""
+    elif spec.lambda_from is None:
+        after = f", {waiting} then at their setting's chosen lambda ({later}; lambda chosen on "
+        after += f"{choose})"
+    else:
         after = f", {waiting} then at the lambda chosen for their counterpart in "
         after += spec.lambda_from.path
     return (
@@ -154,10 +154,16 @@ def plan_estimate(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]])
     )
 
 
-def load_finished(spec: ExperimentSpec, results_root: Path) -> list[rs.RunResult]:
-    """The finished runs of ``spec``, in sweep order."""
+def load_finished(
+    spec: ExperimentSpec,
+    results_root: Path,
+    planned: Sequence[tuple[Run, RunState]] | None = None,
+) -> list[rs.RunResult]:
+    """The finished runs of ``spec``, in sweep order (``planned``: its :func:`plan`, when the
+    caller has it already)."""
     pool = Path(results_root) / sweep.POOL_DIR
-    return [rs.load_run(pool / r.run_id) for r, s in plan(spec, results_root) if s is RunState.DONE]
+    planned = plan(spec, results_root) if planned is None else planned
+    return [rs.load_run(pool / r.run_id) for r, s in planned if s is RunState.DONE]
 
 
 def finalize(

@@ -83,30 +83,41 @@ def cell(g: rs.GroupResult | None, provisional: bool = False) -> str:
 
 
 def _eps_of(setting: Mapping[str, rs.RunValue]) -> float | None:
-    family = registry.get(str(setting["mechanism"])).category.family
-    return None if family == "none" else float(setting["epsilon"])
+    """The setting's eps_p, None without DP (its runs do not read ``epsilon``)."""
+    return float(setting["epsilon"]) if rs.reads("epsilon", setting) else None
 
 
 def _key(config: Mapping[str, rs.RunValue]) -> tuple[str, bool]:
     return str(config["mechanism"]), config.get("secure-aggregation") is True
 
 
-def rows(specs: Sequence[ExperimentSpec], results_root: Path) -> list[Row]:
+Plans = Mapping[str, Sequence[tuple[sweep.Run, sweep.RunState]]]
+"""Each spec's :func:`corbin_fl.experiments.cli.plan`, by spec name."""
+
+
+def plans(specs: Sequence[ExperimentSpec], results_root: Path) -> Plans:
+    """Each spec's plan over the pool under ``results_root`` (read once per table)."""
+    return {spec.name: cli.plan(spec, results_root) for spec in specs}
+
+
+def rows(
+    specs: Sequence[ExperimentSpec], results_root: Path, planned: Plans | None = None
+) -> list[Row]:
     """A row per mechanism and secure-aggregation flag of ``specs``' settings (finished or
     not; those with DP first, then without, then with secure aggregation, each in registration
     order), each holding its groups at their chosen lambda. A setting that two specs share
     (the same mechanism, flag and eps_p) is the first spec's."""
     found: dict[tuple[str, bool], tuple[ExperimentSpec, dict[float | None, rs.GroupResult]]] = {}
     pending: dict[tuple[str, bool], set[float | None]] = {}
+    planned = plans(specs, results_root) if planned is None else planned
     for spec in specs:
-        planned = cli.plan(spec, results_root)
-        for run, _ in planned:
+        mine = planned[spec.name]
+        for run, _ in mine:
             found.setdefault(_key(run.config), (spec, {}))
-        open_keys = {
-            r.setting_key for r, st in planned if r.selects and st is not sweep.RunState.DONE
-        }
-        setting_of = {r.run_id: r.setting_key for r, _ in planned}
-        for g in rs.group_results(cli.load_finished(spec, results_root), spec.lambda_seeds):
+        open_keys = {r.setting_key for r, st in mine if r.selects and st is not sweep.RunState.DONE}
+        setting_of = {r.run_id: r.setting_key for r, _ in mine}
+        finished = cli.load_finished(spec, results_root, mine)
+        for g in rs.group_results(finished, spec.lambda_seeds):
             owner, groups = found[key := _key(g.setting)]
             if owner is spec:
                 groups[eps := _eps_of(g.setting)] = g
@@ -115,7 +126,7 @@ def rows(specs: Sequence[ExperimentSpec], results_root: Path) -> list[Row]:
     order = list(registry.REGISTRY)
 
     def rank(key: tuple[str, bool]) -> tuple[bool, bool, int]:  # DP first, SecAgg+ last
-        no_dp = registry.get(key[0]).category.family == "none"
+        no_dp = not rs.reads("epsilon", {"mechanism": key[0]})
         return key[1], no_dp, order.index(key[0])
 
     return [
@@ -152,13 +163,13 @@ def privacy_table(table_rows: Sequence[Row]) -> str:
     return table(head, body)
 
 
-def progress(specs: Sequence[ExperimentSpec], results_root: Path) -> str:
+def progress(specs: Sequence[ExperimentSpec], planned: Plans) -> str:
     """How many of each spec's runs have finished (``corbin-fl experiment plan``'s count)."""
     parts = []
     for spec in specs:
-        planned = cli.plan(spec, results_root)
-        done = sum(s is sweep.RunState.DONE for _, s in planned)
-        parts.append(f"`{spec.name}` {done} of {done + len(cli.to_do(planned))} runs")
+        mine = planned[spec.name]
+        done = sum(s is sweep.RunState.DONE for _, s in mine)
+        parts.append(f"`{spec.name}` {done} of {done + len(cli.to_do(mine))} runs")
     return "; ".join(parts)
 
 
@@ -172,14 +183,15 @@ def _shown(path: Path | None) -> str:
 
 def build(specs: Sequence[ExperimentSpec], results_root: Path) -> str:
     """The text of ``table.md``."""
-    table_rows = rows(specs, results_root)
+    planned = plans(specs, results_root)
+    table_rows = rows(specs, results_root, planned)
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     sources = ", ".join(f"`{_shown(s.source)}` (report: `{s.name}/report.md`)" for s in specs)
     lines = [
         "# The paper's table on Fashion-MNIST (CPU cut)",
         "",
         f"- from: {sources}",
-        f"- finished: {progress(specs, results_root)}",
+        f"- finished: {progress(specs, planned)}",
         f"- generated: {now}",
         f"- regenerate: `python -m corbin_fl.experiments.paper_table --results {results_root}`",
         "",

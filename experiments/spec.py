@@ -301,17 +301,14 @@ def _parse_lambda_from(table: Mapping[str, Any], source: str) -> LambdaFrom:
         raise SpecError(f"{_where(source, name, 'spec')}: {path} does not exist") from exc
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: invalid TOML: {exc}") from exc
+    refused = SpecError(
+        f"{_where(source, name, 'spec')}: {path} must be a federated spec that chooses its own "
+        "lambdas (without [lambda-from])"
+    )
     if "lambda-from" in raw:  # before parsing it: two specs naming each other would recurse
-        raise SpecError(
-            f"{_where(source, name, 'spec')}: {path} must be a federated spec that chooses its "
-            "own lambdas (without [lambda-from])"
-        )
-    other = parse_spec(raw, source=str(path))
-    if other.kind != "federated":
-        raise SpecError(
-            f"{_where(source, name, 'spec')}: {path} must be a federated spec that chooses its "
-            "own lambdas (without [lambda-from])"
-        )
+        raise refused
+    if (other := parse_spec(raw, source=str(path))).kind != "federated":
+        raise refused
     return LambdaFrom(
         other, options["spec"], MappingProxyType(dict(mapping)), options.get("ignore", ())
     )
@@ -370,15 +367,18 @@ class ExperimentSpec:
         """The lambda candidates of the settings of grid ``grid`` (0: ``[grid]``, then each
         ``[[extra-grid]]``): its own ``lambda-grid``, else the top-level one (a grid that
         :meth:`borrows` runs at its counterparts' candidates instead)."""
-        own = self.grid_lambdas[grid] if grid < len(self.grid_lambdas) else None
+        own = self._own_lambdas(grid)
         return own if own is not None else self.lambda_grid
+
+    def _own_lambdas(self, grid: int) -> tuple[float, ...] | None:
+        """Grid ``grid``'s own ``lambda-grid``, or None."""
+        return self.grid_lambdas[grid] if grid < len(self.grid_lambdas) else None
 
     def borrows(self, grid: int) -> bool:
         """Whether grid ``grid``'s settings take their lambda from their counterparts in
         :attr:`lambda_from` (a spec with ``[lambda-from]``, the grid without its own
         ``lambda-grid``) instead of choosing it."""
-        own = self.grid_lambdas[grid] if grid < len(self.grid_lambdas) else None
-        return self.lambda_from is not None and own is None
+        return self.lambda_from is not None and self._own_lambdas(grid) is None
 
     @property
     def all_lambdas(self) -> tuple[float, ...]:
