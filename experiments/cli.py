@@ -11,8 +11,11 @@ invalid spec or arguments, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -139,17 +142,59 @@ def plan_counts(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -
     )
 
 
-def plan_estimate(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -> str | None:
-    """The time the runs not done will take, ``sum over them of num-rounds x round-seconds``
-    (the spec's measured round), in words; ``None`` when the spec measured none."""
-    if spec.round_seconds is None:
-        return None
+def measured_round_seconds(
+    planned: Sequence[tuple[Run, RunState]], pool: Path
+) -> dict[bool, list[float]]:
+    """The wall seconds a round took in each run done in ``pool`` (its ``summary.json``'s
+    ``seconds`` over its rounds, start included), keyed by whether the run has secure
+    aggregation (a SecAgg+ round costs about twice another, docs/BENCHMARKS.md); a run whose
+    record cannot be read is left out."""
+    out: dict[bool, list[float]] = {False: [], True: []}
+    for r, state in planned:
+        if state is not RunState.DONE:
+            continue
+        try:
+            text = (pool / r.run_id / sweep.SUMMARY_FILE).read_text(encoding="utf-8")
+            seconds = float(json.loads(text)[sweep.RUN_RECORD_KEY]["seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if math.isfinite(seconds) and seconds > 0:
+            secure = bool(r.config.get("secure-aggregation", False))
+            out[secure].append(seconds / int(r.run_config["num-rounds"]))
+    return out
+
+
+def plan_estimate(
+    spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]], pool: Path | None = None
+) -> str | None:
+    """The time the runs not done will take, ``sum over them of num-rounds x a round's
+    seconds``, in words; ``None`` when nothing gives a round's seconds.
+
+    A round's seconds is the median over the runs done in ``pool`` with secure aggregation as
+    the run has it or not (:func:`measured_round_seconds`: a median, so that runs which shared
+    the machine with other work do not pull it), else the spec's ``round-seconds``."""
+    empty: dict[bool, list[float]] = {False: [], True: []}
+    measured = measured_round_seconds(planned, pool) if pool is not None else empty
     todo = to_do(planned)
-    rounds = sum(int(r.run_config["num-rounds"]) for r in todo)
-    seconds = rounds * spec.round_seconds
+    kinds = [bool(r.config.get("secure-aggregation", False)) for r in todo]
+    per_round: dict[bool, float] = {}
+    words: list[str] = []
+    for secure in sorted(set(kinds) or {False}):
+        if values := measured[secure]:
+            per_round[secure] = statistics.median(values)
+            how = f"the median of {len(values)} run{'s' if len(values) > 1 else ''} done"
+        elif spec.round_seconds is not None:
+            per_round[secure] = spec.round_seconds
+            how = "measured, see the spec"
+        else:
+            return None
+        with_secure = " with secure aggregation" if secure else ""
+        words.append(f"{per_round[secure]:.3g} s a round{with_secure} ({how})")
+    rounds = [int(r.run_config["num-rounds"]) for r in todo]
+    seconds = sum(n * per_round[k] for n, k in zip(rounds, kinds, strict=True))
     return (
-        f"estimate: {len(todo)} runs to do x their rounds ({rounds:,} in all) x "
-        f"{spec.round_seconds:g} s a round (measured, see the spec) = {seconds / 3600:.1f} h "
+        f"estimate: {len(todo)} runs to do x their rounds ({sum(rounds):,} in all) x "
+        f"{' and '.join(words)} = {seconds / 3600:.1f} h "
         f"({seconds / max(len(todo), 1) / 60:.1f} min a run)"
     )
 
@@ -403,7 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "plan":
                 planned = plan(spec, args.results)
                 out.print(plan_counts(spec, planned), markup=False, soft_wrap=True)
-                if (estimate := plan_estimate(spec, planned)) is not None:
+                pool = Path(args.results) / sweep.POOL_DIR
+                if (estimate := plan_estimate(spec, planned, pool)) is not None:
                     out.print(f"  {estimate}", markup=False, soft_wrap=True)
                 for r, state in planned:
                     out.print(f"  {state.value:8s} {r.run_id}", soft_wrap=True)

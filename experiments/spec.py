@@ -343,7 +343,8 @@ class ExperimentSpec:
     num_gpus_per_client: float = _opt(float, 0, default=0.0)
     round_seconds: float | None = _opt(float, 0, lo_open=True, default=None)
     """Seconds one round of the base setting took where the spec is meant to run (measured;
-    the spec's comments say how): ``plan`` estimates the runs' time from it."""
+    the spec's comments say how): ``plan`` estimates the runs' time from it until runs of the
+    kind (with secure aggregation or without) are done, then from their median round."""
     mse: MSESpec | None = None
     lambda_from: LambdaFrom | None = None
     """``[lambda-from]``: the grids without their own ``lambda-grid`` take each setting's lambda

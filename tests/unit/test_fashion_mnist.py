@@ -9,6 +9,7 @@ helpers); nothing needs Debian's ``dataset-fashion-mnist``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from pathlib import Path
@@ -22,6 +23,7 @@ from corbin_fl.app.config import AppConfig
 from corbin_fl.deploy import cli
 from corbin_fl.deploy.run import PACE_FACTOR, PACE_SLACK_S, LocalRunOptions, derived_deadline
 from corbin_fl.experiments import cli as ex
+from corbin_fl.experiments import sweep
 from corbin_fl.experiments.spec import load_spec
 from corbin_fl.experiments.sweep import RunState, expand_runs, table_size
 
@@ -277,3 +279,45 @@ def test_a_run_of_the_pool_logs_its_progress_line(
     assert lines[0] == (
         f"tiny: run 1 of {total - 3} to do now; 3 of {total} done (resumes where it stopped)"
     )
+
+
+def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) -> None:
+    """Measured beats declared: a round's seconds is the median over the runs done (so one run
+    beside other work does not pull it), apart for the runs with secure aggregation, and the
+    spec's ``round-seconds`` only where none of a kind is done."""
+    spec = load_spec(CPU_REST_SPEC)
+    planned = ex.plan(spec, tmp_path)
+    plain = [r for r, _ in planned if not r.config.get("secure-aggregation")]
+    secure = [r for r, _ in planned if r.config.get("secure-aggregation")]
+    assert len(plain) >= 4 and len(secure) >= 2
+    # three plain runs done: 100 rounds in 800, 900 and 5,000 s -> a median of 9 s a round
+    done = dict(zip((r.run_id for r in plain[:3]), (800.0, 900.0, 5000.0), strict=True))
+    for run_id, seconds in done.items():
+        folder = tmp_path / "runs" / run_id
+        folder.mkdir(parents=True)
+        record = {sweep.RUN_RECORD_KEY: {"seconds": seconds}}
+        (folder / sweep.SUMMARY_FILE).write_text(json.dumps(record), encoding="utf-8")
+    marked = [(r, RunState.DONE if r.run_id in done else s) for r, s in planned]
+    measured = ex.measured_round_seconds(marked, tmp_path / "runs")
+    assert sorted(measured[False]) == [8.0, 9.0, 50.0] and measured[True] == []
+    text = str(ex.plan_estimate(spec, marked, tmp_path / "runs"))
+    assert "9 s a round (the median of 3 runs done)" in text
+    declared = f"{spec.round_seconds:g} s a round with secure aggregation (measured, see the spec)"
+    assert declared in text
+    todo = ex.to_do(marked)
+    n_secure = sum(bool(r.config.get("secure-aggregation")) for r in todo)
+    hours = (100 * 9.0 * (len(todo) - n_secure) + 100 * spec.round_seconds * n_secure) / 3600
+    assert f"= {hours:.1f} h" in text
+    # a secure run done: its kind's median replaces the spec's figure; a run whose record
+    # cannot be read is left out, and a spec without round-seconds still estimates from it
+    (tmp_path / "runs" / secure[0].run_id).mkdir()
+    (tmp_path / "runs" / secure[0].run_id / sweep.SUMMARY_FILE).write_text(
+        json.dumps({sweep.RUN_RECORD_KEY: {"seconds": 2000.0}}), encoding="utf-8"
+    )
+    (tmp_path / "runs" / secure[1].run_id).mkdir()  # done by its state, but no summary.json
+    both = {secure[0].run_id, secure[1].run_id}
+    marked = [(r, RunState.DONE if r.run_id in both else s) for r, s in marked]
+    unmeasured = dataclasses.replace(spec, round_seconds=None)
+    text = str(ex.plan_estimate(unmeasured, marked, tmp_path / "runs"))
+    assert "20 s a round with secure aggregation (the median of 1 run done)" in text
+    assert ex.plan_estimate(unmeasured, planned, tmp_path / "missing") is None
