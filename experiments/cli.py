@@ -11,7 +11,6 @@ invalid spec or arguments, 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import shutil
@@ -145,22 +144,21 @@ def plan_counts(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -
 def measured_round_seconds(
     planned: Sequence[tuple[Run, RunState]], pool: Path
 ) -> dict[bool, list[float]]:
-    """The wall seconds a round took in each run done in ``pool`` (its ``summary.json``'s
-    ``seconds`` over its rounds, start included), keyed by whether the run has secure
-    aggregation (a SecAgg+ round costs about twice another, docs/BENCHMARKS.md); a run whose
-    record cannot be read is left out."""
+    """The wall seconds a round took in each run done in ``pool`` (:attr:`results.RunResult.seconds`
+    over its rounds, start included), keyed by whether the run has secure aggregation (a SecAgg+
+    round costs about twice another, docs/BENCHMARKS.md); a run that cannot be read is left
+    out."""
     out: dict[bool, list[float]] = {False: [], True: []}
     for r, state in planned:
         if state is not RunState.DONE:
             continue
         try:
-            text = (pool / r.run_id / sweep.SUMMARY_FILE).read_text(encoding="utf-8")
-            seconds = float(json.loads(text)[sweep.RUN_RECORD_KEY]["seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
+            done = rs.load_run(pool / r.run_id)
+        except ValueError:
             continue
-        if math.isfinite(seconds) and seconds > 0:
-            secure = bool(r.config.get("secure-aggregation", False))
-            out[secure].append(seconds / int(r.run_config["num-rounds"]))
+        if math.isfinite(done.seconds) and done.seconds > 0:
+            secure = done.setting["secure-aggregation"] is True
+            out[secure].append(done.seconds / int(r.run_config["num-rounds"]))
     return out
 
 

@@ -25,7 +25,7 @@ from corbin_fl.deploy.run import PACE_FACTOR, PACE_SLACK_S, LocalRunOptions, der
 from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments import sweep
 from corbin_fl.experiments.spec import load_spec
-from corbin_fl.experiments.sweep import RunState, expand_runs, table_size
+from corbin_fl.experiments.sweep import Run, RunState, expand_runs, table_size
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -281,6 +281,25 @@ def test_a_run_of_the_pool_logs_its_progress_line(
     )
 
 
+def _write_done_run(pool: Path, run: Run, seconds: float) -> None:
+    """A finished run folder of ``run`` as the pool writes it (``results.load_run`` reads it),
+    which took ``seconds`` of wall time."""
+    folder = pool / run.run_id
+    folder.mkdir(parents=True)
+    record = {
+        "run_id": run.run_id,
+        "run_config": dict(run.run_config),
+        "config": dict(run.config),
+        "clients": run.clients,
+        "complete": True,
+        "seconds": seconds,
+    }
+    summary = json.dumps({sweep.RUN_RECORD_KEY: record})
+    (folder / sweep.SUMMARY_FILE).write_text(summary, encoding="utf-8")
+    row = {"round": 1, "val_accuracy": 0.5, "test_accuracy": 0.5}
+    (folder / sweep.METRICS_FILE).write_text(json.dumps(row) + "\n", encoding="utf-8")
+
+
 def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) -> None:
     """Measured beats declared: a round's seconds is the median over the runs done (so one run
     beside other work does not pull it), apart for the runs with secure aggregation, and the
@@ -292,11 +311,8 @@ def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) ->
     assert len(plain) >= 4 and len(secure) >= 2
     # three plain runs done: 100 rounds in 800, 900 and 5,000 s -> a median of 9 s a round
     done = dict(zip((r.run_id for r in plain[:3]), (800.0, 900.0, 5000.0), strict=True))
-    for run_id, seconds in done.items():
-        folder = tmp_path / "runs" / run_id
-        folder.mkdir(parents=True)
-        record = {sweep.RUN_RECORD_KEY: {"seconds": seconds}}
-        (folder / sweep.SUMMARY_FILE).write_text(json.dumps(record), encoding="utf-8")
+    for r in plain[:3]:
+        _write_done_run(tmp_path / "runs", r, done[r.run_id])
     marked = [(r, RunState.DONE if r.run_id in done else s) for r, s in planned]
     measured = ex.measured_round_seconds(marked, tmp_path / "runs")
     assert sorted(measured[False]) == [8.0, 9.0, 50.0] and measured[True] == []
@@ -310,10 +326,7 @@ def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) ->
     assert f"= {hours:.1f} h" in text
     # a secure run done: its kind's median replaces the spec's figure; a run whose record
     # cannot be read is left out, and a spec without round-seconds still estimates from it
-    (tmp_path / "runs" / secure[0].run_id).mkdir()
-    (tmp_path / "runs" / secure[0].run_id / sweep.SUMMARY_FILE).write_text(
-        json.dumps({sweep.RUN_RECORD_KEY: {"seconds": 2000.0}}), encoding="utf-8"
-    )
+    _write_done_run(tmp_path / "runs", secure[0], 2000.0)
     (tmp_path / "runs" / secure[1].run_id).mkdir()  # done by its state, but no summary.json
     both = {secure[0].run_id, secure[1].run_id}
     marked = [(r, RunState.DONE if r.run_id in both else s) for r, s in marked]
