@@ -88,6 +88,36 @@ def chosen_lambdas(
     }
 
 
+def grid_ends(
+    spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]], pool: Path
+) -> list[str]:
+    """The settings of ``planned`` whose lambda is chosen (:func:`chosen_lambdas`: every
+    lambda-choosing run done) at the smallest or largest value of their grid, in words
+    (:func:`results.grid_end_text`); the best lambda may lie beyond such a grid, and extending
+    it that way is how to know."""
+    runs = [r for r, _ in planned]
+    states = {r.run_id: state for r, state in planned}
+    grids: dict[str, set[float]] = {}
+    for r in runs:
+        if r.selects:
+            grids.setdefault(r.setting_key, set()).add(float(r.run_config["global-lr"]))
+    configs = {r.setting_key: r.config for r in runs if r.selects}
+    seen: dict[str, set[str]] = {}
+    for config in configs.values():
+        for key, value in config.items():
+            seen.setdefault(key, set()).add(sweep.canonical_json(value))
+    keys = sorted(
+        (k for k, v in seen.items() if len(v) > 1 and k not in ("seed", "global-lr")),
+        key=lambda k: (k != "mechanism", k),
+    )
+    out = []
+    for key, lam in chosen_lambdas(spec, runs, states, pool).items():
+        label = rs.group_label(configs[key], keys)
+        if (text := rs.grid_end_text(label, lam, grids[key])) is not None:
+            out.append(text)
+    return out
+
+
 def borrowed_lambdas(spec: ExperimentSpec, runs: Sequence[Run], pool: Path) -> dict[str, float]:
     """Setting key -> the lambda chosen for its counterpart in the spec of ``[lambda-from]``
     (:func:`chosen_lambdas` of that spec, over the same pool), for the borrowing settings whose
@@ -449,6 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pool = Path(args.results) / sweep.POOL_DIR
                 if (estimate := plan_estimate(spec, planned, pool)) is not None:
                     out.print(f"  {estimate}", markup=False, soft_wrap=True)
+                for text in grid_ends(spec, planned, pool):
+                    out.print(f"  at its grid's end: {text}", markup=False, soft_wrap=True)
                 for r, state in planned:
                     out.print(f"  {state.value:8s} {r.run_id}", soft_wrap=True)
                 continue

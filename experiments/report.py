@@ -402,6 +402,51 @@ def borrowed_text(spec: ExperimentSpec, own: Sequence[str]) -> str:
     return text + (f"; chosen here: {'; '.join(own)}" if own else "")
 
 
+def lambda_selection(
+    spec: ExperimentSpec, groups: Sequence[GroupResult], keys: Sequence[str], finished: set[str]
+) -> list[str]:
+    """The "Lambda selection" table (each lambda's mean checkpoint validation accuracy, the
+    chosen one ticked) of a spec with more than one lambda, and below it the settings whose
+    choice is not final (a lambda-choosing run of theirs is not in ``finished``) and those
+    whose final choice is an end of their grid (:func:`results.grid_end_text`)."""
+    if len(spec.all_lambdas) <= 1:
+        return []
+    runs = {r.run_id: r for r in sweep.expand_runs(spec)}
+    borrowed = {rid for rid, r in runs.items() if r.counterpart is not None}
+    choosing: dict[str, list[sweep.Run]] = {}
+    for r in runs.values():
+        if r.selects:
+            choosing.setdefault(r.setting_key, []).append(r)
+
+    def cell(g: GroupResult, lam: float) -> str:
+        mean = g.lambda_scores.get(float(lam), Stat(math.nan, math.nan, 0)).mean
+        text = f"{100 * mean:.2f}" if math.isfinite(mean) else "—"
+        if not math.isclose(lam, g.global_lr):
+            return text
+        return f"{text} ✓" + (" (its counterpart's)" if g.runs[0].run_id in borrowed else "")
+
+    lams = spec.all_lambdas
+    head = ["setting", *(f"λ={lam:g}" for lam in lams)]
+    rows = [[group_label(g.setting, keys), *(cell(g, lam) for lam in lams)] for g in groups]
+    over = f", {rs.seeds_text(spec.selection_seeds)}" if spec.confirmation_seeds else ""
+    lines = [f"### Lambda selection (mean validation accuracy at the checkpoints{over})", ""]
+    lines += [table(head, rows), ""]
+    open_, ends = [], []
+    for g in groups:
+        own = runs.get(g.runs[0].run_id)
+        mine = choosing.get(own.setting_key, []) if own is not None else []
+        label, grid = group_label(g.setting, keys), [float(r.run_config["global-lr"]) for r in mine]
+        if any(r.run_id not in finished for r in mine):
+            open_.append(label)
+        elif text := rs.grid_end_text(label, g.global_lr, grid):
+            ends.append(text)
+    if open_:
+        lines += [f"Not final (a lambda-choosing run not finished): {'; '.join(open_)}.", ""]
+    if ends:
+        lines += [f"Chosen at an end of the grid: {'; '.join(ends)}.", ""]
+    return lines
+
+
 def finalize_federated(
     spec: ExperimentSpec,
     base: Path,
@@ -447,22 +492,7 @@ def finalize_federated(
         ),
     ]
     lines += against_table(groups, keys, "epsilon")
-    if len(spec.all_lambdas) > 1:  # each lambda's mean, the chosen one ticked
-        borrowed = {r.run_id for r in sweep.expand_runs(spec) if r.counterpart is not None}
-
-        def cell(g: GroupResult, lam: float) -> str:
-            mean = g.lambda_scores.get(float(lam), Stat(math.nan, math.nan, 0)).mean
-            text = f"{100 * mean:.2f}" if math.isfinite(mean) else "—"
-            if not math.isclose(lam, g.global_lr):
-                return text
-            return f"{text} ✓" + (" (its counterpart's)" if g.runs[0].run_id in borrowed else "")
-
-        lams = spec.all_lambdas
-        head = ["setting", *(f"λ={lam:g}" for lam in lams)]
-        rows = [[group_label(g.setting, keys), *(cell(g, lam) for lam in lams)] for g in groups]
-        over = f", {rs.seeds_text(spec.selection_seeds)}" if spec.confirmation_seeds else ""
-        lines += [f"### Lambda selection (mean validation accuracy at the checkpoints{over})", ""]
-        lines += [table(head, rows), ""]
+    lines += lambda_selection(spec, groups, keys, {r.run_id for r in results})
     targets = federated_targets(groups, spec.targets)
     lines += figures_section(figures, base) + section("Privacy", privacy_section(groups, keys))
     if secure := [g for g in groups if g.setting.get("secure-aggregation") is True]:

@@ -307,6 +307,29 @@ def choose_lambda(
     return float(best), {float(lam): stat for lam, stat in stats.items()}
 
 
+def grid_end(chosen: float, grid: Collection[float]) -> str | None:
+    """``"smallest"`` or ``"largest"`` when ``chosen`` is that end of a ``grid`` of two or
+    more lambdas, else ``None``. A choice at an end says only that the best lambda may lie
+    beyond it: validation accuracy has not been seen to fall on that side."""
+    lams = sorted({float(lam) for lam in grid})
+    if len(lams) < 2:
+        return None
+    if math.isclose(chosen, lams[0]):
+        return "smallest"
+    return "largest" if math.isclose(chosen, lams[-1]) else None
+
+
+def grid_end_text(label: str, chosen: float, grid: Collection[float]) -> str | None:
+    """``<label>: lambda 0.03, the smallest of its grid [0.03, 0.1]: the best may lie below
+    it`` (:func:`grid_end`); ``None`` for a choice inside its grid."""
+    if (end := grid_end(chosen, grid)) is None:
+        return None
+    beyond = "below" if end == "smallest" else "above"
+    values = ", ".join(f"{lam:g}" for lam in sorted({float(v) for v in grid}))
+    where = f"the {end} of its grid [{values}]"
+    return f"{label}: lambda {chosen:g}, {where}: the best may lie {beyond} it"
+
+
 def group_results(
     results: Sequence[RunResult], selection_seeds: Collection[int] | None = None
 ) -> list[GroupResult]:

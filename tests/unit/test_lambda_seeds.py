@@ -10,9 +10,16 @@ import pytest
 from fake_experiments import TINY, FakeBackend, fake_app_dir, spec_from
 
 from corbin_fl.experiments import cli as ex
-from corbin_fl.experiments.results import choose_lambda, group_results, load_run
+from corbin_fl.experiments.results import (
+    choose_lambda,
+    grid_end,
+    grid_end_text,
+    group_label,
+    group_results,
+    load_run,
+)
 from corbin_fl.experiments.spec import SpecError
-from corbin_fl.experiments.sweep import POOL_DIR, RunState, expand_runs, table_size
+from corbin_fl.experiments.sweep import POOL_DIR, Run, RunState, expand_runs, table_size
 
 TWO_STAGE = TINY.replace("seeds = [0, 1]\n", "seeds = [0, 1, 2]\nlambda-seeds = [0]\n")
 SETTINGS = 5  # ldpfl and corbin at two eps, fedavg
@@ -124,3 +131,67 @@ def test_a_failed_choosing_run_leaves_its_settings_other_seeds_waiting(tmp_path:
     assert waiting == {
         r.run_id for r in runs if r.setting_key == doomed.setting_key and not r.selects
     }
+
+
+@pytest.mark.parametrize(
+    ("chosen", "grid", "end"),
+    [
+        (0.03, [1.0, 0.1, 0.03, 0.3], "smallest"),
+        (1.0, [0.03, 0.1, 0.3, 1.0], "largest"),
+        (0.1, [0.03, 0.1, 0.3, 1.0], None),
+        (0.5, [0.5], None),  # a grid of one value chooses nothing
+    ],
+)
+def test_a_choice_at_an_end_of_its_grid_is_named(
+    chosen: float, grid: list[float], end: str | None
+) -> None:
+    assert grid_end(chosen, grid) == end
+    text = grid_end_text("pbm, epsilon=0.3", chosen, grid)
+    if end is None:
+        assert text is None
+    else:
+        beyond = "below" if end == "smallest" else "above"
+        assert text == (
+            f"pbm, epsilon=0.3: lambda {chosen:g}, the {end} of its grid [0.03, 0.1, 0.3, 1]: "
+            f"the best may lie {beyond} it"
+        )
+
+
+def test_the_plan_and_the_report_name_the_choices_at_an_end_of_the_grid(tmp_path: Path) -> None:
+    """A choice at the smallest or largest lambda says only that the best may lie beyond the
+    grid: the plan and the report name every such setting once its lambda-choosing runs are
+    done (and the report the setting whose choice is not final yet), none inside its grid."""
+    three = TWO_STAGE.replace("lambda-grid = [0.5, 1.0]", "lambda-grid = [0.25, 0.5, 1.0]")
+    spec, root = spec_from(three), tmp_path / "r"
+    pool = root / POOL_DIR
+    first = ex.run(
+        spec, root, app_dir=fake_app_dir(tmp_path), backend=FakeBackend(), progress=False,
+        max_runs=13,
+    )  # fmt: skip
+    assert first.executed == 13  # 4 settings' 3 lambdas, and 1 of the 5th's
+    planned = ex.plan(spec, root)
+    choosing: dict[str, list[Run]] = {}
+    for r, _ in planned:
+        if r.selects:
+            choosing.setdefault(r.setting_key, []).append(r)
+    done = {r.run_id for r, state in planned if state is RunState.DONE}
+    ends: dict[str, str | None] = {}  # final settings, in the plan's order
+    labels: dict[str, str] = {}
+    for key, members in choosing.items():
+        results = [load_run(pool / r.run_id) for r in members if r.run_id in done]
+        labels[key] = group_label(results[0].setting, ["mechanism", "epsilon"])
+        if len(results) == 3:
+            ends[key] = grid_end(choose_lambda(results)[0], [0.25, 0.5, 1.0])
+    # the fake's accuracy does not depend on lambda: all three kinds occur among these settings
+    assert sorted(map(str, ends.values())) == ["None", "None", "largest", "smallest"]
+    named = ex.grid_ends(spec, planned, pool)
+    assert [text.split(":", 1)[0] for text in named] == [
+        labels[key] for key, end in ends.items() if end is not None
+    ]
+    for text, end in zip(named, [end for end in ends.values() if end is not None], strict=True):
+        assert f", the {end} of its grid [0.25, 0.5, 1]: the best may lie " in text
+    report = first.report.read_text(encoding="utf-8") if first.report else ""
+    selection = report.split("### Lambda selection", 1)[1].split("## Figures", 1)[0]
+    (unfinished,) = (labels[key] for key in choosing if key not in ends)
+    assert f"Not final (a lambda-choosing run not finished): {unfinished}." in selection
+    assert f"Chosen at an end of the grid: {'; '.join(named)}." in selection
