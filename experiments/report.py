@@ -441,9 +441,11 @@ def lambda_selection(
         elif text := rs.grid_end_text(label, g.global_lr, grid):
             ends.append(text)
     if open_:
-        lines += [f"Not final (a lambda-choosing run not finished): {'; '.join(open_)}.", ""]
+        lines += ["Not final (a lambda-choosing run not finished):", ""]
+        lines += [*(f"- {label}" for label in open_), ""]
     if ends:
-        lines += [f"Chosen at an end of the grid: {'; '.join(ends)}.", ""]
+        lines += ["Chosen at an end of the grid:", ""]
+        lines += [*(f"- {text}" for text in ends), ""]
     return lines
 
 

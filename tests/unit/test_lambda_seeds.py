@@ -193,5 +193,6 @@ def test_the_plan_and_the_report_name_the_choices_at_an_end_of_the_grid(tmp_path
     report = first.report.read_text(encoding="utf-8") if first.report else ""
     selection = report.split("### Lambda selection", 1)[1].split("## Figures", 1)[0]
     (unfinished,) = (labels[key] for key in choosing if key not in ends)
-    assert f"Not final (a lambda-choosing run not finished): {unfinished}." in selection
-    assert f"Chosen at an end of the grid: {'; '.join(named)}." in selection
+    assert f"Not final (a lambda-choosing run not finished):\n\n- {unfinished}\n" in selection
+    bullets = "".join(f"- {text}\n" for text in named)
+    assert f"Chosen at an end of the grid:\n\n{bullets}" in selection
