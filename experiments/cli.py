@@ -101,15 +101,12 @@ def grid_ends(
     for r in runs:
         if r.selects:
             grids.setdefault(r.setting_key, set()).add(float(r.run_config["global-lr"]))
-    configs = {r.setting_key: r.config for r in runs if r.selects}
-    seen: dict[str, set[str]] = {}
-    for config in configs.values():
-        for key, value in config.items():
-            seen.setdefault(key, set()).add(sweep.canonical_json(value))
-    keys = sorted(
-        (k for k, v in seen.items() if len(v) > 1 and k not in ("seed", "global-lr")),
-        key=lambda k: (k != "mechanism", k),
-    )
+    configs = {
+        r.setting_key: {k: v for k, v in r.config.items() if k not in ("seed", "global-lr")}
+        for r in runs
+        if r.selects
+    }
+    keys = rs.varying_setting_keys(list(configs.values()))
     out = []
     for key, lam in chosen_lambdas(spec, runs, states, pool).items():
         label = rs.group_label(configs[key], keys)

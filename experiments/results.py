@@ -353,11 +353,17 @@ def group_results(
 def varying_keys(results: Sequence[RunResult]) -> tuple[str, ...]:
     """Setting keys with more than one value across ``results``, without ``min-clients`` when
     it always equals ``clients`` (as the sweep sets it)."""
+    return varying_setting_keys([r.setting for r in results])
+
+
+def varying_setting_keys(settings: Sequence[Mapping[str, RunValue]]) -> tuple[str, ...]:
+    """Keys with more than one value across ``settings`` (the mechanism first, then by name),
+    without ``min-clients`` when it always equals ``clients``."""
     seen: dict[str, set[str]] = {}
-    for res in results:
-        for key, value in res.setting.items():
+    for setting in settings:
+        for key, value in setting.items():
             seen.setdefault(key, set()).add(sweep.canonical_json(value))
-    same = all(r.setting.get("min-clients") == r.setting.get(CLIENTS_KEY) for r in results)
+    same = all(s.get("min-clients") == s.get(CLIENTS_KEY) for s in settings)
     keys = [k for k, v in seen.items() if len(v) > 1 and not (same and k == "min-clients")]
     return tuple(sorted(keys, key=lambda k: (k != "mechanism", k)))
 
