@@ -77,13 +77,9 @@ def chosen_lambdas(
 ) -> dict[str, float]:
     """Setting key -> its chosen lambda (:func:`results.choose_lambda` over its lambda-choosing
     runs, the report's rule) for every setting whose lambda-choosing runs are all done."""
-    by_setting: dict[str, list[Run]] = {}
-    for r in runs:
-        if r.selects:
-            by_setting.setdefault(r.setting_key, []).append(r)
     return {
         key: rs.choose_lambda([rs.load_run(pool / r.run_id) for r in members])[0]
-        for key, members in by_setting.items()
+        for key, members in sweep.choosing_runs(runs).items()
         if all(states[r.run_id] is RunState.DONE for r in members)
     }
 
@@ -97,20 +93,16 @@ def grid_ends(
     it that way is how to know."""
     runs = [r for r, _ in planned]
     states = {r.run_id: state for r, state in planned}
-    grids: dict[str, set[float]] = {}
-    for r in runs:
-        if r.selects:
-            grids.setdefault(r.setting_key, set()).add(float(r.run_config["global-lr"]))
+    choosing = sweep.choosing_runs(runs)
     configs = {
-        r.setting_key: {k: v for k, v in r.config.items() if k not in ("seed", "global-lr")}
-        for r in runs
-        if r.selects
+        key: {k: v for k, v in members[0].config.items() if k not in ("seed", "global-lr")}
+        for key, members in choosing.items()
     }
     keys = rs.varying_setting_keys(list(configs.values()))
     out = []
     for key, lam in chosen_lambdas(spec, runs, states, pool).items():
-        label = rs.group_label(configs[key], keys)
-        if (text := rs.grid_end_text(label, lam, grids[key])) is not None:
+        grid = [float(r.run_config["global-lr"]) for r in choosing[key]]
+        if (text := rs.grid_end_text(rs.group_label(configs[key], keys), lam, grid)) is not None:
             out.append(text)
     return out
 

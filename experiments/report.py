@@ -413,10 +413,7 @@ def lambda_selection(
         return []
     runs = {r.run_id: r for r in sweep.expand_runs(spec)}
     borrowed = {rid for rid, r in runs.items() if r.counterpart is not None}
-    choosing: dict[str, list[sweep.Run]] = {}
-    for r in runs.values():
-        if r.selects:
-            choosing.setdefault(r.setting_key, []).append(r)
+    choosing = sweep.choosing_runs(runs.values())
 
     def cell(g: GroupResult, lam: float) -> str:
         mean = g.lambda_scores.get(float(lam), Stat(math.nan, math.nan, 0)).mean

@@ -27,7 +27,7 @@ import math
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -205,6 +205,16 @@ class _Counterparts:
                 f"{borrow.counterpart_mechanism(str(cfg['mechanism']))!r}); exactly one is needed"
             )
         return keys.pop(), tuple(sorted({lam for _, lam in found}))
+
+
+def choosing_runs(runs: Iterable[Run]) -> dict[str, list[Run]]:
+    """Setting key -> the runs of that setting that choose its lambda (``Run.selects``), in
+    ``runs``' order: its lambda grid on the selection seeds."""
+    out: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.selects:
+            out.setdefault(r.setting_key, []).append(r)
+    return out
 
 
 def needed_runs(runs: Sequence[Run], chosen: Mapping[str, float]) -> list[Run]:
