@@ -8,7 +8,8 @@ Prints, best of ``--repeats`` runs (wall clock, and process CPU time, which is l
 to other processes sharing the machine):
 
 (a) client path: ``expand_seed`` + ``corbinq`` + ``pack_bits`` in parameters/s, per step
-    (floor: 50M params/s on one core); also with per-element ``c``/``r`` tensors and for LDPQ;
+    (floor: 50M params/s on one core); also with per-element ``c``/``r`` tensors, for LDPQ and
+    for PBM with one trial (the finite-output release, ``FiniteMechanism.sample``);
 (b) server aggregation of ``--clients`` packed updates with ``BitCounter`` + ``mean_from_counts``
     in client-params/s (floor: 1,000M client-params/s on one core);
 (c) bytes of one update, ``ceil(m/8)``, against float32 FedAvg (``4m``) and the ratio.
@@ -34,6 +35,8 @@ from corbin_fl.mechanisms import (
     mean_from_counts,
     pack_bits,
 )
+from corbin_fl.mechanisms.baselines.pbm import PBM
+from corbin_fl.mechanisms.packing import pack_symbols
 
 CLIENT_FLOOR = 50e6
 SERVER_FLOOR = 1000e6
@@ -123,6 +126,10 @@ def main() -> None:
     t_client = _time(client_path, args.repeats)
     t_client_t = _time(client_path_tensor_cr, args.repeats)
     t_ldpq = _time(lambda: pack_bits(ldpq(w, c, r, args.eps, generator=coins)), args.repeats)
+    pbm = PBM(args.eps, 1)
+    t_pbm = _time(
+        lambda: pack_symbols(pbm.sample(w, c, r, generator=coins), pbm.bits), args.repeats
+    )
     print("(a) client path (per step; floor 50M params/s for the whole path)")
     _row("expand_seed (ChaCha20)", m, t_expand)
     _row("corbinq lead (scalar c, r)", m, t_lead)
@@ -131,6 +138,7 @@ def main() -> None:
     _row("TOTAL expand+corbinq+pack", m, t_client)
     _row("TOTAL, per-element c/r tensors", m, t_client_t)
     _row("ldpq + pack_bits (unpaired)", m, t_ldpq)
+    _row("pbm (m = 1) + pack_symbols", m, t_pbm)
     _verdict("client path", m, t_client, CLIENT_FLOOR, "params/s")
 
     # (b) server aggregation ------------------------------------------------------------------

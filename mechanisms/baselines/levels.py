@@ -71,6 +71,13 @@ class FiniteMechanism(ABC):
     def epsilon(self) -> float:
         """The exact pure-LDP epsilon: ``sup_{k, x, x'} log P(k | x) / P(k | x')``."""
 
+    def boundaries(self, x: torch.Tensor) -> torch.Tensor:
+        """The inner CDF ``F_k(x) = sum_{j <= k} P(j | x)``, ``k = 0 .. K - 2``: ``float64
+        [n, K - 1]`` for ``x`` of shape ``[n]`` (:meth:`sample` draws symbol ``#{k : u >= F_k}``
+        for ``u ~ U[0, 1)``). A subclass may override it with a cheaper form of the same
+        values, bit for bit."""
+        return torch.cumsum(self.probabilities(x), dim=-1)[:, :-1]
+
     def variance(self, x: torch.Tensor) -> torch.Tensor:
         """``Var[v_K | x] = sum_k P(k | x) v_k^2 - x^2`` (normalised; times ``r^2`` decoded)."""
         v = torch.as_tensor(self.levels, dtype=torch.float64, device=x.device)
@@ -101,7 +108,7 @@ class FiniteMechanism(ABC):
         out = torch.empty(x.numel(), dtype=torch.uint8, device=x.device)
         for lo in range(0, x.numel(), _CHUNK):
             hi = min(lo + _CHUNK, x.numel())
-            cdf = torch.cumsum(self.probabilities(x[lo:hi]), dim=-1)[:, :-1]
+            cdf = self.boundaries(x[lo:hi])
             u = torch.rand(hi - lo, dtype=torch.float64, device=x.device, generator=g)
             out[lo:hi] = (u[:, None] >= cdf).sum(dim=-1).to(torch.uint8)
         return out.reshape(wt.shape)

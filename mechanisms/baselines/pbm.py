@@ -76,6 +76,18 @@ class PBM(FiniteMechanism):
         # Plain powers (exact for m = 1: P(Z = 1) = p, LDPQ's law to the last bit).
         return self._comb.to(x.device) * p**k * (1.0 - p) ** (self.trials - k)
 
+    def boundaries(self, x: torch.Tensor) -> torch.Tensor:
+        """``F_0 = 1 - p`` for ``m = 1`` (LDPQ's single coin), the general inner CDF otherwise.
+
+        Bit for bit the general form: :meth:`probabilities` at ``m = 1`` is ``(1 * p^0) (1 - p)^1
+        = 1 - p`` and ``(1 * p^1) (1 - p)^0 = p`` exactly (IEEE ``pow`` is exact at exponents 0
+        and 1), and a cumulative sum's first entry is the entry itself; this form skips the
+        ``pow`` calls, about half of a release's time."""
+        if self.trials != 1:
+            return super().boundaries(x)
+        p = (0.5 + self.theta * x.to(torch.float64)).clamp(0.0, 1.0)
+        return (1.0 - p)[:, None]
+
     def epsilon(self) -> float:
         """``m log((1/2 + theta) / (1/2 - theta))``: the ratio of ``Z = m`` at ``x = 1, -1``."""
         return self.trials * math.log((0.5 + self.theta) / (0.5 - self.theta))

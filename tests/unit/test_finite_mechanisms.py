@@ -90,6 +90,27 @@ def test_one_bit_samples_are_the_same_randomized_response() -> None:
     assert torch.equal(draws[0], draws[1])
 
 
+@pytest.mark.parametrize("eps", [*EPSILONS, 8.0])
+def test_one_bit_pbm_fast_cdf_is_the_general_one_bit_for_bit(eps: float) -> None:
+    """PBM's ``m = 1`` inner CDF (no ``pow``) equals the general cumulative sum exactly, so its
+    draws are the general path's, coin for coin, across the sampler's chunks."""
+    mech = PBM(eps, 1)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.cat([GRID, torch.rand(200_000, dtype=torch.float64, generator=gen) * 2.0 - 1.0])
+    x = torch.cat([x, torch.tensor([0.0, -0.0, 1e-300, -1e-300, 1.0, -1.0], dtype=torch.float64)])
+    assert torch.equal(mech.boundaries(x), FiniteMechanism.boundaries(mech, x))
+    w = torch.randn(150_000, generator=gen)  # more than two chunks, some clipped
+    fast = mech.sample(w, 0.1, 1.5, generator=torch.Generator().manual_seed(3))
+
+    class General(PBM):
+        def boundaries(self, x: torch.Tensor) -> torch.Tensor:
+            return FiniteMechanism.boundaries(self, x)
+
+    slow = General(eps, 1).sample(w, 0.1, 1.5, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(fast, slow)
+    assert 0 < int(fast.sum()) < fast.numel()
+
+
 # ---------------------------------------------------------------- unbiasedness and LDP
 @pytest.mark.parametrize("eps", [0.3, 1.0, 3.0])
 def test_every_mechanism_is_unbiased_exactly_and_in_samples(eps: float) -> None:
