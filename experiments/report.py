@@ -188,6 +188,12 @@ def _num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits - 1}e}" if scientific else f"{x:.{digits}g}"
 
 
+def _amount(x: float) -> str:
+    """A measured amount (seconds, megabytes): whole units with thousands separators from 100
+    up (``1,263``, not ``1.26e+03``), three significant digits below (:func:`_num`)."""
+    return f"{x:,.0f}" if math.isfinite(x) and abs(x) >= 100 else _num(x, 3)
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A Markdown table (``|`` in a cell escaped)."""
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
@@ -327,9 +333,9 @@ _RESULT_COLUMNS: tuple[tuple[str, Callable[[GroupResult], str]], ...] = (
     ("checkpoint round", lambda g: g.selected_round.fmt(scale=1.0, digits=1)),
     ("seeds", lambda g: str(g.test.n)),
     ("eps_p", lambda g: _num(g.privacy("eps_p"))),
-    ("uplink MB / run", lambda g: _num(g.uplink_bytes.mean / 1e6, 3) if g.uplink_bytes.n else "—"),
+    ("uplink MB / run", lambda g: _amount(g.uplink_bytes.mean / 1e6) if g.uplink_bytes.n else "—"),
     ("uplink bits / parameter", lambda g: _num(plots.uplink_bits(g), 4) if g.runs else "—"),
-    ("s / run", lambda g: _num(g.seconds.mean, 3)),
+    ("s / run", lambda g: _amount(g.seconds.mean)),
 )
 """The results table's columns after ``setting``: header and cell of a group."""
 

@@ -44,6 +44,7 @@ from corbin_fl.experiments.mse import (
 from corbin_fl.experiments.report import (
     TARGET_RULE,
     Difference,
+    _amount,
     federated_targets,
     verdict,
 )
@@ -683,6 +684,16 @@ def test_csv_figures_and_report_from_contract_files(tmp_path: Path) -> None:
     report = (root / "report.md").read_text()
     assert "## Discussion" in report and "Why the figure looks like this." in report
     assert (root / "discussion.md").read_text() == "Why the figure looks like this.\n"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(1263.4, "1,263"), (2000.0, "2,000"), (99.94, "99.9"), (23.456, "23.5"), (0.5, "0.5")],
+)
+def test_seconds_and_megabytes_a_run_print_whole_units_from_100(value: float, text: str) -> None:
+    """The results table's ``s / run`` and ``uplink MB / run``: ``1,263``, never ``1.26e+03``."""
+    assert _amount(value) == text
+    assert _amount(math.nan) == "—"
 
 
 def _seeded_groups(tmp_path: Path, settings: list[tuple[str, float, list[float]]]) -> list[Any]:
