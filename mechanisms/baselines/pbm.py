@@ -80,9 +80,10 @@ class PBM(FiniteMechanism):
         """``F_0 = 1 - p`` for ``m = 1`` (LDPQ's single coin), the general inner CDF otherwise.
 
         Bit for bit the general form: :meth:`probabilities` at ``m = 1`` is ``(1 * p^0) (1 - p)^1
-        = 1 - p`` and ``(1 * p^1) (1 - p)^0 = p`` exactly (IEEE ``pow`` is exact at exponents 0
-        and 1), and a cumulative sum's first entry is the entry itself; this form skips the
-        ``pow`` calls, about half of a release's time."""
+        = 1 - p`` and ``(1 * p^1) (1 - p)^0 = p`` (torch's ``pow`` returns ``1`` and ``p``
+        exactly at exponents 0 and 1, which the tests check on every ``x`` they draw), and a
+        cumulative sum's first entry is the entry itself. This form skips the ``pow`` calls,
+        about two thirds of a release's time (docs/BENCHMARKS.md, ``bench_mechanisms.py``)."""
         if self.trials != 1:
             return super().boundaries(x)
         p = (0.5 + self.theta * x.to(torch.float64)).clamp(0.0, 1.0)
