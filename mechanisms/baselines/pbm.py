@@ -68,10 +68,13 @@ class PBM(FiniteMechanism):
             [float(math.comb(m, k)) for k in range(m + 1)], dtype=torch.float64
         )
 
+    def trial_probability(self, x: torch.Tensor) -> torch.Tensor:
+        """``p(x) = 1/2 + theta x`` (Chen et al., Alg. 1), ``float64``, clamped into ``[0, 1]``."""
+        return (0.5 + self.theta * x.to(torch.float64)).clamp(0.0, 1.0)
+
     def probabilities(self, x: torch.Tensor) -> torch.Tensor:
         """``P(Z = k | x) = C(m, k) p^k (1 - p)^(m - k)``, ``p = 1/2 + theta x``."""
-        x = x.to(torch.float64)
-        p = (0.5 + self.theta * x).clamp(0.0, 1.0)[..., None]
+        p = self.trial_probability(x)[..., None]
         k = torch.arange(self.trials + 1, dtype=torch.float64, device=x.device)
         # Plain powers (exact for m = 1: P(Z = 1) = p, LDPQ's law to the last bit).
         return self._comb.to(x.device) * p**k * (1.0 - p) ** (self.trials - k)
@@ -86,8 +89,7 @@ class PBM(FiniteMechanism):
         about two thirds of a release's time (docs/BENCHMARKS.md, ``bench_mechanisms.py``)."""
         if self.trials != 1:
             return super().boundaries(x)
-        p = (0.5 + self.theta * x.to(torch.float64)).clamp(0.0, 1.0)
-        return (1.0 - p)[:, None]
+        return (1.0 - self.trial_probability(x))[:, None]
 
     def epsilon(self) -> float:
         """``m log((1/2 + theta) / (1/2 - theta))``: the ratio of ``Z = m`` at ``x = 1, -1``."""
