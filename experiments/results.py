@@ -307,16 +307,23 @@ def choose_lambda(
     return float(best), {float(lam): stat for lam, stat in stats.items()}
 
 
+LAMBDA_MAX = 1.0
+"""The largest global learning rate there is: paper eq. (6), ``w_g <- (1 - lambda) w_g +
+lambda w_bar``, is a convex combination, and the run config takes ``global-lr`` in (0, 1]."""
+
+
 def grid_end(chosen: float, grid: Collection[float]) -> str | None:
     """``"smallest"`` or ``"largest"`` when ``chosen`` is that end of a ``grid`` of two or
     more lambdas, else ``None``. A choice at an end says only that the best lambda may lie
-    beyond it: validation accuracy has not been seen to fall on that side."""
+    beyond it: validation accuracy has not been seen to fall on that side. Nothing lies above
+    :data:`LAMBDA_MAX`, so a choice of 1 is at no end that a grid could extend."""
     lams = sorted({float(lam) for lam in grid})
     if len(lams) < 2:
         return None
     if math.isclose(chosen, lams[0]):
         return "smallest"
-    return "largest" if math.isclose(chosen, lams[-1]) else None
+    top = math.isclose(chosen, lams[-1]) and not math.isclose(chosen, LAMBDA_MAX)
+    return "largest" if top else None
 
 
 def grid_end_text(label: str, chosen: float, grid: Collection[float]) -> str | None:

@@ -4,13 +4,17 @@ the runner and the report agree on which runs the table needs (issue 40)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 from fake_experiments import TINY, FakeBackend, fake_app_dir, spec_from
 
+from corbin_fl.app.config import AppConfig
+from corbin_fl.config import ConfigError
 from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments.results import (
+    LAMBDA_MAX,
     choose_lambda,
     grid_end,
     grid_end_text,
@@ -137,7 +141,8 @@ def test_a_failed_choosing_run_leaves_its_settings_other_seeds_waiting(tmp_path:
     ("chosen", "grid", "end"),
     [
         (0.03, [1.0, 0.1, 0.03, 0.3], "smallest"),
-        (1.0, [0.03, 0.1, 0.3, 1.0], "largest"),
+        (0.3, [0.03, 0.1, 0.3], "largest"),
+        (1.0, [0.03, 0.1, 0.3, 1.0], None),  # nothing lies above lambda = 1 (eq. 6)
         (0.1, [0.03, 0.1, 0.3, 1.0], None),
         (0.5, [0.5], None),  # a grid of one value chooses nothing
     ],
@@ -151,10 +156,19 @@ def test_a_choice_at_an_end_of_its_grid_is_named(
         assert text is None
     else:
         beyond = "below" if end == "smallest" else "above"
+        values = ", ".join(f"{lam:g}" for lam in sorted(grid))
         assert text == (
-            f"pbm, epsilon=0.3: lambda {chosen:g}, the {end} of its grid [0.03, 0.1, 0.3, 1]: "
+            f"pbm, epsilon=0.3: lambda {chosen:g}, the {end} of its grid [{values}]: "
             f"the best may lie {beyond} it"
         )
+
+
+def test_lambda_max_is_the_largest_global_lr_a_run_accepts() -> None:
+    """:data:`LAMBDA_MAX` is where the run config stops: no grid extends above it."""
+    assert AppConfig.from_flower({"global-lr": LAMBDA_MAX}).global_lr == LAMBDA_MAX
+    with pytest.raises(ConfigError) as info:
+        AppConfig.from_flower({"global-lr": math.nextafter(LAMBDA_MAX, 2.0)})
+    assert "global-lr" in info.value.errors
 
 
 def test_the_plan_and_the_report_name_the_choices_at_an_end_of_the_grid(tmp_path: Path) -> None:
@@ -182,8 +196,13 @@ def test_the_plan_and_the_report_name_the_choices_at_an_end_of_the_grid(tmp_path
         labels[key] = group_label(results[0].setting, ["mechanism", "epsilon"])
         if len(results) == 3:
             ends[key] = grid_end(choose_lambda(results)[0], [0.25, 0.5, 1.0])
-    # the fake's accuracy does not depend on lambda: all three kinds occur among these settings
-    assert sorted(map(str, ends.values())) == ["None", "None", "largest", "smallest"]
+    # the fake's accuracy does not depend on lambda: one setting chooses the smallest, one the
+    # largest, 1, which no grid can extend (LAMBDA_MAX), and two lie inside the grid
+    chosen = {
+        key: choose_lambda([load_run(pool / r.run_id) for r in choosing[key]])[0] for key in ends
+    }
+    assert sorted(chosen.values()) == [0.25, 0.5, 0.5, 1.0]
+    assert sorted(map(str, ends.values())) == ["None", "None", "None", "smallest"]
     named = ex.grid_ends(spec, planned, pool)
     assert [text.split(":", 1)[0] for text in named] == [
         labels[key] for key, end in ends.items() if end is not None
