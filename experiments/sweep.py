@@ -39,6 +39,7 @@ from corbin_fl.config import ConfigError
 from corbin_fl.deploy import flower, processes
 from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.deploy.run import LocalRunOptions, run_simulation
+from corbin_fl.experiments.host import host_record
 from corbin_fl.experiments.spec import CLIENTS_KEY, ExperimentSpec, RunValue, SpecError
 from corbin_fl.fsio import atomic_write_json
 
@@ -360,7 +361,8 @@ def execute_run(
 ) -> dict[str, Any]:
     """Execute ``run`` from scratch in ``run_dir`` (the app gets the whole result config and
     ``out-dir = run_dir/app``), copy its ``metrics.jsonl`` and return its ``summary.json``,
-    written last, atomically, with the runner's ``"run"`` record; ``RunFailedError`` (and
+    written last, atomically, with the runner's ``"run"`` record (the machine it ran on
+    included, :func:`~corbin_fl.experiments.host.host_record`); ``RunFailedError`` (and
     ``failed.json``) if it left no complete outputs."""
     run_dir = Path(run_dir).resolve()
     if run_dir.exists():
@@ -403,6 +405,7 @@ def execute_run(
     record |= {"config": dict(run.config), "clients": run.clients}
     record |= {"flwr_run_id": sub.flwr_run_id, "status": sub.status}
     record |= {"started_at": started.isoformat(), "seconds": seconds, "complete": True}
+    record |= {"host": host_record()}
     atomic_write_json(run_dir / SUMMARY_FILE, summary := {**app_summary, RUN_RECORD_KEY: record})
     with contextlib.suppress(FileNotFoundError):
         (run_dir / FAILED_FILE).unlink()

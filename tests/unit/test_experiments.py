@@ -32,6 +32,7 @@ from corbin_fl.config import MECHANISMS
 from corbin_fl.deploy.follow import read_jsonl as read_metrics
 from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments import mse, plots
+from corbin_fl.experiments.host import host_record
 from corbin_fl.experiments.mse import (
     GridMSE,
     RealWeightsMSE,
@@ -526,6 +527,7 @@ def test_summary_is_written_atomically_with_the_run_record(tmp_path: Path) -> No
     assert on_disk == summary
     assert on_disk["run"]["complete"] is True
     assert on_disk["run"]["config_hash"] == run.config_hash
+    assert on_disk["run"]["host"] == host_record()  # the machine it ran on
     assert len(read_metrics(run_dir / "metrics.jsonl")) == 4
     assert not list(run_dir.glob(".*.tmp"))
     assert run_state(run_dir, run) is RunState.DONE
