@@ -24,6 +24,7 @@ the ``--help`` of the three server-side programs is the same as 1.41's):
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import logging
@@ -107,10 +108,17 @@ def write_connection(
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """Whether ``url`` answers a GET with a 2xx status within ``timeout`` seconds.
+
+    Anything else is ``False``, never an exception: no answer, an error status, and a reply that
+    is not HTTP/1 at all (``http.client.HTTPException``). The last happens when another process
+    took the port a SuperLink was started on a moment before it, and is a gRPC server (HTTP/2):
+    the launcher then sees its SuperLink exit with "address in use" and retries elsewhere.
+    """
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return 200 <= resp.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return False
 
 

@@ -29,6 +29,7 @@ from corbin_fl.deploy.processes import (
     ProcessRegistry,
     flower_env,
     free_ports,
+    listens_on,
     thread_share,
 )
 from corbin_fl.mechanisms.validate import require, why_at_least, why_positive
@@ -184,7 +185,10 @@ class LocalDeployment:
             while time.monotonic() < deadline:
                 if not proc.running():
                     break
-                if http_ok(f"http://{self.host}:{port}/health"):
+                # the port may have gone to another process first (free_ports): a health
+                # check counts only when this SuperLink is the one listening there
+                healthy = http_ok(f"http://{self.host}:{port}/health")
+                if healthy and listens_on(proc.pid, port) is not False:
                     self.superlink, self.superlink_port = proc, port
                     logger.info("SuperLink ready on %s:%d (pid %d)", self.host, port, proc.pid)
                     return

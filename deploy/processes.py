@@ -132,6 +132,39 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
             sock.close()
 
 
+_TCP_LISTEN: Final[str] = "0A"
+"""The state column of a listening socket in ``/proc/net/tcp`` and ``tcp6``."""
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a socket listening on TCP ``port``; None where this
+    cannot be told (no ``/proc``, or its file descriptors are not readable).
+
+    A port that :func:`free_ports` found free may be taken by another process before the
+    process started on it binds it; a health check on the port may then be answered by that
+    other process. Linux's ``/proc/net/tcp`` and ``tcp6`` give each listening socket's inode
+    (``local_address`` ``HEXIP:HEXPORT``, state ``0A``, inode in the tenth column), and
+    ``/proc/<pid>/fd`` links to ``socket:[inode]`` for each socket the process holds.
+    """
+    inodes: set[str] = set()
+    try:
+        for table in ("tcp", "tcp6"):
+            with contextlib.suppress(FileNotFoundError):
+                for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+                    cols = line.split()
+                    listening = len(cols) > 9 and cols[3] == _TCP_LISTEN
+                    if listening and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(cols[9])
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except (OSError, ValueError, IndexError):
+        return None
+    held = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            held.add(os.readlink(fd))
+    return any(f"socket:[{inode}]" in held for inode in inodes)
+
+
 # ====================================================================== process trees
 def _read_stat(pid: int) -> tuple[str, int, int] | None:
     """``(state, ppid, starttime)`` of ``pid`` from ``/proc/<pid>/stat``, or None if gone."""

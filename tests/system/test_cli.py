@@ -9,7 +9,9 @@ checked independently of the CorBin-FL app itself (which ``test_e2e_local.py`` r
 
 from __future__ import annotations
 
+import http.server
 import json
+import logging
 import os
 import re
 import signal
@@ -17,6 +19,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -28,7 +31,13 @@ from rich.console import Console
 from waits import LOAD_HEADROOM, RAY_START_FAILED, ClientAppTiming, StartupTiming
 
 from corbin_fl.deploy import cli
-from corbin_fl.deploy.flower import format_config_args, parse_config_string, write_connection
+from corbin_fl.deploy import local as local_mod
+from corbin_fl.deploy.flower import (
+    format_config_args,
+    http_ok,
+    parse_config_string,
+    write_connection,
+)
 from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.deploy.local import LocalDeployment
 from corbin_fl.deploy.processes import (
@@ -42,6 +51,7 @@ from corbin_fl.deploy.processes import (
     flower_env,
     free_ports,
     is_alive,
+    listens_on,
     process_ref,
     thread_share,
 )
@@ -600,6 +610,59 @@ def test_rounds_and_drops_tables_fit_80_columns() -> None:
 
 
 # ====================================================================== unit: mechanics
+# an HTTP/2 SETTINGS frame, the first bytes a gRPC server sends on a new connection
+_HTTP2_SETTINGS = bytes.fromhex("000006040000000000000300000064")
+
+
+@pytest.mark.parametrize(
+    ("reply", "ok"),
+    [
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", True),
+        (b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n", False),
+        (_HTTP2_SETTINGS, False),  # a gRPC server on the port: BadStatusLine, not a crash
+        (b"", False),  # closed without a reply
+    ],
+)
+def test_http_ok_is_true_only_for_a_2xx_reply(reply: bytes, ok: bool) -> None:
+    """The launcher's readiness probe: whatever answers on the port, it returns a bool (a
+    SuperLink that lost its port to another process's gRPC server crashed the run before)."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+
+        def answer() -> None:
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(reply)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        assert http_ok(f"http://127.0.0.1:{srv.getsockname()[1]}/health", timeout=30.0) is ok
+        thread.join()
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
+def test_listens_on_names_the_process_that_holds_a_port() -> None:
+    """A health check on a port counts only when the process started there is the one
+    listening: another process may take a port that free_ports found free."""
+    with socket.socket() as four, socket.socket(socket.AF_INET6) as six:
+        four.bind(("127.0.0.1", 0))
+        four.listen(1)
+        six.bind(("::1", 0))
+        six.listen(1)
+        for port in (four.getsockname()[1], six.getsockname()[1]):
+            assert listens_on(os.getpid(), port) is True
+        other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                 stdin=subprocess.PIPE)  # fmt: skip
+        try:
+            assert listens_on(other.pid, four.getsockname()[1]) is False
+        finally:
+            other.communicate(b"")
+    (port,) = free_ports(1)  # nobody listens there
+    assert listens_on(os.getpid(), port) is False
+
+
 def test_free_ports_are_distinct_and_bindable() -> None:
     ports = free_ports(5)
     assert len(set(ports)) == 5
@@ -747,6 +810,54 @@ def test_deployment_start_failure_cleans_up(tmp_path: Path) -> None:
         pass
     assert deployment.registry.leftovers() == []
     assert (tmp_path / "logs" / "superlink.log").exists()
+
+
+class _Healthy(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with 200, as a SuperLink's ``/health`` does."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.timeout(240)
+def test_a_superlink_port_another_process_took_is_not_taken_for_ours(
+    tmp_path: Path,
+    flower_startup: StartupTiming,
+    rearm_timeout: Callable[[float], None],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """free_ports' port may go to another process before the SuperLink binds it. Here that
+    process answers ``/health`` with 200, as another SuperLink would: the launcher must not
+    take it for its own SuperLink, and starts that on another port."""
+    squatter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+    taken = squatter.server_address[1]
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    first = [[taken]]
+    real_free_ports = local_mod.free_ports
+    monkeypatch.setattr(
+        local_mod, "free_ports", lambda n, host: first.pop() if first else real_free_ports(n, host)
+    )
+    ready = flower_startup.startup_timeout(1)
+    rearm_timeout(2 * ready + 60)  # two SuperLink starts, then the close
+    deployment = LocalDeployment(
+        0, tmp_path / "logs", tmp_path / "home", simulation=True, ready_timeout=ready
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger=local_mod.__name__), deployment:
+            assert deployment.superlink is not None and deployment.superlink_port is not None
+            assert deployment.superlink_port != taken
+            assert listens_on(deployment.superlink.pid, deployment.superlink_port) is True
+        assert f"SuperLink port {taken} was taken" in caplog.text
+        assert deployment.registry.leftovers() == []
+    finally:
+        squatter.shutdown()
+        squatter.server_close()
 
 
 # ====================================================================== e2e: tiny app

@@ -16,6 +16,7 @@ import pytest
 import tomli_w
 from waits import ClientAppTiming
 
+from corbin_fl.deploy.flower import http_ok
 from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.mechanisms.accounting import PrivacyLedger
 from corbin_fl.server.checkpoint import (
@@ -150,7 +151,7 @@ def test_server_side_sigkill_and_resume_on_real_processes(
         # A SuperLink that is still running is still starting, and one that died is seen at
         # once; the bound only guards a hang, so it is the run's own (`ready`, from a probe
         # taken minutes earlier on a quieter machine, ran out in CI at load ~14).
-        _wait(lambda: _http_ok(health) or not superlink.running(), run_limit, "the new SuperLink")
+        _wait(lambda: http_ok(health) or not superlink.running(), run_limit, "the new SuperLink")
         assert superlink.running(), superlink.log_tail()
         # --- the SuperNodes again, with the same command lines (same Runtime API ports)
         for partition, old in list(dep.supernodes.items()):
@@ -196,16 +197,6 @@ def test_server_side_sigkill_and_resume_on_real_processes(
     events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     assert [e["from_round"] for e in events if e["event"] == "resume"] == [1]
     logging.getLogger(__name__).info("crash + resume e2e: %.0f s", time.monotonic() - t_start)
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:
-            return 200 <= resp.status < 300
-    except OSError:
-        return False
 
 
 def _finished_status(dep: Any, run_id: int) -> str | None:
