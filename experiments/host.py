@@ -27,7 +27,8 @@ def host_record(cpuinfo: Path = CPUINFO) -> dict[str, Any]:
     ``cpu`` is the first processor's ``model name`` in ``cpuinfo`` (``platform.processor()``
     where the file is missing or names none), ``isa`` the flags of :data:`ISA_FLAGS` that its
     first ``flags`` line lists (empty without one), ``cpus`` is ``os.cpu_count()`` and
-    ``machine`` ``platform.machine()``. Never raises: a field it cannot read is ``""``.
+    ``machine`` ``platform.machine()``. Never raises: a field it cannot read is empty
+    (``""``, ``[]``, or 0 CPUs).
     """
     model, flags = "", set[str]()
     try:
