@@ -190,17 +190,16 @@ def test_the_plan_and_the_report_name_the_choices_at_an_end_of_the_grid(tmp_path
             choosing.setdefault(r.setting_key, []).append(r)
     done = {r.run_id for r, state in planned if state is RunState.DONE}
     ends: dict[str, str | None] = {}  # final settings, in the plan's order
+    chosen: dict[str, float] = {}
     labels: dict[str, str] = {}
     for key, members in choosing.items():
         results = [load_run(pool / r.run_id) for r in members if r.run_id in done]
         labels[key] = group_label(results[0].setting, ["mechanism", "epsilon"])
         if len(results) == 3:
-            ends[key] = grid_end(choose_lambda(results)[0], [0.25, 0.5, 1.0])
+            chosen[key] = choose_lambda(results)[0]
+            ends[key] = grid_end(chosen[key], [0.25, 0.5, 1.0])
     # the fake's accuracy does not depend on lambda: one setting chooses the smallest, one the
     # largest, 1, which no grid can extend (LAMBDA_MAX), and two lie inside the grid
-    chosen = {
-        key: choose_lambda([load_run(pool / r.run_id) for r in choosing[key]])[0] for key in ends
-    }
     assert sorted(chosen.values()) == [0.25, 0.5, 0.5, 1.0]
     assert sorted(map(str, ends.values())) == ["None", "None", "None", "smallest"]
     named = ex.grid_ends(spec, planned, pool)
