@@ -17,7 +17,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from rich.logging import RichHandler
 from corbin_fl.app.sources import check_dataset_files
 from corbin_fl.experiments import report, sweep
 from corbin_fl.experiments import results as rs
+from corbin_fl.experiments.host import host_record
 from corbin_fl.experiments.report import Target
 from corbin_fl.experiments.spec import ExperimentSpec, SpecError, load_spec
 from corbin_fl.experiments.sweep import Backend, Run, RunState
@@ -160,14 +161,14 @@ def plan_counts(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -
     )
 
 
-def measured_round_seconds(
+def _rounds_done(
     planned: Sequence[tuple[Run, RunState]], pool: Path
-) -> dict[bool, list[float]]:
-    """The wall seconds a round took in each run done in ``pool`` (:attr:`results.RunResult.seconds`
-    over its rounds, start included), keyed by whether the run has secure aggregation (a SecAgg+
-    round costs about twice another, docs/BENCHMARKS.md); a run that cannot be read is left
-    out."""
-    out: dict[bool, list[float]] = {False: [], True: []}
+) -> list[tuple[bool, float, Any]]:
+    """``(secure aggregation, seconds a round, machine)`` for each run done in ``pool``: its
+    wall seconds (:attr:`results.RunResult.seconds`, start included) over its rounds, and the
+    machine its record names (``run.host``, :func:`~corbin_fl.experiments.host.host_record`;
+    ``None`` in records older than that field). A run that cannot be read is left out."""
+    out: list[tuple[bool, float, Any]] = []
     for r, state in planned:
         if state is not RunState.DONE:
             continue
@@ -176,30 +177,54 @@ def measured_round_seconds(
         except ValueError:
             continue
         if math.isfinite(done.seconds) and done.seconds > 0:
-            secure = done.setting["secure-aggregation"] is True
-            out[secure].append(done.seconds / int(r.run_config["num-rounds"]))
+            record = done.summary.get(sweep.RUN_RECORD_KEY)
+            machine = record.get("host") if isinstance(record, dict) else None
+            per_round = done.seconds / int(r.run_config["num-rounds"])
+            out.append((done.setting["secure-aggregation"] is True, per_round, machine))
+    return out
+
+
+def measured_round_seconds(
+    planned: Sequence[tuple[Run, RunState]], pool: Path, host: Mapping[str, Any] | None = None
+) -> dict[bool, list[float]]:
+    """The wall seconds a round took in each run done in ``pool`` (:func:`_rounds_done`), keyed
+    by whether the run has secure aggregation (a SecAgg+ round costs about twice another,
+    docs/BENCHMARKS.md); with ``host``, only the runs whose record names that machine."""
+    out: dict[bool, list[float]] = {False: [], True: []}
+    for secure, seconds, machine in _rounds_done(planned, pool):
+        if host is None or machine == host:
+            out[secure].append(seconds)
     return out
 
 
 def plan_estimate(
-    spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]], pool: Path | None = None
+    spec: ExperimentSpec,
+    planned: Sequence[tuple[Run, RunState]],
+    pool: Path | None = None,
+    host: Mapping[str, Any] | None = None,
 ) -> str | None:
     """The time the runs not done will take, ``sum over them of num-rounds x a round's
     seconds``, in words; ``None`` when nothing gives a round's seconds.
 
     A round's seconds is the median over the runs done in ``pool`` with secure aggregation as
-    the run has it or not (:func:`measured_round_seconds`: a median, so that runs which shared
-    the machine with other work do not pull it), else the spec's ``round-seconds``."""
-    empty: dict[bool, list[float]] = {False: [], True: []}
-    measured = measured_round_seconds(planned, pool) if pool is not None else empty
+    the run has it or not (a median, so that runs which shared the machine with other work do
+    not pull it), else the spec's ``round-seconds``. Where runs of a kind were done on this
+    machine (``host``, by default :func:`~corbin_fl.experiments.host.host_record`), only
+    those count: a pool resumed over sessions may have run on machines of different speeds."""
+    here = host_record() if host is None else host
+    done = _rounds_done(planned, pool) if pool is not None else []
     todo = to_do(planned)
     kinds = [bool(r.config.get("secure-aggregation", False)) for r in todo]
     per_round: dict[bool, float] = {}
     words: list[str] = []
     for secure in sorted(set(kinds) or {False}):
-        if values := measured[secure]:
-            per_round[secure] = statistics.median(values)
-            how = f"the median of {len(values)} run{'s' if len(values) > 1 else ''} done"
+        values = [s for k, s, _ in done if k is secure]
+        local = [s for k, s, machine in done if k is secure and machine == here]
+        if values:
+            per_round[secure] = statistics.median(local or values)
+            n = len(local or values)
+            how = f"the median of {n} run{'s' if n > 1 else ''} done"
+            how += " on this machine" if local else ", none on this machine"
         elif spec.round_seconds is not None:
             per_round[secure] = spec.round_seconds
             how = "measured, see the spec"

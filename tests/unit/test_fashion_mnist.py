@@ -13,6 +13,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -281,9 +282,15 @@ def test_a_run_of_the_pool_logs_its_progress_line(
     )
 
 
-def _write_done_run(pool: Path, run: Run, seconds: float) -> None:
+HERE: dict[str, Any] = {"cpu": "CPU A", "cpus": 2, "isa": ["avx2"], "machine": "x86_64"}
+"""The machine the estimates below are made on (``host_record()``'s shape)."""
+
+
+def _write_done_run(
+    pool: Path, run: Run, seconds: float, host: dict[str, Any] | None = None
+) -> None:
     """A finished run folder of ``run`` as the pool writes it (``results.load_run`` reads it),
-    which took ``seconds`` of wall time."""
+    which took ``seconds`` of wall time (on ``host``; a record without the field if None)."""
     folder = pool / run.run_id
     folder.mkdir(parents=True)
     record = {
@@ -294,6 +301,8 @@ def _write_done_run(pool: Path, run: Run, seconds: float) -> None:
         "complete": True,
         "seconds": seconds,
     }
+    if host is not None:
+        record["host"] = host
     summary = json.dumps({sweep.RUN_RECORD_KEY: record})
     (folder / sweep.SUMMARY_FILE).write_text(summary, encoding="utf-8")
     row = {"round": 1, "val_accuracy": 0.5, "test_accuracy": 0.5}
@@ -316,8 +325,8 @@ def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) ->
     marked = [(r, RunState.DONE if r.run_id in done else s) for r, s in planned]
     measured = ex.measured_round_seconds(marked, tmp_path / "runs")
     assert sorted(measured[False]) == [8.0, 9.0, 50.0] and measured[True] == []
-    text = str(ex.plan_estimate(spec, marked, tmp_path / "runs"))
-    assert "9 s a round (the median of 3 runs done)" in text
+    text = str(ex.plan_estimate(spec, marked, tmp_path / "runs", host=HERE))
+    assert "9 s a round (the median of 3 runs done, none on this machine)" in text
     declared = f"{spec.round_seconds:g} s a round with secure aggregation (measured, see the spec)"
     assert declared in text
     todo = ex.to_do(marked)
@@ -331,6 +340,36 @@ def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) ->
     both = {secure[0].run_id, secure[1].run_id}
     marked = [(r, RunState.DONE if r.run_id in both else s) for r, s in marked]
     unmeasured = dataclasses.replace(spec, round_seconds=None)
-    text = str(ex.plan_estimate(unmeasured, marked, tmp_path / "runs"))
-    assert "20 s a round with secure aggregation (the median of 1 run done)" in text
+    text = str(ex.plan_estimate(unmeasured, marked, tmp_path / "runs", host=HERE))
+    assert "20 s a round with secure aggregation (the median of 1 run done, none on" in text
     assert ex.plan_estimate(unmeasured, planned, tmp_path / "missing") is None
+
+
+def test_the_estimate_counts_only_the_runs_done_on_this_machine_where_there_are_some(
+    tmp_path: Path,
+) -> None:
+    """A pool resumed over sessions ran on machines of different speeds: where runs of a kind
+    were done on this machine (``run.host`` equal to ``host_record()``), only they give the
+    median; a kind with none here takes every run done, and says so."""
+    spec = load_spec(CPU_REST_SPEC)
+    planned = ex.plan(spec, tmp_path)
+    plain = [r for r, _ in planned if not r.config.get("secure-aggregation")]
+    secure = [r for r, _ in planned if r.config.get("secure-aggregation")]
+    other = HERE | {"cpu": "CPU B"}
+    # plain: 2 runs here (5 and 6 s a round), 3 on a slower machine (11, 12, 13 s) and 1
+    # older record without a host; secure: 1 run elsewhere (20 s)
+    seconds = [(500.0, HERE), (600.0, HERE), (1100.0, other), (1200.0, other), (1300.0, other)]
+    for r, (s, host) in zip(plain, [*seconds, (1400.0, None)], strict=False):
+        _write_done_run(tmp_path / "runs", r, s, host)
+    _write_done_run(tmp_path / "runs", secure[0], 2000.0, other)
+    done = {r.run_id for r in [*plain[:6], secure[0]]}
+    marked = [(r, RunState.DONE if r.run_id in done else s) for r, s in planned]
+    assert sorted(ex.measured_round_seconds(marked, tmp_path / "runs", HERE)[False]) == [5.0, 6.0]
+    assert len(ex.measured_round_seconds(marked, tmp_path / "runs")[False]) == 6
+    text = str(ex.plan_estimate(spec, marked, tmp_path / "runs", host=HERE))
+    assert "5.5 s a round (the median of 2 runs done on this machine)" in text
+    assert "20 s a round with secure aggregation (the median of 1 run done, none on" in text
+    # on the slower machine its own three runs count
+    text = str(ex.plan_estimate(spec, marked, tmp_path / "runs", host=other))
+    assert "12 s a round (the median of 3 runs done on this machine)" in text
+    assert "20 s a round with secure aggregation (the median of 1 run done on this" in text
