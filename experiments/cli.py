@@ -161,13 +161,15 @@ def plan_counts(spec: ExperimentSpec, planned: Sequence[tuple[Run, RunState]]) -
     )
 
 
-def _rounds_done(
+def round_seconds_done(
     planned: Sequence[tuple[Run, RunState]], pool: Path
 ) -> list[tuple[bool, float, Any]]:
     """``(secure aggregation, seconds a round, machine)`` for each run done in ``pool``: its
-    wall seconds (:attr:`results.RunResult.seconds`, start included) over its rounds, and the
-    machine its record names (``run.host``, :func:`~corbin_fl.experiments.host.host_record`;
-    ``None`` in records older than that field). A run that cannot be read is left out."""
+    wall seconds (:attr:`results.RunResult.seconds`, start included) over its rounds, whether
+    it has secure aggregation (a SecAgg+ round costs about twice another, docs/BENCHMARKS.md),
+    and the machine its record names (``run.host``,
+    :func:`~corbin_fl.experiments.host.host_record`; ``None`` in records older than that
+    field). A run that cannot be read is left out."""
     out: list[tuple[bool, float, Any]] = []
     for r, state in planned:
         if state is not RunState.DONE:
@@ -177,23 +179,9 @@ def _rounds_done(
         except ValueError:
             continue
         if math.isfinite(done.seconds) and done.seconds > 0:
-            record = done.summary.get(sweep.RUN_RECORD_KEY)
-            machine = record.get("host") if isinstance(record, dict) else None
+            machine = done.summary[sweep.RUN_RECORD_KEY].get("host")
             per_round = done.seconds / int(r.run_config["num-rounds"])
             out.append((done.setting["secure-aggregation"] is True, per_round, machine))
-    return out
-
-
-def measured_round_seconds(
-    planned: Sequence[tuple[Run, RunState]], pool: Path, host: Mapping[str, Any] | None = None
-) -> dict[bool, list[float]]:
-    """The wall seconds a round took in each run done in ``pool`` (:func:`_rounds_done`), keyed
-    by whether the run has secure aggregation (a SecAgg+ round costs about twice another,
-    docs/BENCHMARKS.md); with ``host``, only the runs whose record names that machine."""
-    out: dict[bool, list[float]] = {False: [], True: []}
-    for secure, seconds, machine in _rounds_done(planned, pool):
-        if host is None or machine == host:
-            out[secure].append(seconds)
     return out
 
 
@@ -212,18 +200,16 @@ def plan_estimate(
     machine (``host``, by default :func:`~corbin_fl.experiments.host.host_record`), only
     those count: a pool resumed over sessions may have run on machines of different speeds."""
     here = host_record() if host is None else host
-    done = _rounds_done(planned, pool) if pool is not None else []
+    done = round_seconds_done(planned, pool) if pool is not None else []
     todo = to_do(planned)
     kinds = [bool(r.config.get("secure-aggregation", False)) for r in todo]
     per_round: dict[bool, float] = {}
     words: list[str] = []
     for secure in sorted(set(kinds) or {False}):
-        values = [s for k, s, _ in done if k is secure]
         local = [s for k, s, machine in done if k is secure and machine == here]
-        if values:
-            per_round[secure] = statistics.median(local or values)
-            n = len(local or values)
-            how = f"the median of {n} run{'s' if n > 1 else ''} done"
+        if values := local or [s for k, s, _ in done if k is secure]:
+            per_round[secure] = statistics.median(values)
+            how = f"the median of {len(values)} run{'s' if len(values) > 1 else ''} done"
             how += " on this machine" if local else ", none on this machine"
         elif spec.round_seconds is not None:
             per_round[secure] = spec.round_seconds

@@ -323,8 +323,9 @@ def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) ->
     for r in plain[:3]:
         _write_done_run(tmp_path / "runs", r, done[r.run_id])
     marked = [(r, RunState.DONE if r.run_id in done else s) for r, s in planned]
-    measured = ex.measured_round_seconds(marked, tmp_path / "runs")
-    assert sorted(measured[False]) == [8.0, 9.0, 50.0] and measured[True] == []
+    measured = ex.round_seconds_done(marked, tmp_path / "runs")
+    assert sorted(s for secure, s, _ in measured if not secure) == [8.0, 9.0, 50.0]
+    assert [s for secure, s, _ in measured if secure] == []
     text = str(ex.plan_estimate(spec, marked, tmp_path / "runs", host=HERE))
     assert "9 s a round (the median of 3 runs done, none on this machine)" in text
     declared = f"{spec.round_seconds:g} s a round with secure aggregation (measured, see the spec)"
@@ -364,8 +365,9 @@ def test_the_estimate_counts_only_the_runs_done_on_this_machine_where_there_are_
     _write_done_run(tmp_path / "runs", secure[0], 2000.0, other)
     done = {r.run_id for r in [*plain[:6], secure[0]]}
     marked = [(r, RunState.DONE if r.run_id in done else s) for r, s in planned]
-    assert sorted(ex.measured_round_seconds(marked, tmp_path / "runs", HERE)[False]) == [5.0, 6.0]
-    assert len(ex.measured_round_seconds(marked, tmp_path / "runs")[False]) == 6
+    measured = ex.round_seconds_done(marked, tmp_path / "runs")
+    assert sorted(s for secure, s, host in measured if not secure and host == HERE) == [5.0, 6.0]
+    assert len([s for secure, s, _ in measured if not secure]) == 6
     text = str(ex.plan_estimate(spec, marked, tmp_path / "runs", host=HERE))
     assert "5.5 s a round (the median of 2 runs done on this machine)" in text
     assert "20 s a round with secure aggregation (the median of 1 run done, none on" in text
