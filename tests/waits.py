@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -208,6 +212,25 @@ class ClientAppTiming(StartupTiming):
             + first_round_stages * first
             + (rounds - 1) * later_round_stages * later
         )
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.3) -> None:
+    """Poll ``predicate`` until it holds; fail the test naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(poll)
+
+
+def answers(url: str, cafile: Path | None = None) -> bool:
+    """Whether ``url`` (a SuperLink's ``/health``) answers 2xx now; ``cafile`` verifies TLS."""
+    context = ssl.create_default_context(cafile=str(cafile)) if cafile is not None else None
+    try:
+        with urllib.request.urlopen(url, timeout=2.0, context=context) as response:
+            return 200 <= response.status < 300
+    except OSError:
+        return False
 
 
 def wait_progressing(

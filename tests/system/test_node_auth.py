@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import ssl
 import subprocess
-import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import StartupTiming
+from waits import StartupTiming, answers, wait_until
 
 from corbin_fl.deploy.flower import flower_executable, superlink_argv
 from corbin_fl.deploy.processes import ProcessRegistry
@@ -33,23 +30,6 @@ MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
 
 
 # ============================================================================ 1. node auth
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.3)
-
-
-def _https_ok(url: str, cafile: Path) -> bool:
-    try:
-        ctx = ssl.create_default_context(cafile=str(cafile))
-        with urllib.request.urlopen(url, timeout=2.0, context=ctx) as response:
-            return 200 <= response.status < 300
-    except OSError:
-        return False
-
-
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_keyless_and_plaintext_nodes_are_refused_with_tls_and_node_auth(
@@ -84,8 +64,8 @@ def test_keyless_and_plaintext_nodes_are_refused_with_tls_and_node_auth(
         ),
         logs / "superlink.log",
     )
-    _wait(
-        lambda: _https_ok(f"https://{address}/health", certs / "ca" / "ca.crt"),
+    wait_until(
+        lambda: answers(f"https://{address}/health", certs / "ca" / "ca.crt"),
         wait_s,
         f"the SuperLink on https://{address}:\n{superlink.log_tail()}",
     )
@@ -111,11 +91,11 @@ def test_keyless_and_plaintext_nodes_are_refused_with_tls_and_node_auth(
     plain = supernode("plaintext", node_ports[1], "--insecure")
 
     # A node without an authentication key gets an ephemeral one, which is refused.
-    _wait(lambda: not keyless.running(), wait_s, "the key-less SuperNode to be refused")
+    wait_until(lambda: not keyless.running(), wait_s, "the key-less SuperNode to be refused")
     assert keyless.popen.returncode != 0
     assert "All SuperNodes must be registered" in keyless.log_text(), keyless.log_tail()
     # A plain-text node cannot even speak to the TLS endpoint: it keeps retrying.
-    _wait(
+    wait_until(
         lambda: "Connection attempt failed" in plain.log_text(),
         wait_s,
         "the plain-text SuperNode's failed connection",

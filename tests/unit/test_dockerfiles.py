@@ -9,7 +9,9 @@
   .dockerignore; the two app images on one shared stage with torch, built once;
 - docker/certs/make-certs.sh run into a temp dir: chain verified by ``openssl verify``, SANs,
   ECDSA P-384 keys, file modes; docker/certs/register-nodes.sh argument errors;
-- docker/healthcheck.py against an in-process gRPC health server.
+- docker/healthcheck.py against an in-process gRPC health server;
+- the SuperNode image starts Flower through docker/supernode.py (its behaviour:
+  tests/unit/test_supernode_launcher.py, tests/system/test_supernode_gives_up.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ MAKE_CERTS = REPO / "docker" / "certs" / "make-certs.sh"
 REGISTER_NODES = REPO / "docker" / "certs" / "register-nodes.sh"
 GUIDES = ("docs/DOCKER.md", "docker/README.md")
 HEALTHCHECK_PY = "/opt/corbin-fl/healthcheck.py"
+SUPERNODE_PY = "/opt/corbin-fl/supernode.py"
+LAUNCHERS = {SUPERNODE_PY: "flower-supernode"}
+"""Scripts an image runs with ``python3`` in place of a Flower command, with the same arguments."""
 APP_UID = "49999"
 FLOWER_COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec")
 
@@ -149,6 +154,14 @@ def parse_dockerfile(relpath: str) -> Dockerfile:
 
 def all_stages() -> list[tuple[str, Stage]]:
     return [(path, st) for path in DOCKERFILES for st in parse_dockerfile(path).stages.values()]
+
+
+def flower_argv(argv: Sequence[str]) -> list[str]:
+    """The Flower command line an ENTRYPOINT (+ CMD) runs: ``python3 L ARGS`` of a launcher ``L``
+    (:data:`LAUNCHERS`) runs ``<its Flower command> ARGS``."""
+    if len(argv) >= 2 and argv[0] == "python3" and argv[1] in LAUNCHERS:
+        return [LAUNCHERS[argv[1]], *argv[2:]]
+    return list(argv)
 
 
 # --------------------------------------------------------------------------- --help model
@@ -368,7 +381,7 @@ def test_commands_are_console_scripts_of_the_pinned_flwr() -> None:
         if ep.dist is not None and canonicalize_name(ep.dist.name) == "flwr"
     }
     assert flwr_scripts <= scripts
-    used = {stage.entrypoint[0] for _, stage in all_stages() if stage.entrypoint}
+    used = {flower_argv(stage.entrypoint)[0] for _, stage in all_stages() if stage.entrypoint}
     assert used == {"flower-superlink", "flower-superexec", "flower-supernode"}
     assert used <= flwr_scripts, f"not console scripts of flwr {pinned}: {used - flwr_scripts}"
     assert "flwr" in flwr_scripts  # register-nodes.sh and docs/DOCKER.md use the flwr CLI
@@ -380,7 +393,8 @@ def test_dockerfile_default_commands_accepted(
 ) -> None:
     for stage in parse_dockerfile(dockerfile).stages.values():
         if stage.entrypoint:
-            check_argv(stage.entrypoint + stage.cmd, help_specs, f"{dockerfile}:{stage.name}")
+            argv = flower_argv(stage.entrypoint + stage.cmd)
+            check_argv(argv, help_specs, f"{dockerfile}:{stage.name}")
 
 
 def _compose() -> list[str] | None:
@@ -426,7 +440,8 @@ def test_compose_commands_accepted(
         build = service["build"]
         stage = parse_dockerfile(build["dockerfile"]).stages[build["target"]]
         assert TARGETS[build["target"]] == build["dockerfile"], name
-        check_argv(stage.entrypoint + service["command"], help_specs, f"{files}:{name}")
+        argv = flower_argv(stage.entrypoint + service["command"])
+        check_argv(argv, help_specs, f"{files}:{name}")
 
 
 def _flwr_cli_lines() -> list[list[str]]:
@@ -595,7 +610,7 @@ def test_targets_non_root_with_healthcheck(target: str) -> None:
     assert stage.user == f"{APP_UID}:{APP_UID}", f"{target} must end as the non-root app user"
     assert stage.healthcheck[:2] == ["python3", HEALTHCHECK_PY]
     address = stage.healthcheck[2]
-    entry = stage.entrypoint
+    entry = flower_argv(stage.entrypoint)
     assert entry[1:] == ["--health-server-address", address]
     assert address.startswith("127.0.0.1:"), "the health server must stay inside the container"
     copies = [c for st in _stage_chain(dockerfile, target) for c in st.copies]
@@ -608,6 +623,17 @@ def test_targets_non_root_with_healthcheck(target: str) -> None:
         "start-period": "60s",
         "retries": "3",
     }, target
+
+
+def test_supernode_starts_flower_through_its_launcher() -> None:
+    """The SuperNode image runs ``flower-supernode`` through docker/supernode.py, which ends the
+    process when Flower gives up its connection (tests/unit/test_supernode_launcher.py)."""
+    dockerfile = parse_dockerfile(TARGETS["supernode"])
+    assert dockerfile.stages["supernode"].entrypoint[:2] == ["python3", SUPERNODE_PY]
+    copies = [c for st in _stage_chain(dockerfile, "supernode") for c in st.copies]
+    assert ("docker/supernode.py", SUPERNODE_PY) in copies
+    launched = {st.entrypoint[1] for _, st in all_stages() if st.entrypoint[:1] == ["python3"]}
+    assert launched == {SUPERNODE_PY}, "only the SuperNode needs a launcher"
 
 
 def test_dockerignore_is_an_allow_list_of_the_copied_files() -> None:
