@@ -214,12 +214,21 @@ class ClientAppTiming(StartupTiming):
         )
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.3) -> None:
-    """Poll ``predicate`` until it holds; fail the test naming ``what`` after ``timeout`` s."""
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str | Callable[[], str],
+    poll: float = 0.3,
+) -> None:
+    """Poll ``predicate`` until it holds; fail the test naming ``what`` after ``timeout`` s.
+
+    ``what`` may be a callable, read only on failure (e.g. with a process's log tail then).
+    """
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+            said = what() if callable(what) else what
+            pytest.fail(f"timed out after {timeout:g} s waiting for {said}")
         time.sleep(poll)
 
 

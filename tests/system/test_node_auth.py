@@ -67,7 +67,7 @@ def test_keyless_and_plaintext_nodes_are_refused_with_tls_and_node_auth(
     wait_until(
         lambda: answers(f"https://{address}/health", certs / "ca" / "ca.crt"),
         wait_s,
-        f"the SuperLink on https://{address}:\n{superlink.log_tail()}",
+        lambda: f"the SuperLink on https://{address}:\n{superlink.log_tail()}",
     )
     process_registry.snapshot()
 

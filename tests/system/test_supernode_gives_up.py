@@ -49,7 +49,7 @@ def test_a_supernode_that_gives_up_its_connection_ends_with_status_1(
     wait_until(
         lambda: answers(f"http://{address}/health"),
         wait_s,
-        f"the SuperLink on {address}:\n{superlink.log_tail()}",
+        lambda: f"the SuperLink on {address}:\n{superlink.log_tail()}",
     )
     node = process_registry.start(
         "supernode",
@@ -61,7 +61,11 @@ def test_a_supernode_that_gives_up_its_connection_ends_with_status_1(
         ],
         logs / "supernode.log",
     )
-    wait_until(lambda: "SuperNode ID:" in node.log_text(), wait_s, "the SuperNode to connect")
+    wait_until(
+        lambda: "SuperNode ID:" in node.log_text(),
+        wait_s,
+        lambda: f"the SuperNode to connect:\n{node.log_tail()}",
+    )
     process_registry.snapshot()
     assert node.running(), node.log_tail()
 
@@ -71,7 +75,7 @@ def test_a_supernode_that_gives_up_its_connection_ends_with_status_1(
     wait_until(
         lambda: not node.running(),
         SUPERNODE_POLL_S + wait_s,
-        f"the SuperNode to end once its connection gave up:\n{node.log_tail()}",
+        lambda: f"the SuperNode to end once its connection gave up:\n{node.log_tail()}",
     )
     assert node.popen.returncode == 1, node.log_tail()
     text = node.log_text()
