@@ -33,8 +33,9 @@ spec.loader.exec_module(launcher)
 
 
 def stand_in():
-    # What Flower's SuperNode leaves behind: a non-daemon thread that never ends.
-    threading.Thread(target=threading.Event().wait, name="runtime-http-api").start()
+    # What Flower's SuperNode leaves behind: a thread that never ends (not a daemon, unless
+    # Flower stopped it first).
+    threading.Thread(target=threading.Event().wait, daemon={daemon}).start()
     print("entry point ends", flush=True)
     {end}
 
@@ -43,8 +44,8 @@ launcher.run(stand_in)
 """
 
 
-def _child(end: str) -> subprocess.CompletedProcess[str]:
-    code = _CHILD.format(end=end)
+def _child(end: str, *, daemon: bool = False) -> subprocess.CompletedProcess[str]:
+    code = _CHILD.format(end=end, daemon=daemon)
     return subprocess.run(
         [sys.executable, "-c", code, str(LAUNCHER)],
         capture_output=True,
@@ -72,14 +73,7 @@ def test_an_entry_point_that_fails_ends_the_process_with_status_1_and_its_traceb
 def test_flowers_own_exit_keeps_its_status(status: int) -> None:
     # flwr_exit and Flower's signal handlers stop the Runtime API before they raise SystemExit;
     # here the stand-in's thread is a daemon, as Flower's is once stopped.
-    code = _CHILD.replace('name="runtime-http-api")', 'name="runtime-http-api", daemon=True)')
-    assert code != _CHILD
-    out = subprocess.run(
-        [sys.executable, "-c", code.format(end=f"raise SystemExit({status})"), str(LAUNCHER)],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-    )
+    out = _child(f"raise SystemExit({status})", daemon=True)
     assert out.returncode == status, out.stderr
     assert "gave up" not in out.stderr and "failed" not in out.stderr, out.stderr
 
