@@ -48,6 +48,14 @@ SUPEREXEC_POLL_S: Final[float] = float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, default 1 s; tests/conftest.py sets 1 s for the suite)."""
 
 
+HANG_GUARD_S: Final[float] = 600.0
+"""The timeout of a command that a test only needs to end (``--help``, a certificate script, a
+``compose config``): a guard against a hang, never a measurement or a wait for something. On a
+machine whose cores are all taken it is far above what such a command takes (CI once saw
+``corbin-fl local --help`` still running 60 s after its start, its help printed), and a command
+that ends does so long before it."""
+
+
 LOAD_HEADROOM: Final[float] = 8.0
 """``k``: every wait is ``k`` times what the probe measured. The probe is one sample of a machine
 whose load moves (other jobs start during a run that lasts minutes; with 2 cores one more busy

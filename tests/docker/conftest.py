@@ -1,8 +1,8 @@
 """The Docker layer: real images built and real containers started on a real Docker engine.
 
 Every test under ``tests/docker/`` is marked ``docker`` and runs only when asked for with
-``-m docker`` (``.ci/run`` runs ``python -m pytest -m docker`` beside the other layers). Without a
-reachable engine the tests skip and say why.
+``-m docker`` (``.ci/run`` runs ``python -m pytest -m docker`` once the system layer is done,
+beside the in-process layers). Without a reachable engine the tests skip and say why.
 
 The images are built once per session (or before it, by ``.ci/run``) with the commands
 docs/DOCKER.md gives, with a marker certificate in the build secret: ``image_build.py``.
@@ -101,7 +101,7 @@ def images(
 
     ``CORBIN_DOCKER_IMAGES`` names the record of a build made before the session (``.ci/run``
     starts it while it installs the rest); its images must still be there. Else the session
-    builds them; on pytest-xdist (``.ci/run`` runs this layer on two workers) the first worker to
+    builds them; on pytest-xdist (``.ci/run`` runs this layer on three workers) the first worker to
     take the lock builds and writes the record beside the workers' temp folders, and the others
     read it, so the marker every worker looks for in the layers is the one the build was given.
     """

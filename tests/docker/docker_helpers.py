@@ -122,6 +122,26 @@ def wait_for(
         time.sleep(interval)
 
 
+def while_running(
+    done: Callable[[], bool], run: subprocess.Popen[bytes], log: Path
+) -> Callable[[], bool]:
+    """``done`` as a :func:`wait_for` predicate that fails at once, with the end of ``log``, when
+    the operator's ``flwr run`` (``run``, writing ``log``) has ended without it: a run that ended
+    early is reported when it ends, not at the end of the wait."""
+
+    def check() -> bool:
+        if done():
+            return True
+        if run.poll() is None or done():  # done() again: the run may end just after it
+            return False
+        raise AssertionError(
+            f"the operator's `flwr run` ended (exit {run.returncode}) first:\n"
+            f"{log.read_text(errors='replace')[-4000:]}"
+        )
+
+    return check
+
+
 def healthy_wait(probe: StartupTiming, services: int, levels: int) -> float:
     """Seconds for ``services`` containers to be up and healthy when they start in ``levels``
     waves, each wave waiting for the one before to be healthy (``depends_on: service_healthy``):

@@ -35,6 +35,7 @@ from docker_helpers import (
     first_round_turn,
     healthy_wait,
     wait_for,
+    while_running,
 )
 from waits import ClientAppTiming
 
@@ -249,13 +250,15 @@ def test_documented_run_learns_through_a_kill_and_a_rejoin(
         )
         try:
             # Round 1 done: round 2 is running. Kill client 2 (both its containers).
-            wait_for(lambda: len(_metrics(compose, out_dir)) >= 1, run_timeout, "round 1")
+            round_one = while_running(lambda: len(_metrics(compose, out_dir)) >= 1, run, log)
+            wait_for(round_one, run_timeout, "round 1")
             round_one_done()
             killed = [f"corbin-fl-supernode-{KILLED}-1", f"corbin-fl-clientapp-{KILLED}-1"]
             compose.run("docker", "kill", *killed)
             state = compose.run("docker", "inspect", "--format", "{{.State.Status}}", *killed)
             assert state.stdout.split() == ["exited", "exited"], state.stdout
-            wait_for(lambda: len(_metrics(compose, out_dir)) >= 2, run_timeout, "round 2")
+            round_two = while_running(lambda: len(_metrics(compose, out_dir)) >= 2, run, log)
+            wait_for(round_two, run_timeout, "round 2")
             # Docker does not restart a killed container (unless-stopped); bring it back.
             compose.compose(
                 [], "up", "-d", f"supernode-{KILLED}", f"clientapp-{KILLED}", timeout=600

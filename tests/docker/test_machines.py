@@ -48,6 +48,7 @@ from docker_helpers import (
     first_round_turn,
     healthy_wait,
     wait_for,
+    while_running,
 )
 from flwr.common.constant import MAX_RETRY_DELAY
 from waits import HEALTH_INTERVAL_S, ClientAppTiming
@@ -448,7 +449,8 @@ def test_documented_run_learns_through_a_superlink_restart(
             argv, cwd=REPO, env=dict(operator.env), stdout=sink, stderr=subprocess.STDOUT
         )
         try:
-            wait_for(lambda: len(_metrics(m, out_dir)) >= 1, run_timeout, "round 1")
+            round_one = while_running(lambda: len(_metrics(m, out_dir)) >= 1, run, log)
+            wait_for(round_one, run_timeout, "round 1")
             round_one_done()
             (kill,) = [c for c in _part_c() if c.startswith("docker kill corbin-fl-server-")]
             m.docker.run(*shlex.split(kill))

@@ -28,7 +28,13 @@ from typing import Any, Final
 
 import pytest
 from rich.console import Console
-from waits import LOAD_HEADROOM, RAY_START_FAILED, ClientAppTiming, StartupTiming
+from waits import (
+    HANG_GUARD_S,
+    LOAD_HEADROOM,
+    RAY_START_FAILED,
+    ClientAppTiming,
+    StartupTiming,
+)
 
 from corbin_fl.deploy import cli
 from corbin_fl.deploy import local as local_mod
@@ -404,7 +410,11 @@ def test_main_usage_errors_start_nothing(
 
 def test_console_script_help() -> None:
     res = subprocess.run(
-        ["corbin-fl", "local", "--help"], capture_output=True, text=True, timeout=60, check=False
+        ["corbin-fl", "local", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=False,
     )
     assert res.returncode == 0, res.stderr
     for flag in ("--clients", "--kill-client", "--run-config", "--keep-logs", "--timeout"):
@@ -791,7 +801,11 @@ def test_registry_cleans_up_at_interpreter_exit(tmp_path: Path) -> None:
         """
     )
     res = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=True,
     )
     refs = []
     for item in res.stdout.split():

@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import (
-    HEALTH_INTERVAL_S,
-)
+from waits import HANG_GUARD_S, HEALTH_INTERVAL_S
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = "docker-compose.yml"
@@ -52,7 +50,7 @@ def _find_compose() -> list[str] | None:
     for argv in candidates:
         try:
             out = subprocess.run(
-                [*argv, "version", "--short"], capture_output=True, text=True, timeout=30
+                [*argv, "version", "--short"], capture_output=True, text=True, timeout=HANG_GUARD_S
             )
         except (OSError, subprocess.TimeoutExpired):
             continue
@@ -92,7 +90,12 @@ def compose_run(
     if env_file is not None:
         argv += ["--env-file", str(env_file)]
     return subprocess.run(
-        [*argv, *args], cwd=REPO, env=_clean_env(env), capture_output=True, text=True, timeout=60
+        [*argv, *args],
+        cwd=REPO,
+        env=_clean_env(env),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
 
 
@@ -151,7 +154,7 @@ def _make_certs(out: Path, num_nodes: int) -> Path:
         ["bash", str(MAKE_CERTS), "-o", str(out), "-n", str(num_nodes)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert run.returncode == 0, run.stderr
     return out

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import pytest
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
-from waits import ClientAppTiming
+from waits import HANG_GUARD_S, ClientAppTiming
 
 from corbin_fl.deploy.processes import ManagedProcess, ProcessRef, ProcessRegistry
 from corbin_fl.deploy.run import node_policy
@@ -176,17 +176,17 @@ def _transfer(
         topo.argv(SERVER, [sys.executable, "-c", _SINK, ADDRESSES[SERVER], str(port)]),
         tmp_path / f"sink-{port}.log",
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_GUARD_S
     while "listening" not in sink.log_text() and time.monotonic() < deadline:
         assert sink.running(), sink.log_text()
         time.sleep(0.05)
     out = topo.run(
         sender,
         [sys.executable, "-c", _SEND, ADDRESSES[SERVER], str(port), str(size)],
-        timeout=90,
+        timeout=HANG_GUARD_S,
     )
     received, seconds = out.stdout.split()
-    sink.popen.wait(timeout=30)
+    sink.popen.wait(timeout=HANG_GUARD_S)
     return int(received), float(seconds)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import StartupTiming, answers, wait_until
+from waits import HANG_GUARD_S, StartupTiming, answers, wait_until
 
 from corbin_fl.deploy.flower import flower_executable, superlink_argv
 from corbin_fl.deploy.processes import ProcessRegistry
@@ -51,7 +51,7 @@ def test_keyless_and_plaintext_nodes_are_refused_with_tls_and_node_auth(
         ["bash", str(MAKE_CERTS), "-o", str(certs), "-n", "1"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert made.returncode == 0, made.stderr
     link_port, *node_ports = free_ports_factory(3)
