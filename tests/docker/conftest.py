@@ -1,8 +1,8 @@
 """The Docker layer: real images built and real containers started on a real Docker engine.
 
 Every test under ``tests/docker/`` is marked ``docker`` and runs only when asked for with
-``-m docker`` (``.ci/run`` runs ``python -m pytest -m docker`` once the system layer is done,
-beside the in-process layers). Without a reachable engine the tests skip and say why.
+``-m docker`` (``.ci/run`` runs ``python -m pytest -m docker`` once the other layers are done,
+so that its containers have the machine). Without a reachable engine the tests skip and say why.
 
 The images are built once per session (or before it, by ``.ci/run``) with the commands
 docs/DOCKER.md gives, with a marker certificate in the build secret: ``image_build.py``.
