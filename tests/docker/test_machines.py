@@ -411,7 +411,9 @@ def test_documented_run_learns_through_a_superlink_restart(
     machines: Machines, round_one_lock: Path
 ) -> None:
     """Part C step 7's run on the three client machines; its SuperLink killed once round 1 is
-    recorded and started again with its state volume (step 9): the run goes on to the end."""
+    recorded and started again with its state volume (step 9): the run goes on to the end, by
+    the same ServerApp or, when Flower failed the run while the SuperLink was away, resumed as
+    step 9 says."""
     m = machines
     probe = m.probe
     argv = _documented("flwr run . prod --stream ")
