@@ -53,6 +53,7 @@ from docker_helpers import (
 from flwr.common.constant import MAX_RETRY_DELAY
 from waits import HEALTH_INTERVAL_S, ClientAppTiming
 
+from corbin_fl.deploy.flower import RUN_ID_RE
 from corbin_fl.server.stages import reconnect_after
 
 ROUNDS = 3
@@ -478,7 +479,7 @@ def test_documented_run_learns_through_a_superlink_restart(
                 run.wait()
     output = log.read_text()
     assert stream_rc != 0 and "SuperLink is unavailable" in output, output[-3000:]
-    run_id = re.search(r"Successfully started run (\d+)", output)
+    run_id = RUN_ID_RE.search(output)
     assert run_id, output[-3000:]
     wait_for(
         lambda: _healthy(m.docker, m.server, 2),
@@ -502,7 +503,7 @@ def test_documented_run_learns_through_a_superlink_restart(
         again = [*argv]
         again[index] = f"{argv[index]} resume=true"
         second = operator.run(*again, timeout=run_timeout)
-        started = re.search(r"Successfully started run (\d+)", second.stdout + second.stderr)
+        started = RUN_ID_RE.search(second.stdout + second.stderr)
         assert started, (second.stdout + second.stderr)[-3000:]
         final_id = started.group(1)
         print(
@@ -538,16 +539,13 @@ def test_documented_run_learns_through_a_superlink_restart(
     events = m.docker.run(
         *m.server, "exec", "-T", "serverapp", "cat", f"{out_dir}/events.jsonl"
     ).stdout
-    resumes = [e for e in map(json.loads, events.splitlines()) if e.get("event") == "resume"]
+    logged = [json.loads(line) for line in events.splitlines()]
+    resumes = [e for e in logged if e.get("event") == "resume"]
     # The same ServerApp went on (no resume), or the resumed one went on from round 1's checkpoint.
     assert [e["from_round"] for e in resumes] == ([1] if resumed else []), resumes
     # The round that spans the restart (the first to end after the kill) ends within the floor
     # of the SuperLink's return.
-    ends = {
-        e["round"]: e["time"]
-        for e in map(json.loads, events.splitlines())
-        if e.get("event") == "round_end"
-    }
+    ends = {e["round"]: e["time"] for e in logged if e.get("event") == "round_end"}
     if not resumed:  # a resumed run's round 2 waited for the operator's new `flwr run`
         spanning = min(r for r, t in ends.items() if t >= killed_wall)
         after_return = ends[spanning] - back_wall

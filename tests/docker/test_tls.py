@@ -13,7 +13,6 @@ registered with ``docker/certs/register-nodes.sh``; then the three clients. Chec
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import shutil
 import socket
@@ -34,6 +33,8 @@ from docker_helpers import (
     wait_for,
 )
 from waits import ClientAppTiming
+
+from corbin_fl.deploy.flower import RUN_ID_RE
 
 N_CLIENTS = 3
 FILES = ["docker-compose.yml", "docker-compose.tls.yml"]
@@ -181,7 +182,7 @@ def test_documented_tls_run_completes(tls: Tls, round_one_lock: Path) -> None:
             argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
         )
     output = run.stdout + run.stderr
-    started = re.search(r"Successfully started run (\d+)", output)
+    started = RUN_ID_RE.search(output)
     if run.returncode != 0 and started and "SuperLink is unavailable" in output:
         # The operator's stream broke, not the run (it lives in the SuperLink): follow it to its
         # end once the deployment answers again, as DOCKER.md's `flwr log <RUN_ID> ... --stream`.

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -30,6 +29,8 @@ from typing import Any
 
 import pytest
 import tomli_w
+
+from corbin_fl.deploy.flower import RUN_ID_RE
 
 pytestmark = [pytest.mark.load, pytest.mark.e2e]
 
@@ -256,7 +257,7 @@ def test_many_supernodes_complete_three_rounds(tmp_path: Path) -> None:
             run_seconds = time.monotonic() - t0 - startup
             rc = run.popen.poll()
             tail = run.log_tail(30)
-            run_id = re.search(r"Successfully started run (\d+)", run.log_text())
+            run_id = RUN_ID_RE.search(run.log_text())
             if run_id and guard.tripped is None:
                 status = dep.cli.run_status(int(run_id.group(1)))[0]
     except LauncherError as exc:

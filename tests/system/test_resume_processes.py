@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +15,7 @@ import pytest
 import tomli_w
 from waits import ClientAppTiming
 
-from corbin_fl.deploy.flower import http_ok
+from corbin_fl.deploy.flower import RUN_ID_RE, http_ok
 from corbin_fl.deploy.follow import read_jsonl
 from corbin_fl.mechanisms.accounting import PrivacyLedger
 from corbin_fl.server.checkpoint import (
@@ -171,7 +170,7 @@ def test_server_side_sigkill_and_resume_on_real_processes(
         second = flwr_run(dep, "flwr-run-2", {**run_config, "resume": True})
         _wait(lambda: not second.running(), run_limit, "the resumed run", interval=0.5)
         assert second.popen.returncode == 0, second.log_tail(40)
-        run_id = re.search(r"Successfully started run (\d+)", second.log_text())
+        run_id = RUN_ID_RE.search(second.log_text())
         assert run_id is not None, second.log_tail()
         # Each try is one `flwr ls` process (a start-up); the status is final once `flwr run`
         # has returned.
