@@ -336,8 +336,7 @@ def test_machines_share_no_network(machines: Machines) -> None:
         assert subnets[f"{project}_fl"] == {wanted["CORBIN_FL_SUBNET"]}, subnets
         assert subnets[f"{project}_edge"] == {wanted["CORBIN_EDGE_SUBNET"]}, subnets
     for compose in machines.clients.values():
-        (cid,) = docker.run(*compose, "ps", "-q", "supernode").stdout.split()
-        args = json.loads(docker.run("docker", "inspect", cid).stdout)[0]["Args"]
+        args = _container(docker, compose, "supernode")["Args"]
         assert args[args.index("--superlink") + 1] == f"{machines.address}:{machines.port}"
     # Step 2's `ps` and step 6's `logs`, as the guide writes them (a client with its project).
     listed = docker.run(*_documented(f"docker compose -f {SERVER} ps")).stdout
@@ -350,11 +349,17 @@ def test_machines_share_no_network(machines: Machines) -> None:
     print(f"subnets: {sorted((n, sorted(s)) for n, s in subnets.items())}")
 
 
+def _container(docker: Docker, compose: list[str], service: str) -> dict[str, Any]:
+    """``docker inspect`` of the one container of ``service`` in the project ``compose``."""
+    (cid,) = docker.run(*compose, "ps", "-q", service).stdout.split()
+    (inspected,) = json.loads(docker.run("docker", "inspect", cid).stdout)
+    return inspected
+
+
 def _started_at(m: Machines, service: str) -> float:
     """When ``service``'s container of the server machine last started (Unix time): no later
     than its first answer."""
-    (cid,) = m.docker.run(*m.server, "ps", "-q", service).stdout.split()
-    stamp = m.docker.run("docker", "inspect", "-f", "{{.State.StartedAt}}", cid).stdout.strip()
+    stamp = _container(m.docker, m.server, service)["State"]["StartedAt"]
     head, _, frac = stamp.removesuffix("Z").partition(".")  # RFC 3339, nanoseconds, UTC
     return datetime.fromisoformat(f"{head}.{(frac or '0')[:6]}+00:00").timestamp()
 
@@ -369,9 +374,7 @@ def _supernode_restarts(m: Machines) -> dict[str, int]:
     """How often each client machine's SuperNode container was restarted by its policy."""
     counts = {}
     for project, compose in m.clients.items():
-        (cid,) = m.docker.run(*compose, "ps", "-q", "supernode").stdout.split()
-        out = m.docker.run("docker", "inspect", "-f", "{{.RestartCount}}", cid).stdout
-        counts[project] = int(out.strip())
+        counts[project] = int(_container(m.docker, compose, "supernode")["RestartCount"])
     return counts
 
 
