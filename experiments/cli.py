@@ -198,17 +198,22 @@ def plan_estimate(
     the run has it or not (a median, so that runs which shared the machine with other work do
     not pull it), else the spec's ``round-seconds``. Where runs of a kind were done on this
     machine (``host``, by default :func:`~corbin_fl.experiments.host.host_record`), only
-    those count: a pool resumed over sessions may have run on machines of different speeds."""
+    those count: a pool resumed over sessions may have run on machines of different speeds.
+    Where a kind's fastest run done was quicker than its median, the text also gives the time
+    at each kind's least seconds a round: about what the runs take on a machine left to them
+    (the median is pulled up when most of the runs done shared the cores)."""
     here = host_record() if host is None else host
     done = round_seconds_done(planned, pool) if pool is not None else []
     todo = to_do(planned)
     kinds = [bool(r.config.get("secure-aggregation", False)) for r in todo]
     per_round: dict[bool, float] = {}
+    fastest: dict[bool, float] = {}
     words: list[str] = []
     for secure in sorted(set(kinds) or {False}):
         local = [s for k, s, machine in done if k is secure and machine == here]
         if values := local or [s for k, s, _ in done if k is secure]:
             per_round[secure] = statistics.median(values)
+            fastest[secure] = min(values)
             how = f"the median of {len(values)} run{'s' if len(values) > 1 else ''} done"
             how += " on this machine" if local else ", none on this machine"
         elif spec.round_seconds is not None:
@@ -219,12 +224,22 @@ def plan_estimate(
         with_secure = " with secure aggregation" if secure else ""
         words.append(f"{per_round[secure]:.3g} s a round{with_secure} ({how})")
     rounds = [int(r.run_config["num-rounds"]) for r in todo]
-    seconds = sum(n * per_round[k] for n, k in zip(rounds, kinds, strict=True))
-    return (
+
+    def hours(seconds_a_round: Mapping[bool, float]) -> float:
+        return sum(n * seconds_a_round[k] for n, k in zip(rounds, kinds, strict=True)) / 3600
+
+    text = (
         f"estimate: {len(todo)} runs to do x their rounds ({sum(rounds):,} in all) x "
-        f"{' and '.join(words)} = {seconds / 3600:.1f} h "
-        f"({seconds / max(len(todo), 1) / 60:.1f} min a run)"
+        f"{' and '.join(words)} = {hours(per_round):.1f} h "
+        f"({hours(per_round) * 60 / max(len(todo), 1):.1f} min a run)"
     )
+    if any(fastest[k] < per_round[k] for k in fastest):
+        at = " and ".join(
+            f"{fastest[k]:.3g} s a round{' with secure aggregation' if k else ''}"
+            for k in sorted(fastest)
+        )
+        text += f"; {hours({**per_round, **fastest}):.1f} h at the fastest run done ({at})"
+    return text
 
 
 def load_finished(

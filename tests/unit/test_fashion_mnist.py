@@ -312,7 +312,8 @@ def _write_done_run(
 def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) -> None:
     """Measured beats declared: a round's seconds is the median over the runs done (so one run
     beside other work does not pull it), apart for the runs with secure aggregation, and the
-    spec's ``round-seconds`` only where none of a kind is done."""
+    spec's ``round-seconds`` only where none of a kind is done; the time at each kind's fastest
+    run follows when it is quicker than the median."""
     spec = load_spec(CPU_REST_SPEC)
     planned = ex.plan(spec, tmp_path)
     plain = [r for r, _ in planned if not r.config.get("secure-aggregation")]
@@ -334,6 +335,12 @@ def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) ->
     n_secure = sum(bool(r.config.get("secure-aggregation")) for r in todo)
     hours = (100 * 9.0 * (len(todo) - n_secure) + 100 * spec.round_seconds * n_secure) / 3600
     assert f"= {hours:.1f} h" in text
+    # and at the fastest plain run (8 s), the declared figure for the secure runs
+    fast = (100 * 8.0 * (len(todo) - n_secure) + 100 * spec.round_seconds * n_secure) / 3600
+    assert text.endswith(f"; {fast:.1f} h at the fastest run done (8 s a round)"), text
+    # one run of a kind: its median is its fastest, and no second figure is given
+    one = [(r, RunState.DONE if r.run_id == plain[0].run_id else s) for r, s in planned]
+    assert "fastest" not in str(ex.plan_estimate(spec, one, tmp_path / "runs", host=HERE))
     # a secure run done: its kind's median replaces the spec's figure; a run whose record
     # cannot be read is left out, and a spec without round-seconds still estimates from it
     _write_done_run(tmp_path / "runs", secure[0], 2000.0)
@@ -343,6 +350,7 @@ def test_the_estimate_takes_the_median_round_of_the_runs_done(tmp_path: Path) ->
     unmeasured = dataclasses.replace(spec, round_seconds=None)
     text = str(ex.plan_estimate(unmeasured, marked, tmp_path / "runs", host=HERE))
     assert "20 s a round with secure aggregation (the median of 1 run done, none on" in text
+    assert text.endswith("(8 s a round and 20 s a round with secure aggregation)"), text
     assert ex.plan_estimate(unmeasured, planned, tmp_path / "missing") is None
 
 
