@@ -37,7 +37,7 @@ from docker_helpers import (
     wait_for,
     while_running,
 )
-from waits import ClientAppTiming
+from waits import HANG_GUARD_S, ClientAppTiming
 
 DEMO_MIN_ACCURACY = 0.5
 """Test accuracy floor of the demo run's last round (chance 0.1; the app's defaults reach about
@@ -139,7 +139,7 @@ def test_images_non_root_without_secrets(docker_cli: Docker, images: BuiltImages
             assert handle is not None
             with tarfile.open(fileobj=handle, mode="r|") as layer:
                 findings += [f"{member.name}: {f}" for f in _layer_findings(layer, images.marker)]
-    assert save.wait(timeout=600) == 0
+    assert save.wait(timeout=HANG_GUARD_S) == 0
     assert layers > 0
     assert not findings, findings
     print(f"{layers} layers searched; images built in {images.seconds:.0f} s")
@@ -261,7 +261,7 @@ def test_documented_run_learns_through_a_kill_and_a_rejoin(
             wait_for(round_two, run_timeout, "round 2")
             # Docker does not restart a killed container (unless-stopped); bring it back.
             compose.compose(
-                [], "up", "-d", f"supernode-{KILLED}", f"clientapp-{KILLED}", timeout=600
+                [], "up", "-d", f"supernode-{KILLED}", f"clientapp-{KILLED}", timeout=HANG_GUARD_S
             )
             assert run.wait(timeout=run_timeout) == 0, log.read_text()[-4000:]
         finally:

@@ -32,7 +32,7 @@ from docker_helpers import (
     healthy_wait,
     wait_for,
 )
-from waits import ClientAppTiming
+from waits import HANG_GUARD_S, ClientAppTiming
 
 from corbin_fl.deploy.flower import RUN_ID_RE
 
@@ -231,7 +231,7 @@ def test_supernode_that_does_not_trust_the_ca_cannot_connect(tls: Tls) -> None:
     _give_to_containers(mixed)
     node = _lone_supernode(tls, "corbin-fl-untrusting", mixed)
     try:
-        out, _ = node.communicate(timeout=600)
+        out, _ = node.communicate(timeout=HANG_GUARD_S)
     finally:
         if node.poll() is None:
             node.kill()
@@ -253,7 +253,7 @@ def test_supernode_with_an_unregistered_key_is_refused(tls: Tls) -> None:
     _give_to_containers(unregistered)
     node = _lone_supernode(tls, "corbin-fl-unregistered", unregistered)
     try:
-        out, _ = node.communicate(timeout=600)
+        out, _ = node.communicate(timeout=HANG_GUARD_S)
     finally:
         if node.poll() is None:
             node.kill()

@@ -18,6 +18,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from waits import HANG_GUARD_S
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A throwaway Flower app with its own `client` and `server` packages, as a user writes it.
@@ -78,7 +80,7 @@ def test_the_wheel_installs_one_top_level_name_beside_a_users_client_and_server(
     src = tmp_path / "src"
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, capture_output=True, check=True, timeout=600,
+        cwd=REPO, capture_output=True, check=True, timeout=HANG_GUARD_S,
     ).stdout.decode().split("\0")  # fmt: skip
     for rel in filter(None, listed):
         if (REPO / rel).is_file() and not rel.startswith("docs/"):
@@ -88,7 +90,7 @@ def test_the_wheel_installs_one_top_level_name_beside_a_users_client_and_server(
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
          "-w", str(wheels), str(src)],
-        check=True, timeout=600,
+        check=True, timeout=HANG_GUARD_S,
     )  # fmt: skip
     (wheel,) = wheels.glob("corbin_fl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -108,7 +110,7 @@ def test_the_wheel_installs_one_top_level_name_beside_a_users_client_and_server(
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
          str(wheel)],
-        check=True, timeout=600,
+        check=True, timeout=HANG_GUARD_S,
     )  # fmt: skip
     app = tmp_path / "app"
     for rel, text in APP_FILES.items():
@@ -118,7 +120,7 @@ def test_the_wheel_installs_one_top_level_name_beside_a_users_client_and_server(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app), str(site)])}
     done = subprocess.run(
         [sys.executable, "-c", CHECK], cwd=app, env=env, capture_output=True, text=True,
-        timeout=600,
+        timeout=HANG_GUARD_S,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
