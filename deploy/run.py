@@ -590,17 +590,68 @@ def derived_deadline(
     return now + left * PACE_FACTOR * max(times) + PACE_SLACK_S
 
 
+STATUS_CHECK_MIN_S = 30.0
+"""A quiet ``flwr run`` stream gets a status query after this many seconds (or after the slowest
+round so far, when that is longer)."""
+
+
+class _QuietStream:
+    """When to ask the SuperLink whether a run whose ``flwr run --stream`` has gone quiet is over.
+
+    Flower 1.42's log stream has no read timeout (``flwr/supercore/protobuf/client.py``,
+    ``_unary_stream``), so a stream can stay open after its run finished. Once the stream's log
+    and the run's files have shown nothing new for ``q = max(min_s, max_i t_i)`` seconds
+    (``t_i`` the ``round_seconds`` so far), a status query is due, then again every ``q``
+    seconds while the quiet lasts. A run that is merely between two slow rounds is never
+    queried before it has been quiet for a whole slowest round.
+    """
+
+    def __init__(
+        self, min_s: float = STATUS_CHECK_MIN_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.min_s, self.clock = min_s, clock
+        self.activity: tuple[int, ...] = ()
+        self.since = self.last_check = clock()
+
+    def due(self, activity: tuple[int, ...], rounds: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether a status query is due, given the current ``activity`` (any counters that grow
+        while the run shows signs of life) and the round rows so far."""
+        now = self.clock()
+        if activity != self.activity:
+            self.activity, self.since = activity, now
+            return False
+        times = [t for row in rounds if isinstance(t := row.get("round_seconds"), int | float)]
+        quiet_s = max([self.min_s, *map(float, times)])
+        if now - self.since < quiet_s or now - self.last_check < quiet_s:
+            return False
+        self.last_check = now
+        return True
+
+
+def _log_size(proc: ManagedProcess) -> int:
+    try:
+        return proc.log_path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _follow(
     deployment: LocalDeployment,
     flwr_run: ManagedProcess,
     files: _RunFiles,
     notify: Callable[[], None],
     timeout: float | None,
-) -> str | None:
-    """Follow ``flwr run`` until it exits (None) or why following stopped early."""
+    quiet: _QuietStream | None = None,
+) -> tuple[str | None, bool]:
+    """Follow ``flwr run`` until it exits or its run is over; return ``(reason, left_open)``.
+
+    ``reason`` is None when the run ended by itself, else why following stopped early (a
+    timeout, a dead SuperLink). ``left_open`` is True when the run finished (the SuperLink says
+    ``finished:*``) while ``flwr run --stream`` was still open: the caller stops the stream."""
     state, last_snapshot = files.state, 0.0
     deadline = time.monotonic() + timeout if timeout is not None else math.inf
     rows_seen = 0
+    quiet = quiet if quiet is not None else _QuietStream()
     while True:
         rc = flwr_run.popen.poll()
         if state.run_id is None and (m := RUN_ID_RE.search(flwr_run.log_text())):
@@ -615,31 +666,48 @@ def _follow(
             last_snapshot = time.monotonic()
         notify()
         if rc is not None:
-            return None
+            return None, False
         if (failure := deployment.infrastructure_failure()) is not None:
-            return failure
+            return failure, False
+        activity = (_log_size(flwr_run), len(state.events), len(state.metrics))
+        if state.run_id is not None and quiet.due(activity, state.metrics):
+            status, details = deployment.cli.run_status(state.run_id)
+            if status is not None and status.startswith("finished"):
+                logger.warning(
+                    "run %d is %s (%s) but `flwr run --stream` stayed open; stopping the stream",
+                    state.run_id,
+                    status,
+                    details,
+                )
+                return None, True
         if timeout is None and len(state.metrics) != rows_seen:
             rows_seen = len(state.metrics)
             deadline = derived_deadline(time.monotonic(), state.metrics, state.num_rounds)
         if time.monotonic() > deadline:
             if timeout is not None:
-                return f"timed out after {timeout:.0f} s"
+                return f"timed out after {timeout:.0f} s", False
             return (
                 f"timed out: {len(state.metrics)} of {state.num_rounds} rounds ended, and the "
                 f"rest took over {PACE_FACTOR:g} x the slowest round each plus "
                 f"{PACE_SLACK_S:.0f} s (set --timeout to fix the limit)"
-            )
+            ), False
         time.sleep(0.25)
 
 
 def _verdict(
-    reason: str | None, flwr_run: ManagedProcess, run_id: int | None, status: str | None
+    reason: str | None,
+    flwr_run: ManagedProcess,
+    run_id: int | None,
+    status: str | None,
+    *,
+    stream_stopped: bool = False,
 ) -> tuple[str, bool]:
-    """``(reason, ok)`` of a followed run."""
+    """``(reason, ok)`` of a followed run (``stream_stopped``: we ended a ``flwr run`` left
+    open after its run finished, so its exit code says nothing)."""
     if reason is not None:
         return reason, False
     rc = flwr_run.popen.returncode
-    if rc != 0:
+    if rc != 0 and not stream_stopped:
         return f"`flwr run` exited with code {rc}:\n{flwr_run.log_tail()}", False
     if run_id is None:
         return f"`flwr run` did not start a run:\n{flwr_run.log_tail()}", False
@@ -666,11 +734,12 @@ def _submit_and_follow(
     flwr_run = deployment.registry.start("flwr-run", cmd, out_dir / "logs" / "flwr-run.log")
     state.phase = "running"
     files = _RunFiles(out_dir, state, _KillSchedule(options.kills, options.kill_delay))
-    reason = _follow(deployment, flwr_run, files, notify, options.timeout)
+    reason, left_open = _follow(deployment, flwr_run, files, notify, options.timeout)
     if reason is not None:  # timeout or dead SuperLink: stop the run, then `flwr run`
         superlink = deployment.superlink
         if state.run_id is not None and superlink is not None and superlink.running():
             deployment.cli.stop(state.run_id)
+    if reason is not None or left_open:
         deployment.registry.stop(flwr_run, grace=5.0)
     time.sleep(0.2)
     files.poll()
@@ -690,7 +759,7 @@ def _submit_and_follow(
         )
         if status is not None and status != COMPLETED_STATUS:
             logger.warning("run %s ended with status %s (%s)", state.run_id, status, details)
-    reason, ok = _verdict(reason, flwr_run, state.run_id, status)
+    reason, ok = _verdict(reason, flwr_run, state.run_id, status, stream_stopped=left_open)
     error = next(
         (e.get("error") for e in reversed(state.events) if e.get("event") == "run_end"), None
     )

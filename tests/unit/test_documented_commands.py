@@ -384,3 +384,36 @@ def test_benchmark_lines_parse() -> None:
                     check=False,
                 )
                 assert res.returncode == 0, (command, res.stderr[-800:])
+
+
+def test_the_flag_tables_defaults_are_the_parsers() -> None:
+    """Each ``(default N)`` of docs/RUNNING.md's flag table is the ``corbin-fl local`` parser's
+    default of the flag named last before it (``--kill-delay`` inside ``--kill-client``'s row),
+    or, for a flag that sets a run-config key (the parser's default None), the app's default of
+    that key; a flag whose row says "Default none fixed" has no default."""
+    import dataclasses
+
+    from corbin_fl.app.config import AppConfig
+    from corbin_fl.deploy import cli
+
+    local = cli.build_parser().parse_args(["local"])
+    app_defaults = {f.name: f.default for f in dataclasses.fields(AppConfig)}
+    rows = [
+        line
+        for line in (REPO / "docs/RUNNING.md").read_text().splitlines()
+        if line.startswith("| `--")
+    ]
+    checked = 0
+    for row in rows:
+        for m in re.finditer(r"\(default (\d+(?:\.\d+)?)\)", row):
+            flag = re.findall(r"`(--[a-z-]+)", row[: m.start()])[-1]
+            value = getattr(local, flag[2:].replace("-", "_"))
+            if value is None and (key := re.search(r"run config `([a-z-]+)`", row)):
+                value = app_defaults[key.group(1).replace("-", "_")]
+            assert value is not None and float(value) == float(m.group(1)), (flag, value, row)
+            checked += 1
+        if "Default none fixed" in row:
+            flag = re.findall(r"`(--[a-z-]+)", row)[0]
+            assert getattr(local, flag[2:].replace("-", "_")) is None, row
+            checked += 1
+    assert checked >= 5
