@@ -32,6 +32,7 @@ from corbin_fl.deploy.flower import (
 )
 from corbin_fl.deploy.follow import RUN_FILES, JsonlTail, RunProgress, RunResult, as_int, read_json
 from corbin_fl.deploy.local import LocalDeployment
+from corbin_fl.deploy.pace import PACE_FACTOR, PACE_SLACK_S, QuietStream, derived_deadline
 from corbin_fl.deploy.processes import (
     LauncherError,
     ManagedProcess,
@@ -569,65 +570,6 @@ class _RunFiles:
         state.add_rows(self.metrics.read_new())
 
 
-PACE_FACTOR = 3.0
-"""A run without ``--timeout`` may take this many times its slowest round per round left."""
-PACE_SLACK_S = 600.0
-"""... plus these seconds (the last evaluation, the summary, a slow checkpoint)."""
-
-
-def derived_deadline(
-    now: float, rounds: Sequence[Mapping[str, Any]], num_rounds: int | None
-) -> float:
-    """The limit of a run without a fixed ``timeout``: ``now + (R - r) * 3 * max_i t_i + 600``
-    seconds, with ``t_i`` the ``round_seconds`` of the ``r`` rounds ended so far (the rows of
-    ``metrics.jsonl``) and ``R`` the run's rounds; ``inf`` before a round has ended or when
-    ``R`` is unknown (the ServerApp's own stage timeouts stop a run whose nodes do not answer).
-    """
-    times = [float(t) for row in rounds if isinstance(t := row.get("round_seconds"), int | float)]
-    if not times or num_rounds is None:
-        return math.inf
-    left = max(num_rounds - len(rounds), 0)
-    return now + left * PACE_FACTOR * max(times) + PACE_SLACK_S
-
-
-STATUS_CHECK_MIN_S = 30.0
-"""A quiet ``flwr run`` stream gets a status query after this many seconds (or after the slowest
-round so far, when that is longer)."""
-
-
-class _QuietStream:
-    """When to ask the SuperLink whether a run whose ``flwr run --stream`` has gone quiet is over.
-
-    Flower 1.42's log stream has no read timeout (``flwr/supercore/protobuf/client.py``,
-    ``_unary_stream``), so a stream can stay open after its run finished. Once the stream's log
-    and the run's files have shown nothing new for ``q = max(min_s, max_i t_i)`` seconds
-    (``t_i`` the ``round_seconds`` so far), a status query is due, then again every ``q``
-    seconds while the quiet lasts. A run that is merely between two slow rounds is never
-    queried before it has been quiet for a whole slowest round.
-    """
-
-    def __init__(
-        self, min_s: float = STATUS_CHECK_MIN_S, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.min_s, self.clock = min_s, clock
-        self.activity: tuple[int, ...] = ()
-        self.since = self.last_check = clock()
-
-    def due(self, activity: tuple[int, ...], rounds: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether a status query is due, given the current ``activity`` (any counters that grow
-        while the run shows signs of life) and the round rows so far."""
-        now = self.clock()
-        if activity != self.activity:
-            self.activity, self.since = activity, now
-            return False
-        times = [t for row in rounds if isinstance(t := row.get("round_seconds"), int | float)]
-        quiet_s = max([self.min_s, *map(float, times)])
-        if now - self.since < quiet_s or now - self.last_check < quiet_s:
-            return False
-        self.last_check = now
-        return True
-
-
 def _log_size(proc: ManagedProcess) -> int:
     try:
         return proc.log_path.stat().st_size
@@ -641,7 +583,7 @@ def _follow(
     files: _RunFiles,
     notify: Callable[[], None],
     timeout: float | None,
-    quiet: _QuietStream | None = None,
+    quiet: QuietStream | None = None,
 ) -> tuple[str | None, bool]:
     """Follow ``flwr run`` until it exits or its run is over; return ``(reason, left_open)``.
 
@@ -651,7 +593,7 @@ def _follow(
     state, last_snapshot = files.state, 0.0
     deadline = time.monotonic() + timeout if timeout is not None else math.inf
     rows_seen = 0
-    quiet = quiet if quiet is not None else _QuietStream()
+    quiet = quiet if quiet is not None else QuietStream()
     while True:
         rc = flwr_run.popen.poll()
         if state.run_id is None and (m := RUN_ID_RE.search(flwr_run.log_text())):

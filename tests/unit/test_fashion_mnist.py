@@ -22,7 +22,8 @@ from test_data import write_mnist_dir
 
 from corbin_fl.app.config import AppConfig
 from corbin_fl.deploy import cli
-from corbin_fl.deploy.run import PACE_FACTOR, PACE_SLACK_S, LocalRunOptions, derived_deadline
+from corbin_fl.deploy.pace import PACE_FACTOR, PACE_SLACK_S, derived_deadline
+from corbin_fl.deploy.run import LocalRunOptions
 from corbin_fl.experiments import cli as ex
 from corbin_fl.experiments import sweep
 from corbin_fl.experiments.spec import load_spec

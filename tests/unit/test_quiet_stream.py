@@ -13,15 +13,9 @@ import pytest
 from waits import HANG_GUARD_S
 
 from corbin_fl.deploy.follow import RunProgress
+from corbin_fl.deploy.pace import STATUS_CHECK_MIN_S, QuietStream
 from corbin_fl.deploy.processes import ManagedProcess, ProcessRegistry
-from corbin_fl.deploy.run import (
-    STATUS_CHECK_MIN_S,
-    _follow,
-    _KillSchedule,
-    _QuietStream,
-    _RunFiles,
-    _verdict,
-)
+from corbin_fl.deploy.run import _follow, _KillSchedule, _RunFiles, _verdict
 
 QUIET_S = 0.3
 """The test's quiet period, in place of ``STATUS_CHECK_MIN_S`` (only the ordering matters)."""
@@ -88,7 +82,7 @@ def test_a_stream_left_open_after_its_run_finished_is_stopped(
     proc = _stream(registry, tmp_path)
     files = _files(tmp_path)
     reason, left_open = _follow(
-        _Deployment(registry, cli), proc, files, lambda: None, HANG_GUARD_S, _QuietStream(QUIET_S)
+        _Deployment(registry, cli), proc, files, lambda: None, HANG_GUARD_S, QuietStream(QUIET_S)
     )
     assert (reason, left_open) == (None, True)
     assert files.state.run_id == 7
@@ -112,7 +106,7 @@ def test_a_running_run_keeps_being_followed_until_the_stream_ends(
         _files(tmp_path),
         lambda: None,
         HANG_GUARD_S,
-        _QuietStream(QUIET_S),
+        QuietStream(QUIET_S),
     )
     assert (reason, left_open) == (None, False)
     assert proc.popen.returncode == 0
@@ -121,7 +115,7 @@ def test_a_running_run_keeps_being_followed_until_the_stream_ends(
 
 def test_the_quiet_period_is_the_slowest_round_and_any_sign_of_life_restarts_it() -> None:
     now = [1000.0]
-    quiet = _QuietStream(STATUS_CHECK_MIN_S, clock=lambda: now[0])
+    quiet = QuietStream(STATUS_CHECK_MIN_S, clock=lambda: now[0])
     slowest = STATUS_CHECK_MIN_S + 15.0
     rows = [{"round_seconds": 12.0}, {"round_seconds": slowest}]
     assert not quiet.due((10, 2, 2), rows)  # new activity: the quiet spell starts now
@@ -138,7 +132,7 @@ def test_the_quiet_period_is_the_slowest_round_and_any_sign_of_life_restarts_it(
     now[0] += slowest - 1.0
     assert not quiet.due((11, 2, 2), rows)
     # no round ended yet (start-up): the floor alone sets the period
-    fresh = _QuietStream(STATUS_CHECK_MIN_S, clock=lambda: now[0])
+    fresh = QuietStream(STATUS_CHECK_MIN_S, clock=lambda: now[0])
     now[0] += STATUS_CHECK_MIN_S - 1.0
     assert not fresh.due((), [])
     now[0] += 2.0
