@@ -614,6 +614,7 @@ def _follow(
         activity = (_log_size(flwr_run), len(state.events), len(state.metrics))
         if state.run_id is not None and quiet.due(activity, state.metrics):
             status, details = deployment.cli.run_status(state.run_id)
+            logger.debug("`flwr run` quiet: run %d is %s", state.run_id, status)
             if status is not None and status.startswith("finished"):
                 logger.warning(
                     "run %d is %s (%s) but `flwr run --stream` stayed open; stopping the stream",
