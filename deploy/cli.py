@@ -48,6 +48,7 @@ from corbin_fl.app.sources import check_dataset_files, dataset_title
 from corbin_fl.app.task import DATASETS_NEEDING_DIR, DATASETS_WITH_DEFAULT_DIR, LEAF_DATASETS
 from corbin_fl.deploy.flower import app_config, check_flower_versions, parse_config_string
 from corbin_fl.deploy.follow import RunProgress, RunResult
+from corbin_fl.deploy.pace import PACE_FACTOR, PACE_SLACK_S
 from corbin_fl.deploy.processes import LauncherError
 from corbin_fl.deploy.run import KillSpec, LocalRunOptions, run_local, run_simulation
 from corbin_fl.flower_version import FlowerVersionError
@@ -260,7 +261,8 @@ def _add_launch_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds the whole run (all rounds) may take once submitted; start-up has "
         "--ready-timeout (default: none fixed: once a round has ended, the rounds left may "
-        "take 3 x the slowest round each, plus 600 s; before that, the run's stage timeouts)",
+        f"take {PACE_FACTOR:g} x the slowest round each, plus {PACE_SLACK_S:g} s; before that, "
+        "the run's stage timeouts)",
     )
     parser.add_argument(
         "--ready-timeout",

@@ -417,3 +417,17 @@ def test_the_flag_tables_defaults_are_the_parsers() -> None:
             assert getattr(local, flag[2:].replace("-", "_")) is None, row
             checked += 1
     assert checked >= 5
+
+
+def test_the_documented_pace_is_the_code_s() -> None:
+    """docs/RUNNING.md's figures for a run without ``--timeout`` and for a quiet stream are
+    ``deploy/pace.py``'s constants (and ``corbin-fl local --help`` prints the same)."""
+    from corbin_fl.deploy import cli
+    from corbin_fl.deploy.pace import PACE_FACTOR, PACE_SLACK_S, STATUS_CHECK_MIN_S
+
+    text = " ".join((REPO / "docs/RUNNING.md").read_text().split())
+    pace = f"{PACE_FACTOR:g} x the slowest round each, plus {PACE_SLACK_S:g} s"
+    assert pace in text
+    assert f"the slowest round so far (at least {STATUS_CHECK_MIN_S:g} s)" in text
+    local = cli.build_parser()._subparsers._group_actions[0].choices["local"]  # type: ignore[union-attr]
+    assert pace in " ".join(local.format_help().split())
