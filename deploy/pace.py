@@ -54,17 +54,19 @@ class QuietStream:
     ) -> None:
         self.min_s, self.clock = min_s, clock
         self.activity: tuple[int, ...] = ()
+        self.quiet_s = min_s
         self.since = self.last_check = clock()
 
     def due(self, activity: tuple[int, ...], rounds: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether a status query is due, given the current ``activity`` (any counters that grow
-        while the run shows signs of life) and the round rows so far."""
+        """Whether a status query is due, given the current ``activity`` (counters that grow
+        while the run shows signs of life, the number of ``rounds`` among them) and the round
+        rows so far; ``q`` is recomputed only when the activity changes."""
         now = self.clock()
         if activity != self.activity:
             self.activity, self.since = activity, now
+            self.quiet_s = max([self.min_s, *round_times(rounds)])
             return False
-        quiet_s = max([self.min_s, *round_times(rounds)])
-        if now - self.since < quiet_s or now - self.last_check < quiet_s:
+        if now - self.since < self.quiet_s or now - self.last_check < self.quiet_s:
             return False
         self.last_check = now
         return True
