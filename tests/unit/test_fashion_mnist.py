@@ -123,7 +123,7 @@ def test_the_console_header_names_the_data_set_and_its_test_split(tmp_path: Path
 
 
 def test_the_dataset_flag_lists_every_source() -> None:
-    sim = cli.build_parser()._subparsers._group_actions[0].choices["simulate"]  # type: ignore[union-attr]
+    sim = cli.build_parser().parse_args(["simulate"])._cli_parser
     text = " ".join(sim.format_help().split())
     for name in ("mnist", "fashion-mnist", "mnist-idx", "cifar10", "femnist", "shakespeare"):
         assert f"{name} (" in text or f"{name}," in text or f"{name} or" in text, name
